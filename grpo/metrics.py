@@ -1,0 +1,75 @@
+"""Run metrics: one JSONL row per step (trainer) or evaluation (sampler), and the end-of-run plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+EVAL_FILE = "eval.jsonl"
+PLOT_FILE = "plot.png"
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """One line per call, flushed, so a crash loses at most the row being written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row, sort_keys=False) + "\n")
+        f.flush()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line from a killed process
+    return rows
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def plot_run(run_dir: Path) -> Path | None:
+    """Reward, accuracy and KL against step (plus eval accuracy), written atomically as PNG."""
+    rows = read_jsonl(run_dir / METRICS_FILE)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = read_jsonl(run_dir / EVAL_FILE)
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].plot(steps, [r["reward_mean"] for r in rows], marker="o")
+    axes[0].set_title("mean reward (train batch)")
+    axes[1].plot(steps, [r["accuracy"] for r in rows], marker="o", label="train batch")
+    axes[1].plot(steps, [r["format_rate"] for r in rows], marker=".", label="train format")
+    if evals:
+        axes[1].plot(
+            [e["version"] for e in evals], [e["accuracy"] for e in evals], marker="s",
+            label="eval greedy pass@1",
+        )
+    axes[1].set_title("accuracy")
+    axes[1].legend(fontsize=8)
+    axes[2].plot(steps, [r["kl"] for r in rows], marker="o")
+    axes[2].set_title("KL to reference")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = run_dir / PLOT_FILE
+    tmp = run_dir / f".{PLOT_FILE}.tmp{os.getpid()}.png"
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,124 @@
+"""HF `generate` rollout engine and the log-prob scoring the sampler attaches to episodes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from grpo.batching import pad_pairs
+from grpo.logprobs import completion_logprobs
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt_ids: np.ndarray  # int32 (P,)
+    completion_ids: np.ndarray  # int32 (C,), ends with EOS when finish_reason == "stop"
+    finish_reason: str  # "stop" | "length"
+
+
+class _StopWhenSet(StoppingCriteria):
+    """Ends generate() early when the sampler is told to stop (trainer gone, Ctrl-C)."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _split_completion(row: torch.Tensor, eos: set[int], max_new: int) -> tuple[np.ndarray, str]:
+    tokens = row.tolist()
+    for j, tok in enumerate(tokens):
+        if tok in eos:
+            return np.asarray(tokens[: j + 1], dtype=np.int32), "stop"
+    return np.asarray(tokens[:max_new], dtype=np.int32), "length"
+
+
+class HFRollout:
+    """Samples with `model.generate`; groups are contiguous (n copies of each prompt in a row)."""
+
+    def __init__(self, model, tokenizer, stop_event: threading.Event | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.stop_event = stop_event or threading.Event()
+        self.eos = eos_ids(model, tokenizer)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+        seed: int = 0,
+        batch_size: int = 16,
+    ) -> list[Generation]:
+        gen_cfg = GenerationConfig(
+            do_sample=not greedy,
+            temperature=temperature if not greedy else None,
+            top_p=top_p if not greedy else None,
+            top_k=0 if not greedy else None,  # no top-k: the log-probs assume the full support
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.eos,
+        )
+        torch.manual_seed(seed)
+        rows = [p for p in prompts for _ in range(n)]
+        out: list[Generation] = []
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            padded = pad_pairs(chunk, [np.zeros(0, np.int32)] * len(chunk), self.tokenizer.pad_token_id)
+            P = padded.prompt_len
+            ids, attn = padded.input_ids[:, :P], padded.attention_mask[:, :P]
+            seqs = self.model.generate(
+                input_ids=ids,
+                attention_mask=attn,
+                generation_config=gen_cfg,
+                stopping_criteria=StoppingCriteriaList([_StopWhenSet(self.stop_event)]),
+            )
+            for prompt, row in zip(chunk, seqs[:, P:], strict=True):
+                completion, reason = _split_completion(row, set(self.eos), max_new_tokens)
+                out.append(Generation(np.asarray(prompt, np.int32), completion, reason))
+            if self.stop_event.is_set():
+                break
+        return out
+
+
+@torch.no_grad()
+def score_logprobs(
+    model,
+    prompts: Sequence[np.ndarray],
+    completions: Sequence[np.ndarray],
+    *,
+    pad_id: int,
+    temperature: float,
+    batch_size: int = 16,
+) -> list[np.ndarray]:
+    """Per-token log-probs of each completion under `model` (float32, one array per episode)."""
+    out: list[np.ndarray] = []
+    for start in range(0, len(prompts), batch_size):
+        pairs = pad_pairs(
+            prompts[start : start + batch_size], completions[start : start + batch_size], pad_id
+        )
+        logp, _ = completion_logprobs(
+            model, pairs.input_ids, pairs.attention_mask, pairs.prompt_len, temperature=temperature
+        )
+        for row, c in zip(logp, completions[start : start + batch_size], strict=True):
+            out.append(row[: len(c)].float().numpy().astype(np.float32))
+    return out

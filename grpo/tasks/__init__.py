@@ -1,0 +1,32 @@
+"""Tasks: datasets, prompts and rewards, looked up by name (``get_task("gsm8k")``)."""
+
+# Importing a task module registers it with the registry in .base.
+from . import gsm8k
+from .base import (
+    REPO_ROOT,
+    RewardFn,
+    Row,
+    Task,
+    get_task,
+    load_reward_fn,
+    load_rows,
+    register_task,
+    resolve_path,
+    score,
+    task_names,
+)
+
+__all__ = [
+    "REPO_ROOT",
+    "RewardFn",
+    "Row",
+    "Task",
+    "get_task",
+    "gsm8k",
+    "load_reward_fn",
+    "load_rows",
+    "register_task",
+    "resolve_path",
+    "score",
+    "task_names",
+]

@@ -1,0 +1,294 @@
+"""Task definition, task registry, custom reward loading and dataset loading helpers."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+import logging
+import math
+import numbers
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+RewardFn = Callable[[str, Row], float | tuple[float, dict]]
+
+logger = logging.getLogger("grpo.reward")
+
+# grpo/tasks/base.py -> the repository root holds `grpo/`, `data/`, `configs/`.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything the pipeline needs to train and evaluate on one dataset."""
+
+    name: str
+    load: Callable[[str], list[Row]]
+    build_messages: Callable[[Row, str], list[dict[str, str]]]
+    reward: RewardFn
+    default_train: str
+    default_test: str
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+_REGISTRY: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Add a task to the registry; a name clash is an error, never an overwrite."""
+    if task.name in _REGISTRY:
+        raise ValueError(f"task {task.name!r} is already registered")
+    _REGISTRY[task.name] = task
+    return task
+
+
+def task_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str) -> Task:
+    """Look a task up by name; the error lists valid names and the closest match."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        pass
+    names = task_names()
+    msg = f"unknown task {name!r}; valid tasks: {', '.join(names) or '(none registered)'}"
+    close = difflib.get_close_matches(name, names, n=1)
+    if close:
+        msg += f". Did you mean {close[0]!r}?"
+    raise ValueError(msg)
+
+
+# ---------------------------------------------------------------------------
+# Custom reward functions
+# ---------------------------------------------------------------------------
+
+
+def _import_module(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Console scripts and `python path/to/script.py` do not put the working dir on
+        # sys.path, so a user's `my_rewards:fn` next to their config would not be found.
+        # Retry once with it appended (appended, so it cannot shadow installed packages).
+        top = module_name.split(".")[0]
+        cwd = os.getcwd()
+        if exc.name != top or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(module_name)
+
+
+def load_reward_fn(spec: str) -> RewardFn:
+    """Import a reward function from a ``"package.module:function"`` spec."""
+    module_name, sep, attr = spec.strip().partition(":")
+    if not sep or not module_name or not attr or ":" in attr:
+        raise ValueError(
+            f"bad reward spec {spec!r}: expected 'package.module:function', "
+            "e.g. 'my_rewards:exact_match'"
+        )
+    try:
+        module = _import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"could not import reward module {module_name!r} (from spec {spec!r}): {exc}"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):  # allows "module:Class.staticmethod"
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise ValueError(
+                f"reward module {module_name!r} has no attribute {attr!r} (from spec {spec!r})"
+            ) from exc
+    if not callable(obj):
+        raise ValueError(
+            f"reward {spec!r} is a {type(obj).__name__}, not a callable "
+            "(expected fn(completion: str, row: dict) -> float | (float, dict))"
+        )
+    return obj
+
+
+def _json_scalar(value: Any) -> str | int | float | bool | None:
+    """Make an info value msgpack/JSON friendly; numpy/torch scalars via .item()."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            value = item()
+        except Exception:  # not a scalar (e.g. a multi-element array)
+            return str(value)
+        if value is None or isinstance(value, str | int | float | bool):
+            return value
+    return str(value)
+
+
+def _normalize_reward(out: Any) -> tuple[float, dict]:
+    """Turn a reward fn's return value into (finite float, clean info) or raise."""
+    info: Any = {}
+    value = out
+    if isinstance(out, tuple):
+        if len(out) != 2:
+            raise TypeError(f"returned a tuple of length {len(out)}; expected (float, dict)")
+        value, info = out
+        if not isinstance(info, dict):
+            raise TypeError(f"returned info of type {type(info).__name__}; expected dict")
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"returned {type(value).__name__}; expected float or (float, dict)")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"returned a non-finite reward {value}")
+    return value, {str(k): _json_scalar(v) for k, v in info.items()}
+
+
+def _fn_name(fn: Any) -> str:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}:{name}" if module else name
+
+
+def score(reward_fn: RewardFn, completion: str, row: Row) -> tuple[float, dict]:
+    """Call a reward fn and normalise its result; a failure scores 0.0 instead of raising.
+
+    One broken sample (or a buggy user reward) must not kill a long training run, so
+    errors are reported in the info dict and logged.
+    """
+    try:
+        return _normalize_reward(reward_fn(completion, row))
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        logger.warning("reward function %s failed: %s", _fn_name(reward_fn), error)
+        return 0.0, {"reward_error": error}
+
+
+# ---------------------------------------------------------------------------
+# Dataset loading
+# ---------------------------------------------------------------------------
+
+
+def resolve_path(source: str | os.PathLike[str]) -> Path:
+    """Resolve a relative path against the cwd, falling back to the repo root."""
+    path = Path(source).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    fallback = REPO_ROOT / path
+    return fallback if fallback.exists() else path
+
+
+def _looks_local(source: str) -> bool:
+    # "owner/name" is a Hugging Face id, so a single "/" is not enough to call it a path.
+    if source.lower().endswith(LOCAL_SUFFIXES):
+        return True
+    if source.startswith(("/", "./", "../", "~", ".\\", "..\\")):
+        return True
+    return source.count("/") + (source.count(os.sep) if os.sep != "/" else 0) >= 2
+
+
+def _read_jsonl(path: Path) -> list[Row]:
+    rows: list[Row] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {lineno}: invalid JSON: {exc.msg}") from exc
+            if not isinstance(obj, dict):
+                raise ValueError(
+                    f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}"
+                )
+            rows.append(obj)
+    return rows
+
+
+def _read_json(path: Path) -> list[Row]:
+    with path.open(encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+    for i, obj in enumerate(data):
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}: item {i}: expected a JSON object, got {type(obj).__name__}")
+    return data
+
+
+def _read_parquet(path: Path) -> list[Row]:
+    import pyarrow.parquet as pq  # lazy: only needed for parquet sources
+
+    return pq.read_table(path).to_pylist()
+
+
+_READERS: dict[str, Callable[[Path], list[Row]]] = {
+    ".jsonl": _read_jsonl,
+    ".json": _read_json,
+    ".parquet": _read_parquet,
+}
+
+
+def _read_local(path: Path) -> list[Row]:
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        raise ValueError(
+            f"unsupported dataset file {str(path)!r}: expected one of {', '.join(LOCAL_SUFFIXES)}"
+        )
+    return reader(path)
+
+
+def _load_hf(source: str, split: str | None) -> list[Row]:
+    """Load ``name[:config[:split]]`` from the Hugging Face hub (or its local cache)."""
+    name, _, rest = source.partition(":")
+    config, _, spec_split = rest.partition(":")
+    split = split or spec_split or "train"
+    try:
+        import datasets  # lazy: heavy import, and unused for local files
+
+        ds = datasets.load_dataset(name, config or None, split=split)
+        return [dict(r) for r in ds]
+    except Exception as exc:
+        raise ValueError(
+            f"could not load dataset {source!r} (split {split!r}) with `datasets`: "
+            f"{type(exc).__name__}: {exc}. Offline machines cannot reach the Hugging Face hub; "
+            "pass a local .jsonl/.json/.parquet file instead (e.g. data/gsm8k/train.jsonl)."
+        ) from exc
+
+
+def load_rows(source: str, split: str | None = None) -> list[Row]:
+    """Load rows from a local .jsonl/.json/.parquet file or a Hugging Face dataset name.
+
+    Local files ignore ``split``. Hub names accept ``name:config`` (and ``name:config:split``).
+    """
+    source = str(source)
+    path = resolve_path(source)
+    if path.is_file():
+        rows = _read_local(path)
+    elif path.is_dir():
+        raise ValueError(
+            f"dataset source {source!r} is a directory; pass a {'/'.join(LOCAL_SUFFIXES)} file"
+        )
+    elif _looks_local(source):
+        raise FileNotFoundError(
+            f"dataset file not found: {source!r} (looked relative to {os.getcwd()} "
+            f"and to the repo root {REPO_ROOT})"
+        )
+    else:
+        rows = _load_hf(source, split)
+    if not rows:
+        raise ValueError(f"dataset {source!r} is empty")
+    return rows

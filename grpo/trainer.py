@@ -1,0 +1,314 @@
+"""The training loop: receive a batch, split whole groups across ranks, GRPO/GSPO step, publish.
+
+Rank 0 owns the ZeroMQ channel; it broadcasts each received batch as one encoded blob (the same
+pickle-free frames that crossed the wire) so every rank decodes exactly what rank 0 received.
+Weights after step s are version s; every `train.sync_interval` steps rank 0 publishes them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from grpo.algos import agg_loss, broadcast_to_tokens, group_advantages, kl_penalty, policy_loss
+from grpo.batching import pad_pairs, pad_right
+from grpo.checkpoint import publish_version
+from grpo.config import Config, save_config
+from grpo.episode import EpisodeBatch, bytes_to_frames, decode, encode_batch, frames_to_bytes
+from grpo.logprobs import completion_logprobs
+from grpo.metrics import METRICS_FILE, append_jsonl, mean, plot_run
+from grpo.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
+from grpo.transport import PeerError, TrainerChannel
+
+log = logging.getLogger("grpo.trainer")
+
+STOP = -1  # broadcast in place of a blob length: rank 0 is ending the run
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def deepspeed_config(cfg: Config, world: int, seqs_per_rank: int) -> dict[str, Any]:
+    """The JSON file's settings with the batch geometry and optimiser values from our config."""
+    path = Path(cfg.train.deepspeed_config)
+    try:
+        ds = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"train.deepspeed_config: no file {path}") from None
+    micro = min(cfg.train.micro_batch_size, seqs_per_rank)
+    gas = math.ceil(seqs_per_rank / micro)
+    ds["train_micro_batch_size_per_gpu"] = micro
+    ds["gradient_accumulation_steps"] = gas
+    ds["train_batch_size"] = micro * gas * world
+    ds["gradient_clipping"] = cfg.train.max_grad_norm
+    params = ds.setdefault("optimizer", {"type": "AdamW"}).setdefault("params", {})
+    params.update(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    return ds
+
+
+def rotate_run_dir(run_dir: Path) -> None:
+    """A new run never mixes with an old one: the previous run moves to <name>.prev."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        prev = run_dir.with_name(run_dir.name + ".prev")
+        shutil.rmtree(prev, ignore_errors=True)
+        os.replace(run_dir, prev)
+        log.info("previous run moved to %s", prev)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dict[str, float]:
+    """Forward/backward every micro-batch of this rank's groups, then one optimiser step."""
+    algo, micro = cfg.algo, engine.train_micro_batch_size_per_gpu()
+    eps = batch.episodes
+    rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
+    adv = group_advantages(rewards, batch.group_size, scale_by_std=algo.scale_by_std)
+    n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
+    n_micro = math.ceil(len(eps) / micro)
+    sums: dict[str, float] = {}
+    for start in range(0, len(eps), micro):
+        chunk = eps[start : start + micro]
+        pairs = pad_pairs([e.prompt_ids for e in chunk], [e.completion_ids for e in chunk], pad_id)
+        mask = pairs.response_mask  # (b, C)
+        width = mask.shape[1]
+        old = pad_right([e.old_logp for e in chunk], width)
+        ref = pad_right([e.ref_logp for e in chunk], width)
+        logp, entropy = completion_logprobs(
+            engine, pairs.input_ids, pairs.attention_mask, pairs.prompt_len,
+            temperature=cfg.rollout.temperature, with_entropy=True,
+        )
+        advantages = broadcast_to_tokens(adv[start : start + micro], mask)
+        pg_loss, pg_metrics = policy_loss(
+            algo.loss, old, logp, advantages, mask,
+            agg=algo.agg, clip_low=algo.clip_low, clip_high=algo.clip_high,
+        )
+        kl = kl_penalty(logp, ref, algo.kl_kind)
+        loss = pg_loss + algo.kl_coef * agg_loss(kl, mask, algo.agg)
+        # Weight each micro-batch by its share of the rank's tokens (or sequences), times
+        # n_micro because DeepSpeed divides by the accumulation steps: the sum is then the
+        # aggregate over the whole rank batch, not a mean of micro-batch means.
+        tokens = float(mask.sum())
+        share = tokens / n_tokens if algo.agg == "token-mean" else len(chunk) / len(eps)
+        engine.backward(loss * share * n_micro)
+        engine.step()
+        with torch.no_grad():
+            w = tokens / n_tokens
+            for key, value in (
+                ("loss", float(loss)), ("pg_loss", float(pg_loss)),
+                ("kl", float((kl * mask).sum() / mask.sum().clamp(min=1))),
+                ("entropy", float((entropy * mask).sum() / mask.sum().clamp(min=1))),
+                ("clip_frac", pg_metrics["clip_frac"]), ("approx_kl", pg_metrics["approx_kl"]),
+            ):
+                sums[key] = sums.get(key, 0.0) + w * value
+    grad_norm = engine.get_global_grad_norm()
+    sums["grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
+    return sums
+
+
+def batch_metrics(batch: EpisodeBatch) -> dict[str, float]:
+    """Sampler-side numbers of the whole batch: reward, accuracy, format, lengths, timings."""
+    eps = batch.episodes
+    infos = [e.reward_info for e in eps]
+    lengths = [len(e.completion_ids) for e in eps]
+    row = {
+        "reward_mean": mean([e.reward for e in eps]),
+        "reward_std": float(torch.tensor([e.reward for e in eps]).std()) if len(eps) > 1 else 0.0,
+        "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
+        "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
+        "reward_errors": sum("reward_error" in i for i in infos),
+        "response_len_mean": mean(lengths),
+        "truncated_frac": mean([float(e.finish_reason == "length") for e in eps]),
+    }
+    row.update({f"sampler_{k}": v for k, v in batch.stats.items()})
+    return row
+
+
+# ----------------------------------------------------------------------------- distribution
+
+
+def broadcast_batch(batch: EpisodeBatch | None, rank: int) -> EpisodeBatch | None:
+    """Rank 0's batch to every rank as one uint8 tensor; None (from rank 0) means stop."""
+    size = torch.tensor([STOP], dtype=torch.long)
+    blob = b""
+    if rank == 0 and batch is not None:
+        blob = frames_to_bytes(encode_batch(batch))
+        size[0] = len(blob)
+    dist.broadcast(size, src=0)
+    if int(size) == STOP:
+        return None
+    buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if rank == 0 else torch.empty(
+        int(size), dtype=torch.uint8)
+    dist.broadcast(buf, src=0)
+    return batch if rank == 0 else decode(bytes_to_frames(buf.numpy()))  # type: ignore[return-value]
+
+
+def average_across_ranks(values: dict[str, float]) -> dict[str, float]:
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t, strict=True)}
+
+
+def gather_group_ids(batch: EpisodeBatch) -> list[list[int]]:
+    ids = torch.tensor([g[0].group_id for g in batch.groups()], dtype=torch.long)
+    out = [torch.empty_like(ids) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, ids)
+    return [t.tolist() for t in out]
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if cfg.rollout.questions_per_step % self.world:
+            raise ValueError(
+                f"{cfg.rollout.questions_per_step} groups per batch cannot be split evenly over "
+                f"{self.world} ranks: make rollout.questions_per_step a multiple of {self.world}"
+            )
+        self.groups_per_rank = cfg.rollout.questions_per_step // self.world
+        torch.manual_seed(cfg.train.seed)
+        self.model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(self.model_path)
+        model = load_causal_lm(self.model_path, cfg.model.dtype)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        if cfg.model.lora.enabled:
+            model = apply_lora(model, cfg.model.lora)
+        import deepspeed
+
+        seqs = self.groups_per_rank * cfg.rollout.group_size
+        self.engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=deepspeed_config(cfg, self.world, seqs),
+        )
+        self.run_dir = cfg.run_dir
+        self.channel: TrainerChannel | None = None
+        self.version = 0
+
+    def publish(self, step: int) -> float:
+        """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it."""
+        t0 = time.monotonic()
+        module = self.engine.module
+
+        def save(tmp: Path) -> None:
+            module.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+
+        publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
+        self.version = step
+        assert self.channel is not None
+        self.channel.published_version = step
+        self.channel.announce("version", version=step)
+        return time.monotonic() - t0
+
+    def receive(self) -> tuple[EpisodeBatch | None, float]:
+        t0 = time.monotonic()
+        batch = self.channel.recv_batch() if self.rank == 0 else None  # type: ignore[union-attr]
+        return batch, time.monotonic() - t0
+
+    def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
+        t0 = time.monotonic()
+        g0 = self.rank * self.groups_per_rank
+        mine = batch.select_groups(g0, g0 + self.groups_per_rank)
+        local = train_on_batch(self.engine, mine, self.cfg, self.tokenizer.pad_token_id)
+        train_metrics = average_across_ranks(local)
+        groups = gather_group_ids(mine)
+        train_s = time.monotonic() - t0
+        publish_s = 0.0
+        last = step == self.cfg.train.total_steps
+        if self.rank == 0 and (step % self.cfg.train.sync_interval == 0 or last):
+            publish_s = self.publish(step)
+        row: dict[str, Any] = {
+            "step": step, "batch_seq": batch.seq, "policy_version": batch.policy_version,
+            "staleness": (step - 1) - batch.policy_version, "published_version": self.version,
+        }
+        row.update(batch_metrics(batch))
+        row.update(train_metrics)
+        row.update({"recv_s": recv_s, "train_s": train_s, "publish_s": publish_s,
+                    "rank_group_ids": groups})
+        return row
+
+    def run(self) -> None:
+        cfg = self.cfg
+        if self.rank == 0:
+            rotate_run_dir(self.run_dir)
+            save_config(cfg, self.run_dir / "config.yaml")
+            self.channel = TrainerChannel(cfg.transport)
+            log.info("trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr)
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.train.total_steps, desc="train", disable=self.rank != 0)
+        try:
+            for step in range(1, cfg.train.total_steps + 1):
+                batch, recv_s = self.receive()
+                batch = broadcast_batch(batch, self.rank)
+                if batch is None:
+                    raise PeerError("rank 0 ended the run")
+                row = self.step(step, batch, recv_s)
+                if self.rank == 0:
+                    append_jsonl(self.run_dir / METRICS_FILE, row)
+                    bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}",
+                                    acc=f"{row['accuracy']:.2f}")
+                    bar.update()
+            self.engine.save_checkpoint(str(self.run_dir / "train_state"), tag=f"step{step}")
+            if self.channel is not None:
+                self.channel.announce("done", version=self.version)
+        except BaseException as e:
+            if self.rank == 0 and self.channel is not None:
+                reason = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+                self.channel.announce("stop", reason=reason, version=self.version)
+                if not isinstance(e, PeerError):
+                    broadcast_batch(None, 0)  # let the other ranks leave their broadcast
+            raise
+        finally:
+            bar.close()
+            if self.channel is not None:
+                self.channel.close()
+        if self.rank == 0:
+            plot = plot_run(self.run_dir)
+            print(f"\nrun finished: {cfg.train.total_steps} steps, final version {self.version}\n"
+                  f"  metrics:     {self.run_dir / METRICS_FILE}\n"
+                  f"  checkpoints: {self.run_dir / 'versions'} (weights), "
+                  f"{self.run_dir / 'train_state'} (optimizer, step)\n"
+                  f"  plot:        {plot}", flush=True)
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_trainer(cfg: Config) -> int:
+    import deepspeed
+
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = timedelta(seconds=cfg.transport.startup_timeout_s + cfg.transport.peer_timeout_s)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    try:
+        Trainer(cfg).run()
+        return 0
+    except KeyboardInterrupt:
+        log.error("trainer stopping: interrupted")
+        return 130
+    except PeerError as e:
+        log.error("trainer stopping: %s", e)
+        return 1
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,216 @@
+"""ZeroMQ channels between sampler and trainer, with heartbeats and timeouts.
+
+    sampler PUSH ──episodes + heartbeats──▶ PULL trainer   (transport.episodes_addr, trainer binds)
+    sampler SUB  ◀──heartbeats, done, stop── PUB trainer   (transport.control_addr, trainer binds)
+
+Each side runs a heartbeat thread with its own sockets (zmq sockets are not thread-safe), so a
+peer busy generating or training for minutes still looks alive, and a dead one is noticed
+within `peer_timeout_s`. Frames that fail to decode are logged, counted and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from grpo.config import TransportConfig
+from grpo.episode import EpisodeBatch, FrameError, Message, decode, encode_batch, encode_message
+
+log = logging.getLogger("grpo.transport")
+
+
+class PeerError(RuntimeError):
+    """The peer is gone, silent past its timeout, or asked us to stop; the message says which."""
+
+
+def _socket(ctx: zmq.Context, kind: int, linger_ms: int = 1000) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    return sock
+
+
+def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
+    try:
+        sock.bind(addr)
+    except zmq.ZMQError as e:
+        raise PeerError(
+            f"cannot bind the {what} socket to {addr}: {e} (another run still using the port? "
+            "change transport.* addresses)"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- trainer side
+
+
+class TrainerChannel:
+    """Rank 0 of the trainer: receives episode batches, publishes heartbeats and done/stop."""
+
+    def __init__(self, cfg: TransportConfig):
+        self.cfg = cfg
+        self.ctx = zmq.Context()
+        self.pull = _socket(self.ctx, zmq.PULL, linger_ms=0)
+        _bind(self.pull, cfg.episodes_addr, "episodes")
+        self.rejected_frames = 0
+        self.last_peer_seen: float | None = None
+        self.published_version = 0
+        self._outbox: queue.Queue[Message] = queue.Queue()
+        self._closing = threading.Event()
+        pub = _socket(self.ctx, zmq.PUB)
+        _bind(pub, cfg.control_addr, "control")
+        self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
+        self._thread.start()
+
+    def _heartbeat_loop(self, pub: zmq.Socket) -> None:
+        while True:
+            try:
+                msg = self._outbox.get(timeout=self.cfg.heartbeat_s)
+            except queue.Empty:
+                msg = Message("heartbeat", {"version": self.published_version})
+            pub.send_multipart(encode_message(msg))
+            if self._closing.is_set() and self._outbox.empty():
+                break
+        pub.close()
+
+    def announce(self, kind: str, **body) -> None:
+        """Queue a control message (done, stop, version) for every sampler."""
+        self._outbox.put(Message(kind, body))
+
+    def recv_batch(self) -> EpisodeBatch:
+        """Next episode batch; raises PeerError when the sampler is silent, stops, or never came."""
+        started = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        while True:
+            if self.last_peer_seen is None:
+                limit, since, what = self.cfg.startup_timeout_s, started, "the first message"
+            else:
+                limit, since, what = self.cfg.peer_timeout_s, self.last_peer_seen, "a heartbeat"
+            waited = time.monotonic() - since
+            if waited > limit:
+                raise PeerError(
+                    f"no {what} from any sampler on {self.cfg.episodes_addr} for {waited:.0f} s "
+                    f"(limit {limit:.0f} s): is the sampler running and connecting to this "
+                    "address? Check its log."
+                )
+            if not poller.poll(timeout=1000):
+                continue
+            frames = self.pull.recv_multipart(copy=False)
+            try:
+                item = decode(frames, max_frame_bytes=self.cfg.max_frame_bytes)
+            except FrameError as e:
+                self.rejected_frames += 1
+                log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
+                continue
+            self.last_peer_seen = time.monotonic()
+            if isinstance(item, EpisodeBatch):
+                return item
+            if item.kind == "stop":
+                raise PeerError(f"sampler stopped: {item.body.get('reason', 'no reason given')}")
+
+    def close(self) -> None:
+        self._closing.set()
+        self._outbox.put(Message("heartbeat", {"version": self.published_version}))
+        self._thread.join(timeout=5)
+        self.pull.close()
+        self.ctx.term()
+
+
+# ----------------------------------------------------------------------------- sampler side
+
+
+@dataclass
+class TrainerStatus:
+    """What the sampler's heartbeat thread last heard from the trainer."""
+
+    seen: bool = False  # any message from the trainer yet
+    done: bool = False
+    stop_reason: str | None = None
+    version: int = 0
+
+
+class SamplerChannel:
+    """The sampler's end: pushes batches, heartbeats, and watches the trainer's control stream."""
+
+    def __init__(self, cfg: TransportConfig, sampler_id: str):
+        self.cfg = cfg
+        self.sampler_id = sampler_id
+        self.ctx = zmq.Context()
+        self.push = _socket(self.ctx, zmq.PUSH)
+        self.push.setsockopt(zmq.SNDTIMEO, int(cfg.peer_timeout_s * 1000))
+        self.push.connect(cfg.episodes_addr)
+        self.status = TrainerStatus()
+        self.stopped = threading.Event()  # set on done, stop, or a silent trainer
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._watch_loop, daemon=True)
+        self._thread.start()
+
+    def _watch_loop(self) -> None:
+        sub = _socket(self.ctx, zmq.SUB, linger_ms=0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self.cfg.control_addr)
+        beat = _socket(self.ctx, zmq.PUSH, linger_ms=0)
+        beat.setsockopt(zmq.SNDTIMEO, 0)
+        beat.connect(self.cfg.episodes_addr)
+        started, last_seen = time.monotonic(), None
+        heartbeat = encode_message(Message("heartbeat", {"sampler_id": self.sampler_id}))
+        while not self._closing.is_set():
+            try:
+                beat.send_multipart(heartbeat)
+            except zmq.Again:
+                pass  # trainer not there yet; the timeouts below decide
+            if sub.poll(timeout=int(self.cfg.heartbeat_s * 1000)):
+                last_seen = time.monotonic()
+                self._on_control(sub.recv_multipart())
+            limit = self.cfg.startup_timeout_s if last_seen is None else self.cfg.peer_timeout_s
+            waited = time.monotonic() - (started if last_seen is None else last_seen)
+            if waited > limit and not self.stopped.is_set():
+                self.status.stop_reason = (
+                    f"no heartbeat from the trainer on {self.cfg.control_addr} for {waited:.0f} s "
+                    f"(limit {limit:.0f} s): is the trainer running? Check its log."
+                )
+                self.stopped.set()
+        sub.close()
+        beat.close()
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        try:
+            msg = decode(frames, max_frame_bytes=self.cfg.max_frame_bytes)
+        except FrameError as e:
+            log.warning("dropped a malformed control frame: %s", e)
+            return
+        if not isinstance(msg, Message):
+            return
+        self.status.seen = True
+        self.status.version = int(msg.body.get("version", self.status.version))
+        if msg.kind == "done":
+            self.status.done = True
+            self.stopped.set()
+        elif msg.kind == "stop":
+            self.status.stop_reason = f"trainer stopped: {msg.body.get('reason', 'no reason')}"
+            self.stopped.set()
+
+    def send_batch(self, batch: EpisodeBatch) -> None:
+        try:
+            self.push.send_multipart(encode_batch(batch), copy=False)
+        except zmq.Again:
+            raise PeerError(
+                f"could not hand batch {batch.seq} to the trainer at {self.cfg.episodes_addr} "
+                f"within {self.cfg.peer_timeout_s:.0f} s: is the trainer running?"
+            ) from None
+
+    def send_stop(self, reason: str) -> None:
+        try:
+            self.push.send_multipart(encode_message(Message("stop", {"reason": reason})))
+        except zmq.Again:
+            pass
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(timeout=self.cfg.heartbeat_s + 5)
+        self.push.close()
+        self.ctx.term()

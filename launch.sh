@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Start a run: the sampler and the trainer (N ranks) as separate processes.
+#
+#   bash launch.sh CONFIG.yaml [section.key=value ...]            both roles on this machine
+#   ROLE=trainer bash launch.sh CONFIG.yaml ...                     the trainer only (its node)
+#   ROLE=sampler bash launch.sh CONFIG.yaml ...                     the sampler only (its node)
+#
+# The trainer runs train.num_ranks processes: the DeepSpeed launcher on GPU, torchrun on CPU.
+# Addresses come from the config (transport.*). If one role fails, the other is stopped and
+# this script exits non-zero; Ctrl-C stops both.
+set -uo pipefail
+cd "$(dirname "$0")"
+
+if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+PY=${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}
+ROLE=${ROLE:-both}
+case $ROLE in both|sampler|trainer) ;; *) echo "launch.sh: ROLE must be sampler, trainer or both, got '$ROLE'" >&2; exit 2;; esac
+
+# Validate the config once, up front: a typo stops here with one line naming the key.
+"$PY" -m grpo.config "$@" --get name >/dev/null || exit 2
+get() { "$PY" -m grpo.config "$@" 2>/dev/null; }
+num_ranks=$(get "$@" --get train.num_ranks)
+master_port=$(get "$@" --get train.master_port)
+model_path=$(get "$@" --get model.path)
+run_dir="$(get "$@" --get output_dir)/$(get "$@" --get name)"
+
+# Convert the embedded model once, before two processes would both want to.
+if [[ $model_path == embedded ]]; then
+  "$PY" -m grpo.models >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
+fi
+
+start_trainer() {
+  if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    "$PY" -m deepspeed.launcher.runner --num_gpus "$num_ranks" --master_port "$master_port" \
+      training_worker.py "$@"
+  else
+    DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m torch.distributed.run \
+      --nproc_per_node "$num_ranks" --master_port "$master_port" training_worker.py "$@"
+  fi
+}
+start_sampler() { "$PY" sampling_worker.py "$@"; }
+
+case $ROLE in
+  trainer) start_trainer "$@"; exit $? ;;
+  sampler) start_sampler "$@"; exit $? ;;
+esac
+
+declare -A name_of
+start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
+start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
+
+stop_all() {
+  kill -TERM "$trainer_pid" "$sampler_pid" 2>/dev/null
+  for _ in $(seq 30); do
+    kill -0 "$trainer_pid" 2>/dev/null || kill -0 "$sampler_pid" 2>/dev/null || return 0
+    sleep 1
+  done
+  echo "launch.sh: still running after 30 s, killing" >&2
+  pkill -KILL -P "$trainer_pid" 2>/dev/null
+  kill -KILL "$trainer_pid" "$sampler_pid" 2>/dev/null
+}
+trap 'echo "launch.sh: interrupted, stopping both roles" >&2; stop_all; wait; exit 130' INT TERM
+
+status=0
+for _ in 1 2; do
+  wait -n -p done_pid "$trainer_pid" "$sampler_pid"
+  code=$?
+  if [[ $code -ne 0 && $status -eq 0 ]]; then
+    status=$code
+    echo "launch.sh: the ${name_of[$done_pid]} exited with code $code; stopping the other role" >&2
+    stop_all
+  fi
+done
+if [[ $status -eq 0 ]]; then
+  echo "launch.sh: run complete; outputs in $run_dir (metrics.jsonl, eval.jsonl, plot.png, versions/)"
+fi
+exit "$status"

@@ -1,0 +1,20 @@
+"""Custom rewards for integration tests (loaded as ``tests.rewards_for_tests:<name>``)."""
+
+from __future__ import annotations
+
+
+def digit_fraction(completion: str, sample: dict) -> tuple[float, dict]:
+    """Fraction of digit characters: a dense signal even for a tiny random model's gibberish."""
+    score = sum(c.isdigit() for c in completion) / max(1, len(completion))
+    return score, {"formatted": False, "correct": False, "length": len(completion)}
+
+
+def always_raises(completion: str, sample: dict) -> float:
+    """Exercises the error path of ``grpo.tasks.score``."""
+    raise RuntimeError("boom")
+
+
+def text_length(completion: str, sample: dict) -> tuple[float, dict]:
+    """Longer answers score higher: varies across a random model's samples, so advantages are
+    non-zero and the integration test's gradient steps really move the weights."""
+    return min(len(completion), 200) / 200, {"formatted": False, "correct": False}

@@ -1,0 +1,561 @@
+"""Tests for grpo.episode: batch validation and the pickle-free wire codec."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grpo.episode import (
+    MAGIC,
+    SCHEMA_VERSION,
+    Episode,
+    EpisodeBatch,
+    FrameError,
+    Message,
+    bytes_to_frames,
+    decode,
+    encode_batch,
+    encode_message,
+    frames_to_bytes,
+)
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_episode(
+    rng: np.random.Generator, group_id: int, completion_len: int, rollout: bool
+) -> Episode:
+    c = completion_len
+    return Episode(
+        prompt_ids=rng.integers(0, 50_000, size=int(rng.integers(1, 20)), dtype=np.int32),
+        completion_ids=rng.integers(0, 50_000, size=c, dtype=np.int32),
+        old_logp=-rng.random(c, dtype=np.float32),
+        ref_logp=-rng.random(c, dtype=np.float32),
+        reward=float(rng.normal()),
+        reward_info={"correct": bool(rng.integers(2)), "parsed": "42", "n": 3, "x": None},
+        finish_reason="stop" if rng.integers(2) else "length",
+        group_id=group_id,
+        rollout_logp=-rng.random(c, dtype=np.float32) if rollout else None,
+    )
+
+
+def make_batch(
+    seed: int = 0, num_groups: int = 3, group_size: int = 4, rollout: bool = True
+) -> EpisodeBatch:
+    rng = np.random.default_rng(seed)
+    eps = []
+    for g in range(num_groups):
+        gid = 100 + 7 * g
+        for _ in range(group_size):
+            # Zero-length completions are legal and exercise empty slices.
+            c = int(rng.integers(0, 12)) if rng.random() > 0.2 else 0
+            eps.append(make_episode(rng, gid, c, rollout))
+    return EpisodeBatch(
+        episodes=tuple(eps),
+        group_size=group_size,
+        policy_version=5,
+        seq=17,
+        sampler_id="sampler-3",
+        stats={"gen_s": 1.25, "tokens": 1234.0},
+    )
+
+
+def received(frames: list[Any]) -> list[bytes]:
+    """What a receiver gets: independent byte copies of each frame."""
+    return [bytes(f) for f in frames]
+
+
+def header_of(frames: list[Any]) -> dict[str, Any]:
+    return msgpack.unpackb(bytes(frames[0]), raw=False)
+
+
+def with_header(frames: list[Any], **changes: Any) -> list[bytes]:
+    """Frames with header fields replaced (a value of ``...`` deletes the field)."""
+    h = header_of(frames)
+    for k, v in changes.items():
+        if v is ...:
+            del h[k]
+        else:
+            h[k] = v
+    return [msgpack.packb(h, use_bin_type=True), *received(frames[1:])]
+
+
+def assert_episodes_identical(a: Episode, b: Episode) -> None:
+    for name in ("prompt_ids", "completion_ids", "old_logp", "ref_logp"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert y.dtype == (np.int32 if "ids" in name else np.float32)
+        assert x.tobytes() == y.tobytes()  # bit-identical
+    if a.rollout_logp is None:
+        assert b.rollout_logp is None
+    else:
+        assert a.rollout_logp.tobytes() == b.rollout_logp.tobytes()
+    assert a.reward == b.reward
+    assert a.reward_info == b.reward_info
+    assert a.finish_reason == b.finish_reason
+    assert a.group_id == b.group_id
+
+
+def assert_batches_identical(a: EpisodeBatch, b: EpisodeBatch) -> None:
+    assert (a.group_size, a.policy_version, a.seq, a.sampler_id, a.stats) == (
+        b.group_size,
+        b.policy_version,
+        b.seq,
+        b.sampler_id,
+        b.stats,
+    )
+    assert len(a.episodes) == len(b.episodes)
+    for x, y in zip(a.episodes, b.episodes, strict=True):
+        assert_episodes_identical(x, y)
+
+
+GOOD_FRAMES = received(encode_batch(make_batch(seed=1, num_groups=2, group_size=2)))
+GOOD_MESSAGE = encode_message(Message("heartbeat", {"t": 1.5, "step": 3}))
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("rollout", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_round_trip(rollout: bool, seed: int) -> None:
+    batch = make_batch(seed=seed, rollout=rollout)
+    frames = encode_batch(batch)
+    assert len(frames) == (6 if rollout else 5)
+    out = decode(received(frames))
+    assert isinstance(out, EpisodeBatch)
+    assert_batches_identical(batch, out)
+
+
+def test_round_trip_all_empty_completions() -> None:
+    rng = np.random.default_rng(0)
+    eps = tuple(make_episode(rng, 0, 0, True) for _ in range(2))
+    batch = EpisodeBatch(episodes=eps, group_size=2, policy_version=0, seq=0)
+    out = decode(received(encode_batch(batch)))
+    assert_batches_identical(batch, out)
+    assert all(ep.completion_ids.shape == (0,) for ep in out.episodes)
+
+
+def test_decode_accepts_memoryviews_directly() -> None:
+    batch = make_batch()
+    assert_batches_identical(batch, decode(encode_batch(batch)))
+
+
+def test_decode_accepts_zmq_frames() -> None:
+    zmq = pytest.importorskip("zmq")
+    batch = make_batch()
+    frames = [zmq.Frame(f) for f in received(encode_batch(batch))]
+    assert_batches_identical(batch, decode(frames))
+
+
+def test_decode_returns_views_not_copies() -> None:
+    frames = received(encode_batch(make_batch()))
+    out = decode(frames)
+    buffers = [np.frombuffer(f, dtype=np.uint8) for f in frames]
+    for ep in out.episodes:
+        for i, name in enumerate(
+            ("prompt_ids", "completion_ids", "old_logp", "ref_logp", "rollout_logp"), start=1
+        ):
+            arr = getattr(ep, name)
+            if arr.size:
+                assert np.shares_memory(arr, buffers[i]), name
+            assert not arr.flags.writeable  # views of immutable bytes
+
+
+def test_partial_rollout_logp_is_dropped() -> None:
+    batch = make_batch(rollout=True)
+    eps = list(batch.episodes)
+    e = eps[0]
+    eps[0] = Episode(
+        e.prompt_ids,
+        e.completion_ids,
+        e.old_logp,
+        e.ref_logp,
+        e.reward,
+        e.reward_info,
+        e.finish_reason,
+        e.group_id,
+    )
+    mixed = EpisodeBatch(tuple(eps), batch.group_size, batch.policy_version, batch.seq)
+    frames = encode_batch(mixed)
+    assert len(frames) == 5
+    out = decode(received(frames))
+    assert all(ep.rollout_logp is None for ep in out.episodes)
+
+
+def test_encode_casts_to_wire_dtypes() -> None:
+    ep = Episode(
+        prompt_ids=np.arange(5, dtype=np.int64),
+        completion_ids=np.arange(3, dtype=np.int64),
+        old_logp=np.array([-0.5, -1.0, -2.0]),
+        ref_logp=np.array([-0.25, -1.0, -2.0]),
+        reward=np.float32(1.0),
+        reward_info={"score": np.float64(0.5), "count": np.int64(2)},
+        finish_reason="stop",
+        group_id=3,
+    )
+    out = decode(received(encode_batch(EpisodeBatch((ep,), 1, 0, 0))))
+    got = out.episodes[0]
+    assert got.prompt_ids.dtype == np.int32 and got.old_logp.dtype == np.float32
+    np.testing.assert_array_equal(got.completion_ids, [0, 1, 2])
+    assert got.reward_info == {"score": 0.5, "count": 2}
+
+
+def test_message_round_trip() -> None:
+    for msg in (
+        Message("heartbeat", {"t": 1.5, "step": 3}),
+        Message("stop", {}),
+        Message("eval", {"accuracy": 0.5, "names": ["a", "b"], "nested": {"k": None}}),
+    ):
+        out = decode(received(encode_message(msg)))
+        assert out == msg
+
+
+def test_frames_to_bytes_round_trip() -> None:
+    batch = make_batch()
+    frames = encode_batch(batch)
+    blob = frames_to_bytes(frames)
+    back = bytes_to_frames(blob)
+    assert [bytes(f) for f in back] == received(frames)
+    out = decode(back)
+    assert_batches_identical(batch, out)
+    # Padding keeps the decoded arrays aligned for their dtype.
+    assert all(ep.old_logp.flags.aligned for ep in out.episodes)
+    # A uint8 numpy array (e.g. a broadcast tensor's .numpy()) works as the blob too.
+    arr = np.frombuffer(blob, dtype=np.uint8).copy()
+    assert_batches_identical(batch, decode(bytes_to_frames(arr)))
+    # Messages and empty frame lists survive too.
+    assert decode(bytes_to_frames(frames_to_bytes(GOOD_MESSAGE))) == decode(GOOD_MESSAGE)
+    assert bytes_to_frames(frames_to_bytes([])) == []
+    assert [bytes(f) for f in bytes_to_frames(frames_to_bytes([b"", b"abc"]))] == [b"", b"abc"]
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"",
+        b"garbage",
+        b"GRPOFRM1",
+        b"GRPOFRM1" + (1 << 62).to_bytes(8, "little"),
+        b"XXXXXXXX" + (0).to_bytes(8, "little"),
+    ],
+)
+def test_bytes_to_frames_rejects_garbage(blob: bytes) -> None:
+    with pytest.raises(FrameError):
+        bytes_to_frames(blob)
+
+
+def test_bytes_to_frames_rejects_truncated_and_padded() -> None:
+    blob = frames_to_bytes(GOOD_FRAMES)
+    for cut in (1, 7, 8, len(blob) // 2):
+        with pytest.raises(FrameError):
+            bytes_to_frames(blob[:-cut])
+    with pytest.raises(FrameError):
+        bytes_to_frames(blob + b"\0" * 8)
+
+
+# --------------------------------------------------------------------------- batch API
+
+
+def test_groups_and_select_groups() -> None:
+    batch = make_batch(num_groups=4, group_size=3)
+    assert batch.num_groups == 4
+    groups = batch.groups()
+    assert len(groups) == 4 and all(len(g) == 3 for g in groups)
+    assert all(len({ep.group_id for ep in g}) == 1 for g in groups)
+    sub = batch.select_groups(1, 3)
+    assert sub.num_groups == 2
+    assert sub.episodes == batch.episodes[3:9]
+    assert (sub.policy_version, sub.seq, sub.sampler_id, sub.stats) == (
+        batch.policy_version,
+        batch.seq,
+        batch.sampler_id,
+        batch.stats,
+    )
+    assert sub.stats is not batch.stats
+    for bad in ((0, 0), (2, 1), (-1, 2), (0, 5)):
+        with pytest.raises(ValueError):
+            batch.select_groups(*bad)
+
+
+def test_episodes_list_is_stored_as_tuple() -> None:
+    batch = make_batch(num_groups=1, group_size=2)
+    again = EpisodeBatch(list(batch.episodes), 2, 0, 0)
+    assert isinstance(again.episodes, tuple)
+
+
+def _replace(ep: Episode, **kw: Any) -> Episode:
+    fields = {k: getattr(ep, k) for k in Episode.__dataclass_fields__}
+    fields.update(kw)
+    return Episode(**fields)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda eps: eps[:3], "multiple of group_size"),
+        (lambda eps: (), "multiple of group_size"),
+        (lambda eps: (_replace(eps[0], group_id=999), *eps[1:]), "mixes group_ids"),
+        (lambda eps: (_replace(eps[0], old_logp=np.zeros(99, np.float32)), *eps[1:]), "old_logp"),
+        (lambda eps: (_replace(eps[1], ref_logp=np.zeros(99, np.float32)), *eps[1:]), "ref_logp"),
+        (
+            lambda eps: (_replace(eps[2], rollout_logp=np.zeros(99, np.float32)), *eps[1:]),
+            "rollout_logp",
+        ),
+        (lambda eps: (_replace(eps[0], finish_reason="eos"), *eps[1:]), "finish_reason"),
+        (lambda eps: (_replace(eps[0], prompt_ids=[1, 2]), *eps[1:]), "numpy array"),
+        (
+            lambda eps: (_replace(eps[0], completion_ids=np.zeros((2, 2), np.int32)), *eps[1:]),
+            "1-D",
+        ),
+        (lambda eps: (_replace(eps[0], group_id=True), *eps[1:]), "group_id"),
+        (lambda eps: ("not an episode", *eps[1:]), "not Episode"),
+    ],
+)
+def test_post_init_errors(mutate: Any, match: str) -> None:
+    batch = make_batch(num_groups=2, group_size=4)
+    with pytest.raises(ValueError, match=match):
+        EpisodeBatch(mutate(batch.episodes), 4, 0, 0)
+
+
+def test_post_init_bad_group_size() -> None:
+    eps = make_batch(num_groups=1, group_size=2).episodes
+    for g in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="group_size"):
+            EpisodeBatch(eps, g, 0, 0)
+
+
+def test_post_init_bad_stats() -> None:
+    eps = make_batch(num_groups=1, group_size=2).episodes
+    with pytest.raises(ValueError, match="stats"):
+        EpisodeBatch(eps, 2, 0, 0, stats={"t": "slow"})
+
+
+# --------------------------------------------------------------------------- rejection
+
+
+def test_rejects_truncated_buffer() -> None:
+    frames = list(GOOD_FRAMES)
+    frames[2] = frames[2][:-1]
+    with pytest.raises(FrameError, match="bytes for"):
+        decode(frames)
+
+
+def test_rejects_extra_and_missing_frames() -> None:
+    with pytest.raises(FrameError):
+        decode([*GOOD_FRAMES, b"\0" * 4])
+    with pytest.raises(FrameError):
+        decode(GOOD_FRAMES[:-1])
+    with pytest.raises(FrameError):
+        decode([*GOOD_MESSAGE, b""])
+    with pytest.raises(FrameError):
+        decode([])
+    with pytest.raises(FrameError):
+        decode([b""] * 50)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"magic": b"NOTGRPO"}, "magic"),
+        ({"magic": ...}, "magic"),
+        ({"schema": SCHEMA_VERSION + 1}, "schema"),
+        ({"schema": True}, "schema"),
+        ({"kind": "weights"}, "kind"),
+        ({"extra": 1}, "unexpected"),
+        ({"seq": ...}, "missing"),
+        ({"seq": "17"}, "seq"),
+        ({"group_size": True}, "group_size"),
+        ({"group_size": 3}, "multiple of group_size"),
+        ({"sampler_id": 3}, "sampler_id"),
+        ({"stats": {"t": "x"}}, "stats"),
+        ({"reward": [0.0, math.nan, 0.0, 0.0]}, "finite"),
+        ({"reward": [0.0, math.inf, 0.0, 0.0]}, "finite"),
+        ({"reward": [0.0, "1", 0.0, 0.0]}, "finite"),
+        ({"reward": [0.0, 0.0, 0.0]}, "reward_info"),
+        ({"reward": []}, "non-empty"),
+        ({"finish_reason": ["stop", "stop", "eos", "stop"]}, "finish_reason"),
+        ({"group_id": [1, 2, 3, 3]}, "mixes group_ids"),
+        ({"group_id": [1, 1, 3.0, 3]}, "group_id"),
+        ({"reward_info": [{}, {}, {}, {"a": [1]}]}, "JSON scalar"),
+        ({"reward_info": [{}, {}, {}, 7]}, "reward_info"),
+        ({"has_rollout": False}, "descriptors"),
+        ({"has_rollout": 1}, "has_rollout"),
+        ({"arrays": "nope"}, "descriptors"),
+    ],
+)
+def test_rejects_bad_header(changes: dict[str, Any], match: str) -> None:
+    with pytest.raises(FrameError, match=match):
+        decode(with_header(GOOD_FRAMES, **changes))
+
+
+def _with_array(index: int, **desc_changes: Any) -> list[bytes]:
+    arrays = header_of(GOOD_FRAMES)["arrays"]
+    arrays[index].update(desc_changes)
+    return with_header(GOOD_FRAMES, arrays=arrays)
+
+
+@pytest.mark.parametrize(
+    ("index", "changes", "match"),
+    [
+        (0, {"dtype": "int64"}, "not allowed"),
+        (0, {"dtype": "float32"}, "must be int32"),
+        (2, {"dtype": "object"}, "not allowed"),
+        (2, {"dtype": 7}, "not allowed"),
+        (1, {"name": "old_logp"}, "expected"),
+        (1, {"count": -1}, "count"),
+        (1, {"count": 1 << 62}, "bytes for"),
+        (3, {"count": "3"}, "count"),
+    ],
+)
+def test_rejects_bad_array_descriptor(index: int, changes: dict[str, Any], match: str) -> None:
+    with pytest.raises(FrameError, match=match):
+        decode(_with_array(index, **changes))
+
+
+def test_rejects_extra_array_descriptor_field() -> None:
+    arrays = header_of(GOOD_FRAMES)["arrays"]
+    arrays[0]["shape"] = [3]
+    with pytest.raises(FrameError, match="unexpected"):
+        decode(with_header(GOOD_FRAMES, arrays=arrays))
+
+
+def test_rejects_mismatched_lengths() -> None:
+    h = header_of(GOOD_FRAMES)
+    lens = h["completion_len"]
+    bad = [lens[0] + 1, *lens[1:]]
+    with pytest.raises(FrameError, match="does not sum"):
+        decode(with_header(GOOD_FRAMES, completion_len=bad))
+    neg = [-1, lens[1] + lens[0] + 1, *lens[2:]]
+    with pytest.raises(FrameError, match="< 0"):
+        decode(with_header(GOOD_FRAMES, completion_len=neg))
+    with pytest.raises(FrameError, match="prompt_len"):
+        decode(with_header(GOOD_FRAMES, prompt_len=h["prompt_len"][:-1]))
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"garbage"],
+        [b"\xc1"],  # msgpack "never used" byte
+        [b""],
+        [b"\x93\x01\x02\x03"],  # a msgpack list, not a map
+        [msgpack.packb({1: 2})],  # int map key (strict_map_key)
+        [msgpack.packb({"magic": MAGIC}) + b"trailing"],
+        [b"\xdd\xff\xff\xff\xff"],  # array32 claiming 4G entries
+        [b"\x91" * 100_000],  # deep nesting
+        ["not bytes"],
+        [12345],
+        [None],
+        b"raw bytes, not a frame list",
+        None,
+    ],
+)
+def test_rejects_garbage(frames: Any) -> None:
+    with pytest.raises(FrameError):
+        decode(frames)
+
+
+def test_rejects_oversize() -> None:
+    total = sum(len(f) for f in GOOD_FRAMES)
+    assert isinstance(decode(GOOD_FRAMES, max_frame_bytes=total), EpisodeBatch)
+    with pytest.raises(FrameError, match="limit"):
+        decode(GOOD_FRAMES, max_frame_bytes=total - 1)
+    with pytest.raises(FrameError):
+        decode(GOOD_FRAMES, max_frame_bytes=len(GOOD_FRAMES[0]) - 1)
+
+
+def test_rejects_bad_message() -> None:
+    h = header_of(GOOD_MESSAGE)
+    for k, v in (("msg_kind", ""), ("msg_kind", 3), ("body", [1]), ("extra", 0)):
+        bad = dict(h)
+        bad[k] = v
+        with pytest.raises(FrameError):
+            decode([msgpack.packb(bad, use_bin_type=True)])
+    with pytest.raises(FrameError):
+        decode([msgpack.packb({**h, "body": {b"k": 1}}, use_bin_type=True)])
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+FUZZ = settings(
+    max_examples=700,
+    deadline=None,
+    derandomize=True,
+    database=None,  # keep runs reproducible and leave no .hypothesis/ behind
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def decode_or_frame_error(frames: Any) -> None:
+    """decode may succeed or raise FrameError, but nothing else."""
+    try:
+        out = decode(frames, max_frame_bytes=1 << 20)
+    except FrameError:
+        return
+    assert isinstance(out, (EpisodeBatch, Message))
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=64), min_size=0, max_size=8))
+def test_fuzz_random_frames(frames: list[bytes]) -> None:
+    decode_or_frame_error(frames)
+    decode_or_frame_error([*GOOD_FRAMES[:1], *frames])
+    with contextlib.suppress(FrameError):
+        bytes_to_frames(b"".join(frames))
+
+
+@FUZZ
+@given(
+    st.sampled_from([GOOD_FRAMES, GOOD_MESSAGE]),
+    st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 7)), min_size=1, max_size=4),
+    st.integers(-1, 1 << 30),
+)
+def test_fuzz_bit_flipped_headers(
+    frames: list[bytes], flips: list[tuple[int, int]], cut: int
+) -> None:
+    header = bytearray(frames[0])
+    for pos, bit in flips:
+        header[pos % len(header)] ^= 1 << bit
+    if cut >= 0:
+        header = header[: cut % (len(header) + 1)]
+    decode_or_frame_error([bytes(header), *frames[1:]])
+
+
+_MSGPACK_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 63), (1 << 64) - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@FUZZ
+@given(
+    st.sampled_from(sorted(header_of(GOOD_FRAMES))),
+    _MSGPACK_VALUES,
+    st.integers(0, 5),
+    st.integers(0, 64),
+)
+def test_fuzz_mutated_fields_and_truncated_buffers(
+    key: str, value: Any, frame_index: int, cut: int
+) -> None:
+    # A well-formed msgpack header with one field replaced by an arbitrary value.
+    decode_or_frame_error(with_header(GOOD_FRAMES, **{key: value}))
+    # A valid header with one array frame truncated (or extended).
+    frames = list(GOOD_FRAMES)
+    i = frame_index % len(frames)
+    frames[i] = frames[i][: max(0, len(frames[i]) - cut)] if cut % 2 else frames[i] + b"\0" * cut
+    decode_or_frame_error(frames)

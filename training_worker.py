@@ -1,0 +1,9 @@
+"""Trainer entry point, one process per rank (launch.sh starts it under torchrun / deepspeed):
+`python training_worker.py CONFIG [section.key=value ...]`."""
+
+import sys
+
+from grpo.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main("trainer", sys.argv[1:]))
