@@ -32,20 +32,22 @@ if [[ $model_path == embedded ]]; then
   "$PY" -m grpo.models >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
 fi
 
+# Each role execs its process, so the pid launch.sh holds is the worker's and a signal reaches it.
 start_trainer() {
   if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    "$PY" -m deepspeed.launcher.runner --num_gpus "$num_ranks" --master_port "$master_port" \
+    exec "$PY" -m deepspeed.launcher.runner --num_gpus "$num_ranks" --master_port "$master_port" \
       training_worker.py "$@"
   else
-    DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m torch.distributed.run \
+    export DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    exec "$PY" -m torch.distributed.run \
       --nproc_per_node "$num_ranks" --master_port "$master_port" training_worker.py "$@"
   fi
 }
-start_sampler() { "$PY" sampling_worker.py "$@"; }
+start_sampler() { exec "$PY" sampling_worker.py "$@"; }
 
 case $ROLE in
-  trainer) start_trainer "$@"; exit $? ;;
-  sampler) start_sampler "$@"; exit $? ;;
+  trainer) start_trainer "$@" ;;
+  sampler) start_sampler "$@" ;;
 esac
 
 declare -A name_of
@@ -65,9 +67,11 @@ stop_all() {
 trap 'echo "launch.sh: interrupted, stopping both roles" >&2; stop_all; wait; exit 130' INT TERM
 
 status=0
-for _ in 1 2; do
-  wait -n -p done_pid "$trainer_pid" "$sampler_pid"
+running=("$trainer_pid" "$sampler_pid")
+while ((${#running[@]})); do
+  wait -n -p done_pid "${running[@]}"
   code=$?
+  running=($(for p in "${running[@]}"; do [[ $p != "$done_pid" ]] && echo "$p"; done))
   if [[ $code -ne 0 && $status -eq 0 ]]; then
     status=$code
     echo "launch.sh: the ${name_of[$done_pid]} exited with code $code; stopping the other role" >&2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 
 from grpo.config import ConfigError, describe, load_config
 
@@ -21,8 +22,14 @@ def setup_logging(role: str) -> None:
         format=f"%(asctime)s [{tag}] %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("DeepSpeed", "deepspeed", "transformers", "httpx", "urllib3"):
+    for noisy in ("DeepSpeed", "deepspeed", "transformers", "httpx", "urllib3", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Weight-loading progress bars and a deprecation inside DeepSpeed's ZeRO all-gather are noise
+    # in a run log; our own progress bar is the trainer's.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def main(role: str, argv: list[str]) -> int:

@@ -54,12 +54,11 @@ def plot_run(run_dir: Path) -> Path | None:
     axes[0].set_title("mean reward (train batch)")
     axes[1].plot(steps, [r["accuracy"] for r in rows], marker="o", label="train batch")
     axes[1].plot(steps, [r["format_rate"] for r in rows], marker=".", label="train format")
-    if evals:
-        axes[1].plot(
-            [e["version"] for e in evals], [e["accuracy"] for e in evals], marker="s",
-            label="eval greedy pass@1",
-        )
-    axes[1].set_title("accuracy")
+    if evals:  # version v = the weights after step v, so it shares the step axis
+        versions = [e["version"] for e in evals]
+        axes[1].plot(versions, [e["accuracy"] for e in evals], marker="s", label="eval pass@1")
+        axes[1].plot(versions, [e["format_rate"] for e in evals], marker="^", label="eval format")
+    axes[1].set_title("accuracy and format rate")
     axes[1].legend(fontsize=8)
     axes[2].plot(steps, [r["kl"] for r in rows], marker="o")
     axes[2].set_title("KL to reference")

@@ -7,6 +7,7 @@ and save it once as an HF safetensors dir (checkpoints/base) that every later ru
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import importlib.util
 import logging
@@ -26,7 +27,7 @@ EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE_DIR = REPO_ROOT / "checkpoints" / "base"
-_COMPLETE = ".complete"
+_COMPLETE = ".converted-v2"  # bump when the conversion changes, so stale dirs are redone
 
 
 class ModelError(ValueError):
@@ -74,8 +75,12 @@ def ensure_embedded_base(dest: Path = BASE_DIR) -> Path:
         quantised = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
-        # A model rebuilt from the config saves as plain safetensors, with no GGUF metadata.
-        model = AutoModelForCausalLM.from_config(quantised.config, dtype=torch.float32)
+        # A model rebuilt from the config, minus its GGUF quantisation entry, saves as plain
+        # safetensors that transformers, DeepSpeed and vLLM load like any HF checkpoint.
+        config = copy.deepcopy(quantised.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(quantised.state_dict())
         model.generation_config = quantised.generation_config
         model.save_pretrained(tmp, safe_serialization=True)

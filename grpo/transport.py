@@ -87,9 +87,9 @@ class TrainerChannel:
         poller.register(self.pull, zmq.POLLIN)
         while True:
             if self.last_peer_seen is None:
-                limit, since, what = self.cfg.startup_timeout_s, started, "the first message"
+                limit, since, what = self.cfg.startup_timeout_s, started, "message yet"
             else:
-                limit, since, what = self.cfg.peer_timeout_s, self.last_peer_seen, "a heartbeat"
+                limit, since, what = self.cfg.peer_timeout_s, self.last_peer_seen, "heartbeat"
             waited = time.monotonic() - since
             if waited > limit:
                 raise PeerError(

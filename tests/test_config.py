@@ -1,0 +1,81 @@
+import pytest
+
+from grpo.config import Config, ConfigError, load_config, parse_override, save_config
+
+DEMO = "configs/cpu_demo.yaml"
+
+
+def test_defaults_are_valid_and_documented():
+    cfg = Config()
+    assert cfg.rollout.group_size >= 2
+    from grpo.config import describe
+
+    lines = describe()
+    assert any(line.strip().startswith("lr: 1e-06  # learning rate") for line in lines)
+    assert all("#" in line for line in lines)  # every key carries its help
+
+
+def test_yaml_then_overrides():
+    cfg = load_config(DEMO, ["train.lr=1e-5", "rollout.group_size=8", "algo.loss=gspo",
+                             "model.lora.target_modules=[q_proj, v_proj]", "name=x"])
+    assert cfg.train.lr == 1e-5 and isinstance(cfg.train.lr, float)
+    assert cfg.rollout.group_size == 8
+    assert cfg.algo.loss == "gspo"
+    assert cfg.model.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.name == "x"
+    assert cfg.train.total_steps == 8  # from the YAML
+
+
+def test_int_is_accepted_for_float():
+    assert load_config(None, ["rollout.temperature=1"]).rollout.temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lrr=1", "unknown config key 'train.lrr'; did you mean 'train.lr'?"),
+        ("rolout.group_size=4", "unknown config key 'rolout'; did you mean 'rollout'?"),
+        ("algo.loss=ppoo", "algo.loss must be one of 'grpo' | 'gspo', got 'ppoo'"),
+        ("rollout.group_size=four", "rollout.group_size must be int, got 'four'"),
+        ("rollout.group_size=1", "rollout.group_size must be >= 2"),
+        ("train.lr=0", "train.lr must be > 0"),
+        ("rollout.top_p=1.5", "rollout.top_p must be in (0, 1]"),
+        ("model.gradient_checkpointing=3", "must be true or false"),
+        ("train.num_ranks=3", "must be a multiple of train.num_ranks (3)"),
+        ("data.reward=nocolon", "data.reward must look like 'package.module:function'"),
+        ("rollout=3", "rollout must be a mapping"),
+        ("noequals", "must look like section.key=value"),
+    ],
+)
+def test_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(DEMO, [override])
+    assert message in str(e.value)
+
+
+def test_missing_and_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("train:\n  total_step: 3\n")
+    with pytest.raises(ConfigError, match="did you mean 'train.total_steps'"):
+        load_config(unknown)
+
+
+def test_parse_override_types():
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a.b=2e-6") == ("a.b", 2e-6)
+    assert parse_override("a.b=hello") == ("a.b", "hello")
+    assert parse_override("a.b=") == ("a.b", "")
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(DEMO, ["train.lr=3e-6"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert not list(tmp_path.glob("*.tmp"))

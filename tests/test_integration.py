@@ -1,0 +1,135 @@
+"""The real pipeline: launch.sh starts the sampler and a 2-rank DeepSpeed trainer (gloo) on
+127.0.0.1 with a tiny random model; real ZeroMQ sockets, real checkpoints, real reloads."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import PYTHON, REPO, run_launch, transport_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
+    cfg = {
+        "name": "tiny",
+        "output_dir": str(tmp_path / "runs"),
+        "model": {"path": str(model_dir)},
+        "data": {"reward": "tests.rewards_for_tests:text_length", "max_prompt_tokens": 256},
+        "rollout": {"questions_per_step": 4, "group_size": 4, "max_new_tokens": 12},
+        "train": {"total_steps": 3, "lr": 1.0e-3, "micro_batch_size": 4, "num_ranks": 2,
+                  "sync_interval": 1},
+    }
+    for key, value in sections.items():
+        cfg.setdefault(key, {}).update(value)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
+    config = tiny_config(tmp_path, tiny_model_dir)
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    run_dir = tmp_path / "runs" / "tiny"
+
+    # The sampler reloaded the versions the trainer published before its next batch.
+    reloads = re.findall(r"reloaded weights: version (\d+) -> (\d+)", log)
+    assert ("0", "1") in reloads and ("1", "2") in reloads, log[-4000:]
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # On-policy (max_staleness 0): batch k was sampled with version k, and it said so.
+    assert [r["policy_version"] for r in rows] == [0, 1, 2]
+    assert [r["batch_seq"] for r in rows] == [0, 1, 2]
+    assert all(r["staleness"] == 0 for r in rows)
+    sent = re.findall(r"sent batch (\d+) \(version (\d+)\)", log)
+    assert sent == [("0", "0"), ("1", "1"), ("2", "2")]
+
+    # Each rank trained on whole, different groups.
+    for r in rows:
+        rank0, rank1 = r["rank_group_ids"]
+        assert len(rank0) == len(rank1) == 2
+        assert not set(rank0) & set(rank1)
+        assert r["reward_std"] > 0  # the advantages were not all zero
+
+    # Parameters changed, and the published version is a loadable HF dir.
+    before = load_file(tiny_model_dir / "model.safetensors")
+    after = load_file(run_dir / "versions" / "v000003" / "model.safetensors")
+    changed = [k for k in before if not (before[k] == after[k]).all()]
+    assert len(changed) >= len(before) // 2, changed
+    assert (run_dir / "versions" / "v000003" / "config.json").is_file()
+    assert (run_dir / "LATEST").read_text().strip() == "3"
+    assert (run_dir / "train_state" / "latest").is_file()
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
+    assert not list(run_dir.rglob("*.tmp*"))
+    for key in ("loss", "kl", "clip_frac", "entropy", "accuracy", "format_rate",
+                "response_len_mean", "sampler_gen_s", "train_s", "recv_s"):
+        assert key in rows[0]
+
+
+def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
+    """A trainer that cannot start takes the sampler down with it; launch.sh says why."""
+    config = tiny_config(tmp_path, tiny_model_dir)
+    started = time.monotonic()
+    proc = run_launch(config, [*transport_overrides(), "train.deepspeed_config=nope.json"],
+                      timeout=300)
+    assert proc.returncode != 0
+    assert "train.deepspeed_config: no file nope.json" in proc.stderr
+    assert "the trainer exited with code" in proc.stderr
+    assert time.monotonic() - started < 240
+    _assert_no_stray_processes(config)
+
+
+def test_sampler_killed_trainer_times_out(tmp_path, tiny_model_dir):
+    """Separate roles (as on two nodes): SIGKILL the sampler, the trainer notices and exits."""
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
+    overrides = transport_overrides(timeout_s=6)
+    env_launch = ["bash", str(REPO / "launch.sh"), str(config), *overrides]
+    import os
+
+    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1"}
+    trainer = subprocess.Popen(env_launch, cwd=REPO, env={**env, "ROLE": "trainer"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = subprocess.Popen(env_launch, cwd=REPO, env={**env, "ROLE": "sampler"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+            assert time.monotonic() < deadline, "no step finished"
+            assert trainer.poll() is None and sampler.poll() is None
+            time.sleep(0.5)
+        sampler.kill()
+        out, _ = trainer.communicate(timeout=120)
+        assert trainer.returncode != 0
+        assert "no heartbeat from any sampler" in out, out[-3000:]
+    finally:
+        for p in (trainer, sampler):
+            if p.poll() is None:
+                p.kill()
+    _assert_no_stray_processes(config)
+
+
+def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
+    config = tiny_config(tmp_path, tiny_model_dir)
+    proc = run_launch(config, ["train.totl_steps=3"], timeout=60)
+    assert proc.returncode == 2
+    assert "unknown config key 'train.totl_steps'; did you mean 'train.total_steps'?" in (
+        proc.stderr)
+
+
+def _assert_no_stray_processes(config: Path) -> None:
+    time.sleep(1)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(config) not in ps, ps
+

@@ -1,0 +1,110 @@
+"""Real ZeroMQ sockets on loopback: batches arrive, garbage is dropped and counted, silence ends."""
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from grpo.config import TransportConfig
+from grpo.episode import Episode, EpisodeBatch
+from grpo.transport import PeerError, SamplerChannel, TrainerChannel
+from tests.conftest import free_port
+
+
+def _cfg(**kw) -> TransportConfig:
+    return TransportConfig(episodes_addr=f"tcp://127.0.0.1:{free_port()}",
+                           control_addr=f"tcp://127.0.0.1:{free_port()}",
+                           heartbeat_s=0.1, **kw)
+
+
+def _batch(seq: int) -> EpisodeBatch:
+    eps = tuple(
+        Episode(np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32),
+                np.zeros(2, np.float32), np.zeros(2, np.float32), float(i), {"correct": i == 0},
+                "stop", 7)
+        for i in range(2)
+    )
+    return EpisodeBatch(eps, 2, policy_version=0, seq=seq)
+
+
+def test_batch_arrives_and_garbage_is_dropped():
+    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5)
+    trainer = TrainerChannel(cfg)
+    sampler = SamplerChannel(cfg, "s0")
+    rogue = zmq.Context.instance().socket(zmq.PUSH)
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(cfg.episodes_addr)
+    try:
+        rogue.send_multipart([b"garbage", b"\x00" * 10])
+        rogue.send(b"\x93\x01\x02")
+        time.sleep(0.3)
+        # PULL fair-queues across connections: keep receiving until the rogue's turn came twice.
+        got = []
+        for seq in range(6):
+            sampler.send_batch(_batch(seq))
+            got.append(trainer.recv_batch())
+            if trainer.rejected_frames == 2:
+                break
+        assert [b.seq for b in got] == list(range(len(got)))
+        assert got[0].episodes[1].reward == 1.0
+        assert trainer.rejected_frames == 2
+        trainer.announce("version", version=4)
+        deadline = time.monotonic() + 5
+        while sampler.status.version != 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.status.seen and sampler.status.version == 4
+        trainer.announce("done", version=4)
+        assert sampler.stopped.wait(5) and sampler.status.done
+    finally:
+        rogue.close()
+        sampler.close()
+        trainer.close()
+
+
+def test_trainer_gives_up_on_a_silent_sampler():
+    trainer = TrainerChannel(_cfg(peer_timeout_s=1, startup_timeout_s=1.5))
+    try:
+        with pytest.raises(PeerError, match="no message yet from any sampler"):
+            trainer.recv_batch()
+    finally:
+        trainer.close()
+
+
+def test_sampler_notices_a_dead_trainer():
+    cfg = _cfg(peer_timeout_s=1, startup_timeout_s=30)
+    trainer = TrainerChannel(cfg)
+    sampler = SamplerChannel(cfg, "s0")
+    try:
+        deadline = time.monotonic() + 5
+        while not sampler.status.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.status.seen
+        trainer.close()  # heartbeats stop
+        assert sampler.stopped.wait(5)
+        assert "no heartbeat from the trainer" in sampler.status.stop_reason
+    finally:
+        sampler.close()
+
+
+def test_sampler_stop_message_reaches_trainer():
+    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5)
+    trainer = TrainerChannel(cfg)
+    sampler = SamplerChannel(cfg, "s0")
+    try:
+        sampler.send_stop("interrupted by SIGINT")
+        with pytest.raises(PeerError, match="sampler stopped: interrupted by SIGINT"):
+            trainer.recv_batch()
+    finally:
+        sampler.close()
+        trainer.close()
+
+
+def test_port_in_use_is_a_clear_error():
+    cfg = _cfg()
+    first = TrainerChannel(cfg)
+    try:
+        with pytest.raises(PeerError, match="cannot bind the episodes socket"):
+            TrainerChannel(cfg)
+    finally:
+        first.close()
