@@ -35,7 +35,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 def publish_version(
     run_dir: Path, version: int, save: Callable[[Path], None], keep: int, step: int
 ) -> Path:
-    """`save(tmp_dir)` writes the weights; the dir is renamed into place, then LATEST points at it."""
+    """`save(tmp_dir)` writes the weights; the dir is renamed into place, then LATEST names it."""
     final = version_dir(run_dir, version)
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,10 +1,9 @@
-"""Shared command line of the two workers: config + overrides in, one clear line out on bad input."""
+"""The workers' shared command line: config + overrides in, one clear line out on bad input."""
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import warnings
 
 from grpo.config import ConfigError, describe, load_config

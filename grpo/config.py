@@ -6,6 +6,7 @@ Unknown keys and bad values stop the run with one line naming the key and what i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
@@ -94,8 +95,9 @@ class AlgoConfig:
     kl_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
     scale_by_std: bool = _f(True, "divide advantages by the group std (False = Dr. GRPO)")
-    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                 "seq-mean-token-sum-norm"] = _f("token-mean", "how token losses are averaged")
+    agg: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = _f("token-mean", "how token losses are averaged")
 
 
 @dataclass
@@ -198,8 +200,9 @@ def _check_values(cfg: Config) -> None:
             f"of train.num_ranks ({cfg.train.num_ranks}): each rank trains on whole groups"
         )
     if cfg.data.reward and ":" not in cfg.data.reward:
-        raise ConfigError(f"data.reward must look like 'package.module:function', got "
-                          f"{cfg.data.reward!r}")
+        raise ConfigError(
+            f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
+        )
 
 
 # ----------------------------------------------------------------------------- building
@@ -279,10 +282,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = raw
     # YAML reads 1e-5 as a string; numbers people type should be numbers.
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value) if any(c in value for c in ".eE") else value
-        except ValueError:
-            pass
     return key.strip(), value
 
 
@@ -342,14 +343,14 @@ def get_value(cfg: Config, dotted: str) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m grpo.config CONFIG [overrides] [--get key]`: validate, print a value (launch.sh)."""
+    """`python -m grpo.config CONFIG [overrides] [--get key]`: validate, print (for launch.sh)."""
     if argv and argv[0] == "--help-keys":
         print("\n".join(describe()))
         return 0
     get = None
     if "--get" in argv:
         i = argv.index("--get")
-        get, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+        get, argv = argv[i + 1], argv[:i] + argv[i + 2 :]
     try:
         cfg = load_config(argv[0] if argv else None, argv[1:])
         print(get_value(cfg, get) if get else yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,4 +1,4 @@
-"""Run metrics: one JSONL row per step (trainer) or evaluation (sampler), and the end-of-run plot."""
+"""Run metrics: a JSONL row per step (trainer) or evaluation (sampler), and the end-of-run plot."""
 
 from __future__ import annotations
 

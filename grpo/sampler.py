@@ -1,4 +1,4 @@
-"""The sampling loop: questions -> G answers each -> rewards and log-probs -> EpisodeBatch -> trainer.
+"""The sampling loop: questions -> G answers -> rewards, log-probs -> EpisodeBatch -> trainer.
 
 Versions: the sampler starts on version 0 (the initial weights). The trainer announces each
 version it publishes in its heartbeats; before batch `seq` the sampler waits until a version
@@ -21,8 +21,13 @@ from grpo.checkpoint import is_adapter, load_state_dict, version_dir
 from grpo.config import Config
 from grpo.episode import Episode, EpisodeBatch
 from grpo.metrics import EVAL_FILE, append_jsonl, mean, plot_run
-from grpo.models import apply_lora, load_causal_lm, load_reference, load_tokenizer
-from grpo.models import resolve_model_path
+from grpo.models import (
+    apply_lora,
+    load_causal_lm,
+    load_reference,
+    load_tokenizer,
+    resolve_model_path,
+)
 from grpo.rollout.hf import HFRollout, score_logprobs
 from grpo.tasks import Row, Task, get_task, load_reward_fn, score
 from grpo.transport import PeerError, SamplerChannel
@@ -37,8 +42,9 @@ class Prompt:
     ids: np.ndarray  # int32 chat-templated prompt tokens
 
 
-def encode_prompts(task: Task, rows: list[Row], tokenizer, system_prompt: str,
-                   max_tokens: int) -> list[Prompt]:
+def encode_prompts(
+    task: Task, rows: list[Row], tokenizer, system_prompt: str, max_tokens: int
+) -> list[Prompt]:
     """Chat-template every row; rows whose prompt exceeds `max_tokens` are skipped (logged)."""
     prompts = []
     for i, row in enumerate(rows):
@@ -49,13 +55,17 @@ def encode_prompts(task: Task, rows: list[Row], tokenizer, system_prompt: str,
         if len(ids) <= max_tokens:
             prompts.append(Prompt(i, row, ids))
     if len(prompts) < len(rows):
-        log.warning("skipped %d prompts longer than %d tokens", len(rows) - len(prompts), max_tokens)
+        log.warning(
+            "skipped %d prompts longer than %d tokens", len(rows) - len(prompts), max_tokens
+        )
     if not prompts:
         raise ValueError(f"no prompt fits data.max_prompt_tokens={max_tokens}")
     return prompts
 
 
-def question_stream(prompts: list[Prompt], n: int, seed: int, shuffle: bool) -> Iterator[list[Prompt]]:
+def question_stream(
+    prompts: list[Prompt], n: int, seed: int, shuffle: bool
+) -> Iterator[list[Prompt]]:
     """Endless batches of `n` prompts; each epoch is a fresh seeded permutation."""
     epoch, order, pos = 0, [], 0
     while True:
@@ -79,14 +89,23 @@ class Sampler:
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
         train_rows = self.task.load(cfg.data.train or self.task.default_train)
-        self.prompts = encode_prompts(self.task, train_rows, self.tokenizer,
-                                      cfg.data.system_prompt, cfg.data.max_prompt_tokens)
+        self.prompts = encode_prompts(
+            self.task,
+            train_rows,
+            self.tokenizer,
+            cfg.data.system_prompt,
+            cfg.data.max_prompt_tokens,
+        )
         self.eval_prompts: list[Prompt] = []
         if cfg.eval.interval and cfg.eval.num_questions:
             test_rows = self.task.load(cfg.data.test or self.task.default_test)
-            self.eval_prompts = encode_prompts(self.task, test_rows[: cfg.eval.num_questions],
-                                               self.tokenizer, cfg.data.system_prompt,
-                                               cfg.data.max_prompt_tokens)
+            self.eval_prompts = encode_prompts(
+                self.task,
+                test_rows[: cfg.eval.num_questions],
+                self.tokenizer,
+                cfg.data.system_prompt,
+                cfg.data.max_prompt_tokens,
+            )
         self.policy = load_causal_lm(model_path, cfg.model.dtype).eval()
         if cfg.model.lora.enabled:
             self.policy = apply_lora(self.policy, cfg.model.lora).eval()
@@ -110,15 +129,20 @@ class Sampler:
             missing, unexpected = self.policy.load_state_dict(state, strict=False)
             tied = set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
             if unexpected or set(missing) - tied:
-                raise RuntimeError(f"{vdir} does not match the policy: missing {missing}, "
-                                   f"unexpected {unexpected}")
-        log.info("reloaded weights: version %d -> %d in %.1f s", self.version, version,
-                 time.monotonic() - t0)
+                raise RuntimeError(
+                    f"{vdir} does not match the policy: missing {missing}, unexpected {unexpected}"
+                )
+        log.info(
+            "reloaded weights: version %d -> %d in %.1f s",
+            self.version,
+            version,
+            time.monotonic() - t0,
+        )
         self.version = version
         self.reloaded.append(version)
 
     def wait_for_version(self, needed: int) -> None:
-        """Block until the trainer has published `needed` (staleness bound), then load the newest."""
+        """Wait until the trainer published `needed` (the staleness bound), then load the newest."""
         assert self.channel is not None
         while self.channel.status.version < needed and not self.channel.stopped.is_set():
             time.sleep(0.2)
@@ -130,11 +154,19 @@ class Sampler:
     def make_batch(self, seq: int, prompts: list[Prompt], rollout: HFRollout) -> EpisodeBatch:
         cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         t0 = time.monotonic()
-        gens = rollout.generate([p.ids for p in prompts], n=G, max_new_tokens=cfg.max_new_tokens,
-                                temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + seq,
-                                batch_size=cfg.generation_batch_size)
+        gens = rollout.generate(
+            [p.ids for p in prompts],
+            n=G,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=cfg.seed + seq,
+            batch_size=cfg.generation_batch_size,
+        )
         if len(gens) != len(prompts) * G:
-            raise PeerError("generation interrupted: " + (self.channel.status.stop_reason or "stop"))
+            raise PeerError(
+                "generation interrupted: " + (self.channel.status.stop_reason or "stop")
+            )
         t1 = time.monotonic()
         completions = [g.completion_ids for g in gens]
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
@@ -147,13 +179,26 @@ class Sampler:
         ref = score_logprobs(self.reference, prompt_ids, completions, **args)
         t3 = time.monotonic()
         episodes = tuple(
-            Episode(g.prompt_ids, g.completion_ids, o, r, reward, info, g.finish_reason,
-                    prompts[i // G].index)
+            Episode(
+                g.prompt_ids,
+                g.completion_ids,
+                o,
+                r,
+                reward,
+                info,
+                g.finish_reason,
+                prompts[i // G].index,
+            )
             for i, (g, o, r, (reward, info)) in enumerate(zip(gens, old, ref, scored, strict=True))
         )
         n_tokens = sum(len(c) for c in completions)
-        stats = {"gen_s": t1 - t0, "reward_s": t2 - t1, "logprob_s": t3 - t2,
-                 "gen_tokens": float(n_tokens), "gen_tokens_per_s": n_tokens / max(t1 - t0, 1e-9)}
+        stats = {
+            "gen_s": t1 - t0,
+            "reward_s": t2 - t1,
+            "logprob_s": t3 - t2,
+            "gen_tokens": float(n_tokens),
+            "gen_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
+        }
         return EpisodeBatch(episodes, G, self.version, seq, cfg.sampler_id, stats)
 
     # ------------------------------------------------------------------ eval
@@ -163,20 +208,35 @@ class Sampler:
         if not self.eval_prompts or self.version in self.evaluated:
             return
         t0 = time.monotonic()
-        gens = rollout.generate([p.ids for p in self.eval_prompts], n=1, greedy=True,
-                                max_new_tokens=self.cfg.eval.max_new_tokens,
-                                batch_size=self.cfg.rollout.generation_batch_size)
-        texts = self.tokenizer.batch_decode([g.completion_ids for g in gens],
-                                            skip_special_tokens=True)
-        infos = [score(self.reward_fn, t, p.row)[1] for t, p in zip(texts, self.eval_prompts)]
-        row = {"version": self.version,
-               "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
-               "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
-               "n": len(infos), "seconds": round(time.monotonic() - t0, 2)}
+        gens = rollout.generate(
+            [p.ids for p in self.eval_prompts],
+            n=1,
+            greedy=True,
+            max_new_tokens=self.cfg.eval.max_new_tokens,
+            batch_size=self.cfg.rollout.generation_batch_size,
+        )
+        texts = self.tokenizer.batch_decode(
+            [g.completion_ids for g in gens], skip_special_tokens=True
+        )
+        pairs = zip(texts, self.eval_prompts, strict=True)
+        infos = [score(self.reward_fn, t, p.row)[1] for t, p in pairs]
+        row = {
+            "version": self.version,
+            "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
+            "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
+            "n": len(infos),
+            "seconds": round(time.monotonic() - t0, 2),
+        }
         append_jsonl(self.run_dir / EVAL_FILE, row)
         self.evaluated.add(self.version)
-        log.info("eval v%d: accuracy %.3f, format %.3f on %d questions (%.0f s)", self.version,
-                 row["accuracy"], row["format_rate"], row["n"], row["seconds"])
+        log.info(
+            "eval v%d: accuracy %.3f, format %.3f on %d questions (%.0f s)",
+            self.version,
+            row["accuracy"],
+            row["format_rate"],
+            row["n"],
+            row["seconds"],
+        )
 
     def eval_due(self) -> bool:
         return bool(self.cfg.eval.interval) and self.version % self.cfg.eval.interval == 0
@@ -192,8 +252,9 @@ class Sampler:
             log.info("waiting for the trainer on %s", cfg.transport.control_addr)
             while not channel.status.seen and not channel.stopped.is_set():
                 time.sleep(0.2)
-            stream = question_stream(self.prompts, cfg.rollout.questions_per_step,
-                                     cfg.rollout.seed, cfg.data.shuffle)
+            stream = question_stream(
+                self.prompts, cfg.rollout.questions_per_step, cfg.rollout.seed, cfg.data.shuffle
+            )
             for seq in range(cfg.train.total_steps):
                 self.wait_for_version(seq - cfg.train.max_staleness)
                 if channel.stopped.is_set():
@@ -202,9 +263,13 @@ class Sampler:
                     self.evaluate(rollout)
                 batch = self.make_batch(seq, next(stream), rollout)
                 channel.send_batch(batch)
-                log.info("sent batch %d (version %d): reward %.3f, %.0f tokens/s", seq,
-                         batch.policy_version, mean([e.reward for e in batch.episodes]),
-                         batch.stats["gen_tokens_per_s"])
+                log.info(
+                    "sent batch %d (version %d): reward %.3f, %.0f tokens/s",
+                    seq,
+                    batch.policy_version,
+                    mean([e.reward for e in batch.episodes]),
+                    batch.stats["gen_tokens_per_s"],
+                )
             channel.stopped.wait()
             if channel.status.done:
                 self.finish(rollout)

@@ -87,13 +87,23 @@ def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dic
         old = pad_right([e.old_logp for e in chunk], width)
         ref = pad_right([e.ref_logp for e in chunk], width)
         logp, entropy = completion_logprobs(
-            engine, pairs.input_ids, pairs.attention_mask, pairs.prompt_len,
-            temperature=cfg.rollout.temperature, with_entropy=True,
+            engine,
+            pairs.input_ids,
+            pairs.attention_mask,
+            pairs.prompt_len,
+            temperature=cfg.rollout.temperature,
+            with_entropy=True,
         )
         advantages = broadcast_to_tokens(adv[start : start + micro], mask)
         pg_loss, pg_metrics = policy_loss(
-            algo.loss, old, logp, advantages, mask,
-            agg=algo.agg, clip_low=algo.clip_low, clip_high=algo.clip_high,
+            algo.loss,
+            old,
+            logp,
+            advantages,
+            mask,
+            agg=algo.agg,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
         loss = pg_loss + algo.kl_coef * agg_loss(kl, mask, algo.agg)
@@ -107,10 +117,12 @@ def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dic
         with torch.no_grad():
             w = tokens / n_tokens
             for key, value in (
-                ("loss", float(loss)), ("pg_loss", float(pg_loss)),
+                ("loss", float(loss)),
+                ("pg_loss", float(pg_loss)),
                 ("kl", float((kl * mask).sum() / mask.sum().clamp(min=1))),
                 ("entropy", float((entropy * mask).sum() / mask.sum().clamp(min=1))),
-                ("clip_frac", pg_metrics["clip_frac"]), ("approx_kl", pg_metrics["approx_kl"]),
+                ("clip_frac", pg_metrics["clip_frac"]),
+                ("approx_kl", pg_metrics["approx_kl"]),
             ):
                 sums[key] = sums.get(key, 0.0) + w * value
     grad_norm = engine.get_global_grad_norm()
@@ -149,8 +161,11 @@ def broadcast_batch(batch: EpisodeBatch | None, rank: int) -> EpisodeBatch | Non
     dist.broadcast(size, src=0)
     if int(size) == STOP:
         return None
-    buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if rank == 0 else torch.empty(
-        int(size), dtype=torch.uint8)
+    buf = (
+        torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        if rank == 0
+        else torch.empty(int(size), dtype=torch.uint8)
+    )
     dist.broadcast(buf, src=0)
     return batch if rank == 0 else decode(bytes_to_frames(buf.numpy()))  # type: ignore[return-value]
 
@@ -236,13 +251,17 @@ class Trainer:
         if self.rank == 0 and (step % self.cfg.train.sync_interval == 0 or last):
             publish_s = self.publish(step)
         row: dict[str, Any] = {
-            "step": step, "batch_seq": batch.seq, "policy_version": batch.policy_version,
-            "staleness": (step - 1) - batch.policy_version, "published_version": self.version,
+            "step": step,
+            "batch_seq": batch.seq,
+            "policy_version": batch.policy_version,
+            "staleness": (step - 1) - batch.policy_version,
+            "published_version": self.version,
         }
         row.update(batch_metrics(batch))
         row.update(train_metrics)
-        row.update({"recv_s": recv_s, "train_s": train_s, "publish_s": publish_s,
-                    "rank_group_ids": groups})
+        row.update(
+            {"recv_s": recv_s, "train_s": train_s, "publish_s": publish_s, "rank_group_ids": groups}
+        )
         return row
 
     def run(self) -> None:
@@ -251,7 +270,9 @@ class Trainer:
             rotate_run_dir(self.run_dir)
             save_config(cfg, self.run_dir / "config.yaml")
             self.channel = TrainerChannel(cfg.transport)
-            log.info("trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr)
+            log.info(
+                "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
+            )
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.train.total_steps, desc="train", disable=self.rank != 0)
@@ -264,8 +285,11 @@ class Trainer:
                 row = self.step(step, batch, recv_s)
                 if self.rank == 0:
                     append_jsonl(self.run_dir / METRICS_FILE, row)
-                    bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}",
-                                    acc=f"{row['accuracy']:.2f}")
+                    bar.set_postfix(
+                        reward=f"{row['reward_mean']:.3f}",
+                        kl=f"{row['kl']:.4f}",
+                        acc=f"{row['accuracy']:.2f}",
+                    )
                     bar.update()
             self.engine.save_checkpoint(str(self.run_dir / "train_state"), tag=f"step{step}")
             if self.channel is not None:
@@ -283,11 +307,14 @@ class Trainer:
                 self.channel.close()
         if self.rank == 0:
             plot = plot_run(self.run_dir)
-            print(f"\nrun finished: {cfg.train.total_steps} steps, final version {self.version}\n"
-                  f"  metrics:     {self.run_dir / METRICS_FILE}\n"
-                  f"  checkpoints: {self.run_dir / 'versions'} (weights), "
-                  f"{self.run_dir / 'train_state'} (optimizer, step)\n"
-                  f"  plot:        {plot}", flush=True)
+            print(
+                f"\nrun finished: {cfg.train.total_steps} steps, final version {self.version}\n"
+                f"  metrics:     {self.run_dir / METRICS_FILE}\n"
+                f"  checkpoints: {self.run_dir / 'versions'} (weights), "
+                f"{self.run_dir / 'train_state'} (optimizer, step)\n"
+                f"  plot:        {plot}",
+                flush=True,
+            )
 
 
 def _sigterm_as_interrupt(signum, frame):

@@ -10,6 +10,7 @@ within `peer_timeout_s`. Frames that fail to decode are logged, counted and drop
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -159,10 +160,8 @@ class SamplerChannel:
         started, last_seen = time.monotonic(), None
         heartbeat = encode_message(Message("heartbeat", {"sampler_id": self.sampler_id}))
         while not self._closing.is_set():
-            try:
+            with contextlib.suppress(zmq.Again):  # trainer not there yet: the timeouts decide
                 beat.send_multipart(heartbeat)
-            except zmq.Again:
-                pass  # trainer not there yet; the timeouts below decide
             if sub.poll(timeout=int(self.cfg.heartbeat_s * 1000)):
                 last_seen = time.monotonic()
                 self._on_control(sub.recv_multipart())
@@ -204,10 +203,8 @@ class SamplerChannel:
             ) from None
 
     def send_stop(self, reason: str) -> None:
-        try:
+        with contextlib.suppress(zmq.Again):
             self.push.send_multipart(encode_message(Message("stop", {"reason": reason})))
-        except zmq.Again:
-            pass
 
     def close(self) -> None:
         self._closing.set()

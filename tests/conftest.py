@@ -47,12 +47,18 @@ def transport_overrides(timeout_s: float = 60) -> list[str]:
     ]
 
 
-def run_launch(config: Path | str, overrides: list[str], timeout: float, env: dict | None = None,
-               **kwargs) -> subprocess.CompletedProcess:
+def run_launch(
+    config: Path | str, overrides: list[str], timeout: float, env: dict | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     import os
 
     full_env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         ["bash", str(REPO / "launch.sh"), str(config), *overrides],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout, **kwargs,
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
     )

@@ -16,8 +16,16 @@ def test_defaults_are_valid_and_documented():
 
 
 def test_yaml_then_overrides():
-    cfg = load_config(DEMO, ["train.lr=1e-5", "rollout.group_size=8", "algo.loss=gspo",
-                             "model.lora.target_modules=[q_proj, v_proj]", "name=x"])
+    cfg = load_config(
+        DEMO,
+        [
+            "train.lr=1e-5",
+            "rollout.group_size=8",
+            "algo.loss=gspo",
+            "model.lora.target_modules=[q_proj, v_proj]",
+            "name=x",
+        ],
+    )
     assert cfg.train.lr == 1e-5 and isinstance(cfg.train.lr, float)
     assert cfg.rollout.group_size == 8
     assert cfg.algo.loss == "gspo"

@@ -25,8 +25,13 @@ def tiny_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
         "model": {"path": str(model_dir)},
         "data": {"reward": "tests.rewards_for_tests:text_length", "max_prompt_tokens": 256},
         "rollout": {"questions_per_step": 4, "group_size": 4, "max_new_tokens": 12},
-        "train": {"total_steps": 3, "lr": 1.0e-3, "micro_batch_size": 4, "num_ranks": 2,
-                  "sync_interval": 1},
+        "train": {
+            "total_steps": 3,
+            "lr": 1.0e-3,
+            "micro_batch_size": 4,
+            "num_ranks": 2,
+            "sync_interval": 1,
+        },
     }
     for key, value in sections.items():
         cfg.setdefault(key, {}).update(value)
@@ -72,8 +77,18 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
     assert (run_dir / "train_state" / "latest").is_file()
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
     assert not list(run_dir.rglob("*.tmp*"))
-    for key in ("loss", "kl", "clip_frac", "entropy", "accuracy", "format_rate",
-                "response_len_mean", "sampler_gen_s", "train_s", "recv_s"):
+    for key in (
+        "loss",
+        "kl",
+        "clip_frac",
+        "entropy",
+        "accuracy",
+        "format_rate",
+        "response_len_mean",
+        "sampler_gen_s",
+        "train_s",
+        "recv_s",
+    ):
         assert key in rows[0]
 
 
@@ -81,8 +96,9 @@ def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
     """A trainer that cannot start takes the sampler down with it; launch.sh says why."""
     config = tiny_config(tmp_path, tiny_model_dir)
     started = time.monotonic()
-    proc = run_launch(config, [*transport_overrides(), "train.deepspeed_config=nope.json"],
-                      timeout=300)
+    proc = run_launch(
+        config, [*transport_overrides(), "train.deepspeed_config=nope.json"], timeout=300
+    )
     assert proc.returncode != 0
     assert "train.deepspeed_config: no file nope.json" in proc.stderr
     assert "the trainer exited with code" in proc.stderr
@@ -98,10 +114,22 @@ def test_sampler_killed_trainer_times_out(tmp_path, tiny_model_dir):
     import os
 
     env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1"}
-    trainer = subprocess.Popen(env_launch, cwd=REPO, env={**env, "ROLE": "trainer"},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = subprocess.Popen(env_launch, cwd=REPO, env={**env, "ROLE": "sampler"},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trainer = subprocess.Popen(
+        env_launch,
+        cwd=REPO,
+        env={**env, "ROLE": "trainer"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    sampler = subprocess.Popen(
+        env_launch,
+        cwd=REPO,
+        env={**env, "ROLE": "sampler"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
         deadline = time.monotonic() + 300
@@ -125,11 +153,11 @@ def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
     proc = run_launch(config, ["train.totl_steps=3"], timeout=60)
     assert proc.returncode == 2
     assert "unknown config key 'train.totl_steps'; did you mean 'train.total_steps'?" in (
-        proc.stderr)
+        proc.stderr
+    )
 
 
 def _assert_no_stray_processes(config: Path) -> None:
     time.sleep(1)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(config) not in ps, ps
-

@@ -13,16 +13,26 @@ from tests.conftest import free_port
 
 
 def _cfg(**kw) -> TransportConfig:
-    return TransportConfig(episodes_addr=f"tcp://127.0.0.1:{free_port()}",
-                           control_addr=f"tcp://127.0.0.1:{free_port()}",
-                           heartbeat_s=0.1, **kw)
+    return TransportConfig(
+        episodes_addr=f"tcp://127.0.0.1:{free_port()}",
+        control_addr=f"tcp://127.0.0.1:{free_port()}",
+        heartbeat_s=0.1,
+        **kw,
+    )
 
 
 def _batch(seq: int) -> EpisodeBatch:
     eps = tuple(
-        Episode(np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32),
-                np.zeros(2, np.float32), np.zeros(2, np.float32), float(i), {"correct": i == 0},
-                "stop", 7)
+        Episode(
+            np.arange(3, dtype=np.int32),
+            np.arange(2, dtype=np.int32),
+            np.zeros(2, np.float32),
+            np.zeros(2, np.float32),
+            float(i),
+            {"correct": i == 0},
+            "stop",
+            7,
+        )
         for i in range(2)
     )
     return EpisodeBatch(eps, 2, policy_version=0, seq=seq)

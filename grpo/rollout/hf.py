@@ -83,7 +83,9 @@ class HFRollout:
         out: list[Generation] = []
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
-            padded = pad_pairs(chunk, [np.zeros(0, np.int32)] * len(chunk), self.tokenizer.pad_token_id)
+            padded = pad_pairs(
+                chunk, [np.zeros(0, np.int32)] * len(chunk), self.tokenizer.pad_token_id
+            )
             P = padded.prompt_len
             ids, attn = padded.input_ids[:, :P], padded.attention_mask[:, :P]
             seqs = self.model.generate(

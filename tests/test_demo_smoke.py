@@ -1,0 +1,35 @@
+"""A short run of the real demo config: SmolLM2-135M-Instruct, GSM8K, 2 trainer ranks."""
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import run_launch, transport_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
+    overrides = [
+        f"output_dir={tmp_path}",
+        "name=smoke",
+        "train.total_steps=2",
+        "rollout.questions_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=24",
+        "eval.interval=2",
+        "eval.num_questions=2",
+        "eval.max_new_tokens=24",
+        *transport_overrides(),
+    ]
+    proc = run_launch("configs/cpu_demo.yaml", overrides, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [0, 1]
+    assert all(0.0 <= r["format_rate"] <= 1.0 and r["response_len_mean"] > 0 for r in rows)
+    assert "reloaded weights: version 0 -> 1" in log
+    evals = [json.loads(x) for x in (tmp_path / "smoke" / "eval.jsonl").read_text().splitlines()]
+    assert [e["version"] for e in evals] == [0, 2]
+    assert re.search(r"plot:\s+\S+plot.png", log)
