@@ -85,19 +85,30 @@ class RolloutConfig:
     sampler_id: str = _f("sampler-0", "name of this sampler in batches and logs")
 
 
+AggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+
+
 @dataclass
 class AlgoConfig:
     loss: Literal["grpo", "gspo"] = _f(
         "grpo", "grpo: token-level clipped ratio; gspo: sequence-level ratio"
     )
-    clip_low: float = _f(0.2, "ratio clip below 1 (ratio >= 1 - clip_low)")
-    clip_high: float = _f(0.2, "ratio clip above 1 (ratio <= 1 + clip_high)")
+    clip_low: float | None = _f(
+        None, "ratio >= 1 - clip_low; null = the loss's default (grpo 0.2, gspo 3e-4)"
+    )
+    clip_high: float | None = _f(
+        None, "ratio <= 1 + clip_high; null = the loss's default (grpo 0.2, gspo 4e-4)"
+    )
     kl_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
     scale_by_std: bool = _f(True, "divide advantages by the group std (False = Dr. GRPO)")
-    agg: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = _f("token-mean", "how token losses are averaged")
+    agg: AggMode | None = _f(
+        None,
+        "token-loss averaging; null = the loss's default (grpo token-mean, "
+        "gspo seq-mean-token-mean)",
+    )
 
 
 @dataclass
@@ -115,6 +126,9 @@ class TrainConfig:
         0, "sampler waits until the published version >= batch seq - this (0 = on-policy)"
     )
     keep_versions: int = _f(3, "published weight versions kept on disk")
+    state_interval: int = _f(
+        0, "also save the DeepSpeed state (optimizer, step) every N steps; 0 = at the end only"
+    )
     seed: int = _f(0, "trainer seed")
 
 
@@ -190,10 +204,16 @@ def _check_values(cfg: Config) -> None:
             "rollout.group_size must be >= 2: group-normalised advantages need several answers"
         )
     for key in ("clip_low", "clip_high", "kl_coef"):
-        if getattr(cfg.algo, key) < 0:
+        if (getattr(cfg.algo, key) or 0) < 0:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg.algo, key)!r}")
-    if cfg.train.max_staleness < 0 or cfg.eval.interval < 0 or cfg.eval.num_questions < 0:
-        raise ConfigError("train.max_staleness, eval.interval, eval.num_questions must be >= 0")
+    for key, value in (
+        ("train.max_staleness", cfg.train.max_staleness),
+        ("train.state_interval", cfg.train.state_interval),
+        ("eval.interval", cfg.eval.interval),
+        ("eval.num_questions", cfg.eval.num_questions),
+    ):
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value!r}")
     if cfg.rollout.questions_per_step % cfg.train.num_ranks:
         raise ConfigError(
             f"rollout.questions_per_step ({cfg.rollout.questions_per_step}) must be a multiple "

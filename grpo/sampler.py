@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from grpo.checkpoint import is_adapter, load_state_dict, version_dir
 from grpo.config import Config
@@ -78,6 +77,15 @@ def question_stream(
             batch.append(prompts[order[pos]])
             pos += 1
         yield batch
+
+
+def required_version(seq: int, max_staleness: int, sync_interval: int) -> int:
+    """The oldest weights batch `seq` may be sampled with.
+
+    Batch k is trained at step k + 1, so with no lag it needs version k; `max_staleness` allows
+    that many versions of lag, and only multiples of `sync_interval` are ever published.
+    """
+    return max(0, (seq - max_staleness) // sync_interval * sync_interval)
 
 
 class Sampler:
@@ -247,41 +255,55 @@ class Sampler:
         cfg = self.cfg
         self.channel = channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
         rollout = HFRollout(self.policy, self.tokenizer, stop_event=channel.stopped)
-        _stop_on_signals(channel)
+        signalled = _stop_on_signals(channel)
         try:
-            log.info("waiting for the trainer on %s", cfg.transport.control_addr)
-            while not channel.status.seen and not channel.stopped.is_set():
-                time.sleep(0.2)
-            stream = question_stream(
-                self.prompts, cfg.rollout.questions_per_step, cfg.rollout.seed, cfg.data.shuffle
-            )
-            for seq in range(cfg.train.total_steps):
-                self.wait_for_version(seq - cfg.train.max_staleness)
-                if channel.stopped.is_set():
-                    break
-                if self.eval_due():
-                    self.evaluate(rollout)
-                batch = self.make_batch(seq, next(stream), rollout)
-                channel.send_batch(batch)
-                log.info(
-                    "sent batch %d (version %d): reward %.3f, %.0f tokens/s",
-                    seq,
-                    batch.policy_version,
-                    mean([e.reward for e in batch.episodes]),
-                    batch.stats["gen_tokens_per_s"],
-                )
-            channel.stopped.wait()
+            self.loop(rollout)
             if channel.status.done:
                 self.finish(rollout)
+                channel.close()
                 return 0
+            reason = channel.status.stop_reason or "stopped"
         except PeerError as e:
-            channel.status.stop_reason = str(e)
-        finally:
-            if channel.status.stop_reason and channel.status.stop_reason.startswith("interrupted"):
-                channel.send_stop(f"sampler {cfg.rollout.sampler_id} {channel.status.stop_reason}")
+            reason = channel.status.stop_reason or str(e)
+        except BaseException as e:
+            channel.send_stop(f"sampler {cfg.rollout.sampler_id} crashed: {type(e).__name__}: {e}")
             channel.close()
-        log.error("sampler stopping: %s", channel.status.stop_reason)
-        return 130 if (channel.status.stop_reason or "").startswith("interrupted") else 1
+            raise
+        # Tell the trainer why, unless it is the one that went away.
+        if not reason.startswith(("trainer stopped", "no heartbeat from the trainer")):
+            channel.send_stop(f"sampler {cfg.rollout.sampler_id}: {reason}")
+        channel.close()
+        log.error("sampler stopping: %s", reason)
+        return 130 if signalled.is_set() else 1
+
+    def loop(self, rollout: HFRollout) -> None:
+        """Batches until the last step's batch is sent, then wait for the trainer's done."""
+        cfg, channel = self.cfg, self.channel
+        assert channel is not None
+        log.info("waiting for the trainer on %s", cfg.transport.control_addr)
+        while not channel.status.seen and not channel.stopped.is_set():
+            time.sleep(0.2)
+        stream = question_stream(
+            self.prompts, cfg.rollout.questions_per_step, cfg.rollout.seed, cfg.data.shuffle
+        )
+        for seq in range(cfg.train.total_steps):
+            self.wait_for_version(
+                required_version(seq, cfg.train.max_staleness, cfg.train.sync_interval)
+            )
+            if channel.stopped.is_set():
+                return
+            if self.eval_due():
+                self.evaluate(rollout)
+            batch = self.make_batch(seq, next(stream), rollout)
+            channel.send_batch(batch)
+            log.info(
+                "sent batch %d (version %d): reward %.3f, %.0f tokens/s",
+                seq,
+                batch.policy_version,
+                mean([e.reward for e in batch.episodes]),
+                batch.stats["gen_tokens_per_s"],
+            )
+        channel.stopped.wait()  # bounded: the watch thread sets it when the trainer goes silent
 
     def finish(self, rollout: HFRollout) -> None:
         """After the trainer's done: evaluate the final version, redraw the plot."""
@@ -295,15 +317,19 @@ class Sampler:
         log.info("sampler done: final version %d; plot %s", self.version, plot)
 
 
-def _stop_on_signals(channel: SamplerChannel) -> None:
+def _stop_on_signals(channel: SamplerChannel) -> threading.Event:
+    """Ctrl-C / SIGTERM end generation at the next token and the run cleanly; returns the flag."""
+    signalled = threading.Event()
+
     def handler(signum, frame):
         channel.status.stop_reason = f"interrupted by {signal.Signals(signum).name}"
+        signalled.set()
         channel.stopped.set()
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    return signalled
 
 
 def run_sampler(cfg: Config) -> int:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     return Sampler(cfg).run()

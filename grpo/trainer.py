@@ -7,6 +7,7 @@ Weights after step s are version s; every `train.sync_interval` steps rank 0 pub
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -21,7 +22,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo.algos import agg_loss, broadcast_to_tokens, group_advantages, kl_penalty, policy_loss
+from grpo.algos import (
+    agg_loss,
+    broadcast_to_tokens,
+    get_policy_loss,
+    group_advantages,
+    kl_penalty,
+    policy_loss,
+)
 from grpo.batching import pad_pairs, pad_right
 from grpo.checkpoint import publish_version
 from grpo.config import Config, save_config
@@ -73,6 +81,7 @@ def rotate_run_dir(run_dir: Path) -> None:
 def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dict[str, float]:
     """Forward/backward every micro-batch of this rank's groups, then one optimiser step."""
     algo, micro = cfg.algo, engine.train_micro_batch_size_per_gpu()
+    agg = algo.agg or loss_default(algo.loss, "agg")
     eps = batch.episodes
     rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
     adv = group_advantages(rewards, batch.group_size, scale_by_std=algo.scale_by_std)
@@ -101,17 +110,17 @@ def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dic
             logp,
             advantages,
             mask,
-            agg=algo.agg,
+            agg=agg,
             clip_low=algo.clip_low,
             clip_high=algo.clip_high,
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
-        loss = pg_loss + algo.kl_coef * agg_loss(kl, mask, algo.agg)
+        loss = pg_loss + algo.kl_coef * agg_loss(kl, mask, agg)
         # Weight each micro-batch by its share of the rank's tokens (or sequences), times
         # n_micro because DeepSpeed divides by the accumulation steps: the sum is then the
         # aggregate over the whole rank batch, not a mean of micro-batch means.
         tokens = float(mask.sum())
-        share = tokens / n_tokens if algo.agg == "token-mean" else len(chunk) / len(eps)
+        share = tokens / n_tokens if agg == "token-mean" else len(chunk) / len(eps)
         engine.backward(loss * share * n_micro)
         engine.step()
         with torch.no_grad():
@@ -128,6 +137,11 @@ def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dic
     grad_norm = engine.get_global_grad_norm()
     sums["grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
     return sums
+
+
+def loss_default(loss_name: str, option: str) -> Any:
+    """A registered policy loss's own default for `option` (what `null` in the config means)."""
+    return inspect.signature(get_policy_loss(loss_name)).parameters[option].default
 
 
 def batch_metrics(batch: EpisodeBatch) -> dict[str, float]:
@@ -233,12 +247,41 @@ class Trainer:
         self.channel.announce("version", version=step)
         return time.monotonic() - t0
 
+    def save_state(self, step: int) -> None:
+        """DeepSpeed checkpoint (all ranks take part); only the newest one is kept."""
+        state_dir = self.run_dir / "train_state"
+        self.engine.save_checkpoint(str(state_dir), tag=f"step{step}")
+        if self.rank == 0:
+            for old in state_dir.glob("step*"):
+                if old.name != f"step{step}":
+                    shutil.rmtree(old, ignore_errors=True)
+
     def receive(self) -> tuple[EpisodeBatch | None, float]:
+        """Rank 0 waits for the next batch; if that fails, the other ranks are told to stop."""
+        if self.rank != 0:
+            return None, 0.0
         t0 = time.monotonic()
-        batch = self.channel.recv_batch() if self.rank == 0 else None  # type: ignore[union-attr]
+        try:
+            batch = self.channel.recv_batch()  # type: ignore[union-attr]
+        except BaseException:
+            broadcast_batch(None, 0)  # the other ranks are waiting in the broadcast
+            raise
         return batch, time.monotonic() - t0
 
+    def check_shape(self, batch: EpisodeBatch) -> None:
+        """DeepSpeed's accumulation steps were fixed at start-up from the config's batch shape."""
+        want = (self.cfg.rollout.questions_per_step, self.cfg.rollout.group_size)
+        got = (batch.num_groups, batch.group_size)
+        if got != want:
+            raise ValueError(
+                f"batch {batch.seq} from {batch.sampler_id} has {got[0]} groups of {got[1]}, "
+                f"but the trainer expects {want[0]} groups of {want[1]} "
+                f"({self.world} ranks x {self.groups_per_rank} whole groups): start the sampler "
+                "and the trainer with the same rollout.questions_per_step and group_size"
+            )
+
     def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
+        self.check_shape(batch)
         t0 = time.monotonic()
         g0 = self.rank * self.groups_per_rank
         mine = batch.select_groups(g0, g0 + self.groups_per_rank)
@@ -250,6 +293,9 @@ class Trainer:
         last = step == self.cfg.train.total_steps
         if self.rank == 0 and (step % self.cfg.train.sync_interval == 0 or last):
             publish_s = self.publish(step)
+        interval = self.cfg.train.state_interval
+        if interval and step % interval == 0 and not last:
+            self.save_state(step)
         row: dict[str, Any] = {
             "step": step,
             "batch_seq": batch.seq,
@@ -291,15 +337,13 @@ class Trainer:
                         acc=f"{row['accuracy']:.2f}",
                     )
                     bar.update()
-            self.engine.save_checkpoint(str(self.run_dir / "train_state"), tag=f"step{step}")
+            self.save_state(step)
             if self.channel is not None:
                 self.channel.announce("done", version=self.version)
         except BaseException as e:
             if self.rank == 0 and self.channel is not None:
                 reason = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
                 self.channel.announce("stop", reason=reason, version=self.version)
-                if not isinstance(e, PeerError):
-                    broadcast_batch(None, 0)  # let the other ranks leave their broadcast
             raise
         finally:
             bar.close()

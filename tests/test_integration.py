@@ -41,7 +41,7 @@ def tiny_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
 
 
 def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
-    config = tiny_config(tmp_path, tiny_model_dir)
+    config = tiny_config(tmp_path, tiny_model_dir, train={"state_interval": 1})
     proc = run_launch(config, transport_overrides(), timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
@@ -74,7 +74,8 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
     assert len(changed) >= len(before) // 2, changed
     assert (run_dir / "versions" / "v000003" / "config.json").is_file()
     assert (run_dir / "LATEST").read_text().strip() == "3"
-    assert (run_dir / "train_state" / "latest").is_file()
+    assert (run_dir / "train_state" / "latest").read_text().strip() == "step3"
+    assert [p.name for p in (run_dir / "train_state").glob("step*")] == ["step3"]
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
     assert not list(run_dir.rglob("*.tmp*"))
     for key in (
@@ -161,3 +162,34 @@ def _assert_no_stray_processes(config: Path) -> None:
     time.sleep(1)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(config) not in ps, ps
+
+
+def test_overlapped_sampling_with_staleness_one(tmp_path, tiny_model_dir):
+    """max_staleness 1: the sampler runs one batch ahead, and the metrics say how stale."""
+    config = tiny_config(tmp_path, tiny_model_dir, train={"max_staleness": 1, "total_steps": 4})
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    versions = [r["policy_version"] for r in rows]
+    # Batch k needs version >= k - 1; it may be newer if the trainer was quick.
+    assert all(k - 1 <= v <= k for k, v in enumerate(versions)), versions
+    assert versions[0] == 0 and versions[1] == 0
+    assert [r["staleness"] for r in rows] == [k - v for k, v in enumerate(versions)]
+
+
+def test_lora_adapter_is_published_and_reloaded(tmp_path, tiny_model_dir):
+    config = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        train={"total_steps": 2},
+        model={"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj"]}},
+    )
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "reloaded weights: version 0 -> 1" in log
+    vdir = tmp_path / "runs" / "tiny" / "versions" / "v000002"
+    assert not (vdir / "model.safetensors").exists()
+    adapter = load_file(vdir / "adapter_model.safetensors")
+    lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at 0: it was trained
