@@ -7,14 +7,16 @@
 #
 # The trainer runs train.num_ranks processes: the DeepSpeed launcher on GPU, torchrun on CPU.
 # Addresses come from the config (transport.*). If one role fails, the other is stopped and
-# this script exits non-zero; Ctrl-C stops both.
+# this script exits non-zero; Ctrl-C stops both. Relative paths in the config are relative to
+# the repository root.
 set -uo pipefail
-cd "$(dirname "$0")"
-
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
+# The config path is taken from where you stand; paths inside it from the repository root.
+if [[ -f $1 ]]; then set -- "$(realpath "$1")" "${@:2}"; fi
+cd "$(dirname "$0")"
 PY=${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}
 ROLE=${ROLE:-both}
 case $ROLE in both|sampler|trainer) ;; *) echo "launch.sh: ROLE must be sampler, trainer or both, got '$ROLE'" >&2; exit 2;; esac
@@ -50,19 +52,19 @@ case $ROLE in
   sampler) start_sampler "$@" ;;
 esac
 
+# Job control puts each role in its own process group, so stopping a role reaches every
+# process it started (the DeepSpeed launcher does not forward signals to its ranks).
+set -m
 declare -A name_of
 start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
 start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
 
+alive() { kill -0 -- "-$trainer_pid" 2>/dev/null || kill -0 -- "-$sampler_pid" 2>/dev/null; }
 stop_all() {
-  kill -TERM "$trainer_pid" "$sampler_pid" 2>/dev/null
-  for _ in $(seq 30); do
-    kill -0 "$trainer_pid" 2>/dev/null || kill -0 "$sampler_pid" 2>/dev/null || return 0
-    sleep 1
-  done
+  kill -TERM -- "-$trainer_pid" "-$sampler_pid" 2>/dev/null
+  for _ in $(seq 30); do alive || return 0; sleep 1; done
   echo "launch.sh: still running after 30 s, killing" >&2
-  pkill -KILL -P "$trainer_pid" 2>/dev/null
-  kill -KILL "$trainer_pid" "$sampler_pid" 2>/dev/null
+  kill -KILL -- "-$trainer_pid" "-$sampler_pid" 2>/dev/null
 }
 trap 'echo "launch.sh: interrupted, stopping both roles" >&2; stop_all; wait; exit 130' INT TERM
 

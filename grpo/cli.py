@@ -54,8 +54,8 @@ def main(role: str, argv: list[str]) -> int:
         from grpo.trainer import run_trainer
 
         return run_trainer(cfg)
-    except (ValueError, FileNotFoundError) as e:
-        # Bad data paths, reward specs, model dirs: one line naming the culprit, not a traceback
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        # Bad data paths, reward specs, model dirs, a diverged loss: one line naming the culprit
         # (GRPO_DEBUG=1 shows it).
         log.error("%s: %s", type(e).__name__, e, exc_info=bool(os.environ.get("GRPO_DEBUG")))
         return 2

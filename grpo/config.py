@@ -189,6 +189,8 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
         ("transport.heartbeat_s", cfg.transport.heartbeat_s),
         ("transport.peer_timeout_s", cfg.transport.peer_timeout_s),
         ("transport.startup_timeout_s", cfg.transport.startup_timeout_s),
+        ("eval.max_new_tokens", cfg.eval.max_new_tokens),
+        ("data.max_prompt_tokens", cfg.data.max_prompt_tokens),
     ]
 
 
@@ -203,9 +205,22 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(
             "rollout.group_size must be >= 2: group-normalised advantages need several answers"
         )
-    for key in ("clip_low", "clip_high", "kl_coef"):
-        if (getattr(cfg.algo, key) or 0) < 0:
-            raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg.algo, key)!r}")
+    for key in ("clip_low", "clip_high"):
+        value = getattr(cfg.algo, key)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"algo.{key} must be in [0, 1) or null, got {value!r}")
+    if cfg.algo.kl_coef < 0:
+        raise ConfigError(f"algo.kl_coef must be >= 0, got {cfg.algo.kl_coef!r}")
+    _check_transport(cfg.transport)
+    # The sampler loads the newest announced version while the trainer may publish up to
+    # max_staleness + 1 more; the one being loaded must not be pruned meanwhile.
+    needed = cfg.train.max_staleness // cfg.train.sync_interval + 2
+    if cfg.train.keep_versions < needed:
+        raise ConfigError(
+            f"train.keep_versions must be >= {needed} with max_staleness "
+            f"{cfg.train.max_staleness} and sync_interval {cfg.train.sync_interval}, got "
+            f"{cfg.train.keep_versions}: a version could be deleted while the sampler loads it"
+        )
     for key, value in (
         ("train.max_staleness", cfg.train.max_staleness),
         ("train.state_interval", cfg.train.state_interval),
@@ -223,6 +238,18 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
         )
+
+
+def _check_transport(t: TransportConfig) -> None:
+    if t.heartbeat_s * 2 > t.peer_timeout_s:
+        raise ConfigError(
+            f"transport.peer_timeout_s ({t.peer_timeout_s}) must be at least twice "
+            f"transport.heartbeat_s ({t.heartbeat_s}), or live peers look dead"
+        )
+    if t.episodes_addr == t.control_addr:
+        raise ConfigError("transport.episodes_addr and transport.control_addr must differ")
+    if t.max_frame_bytes < 1 << 20:
+        raise ConfigError(f"transport.max_frame_bytes must be >= 1 MiB, got {t.max_frame_bytes}")
 
 
 # ----------------------------------------------------------------------------- building
@@ -254,6 +281,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 reads 1e-6 (no dot) as a string; a float field should still take it.
+        with contextlib.suppress(ValueError):
+            return float(value)
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     if tp is int and isinstance(value, bool) or not isinstance(value, tp):
@@ -300,10 +331,6 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw else ""
     except yaml.YAMLError:
         value = raw
-    # YAML reads 1e-5 as a string; numbers people type should be numbers.
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            value = float(value) if any(c in value for c in ".eE") else value
     return key.strip(), value
 
 

@@ -52,7 +52,7 @@ def plot_run(run_dir: Path) -> Path | None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     axes[0].plot(steps, [r["reward_mean"] for r in rows], marker="o")
     axes[0].set_title("mean reward (train batch)")
-    axes[1].plot(steps, [r["accuracy"] for r in rows], marker="o", label="train batch")
+    axes[1].plot(steps, [r["accuracy"] for r in rows], marker="o", label="train accuracy")
     axes[1].plot(steps, [r["format_rate"] for r in rows], marker=".", label="train format")
     if evals:  # version v = the weights after step v, so it shares the step axis
         versions = [e["version"] for e in evals]

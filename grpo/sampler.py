@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from grpo.checkpoint import is_adapter, load_state_dict, version_dir
 from grpo.config import Config
@@ -114,14 +115,17 @@ class Sampler:
                 cfg.data.system_prompt,
                 cfg.data.max_prompt_tokens,
             )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         self.policy = load_causal_lm(model_path, cfg.model.dtype).eval()
         if cfg.model.lora.enabled:
             self.policy = apply_lora(self.policy, cfg.model.lora).eval()
-        self.reference = load_reference(model_path, cfg.model.dtype)
+        self.policy.to(device)
+        self.reference = load_reference(model_path, cfg.model.dtype).to(device)
         self.version = 0
         self.reloaded: list[int] = []
         self.evaluated: set[int] = set()
         self.channel: SamplerChannel | None = None
+        self.signalled = threading.Event()
 
     # ------------------------------------------------------------------ weights
 
@@ -132,7 +136,12 @@ class Sampler:
         if is_adapter(vdir):
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(self.policy, state)
+            result = set_peft_model_state_dict(self.policy, state)
+            if result.unexpected_keys:
+                raise RuntimeError(
+                    f"{vdir} holds adapter weights this sampler's LoRA does not have "
+                    f"({result.unexpected_keys[:3]}...): use the same model.lora on both roles"
+                )
         else:
             missing, unexpected = self.policy.load_state_dict(state, strict=False)
             tied = set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
@@ -152,10 +161,14 @@ class Sampler:
     def wait_for_version(self, needed: int) -> None:
         """Wait until the trainer published `needed` (the staleness bound), then load the newest."""
         assert self.channel is not None
-        while self.channel.status.version < needed and not self.channel.stopped.is_set():
+        status, last_note = self.channel.status, time.monotonic()
+        while status.version < needed and not self.channel.stopped.is_set():
             time.sleep(0.2)
-        if self.channel.status.version > self.version:
-            self.reload(self.channel.status.version)
+            if time.monotonic() - last_note > 60:
+                log.info("waiting for version %d (trainer at %d)", needed, status.version)
+                last_note = time.monotonic()
+        if status.version > self.version and not self.channel.stopped.is_set():
+            self.reload(status.version)
 
     # ------------------------------------------------------------------ batches
 
@@ -171,10 +184,7 @@ class Sampler:
             seed=cfg.seed + seq,
             batch_size=cfg.generation_batch_size,
         )
-        if len(gens) != len(prompts) * G:
-            raise PeerError(
-                "generation interrupted: " + (self.channel.status.stop_reason or "stop")
-            )
+        self.raise_if_stopped(rollout)
         t1 = time.monotonic()
         completions = [g.completion_ids for g in gens]
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
@@ -211,6 +221,12 @@ class Sampler:
 
     # ------------------------------------------------------------------ eval
 
+    def raise_if_stopped(self, rollout: HFRollout) -> None:
+        """generate() returns early when told to stop; its partial output must not be used."""
+        if rollout.stop_event.is_set():
+            assert self.channel is not None
+            raise PeerError(self.channel.status.stop_reason or "stopped during generation")
+
     def evaluate(self, rollout: HFRollout) -> None:
         """Greedy pass@1 on the first eval.num_questions test questions; one row in eval.jsonl."""
         if not self.eval_prompts or self.version in self.evaluated:
@@ -223,6 +239,7 @@ class Sampler:
             max_new_tokens=self.cfg.eval.max_new_tokens,
             batch_size=self.cfg.rollout.generation_batch_size,
         )
+        self.raise_if_stopped(rollout)
         texts = self.tokenizer.batch_decode(
             [g.completion_ids for g in gens], skip_special_tokens=True
         )
@@ -255,7 +272,7 @@ class Sampler:
         cfg = self.cfg
         self.channel = channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
         rollout = HFRollout(self.policy, self.tokenizer, stop_event=channel.stopped)
-        signalled = _stop_on_signals(channel)
+        self.signalled = signalled = _stop_on_signals(channel)
         try:
             self.loop(rollout)
             if channel.status.done:
@@ -308,7 +325,7 @@ class Sampler:
     def finish(self, rollout: HFRollout) -> None:
         """After the trainer's done: evaluate the final version, redraw the plot."""
         assert self.channel is not None
-        rollout.stop_event = threading.Event()  # `stopped` is set by done; eval must still run
+        rollout.stop_event = self.signalled  # `stopped` is set by done; only Ctrl-C stops eval
         if self.channel.status.version > self.version:
             self.reload(self.channel.status.version)
         if self.cfg.eval.interval:

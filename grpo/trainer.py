@@ -41,7 +41,9 @@ from grpo.transport import PeerError, TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
 
-STOP = -1  # broadcast in place of a blob length: rank 0 is ending the run
+# Broadcast in place of a blob length: rank 0 is ending the run / is still waiting.
+STOP, KEEPALIVE = -1, -2
+KEEPALIVE_S = 60.0
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -82,23 +84,27 @@ def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dic
     """Forward/backward every micro-batch of this rank's groups, then one optimiser step."""
     algo, micro = cfg.algo, engine.train_micro_batch_size_per_gpu()
     agg = algo.agg or loss_default(algo.loss, "agg")
-    eps = batch.episodes
+    eps, device = batch.episodes, engine.device
     rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
-    adv = group_advantages(rewards, batch.group_size, scale_by_std=algo.scale_by_std)
+    adv = group_advantages(rewards, batch.group_size, scale_by_std=algo.scale_by_std).to(device)
     n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
+    # token-mean is over the tokens of all ranks: each rank's gradient gets its token share
+    # (DeepSpeed then averages the ranks, hence the factor `world` below).
+    world = dist.get_world_size()
+    all_tokens = float(sum_across_ranks(torch.tensor([float(n_tokens)])))
     n_micro = math.ceil(len(eps) / micro)
     sums: dict[str, float] = {}
     for start in range(0, len(eps), micro):
         chunk = eps[start : start + micro]
         pairs = pad_pairs([e.prompt_ids for e in chunk], [e.completion_ids for e in chunk], pad_id)
-        mask = pairs.response_mask  # (b, C)
+        mask = pairs.response_mask.to(device)  # (b, C)
         width = mask.shape[1]
-        old = pad_right([e.old_logp for e in chunk], width)
-        ref = pad_right([e.ref_logp for e in chunk], width)
+        old = pad_right([e.old_logp for e in chunk], width).to(device)
+        ref = pad_right([e.ref_logp for e in chunk], width).to(device)
         logp, entropy = completion_logprobs(
             engine,
-            pairs.input_ids,
-            pairs.attention_mask,
+            pairs.input_ids.to(device),
+            pairs.attention_mask.to(device),
             pairs.prompt_len,
             temperature=cfg.rollout.temperature,
             with_entropy=True,
@@ -116,11 +122,19 @@ def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dic
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
         loss = pg_loss + algo.kl_coef * agg_loss(kl, mask, agg)
-        # Weight each micro-batch by its share of the rank's tokens (or sequences), times
-        # n_micro because DeepSpeed divides by the accumulation steps: the sum is then the
-        # aggregate over the whole rank batch, not a mean of micro-batch means.
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"non-finite loss ({float(loss)}) on batch {batch.seq}: lower train.lr or check "
+                "the rewards; nothing of this step was applied or published"
+            )
+        # Weight each micro-batch by its share of the batch's tokens (or of the rank's
+        # sequences), times n_micro because DeepSpeed divides by the accumulation steps: the
+        # sum is the aggregate over the whole batch, not a mean of micro-batch means.
         tokens = float(mask.sum())
-        share = tokens / n_tokens if agg == "token-mean" else len(chunk) / len(eps)
+        if agg == "token-mean":
+            share = tokens / max(all_tokens, 1.0) * world
+        else:
+            share = len(chunk) / len(eps)
         engine.backward(loss * share * n_micro)
         engine.step()
         with torch.no_grad():
@@ -165,34 +179,62 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, float]:
 # ----------------------------------------------------------------------------- distribution
 
 
-def broadcast_batch(batch: EpisodeBatch | None, rank: int) -> EpisodeBatch | None:
-    """Rank 0's batch to every rank as one uint8 tensor; None (from rank 0) means stop."""
-    size = torch.tensor([STOP], dtype=torch.long)
-    blob = b""
-    if rank == 0 and batch is not None:
-        blob = frames_to_bytes(encode_batch(batch))
-        size[0] = len(blob)
+def broadcast_size(value: int) -> int:
+    size = torch.tensor([value], dtype=torch.long, device=comm_device())
     dist.broadcast(size, src=0)
-    if int(size) == STOP:
+    return int(size)
+
+
+def broadcast_batch(
+    batch: EpisodeBatch | None, rank: int, max_frame_bytes: int
+) -> EpisodeBatch | None:
+    """Rank 0's batch to every rank as one uint8 tensor; None (from rank 0) means stop.
+
+    The other ranks wait here while rank 0 waits for the sampler; rank 0 sends KEEPALIVE now
+    and then so that their collective does not time out during a long generation.
+    """
+    if rank != 0:
+        size = KEEPALIVE
+        while size == KEEPALIVE:
+            size = broadcast_size(0)
+        if size == STOP:
+            return None
+        buf = torch.empty(size, dtype=torch.uint8, device=comm_device())
+        dist.broadcast(buf, src=0)
+        return decode(bytes_to_frames(buf.cpu().numpy()), max_frame_bytes=max_frame_bytes)  # type: ignore[return-value]
+    if batch is None:
+        broadcast_size(STOP)
         return None
-    buf = (
-        torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        if rank == 0
-        else torch.empty(int(size), dtype=torch.uint8)
+    blob = frames_to_bytes(encode_batch(batch))
+    broadcast_size(len(blob))
+    dist.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(comm_device()), src=0)
+    return batch
+
+
+def comm_device() -> torch.device:
+    """Where collective tensors live: nccl only moves CUDA tensors, gloo CPU ones."""
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else (torch.device("cpu"))
     )
-    dist.broadcast(buf, src=0)
-    return batch if rank == 0 else decode(bytes_to_frames(buf.numpy()))  # type: ignore[return-value]
+
+
+def sum_across_ranks(t: torch.Tensor) -> torch.Tensor:
+    t = t.to(comm_device())
+    dist.all_reduce(t)
+    return t.cpu()
 
 
 def average_across_ranks(values: dict[str, float]) -> dict[str, float]:
     keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t, strict=True)}
+    total = sum_across_ranks(torch.tensor([values[k] for k in keys], dtype=torch.float64))
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, total, strict=True)}
 
 
 def gather_group_ids(batch: EpisodeBatch) -> list[list[int]]:
     ids = torch.tensor([g[0].group_id for g in batch.groups()], dtype=torch.long)
+    ids = ids.to(comm_device())
     out = [torch.empty_like(ids) for _ in range(dist.get_world_size())]
     dist.all_gather(out, ids)
     return [t.tolist() for t in out]
@@ -227,6 +269,7 @@ class Trainer:
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(cfg, self.world, seqs),
         )
+        self.engine.train()  # from_pretrained returns eval mode: no checkpointing, no dropout
         self.run_dir = cfg.run_dir
         self.channel: TrainerChannel | None = None
         self.version = 0
@@ -237,7 +280,10 @@ class Trainer:
         module = self.engine.module
 
         def save(tmp: Path) -> None:
-            module.save_pretrained(tmp, safe_serialization=True)
+            if self.cfg.model.lora.enabled:
+                module.save_pretrained(tmp)  # the adapter only
+            else:  # the in-memory layout, which the sampler's load_state_dict expects
+                module.save_pretrained(tmp, save_original_format=False)
             self.tokenizer.save_pretrained(tmp)
 
         publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
@@ -257,14 +303,17 @@ class Trainer:
                     shutil.rmtree(old, ignore_errors=True)
 
     def receive(self) -> tuple[EpisodeBatch | None, float]:
-        """Rank 0 waits for the next batch; if that fails, the other ranks are told to stop."""
+        """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive; if that
+        fails, the other ranks are told to stop."""
         if self.rank != 0:
             return None, 0.0
+        assert self.channel is not None
         t0 = time.monotonic()
         try:
-            batch = self.channel.recv_batch()  # type: ignore[union-attr]
+            while (batch := self.channel.recv_batch(wait_s=KEEPALIVE_S)) is None:
+                broadcast_size(KEEPALIVE)
         except BaseException:
-            broadcast_batch(None, 0)  # the other ranks are waiting in the broadcast
+            broadcast_batch(None, 0, self.cfg.transport.max_frame_bytes)
             raise
         return batch, time.monotonic() - t0
 
@@ -282,6 +331,15 @@ class Trainer:
 
     def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
         self.check_shape(batch)
+        if batch.seq != step - 1 and self.rank == 0:
+            log.warning(
+                "step %d got batch %d from %s (expected %d): a batch was lost or a sampler "
+                "from another run is connected",
+                step,
+                batch.seq,
+                batch.sampler_id,
+                step - 1,
+            )
         t0 = time.monotonic()
         g0 = self.rank * self.groups_per_rank
         mine = batch.select_groups(g0, g0 + self.groups_per_rank)
@@ -313,9 +371,9 @@ class Trainer:
     def run(self) -> None:
         cfg = self.cfg
         if self.rank == 0:
+            self.channel = TrainerChannel(cfg.transport)  # first: a busy port moves nothing
             rotate_run_dir(self.run_dir)
             save_config(cfg, self.run_dir / "config.yaml")
-            self.channel = TrainerChannel(cfg.transport)
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
             )
@@ -325,7 +383,7 @@ class Trainer:
         try:
             for step in range(1, cfg.train.total_steps + 1):
                 batch, recv_s = self.receive()
-                batch = broadcast_batch(batch, self.rank)
+                batch = broadcast_batch(batch, self.rank, cfg.transport.max_frame_bytes)
                 if batch is None:
                     raise PeerError("rank 0 ended the run")
                 row = self.step(step, batch, recv_s)
@@ -370,6 +428,8 @@ def run_trainer(cfg: Config) -> int:
 
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=cfg.transport.startup_timeout_s + cfg.transport.peer_timeout_s)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     try:

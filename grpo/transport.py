@@ -55,63 +55,85 @@ class TrainerChannel:
         self.cfg = cfg
         self.ctx = zmq.Context()
         self.pull = _socket(self.ctx, zmq.PULL, linger_ms=0)
-        _bind(self.pull, cfg.episodes_addr, "episodes")
+        pub = _socket(self.ctx, zmq.PUB)
+        try:
+            _bind(self.pull, cfg.episodes_addr, "episodes")
+            _bind(pub, cfg.control_addr, "control")
+        except PeerError:
+            self.pull.close()
+            pub.close()
+            self.ctx.term()
+            raise
         self.rejected_frames = 0
         self.last_peer_seen: float | None = None
         self.published_version = 0
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
-        pub = _socket(self.ctx, zmq.PUB)
-        _bind(pub, cfg.control_addr, "control")
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
         self._thread.start()
 
     def _heartbeat_loop(self, pub: zmq.Socket) -> None:
-        while True:
-            try:
-                msg = self._outbox.get(timeout=self.cfg.heartbeat_s)
-            except queue.Empty:
-                msg = Message("heartbeat", {"version": self.published_version})
-            pub.send_multipart(encode_message(msg))
-            if self._closing.is_set() and self._outbox.empty():
-                break
-        pub.close()
+        try:
+            while True:
+                try:
+                    msg = self._outbox.get(timeout=self.cfg.heartbeat_s)
+                except queue.Empty:
+                    msg = Message("heartbeat", {"version": self.published_version})
+                pub.send_multipart(encode_message(msg))
+                if self._closing.is_set() and self._outbox.empty():
+                    break
+        except Exception:
+            log.exception("the trainer's heartbeat thread failed; samplers will time out")
+        finally:
+            pub.close()
 
     def announce(self, kind: str, **body) -> None:
         """Queue a control message (done, stop, version) for every sampler."""
         self._outbox.put(Message(kind, body))
 
-    def recv_batch(self) -> EpisodeBatch:
-        """Next episode batch; raises PeerError when the sampler is silent, stops, or never came."""
+    def recv_batch(self, wait_s: float | None = None) -> EpisodeBatch | None:
+        """Next episode batch, or None if `wait_s` passed without one (the caller keeps other
+        ranks alive meanwhile). Raises PeerError when the sampler stops or is silent too long."""
         started = time.monotonic()
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         while True:
-            if self.last_peer_seen is None:
-                limit, since, what = self.cfg.startup_timeout_s, started, "message yet"
+            # Drain what is queued before judging silence: after a long training step the
+            # sampler's heartbeats (and its next batch) are waiting here, not missing.
+            if poller.poll(timeout=500):
+                item = self._decode(self.pull.recv_multipart(copy=False))
+                if isinstance(item, EpisodeBatch):
+                    return item
+                if item is not None and item.kind == "stop":
+                    reason = item.body.get("reason", "no reason given")
+                    raise PeerError(f"sampler stopped: {reason}")
             else:
-                limit, since, what = self.cfg.peer_timeout_s, self.last_peer_seen, "heartbeat"
-            waited = time.monotonic() - since
-            if waited > limit:
-                raise PeerError(
-                    f"no {what} from any sampler on {self.cfg.episodes_addr} for {waited:.0f} s "
-                    f"(limit {limit:.0f} s): is the sampler running and connecting to this "
-                    "address? Check its log."
-                )
-            if not poller.poll(timeout=1000):
-                continue
-            frames = self.pull.recv_multipart(copy=False)
-            try:
-                item = decode(frames, max_frame_bytes=self.cfg.max_frame_bytes)
-            except FrameError as e:
-                self.rejected_frames += 1
-                log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
-                continue
-            self.last_peer_seen = time.monotonic()
-            if isinstance(item, EpisodeBatch):
-                return item
-            if item.kind == "stop":
-                raise PeerError(f"sampler stopped: {item.body.get('reason', 'no reason given')}")
+                self._check_silence(started)
+            if wait_s is not None and time.monotonic() - started > wait_s:
+                return None
+
+    def _decode(self, frames: list) -> EpisodeBatch | Message | None:
+        try:
+            item = decode(frames, max_frame_bytes=self.cfg.max_frame_bytes)
+        except FrameError as e:
+            self.rejected_frames += 1
+            log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
+            return None
+        self.last_peer_seen = time.monotonic()
+        return item
+
+    def _check_silence(self, started: float) -> None:
+        if self.last_peer_seen is None:
+            limit, since, what = self.cfg.startup_timeout_s, started, "message yet"
+        else:
+            limit, since, what = self.cfg.peer_timeout_s, self.last_peer_seen, "heartbeat"
+        waited = time.monotonic() - since
+        if waited > limit:
+            raise PeerError(
+                f"no {what} from any sampler on {self.cfg.episodes_addr} for {waited:.0f} s "
+                f"(limit {limit:.0f} s): is the sampler running and connecting to this "
+                "address? Check its log."
+            )
 
     def close(self) -> None:
         self._closing.set()
@@ -157,6 +179,16 @@ class SamplerChannel:
         beat = _socket(self.ctx, zmq.PUSH, linger_ms=0)
         beat.setsockopt(zmq.SNDTIMEO, 0)
         beat.connect(self.cfg.episodes_addr)
+        try:
+            self._watch(sub, beat)
+        except Exception as e:  # never die silently: the main loop must learn of it
+            log.exception("the sampler's watch thread failed")
+            self._stop(f"the sampler's heartbeat thread failed: {type(e).__name__}: {e}")
+        finally:
+            sub.close()
+            beat.close()
+
+    def _watch(self, sub: zmq.Socket, beat: zmq.Socket) -> None:
         started, last_seen = time.monotonic(), None
         heartbeat = encode_message(Message("heartbeat", {"sampler_id": self.sampler_id}))
         while not self._closing.is_set():
@@ -168,13 +200,15 @@ class SamplerChannel:
             limit = self.cfg.startup_timeout_s if last_seen is None else self.cfg.peer_timeout_s
             waited = time.monotonic() - (started if last_seen is None else last_seen)
             if waited > limit and not self.stopped.is_set():
-                self.status.stop_reason = (
+                self._stop(
                     f"no heartbeat from the trainer on {self.cfg.control_addr} for {waited:.0f} s "
                     f"(limit {limit:.0f} s): is the trainer running? Check its log."
                 )
-                self.stopped.set()
-        sub.close()
-        beat.close()
+
+    def _stop(self, reason: str) -> None:
+        if self.status.stop_reason is None:
+            self.status.stop_reason = reason
+        self.stopped.set()
 
     def _on_control(self, frames: list[bytes]) -> None:
         try:
@@ -185,17 +219,26 @@ class SamplerChannel:
         if not isinstance(msg, Message):
             return
         self.status.seen = True
-        self.status.version = int(msg.body.get("version", self.status.version))
+        version = msg.body.get("version")
+        if isinstance(version, int) and version > self.status.version:
+            self.status.version = version
         if msg.kind == "done":
             self.status.done = True
             self.stopped.set()
         elif msg.kind == "stop":
-            self.status.stop_reason = f"trainer stopped: {msg.body.get('reason', 'no reason')}"
-            self.stopped.set()
+            self._stop(f"trainer stopped: {msg.body.get('reason', 'no reason')}")
 
     def send_batch(self, batch: EpisodeBatch) -> None:
+        frames = encode_batch(batch)
+        size = sum(len(memoryview(f).cast("B")) for f in frames)
+        if size > self.cfg.max_frame_bytes:
+            raise PeerError(
+                f"batch {batch.seq} encodes to {size} bytes, over transport.max_frame_bytes "
+                f"({self.cfg.max_frame_bytes}); the trainer would drop it: raise the limit on "
+                "both roles or sample fewer / shorter answers"
+            )
         try:
-            self.push.send_multipart(encode_batch(batch), copy=False)
+            self.push.send_multipart(frames, copy=False)
         except zmq.Again:
             raise PeerError(
                 f"could not hand batch {batch.seq} to the trainer at {self.cfg.episodes_addr} "

@@ -31,11 +31,21 @@ def test_yaml_then_overrides():
     assert cfg.algo.loss == "gspo"
     assert cfg.model.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.name == "x"
-    assert cfg.train.total_steps == 8  # from the YAML
+    assert cfg.train.total_steps == 6  # from the YAML
 
 
 def test_int_is_accepted_for_float():
     assert load_config(None, ["rollout.temperature=1"]).rollout.temperature == 1.0
+
+
+def test_exponent_without_dot_is_a_float_in_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 1e-6\n")  # YAML 1.1 reads this as a string
+    assert load_config(path).train.lr == 1e-6
+    assert load_config(None, ["train.lr=3e-5"]).train.lr == 3e-5
+    # ...but a string field keeps what was typed
+    assert load_config(None, ["name=1e3"]).name == "1e3"
+    assert load_config(None, ["algo.clip_low=null"]).algo.clip_low is None
 
 
 @pytest.mark.parametrize(
@@ -53,6 +63,12 @@ def test_int_is_accepted_for_float():
         ("data.reward=nocolon", "data.reward must look like 'package.module:function'"),
         ("rollout=3", "rollout must be a mapping"),
         ("noequals", "must look like section.key=value"),
+        ("algo.clip_low=1.5", "algo.clip_low must be in [0, 1) or null"),
+        ("transport.heartbeat_s=100", "must be at least twice transport.heartbeat_s"),
+        ("transport.control_addr=tcp://127.0.0.1:5555", "must differ"),
+        ("transport.max_frame_bytes=10", "must be >= 1 MiB"),
+        ("train.max_staleness=4", "train.keep_versions must be >= 6"),
+        ("eval.max_new_tokens=0", "eval.max_new_tokens must be > 0"),
     ],
 )
 def test_errors_name_the_key(override, message):
@@ -77,7 +93,7 @@ def test_missing_and_bad_files(tmp_path):
 def test_parse_override_types():
     assert parse_override("a.b=true") == ("a.b", True)
     assert parse_override("a.b=3") == ("a.b", 3)
-    assert parse_override("a.b=2e-6") == ("a.b", 2e-6)
+    assert parse_override("a.b=2.5e-6") == ("a.b", 2.5e-6)
     assert parse_override("a.b=hello") == ("a.b", "hello")
     assert parse_override("a.b=") == ("a.b", "")
 

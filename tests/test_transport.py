@@ -118,3 +118,59 @@ def test_port_in_use_is_a_clear_error():
             TrainerChannel(cfg)
     finally:
         first.close()
+
+
+def test_queued_heartbeats_count_after_a_long_training_step():
+    """A step longer than peer_timeout_s must not read as a dead sampler: its heartbeats (and
+    next batch) are queued, not missing."""
+    cfg = _cfg(peer_timeout_s=1, startup_timeout_s=5)
+    trainer = TrainerChannel(cfg)
+    sampler = SamplerChannel(cfg, "s0")
+    try:
+        sampler.send_batch(_batch(0))
+        assert trainer.recv_batch().seq == 0
+        time.sleep(1.5)  # "training"
+        sampler.send_batch(_batch(1))
+        assert trainer.recv_batch().seq == 1
+    finally:
+        sampler.close()
+        trainer.close()
+
+
+def test_recv_returns_none_after_wait_while_the_sampler_lives():
+    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5)
+    trainer = TrainerChannel(cfg)
+    sampler = SamplerChannel(cfg, "s0")
+    try:
+        started = time.monotonic()
+        assert trainer.recv_batch(wait_s=1.0) is None
+        assert 1.0 <= time.monotonic() - started < 3.0
+    finally:
+        sampler.close()
+        trainer.close()
+
+
+def test_oversized_batch_is_refused_by_the_sender():
+    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5, max_frame_bytes=1 << 20)
+    trainer = TrainerChannel(cfg)
+    sampler = SamplerChannel(cfg, "s0")
+    big = np.zeros(300_000, np.int32)
+    eps = tuple(
+        Episode(
+            big,
+            np.arange(2, dtype=np.int32),
+            np.zeros(2, np.float32),
+            np.zeros(2, np.float32),
+            0.0,
+            {},
+            "stop",
+            1,
+        )
+        for _ in range(2)
+    )
+    try:
+        with pytest.raises(PeerError, match="over transport.max_frame_bytes"):
+            sampler.send_batch(EpisodeBatch(eps, 2, policy_version=0, seq=0))
+    finally:
+        sampler.close()
+        trainer.close()

@@ -55,6 +55,14 @@ class HFRollout:
         self.tokenizer = tokenizer
         self.stop_event = stop_event or threading.Event()
         self.eos = eos_ids(model, tokenizer)
+        # generate() fills every option we leave unset from the model's generation_config;
+        # a shipped repetition_penalty or min_p would warp the sampling distribution away from
+        # the one the log-probs describe. Keep only the special tokens.
+        model.generation_config = GenerationConfig(
+            bos_token_id=model.generation_config.bos_token_id,
+            eos_token_id=self.eos,
+            pad_token_id=tokenizer.pad_token_id,
+        )
 
     @torch.no_grad()
     def generate(
@@ -89,12 +97,12 @@ class HFRollout:
             P = padded.prompt_len
             ids, attn = padded.input_ids[:, :P], padded.attention_mask[:, :P]
             seqs = self.model.generate(
-                input_ids=ids,
-                attention_mask=attn,
+                input_ids=ids.to(self.model.device),
+                attention_mask=attn.to(self.model.device),
                 generation_config=gen_cfg,
                 stopping_criteria=StoppingCriteriaList([_StopWhenSet(self.stop_event)]),
             )
-            for prompt, row in zip(chunk, seqs[:, P:], strict=True):
+            for prompt, row in zip(chunk, seqs[:, P:].cpu(), strict=True):
                 completion, reason = _split_completion(row, set(self.eos), max_new_tokens)
                 out.append(Generation(np.asarray(prompt, np.int32), completion, reason))
             if self.stop_event.is_set():
@@ -119,8 +127,12 @@ def score_logprobs(
             prompts[start : start + batch_size], completions[start : start + batch_size], pad_id
         )
         logp, _ = completion_logprobs(
-            model, pairs.input_ids, pairs.attention_mask, pairs.prompt_len, temperature=temperature
+            model,
+            pairs.input_ids.to(model.device),
+            pairs.attention_mask.to(model.device),
+            pairs.prompt_len,
+            temperature=temperature,
         )
-        for row, c in zip(logp, completions[start : start + batch_size], strict=True):
-            out.append(row[: len(c)].float().numpy().astype(np.float32))
+        for row, c in zip(logp.cpu(), completions[start : start + batch_size], strict=True):
+            out.append(row[: len(c)].numpy().astype(np.float32))
     return out
