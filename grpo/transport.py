@@ -136,6 +136,8 @@ class TrainerChannel:
             )
 
     def close(self) -> None:
+        if self.ctx.closed:
+            return
         self._closing.set()
         self._outbox.put(Message("heartbeat", {"version": self.published_version}))
         self._thread.join(timeout=5)
@@ -250,6 +252,8 @@ class SamplerChannel:
             self.push.send_multipart(encode_message(Message("stop", {"reason": reason})))
 
     def close(self) -> None:
+        if self.ctx.closed:
+            return
         self._closing.set()
         self._thread.join(timeout=self.cfg.heartbeat_s + 5)
         self.push.close()

@@ -1,6 +1,8 @@
 """Real ZeroMQ sockets on loopback: batches arrive, garbage is dropped and counted, silence ends."""
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -21,6 +23,19 @@ def _cfg(**kw) -> TransportConfig:
     )
 
 
+@contextmanager
+def connected(**kw) -> Iterator[tuple[TrainerChannel, SamplerChannel]]:
+    """A trainer and a sampler channel on fresh loopback ports, closed afterwards."""
+    cfg = _cfg(**kw)
+    trainer = TrainerChannel(cfg)
+    sampler = SamplerChannel(cfg, "s0")
+    try:
+        yield trainer, sampler
+    finally:
+        sampler.close()
+        trainer.close()
+
+
 def _batch(seq: int) -> EpisodeBatch:
     eps = tuple(
         Episode(
@@ -39,13 +54,10 @@ def _batch(seq: int) -> EpisodeBatch:
 
 
 def test_batch_arrives_and_garbage_is_dropped():
-    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5)
-    trainer = TrainerChannel(cfg)
-    sampler = SamplerChannel(cfg, "s0")
-    rogue = zmq.Context.instance().socket(zmq.PUSH)
-    rogue.setsockopt(zmq.LINGER, 0)
-    rogue.connect(cfg.episodes_addr)
-    try:
+    with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
+        rogue = zmq.Context.instance().socket(zmq.PUSH)
+        rogue.setsockopt(zmq.LINGER, 0)
+        rogue.connect(trainer.cfg.episodes_addr)
         rogue.send_multipart([b"garbage", b"\x00" * 10])
         rogue.send(b"\x93\x01\x02")
         time.sleep(0.3)
@@ -56,6 +68,7 @@ def test_batch_arrives_and_garbage_is_dropped():
             got.append(trainer.recv_batch())
             if trainer.rejected_frames == 2:
                 break
+        rogue.close()
         assert [b.seq for b in got] == list(range(len(got)))
         assert got[0].episodes[1].reward == 1.0
         assert trainer.rejected_frames == 2
@@ -66,10 +79,6 @@ def test_batch_arrives_and_garbage_is_dropped():
         assert sampler.status.seen and sampler.status.version == 4
         trainer.announce("done", version=4)
         assert sampler.stopped.wait(5) and sampler.status.done
-    finally:
-        rogue.close()
-        sampler.close()
-        trainer.close()
 
 
 def test_trainer_gives_up_on_a_silent_sampler():
@@ -82,32 +91,21 @@ def test_trainer_gives_up_on_a_silent_sampler():
 
 
 def test_sampler_notices_a_dead_trainer():
-    cfg = _cfg(peer_timeout_s=1, startup_timeout_s=30)
-    trainer = TrainerChannel(cfg)
-    sampler = SamplerChannel(cfg, "s0")
-    try:
+    with connected(peer_timeout_s=1, startup_timeout_s=30) as (trainer, sampler):
         deadline = time.monotonic() + 5
         while not sampler.status.seen and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sampler.status.seen
-        trainer.close()  # heartbeats stop
+        trainer.close()  # heartbeats stop (closing twice is harmless)
         assert sampler.stopped.wait(5)
         assert "no heartbeat from the trainer" in sampler.status.stop_reason
-    finally:
-        sampler.close()
 
 
 def test_sampler_stop_message_reaches_trainer():
-    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5)
-    trainer = TrainerChannel(cfg)
-    sampler = SamplerChannel(cfg, "s0")
-    try:
+    with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
         sampler.send_stop("interrupted by SIGINT")
         with pytest.raises(PeerError, match="sampler stopped: interrupted by SIGINT"):
             trainer.recv_batch()
-    finally:
-        sampler.close()
-        trainer.close()
 
 
 def test_port_in_use_is_a_clear_error():
@@ -123,54 +121,31 @@ def test_port_in_use_is_a_clear_error():
 def test_queued_heartbeats_count_after_a_long_training_step():
     """A step longer than peer_timeout_s must not read as a dead sampler: its heartbeats (and
     next batch) are queued, not missing."""
-    cfg = _cfg(peer_timeout_s=1, startup_timeout_s=5)
-    trainer = TrainerChannel(cfg)
-    sampler = SamplerChannel(cfg, "s0")
-    try:
+    with connected(peer_timeout_s=1, startup_timeout_s=5) as (trainer, sampler):
         sampler.send_batch(_batch(0))
         assert trainer.recv_batch().seq == 0
         time.sleep(1.5)  # "training"
         sampler.send_batch(_batch(1))
         assert trainer.recv_batch().seq == 1
-    finally:
-        sampler.close()
-        trainer.close()
 
 
 def test_recv_returns_none_after_wait_while_the_sampler_lives():
-    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5)
-    trainer = TrainerChannel(cfg)
-    sampler = SamplerChannel(cfg, "s0")
-    try:
+    with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
         started = time.monotonic()
         assert trainer.recv_batch(wait_s=1.0) is None
         assert 1.0 <= time.monotonic() - started < 3.0
-    finally:
-        sampler.close()
-        trainer.close()
 
 
 def test_oversized_batch_is_refused_by_the_sender():
-    cfg = _cfg(peer_timeout_s=5, startup_timeout_s=5, max_frame_bytes=1 << 20)
-    trainer = TrainerChannel(cfg)
-    sampler = SamplerChannel(cfg, "s0")
     big = np.zeros(300_000, np.int32)
+    zeros = np.zeros(2, np.float32)
     eps = tuple(
-        Episode(
-            big,
-            np.arange(2, dtype=np.int32),
-            np.zeros(2, np.float32),
-            np.zeros(2, np.float32),
-            0.0,
-            {},
-            "stop",
-            1,
-        )
+        Episode(big, np.arange(2, dtype=np.int32), zeros, zeros, 0.0, {}, "stop", 1)
         for _ in range(2)
     )
-    try:
-        with pytest.raises(PeerError, match="over transport.max_frame_bytes"):
-            sampler.send_batch(EpisodeBatch(eps, 2, policy_version=0, seq=0))
-    finally:
-        sampler.close()
-        trainer.close()
+    limits = dict(peer_timeout_s=5, startup_timeout_s=5, max_frame_bytes=1 << 20)
+    with (
+        connected(**limits) as (_, sampler),
+        pytest.raises(PeerError, match="over transport.max_frame_bytes"),
+    ):
+        sampler.send_batch(EpisodeBatch(eps, 2, policy_version=0, seq=0))
