@@ -166,6 +166,9 @@ def build_tiny_model(dest: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     return dest
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # launch.sh: convert once before both roles start
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(ensure_embedded_base())

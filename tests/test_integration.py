@@ -149,6 +149,33 @@ def test_sampler_killed_trainer_times_out(tmp_path, tiny_model_dir):
     _assert_no_stray_processes(config)
 
 
+def test_ctrl_c_stops_both_roles(tmp_path, tiny_model_dir):
+    """SIGINT to launch.sh (what Ctrl-C sends) ends sampler and trainer; exit code 130."""
+    import os
+    import signal
+
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
+    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1"}
+    launch = subprocess.Popen(
+        ["bash", str(REPO / "launch.sh"), str(config), *transport_overrides()],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not metrics.is_file():
+            assert time.monotonic() < deadline and launch.poll() is None, "no step finished"
+            time.sleep(0.5)
+        launch.send_signal(signal.SIGINT)
+        out, _ = launch.communicate(timeout=90)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 130, out[-3000:]
+    assert "interrupted, stopping both roles" in out
+    _assert_no_stray_processes(config)
+
+
 def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
     config = tiny_config(tmp_path, tiny_model_dir)
     proc = run_launch(config, ["train.totl_steps=3"], timeout=60)
