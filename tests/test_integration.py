@@ -111,26 +111,8 @@ def test_sampler_killed_trainer_times_out(tmp_path, tiny_model_dir):
     """Separate roles (as on two nodes): SIGKILL the sampler, the trainer notices and exits."""
     config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
     overrides = transport_overrides(timeout_s=6)
-    env_launch = ["bash", str(REPO / "launch.sh"), str(config), *overrides]
-    import os
-
-    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1"}
-    trainer = subprocess.Popen(
-        env_launch,
-        cwd=REPO,
-        env={**env, "ROLE": "trainer"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    sampler = subprocess.Popen(
-        env_launch,
-        cwd=REPO,
-        env={**env, "ROLE": "sampler"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trainer = start_role("trainer", config, overrides)
+    sampler = start_role("sampler", config, overrides)
     try:
         metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
         deadline = time.monotonic() + 300
@@ -151,15 +133,10 @@ def test_sampler_killed_trainer_times_out(tmp_path, tiny_model_dir):
 
 def test_ctrl_c_stops_both_roles(tmp_path, tiny_model_dir):
     """SIGINT to launch.sh (what Ctrl-C sends) ends sampler and trainer; exit code 130."""
-    import os
     import signal
 
     config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
-    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1"}
-    launch = subprocess.Popen(
-        ["bash", str(REPO / "launch.sh"), str(config), *transport_overrides()],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    launch = start_role("both", config, transport_overrides())
     try:
         metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
         deadline = time.monotonic() + 300
@@ -183,6 +160,17 @@ def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
     assert "unknown config key 'train.totl_steps'; did you mean 'train.total_steps'?" in (
         proc.stderr
     )
+
+
+def start_role(role: str, config: Path, overrides: list[str]) -> subprocess.Popen:
+    """launch.sh with ROLE=trainer | sampler (as on its own node) or both."""
+    import os
+
+    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1", "ROLE": role}
+    return subprocess.Popen(
+        ["bash", str(REPO / "launch.sh"), str(config), *overrides],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
 
 
 def _assert_no_stray_processes(config: Path) -> None:
