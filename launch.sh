@@ -41,7 +41,7 @@ start_trainer() {
       training_worker.py "$@"
   else
     export DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-    exec "$PY" -m torch.distributed.run \
+    exec "$PY" -m grpo.launch_ranks \
       --nproc_per_node "$num_ranks" --master_port "$master_port" training_worker.py "$@"
   fi
 }

@@ -1,10 +1,19 @@
 """GRPO-family algorithm pieces: pure functions of tensors, no config objects, no I/O.
 
-Importing this package registers the built-in policy losses ("ppo", "grpo", "gspo") and
-advantage estimators ("grpo", "dr_grpo").
+Importing this package registers the built-in policy losses ("ppo", "grpo", "gspo"), outcome
+advantage estimators ("grpo", "dr_grpo", "rloo") and token advantage estimators
+("reinforce_pp"). GAE and the value loss take extra inputs and are exported as plain functions.
 """
 
-from grpo.algos.advantages import broadcast_to_tokens, dr_grpo_advantages, group_advantages
+from grpo.algos.advantages import (
+    broadcast_to_tokens,
+    dr_grpo_advantages,
+    gae,
+    group_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    token_level_rewards,
+)
 from grpo.algos.losses import (
     AGG_MODES,
     agg_loss,
@@ -13,12 +22,15 @@ from grpo.algos.losses import (
     masked_mean,
     policy_loss,
     ppo_policy_loss,
+    value_loss,
 )
 from grpo.algos.registry import (
     get_advantage_estimator,
     get_policy_loss,
+    get_token_advantage_estimator,
     register_advantage_estimator,
     register_policy_loss,
+    register_token_advantage_estimator,
 )
 
 __all__ = [
@@ -26,8 +38,10 @@ __all__ = [
     "agg_loss",
     "broadcast_to_tokens",
     "dr_grpo_advantages",
+    "gae",
     "get_advantage_estimator",
     "get_policy_loss",
+    "get_token_advantage_estimator",
     "group_advantages",
     "gspo_policy_loss",
     "kl_penalty",
@@ -36,4 +50,9 @@ __all__ = [
     "ppo_policy_loss",
     "register_advantage_estimator",
     "register_policy_loss",
+    "register_token_advantage_estimator",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "token_level_rewards",
+    "value_loss",
 ]

@@ -1,9 +1,13 @@
-"""Group-relative advantages (GRPO / Dr. GRPO) and per-token broadcasting."""
+"""Advantage estimators and helpers to turn sequence rewards into per-token signals.
+
+Outcome estimators (GRPO, Dr. GRPO, RLOO) map per-sequence rewards (N,) to (N,); token
+estimators (REINFORCE++, GAE) work on (B, T) per-token rewards aligned with a response mask.
+"""
 
 import torch
 from torch import Tensor
 
-from grpo.algos.registry import register_advantage_estimator
+from grpo.algos.registry import register_advantage_estimator, register_token_advantage_estimator
 
 
 @register_advantage_estimator("grpo")
@@ -46,3 +50,107 @@ def dr_grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -
 def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:
     """Give every valid response token its sequence's value: (B,), (B, T) -> (B, T)."""
     return seq_values[:, None] * mask.to(seq_values.dtype)
+
+
+@register_advantage_estimator("rloo")
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """REINFORCE leave-one-out: A_i = r_i - mean of the other G - 1 rewards of its group.
+
+    rewards: (N,) with the G completions of one prompt stored contiguously, N = n_groups * G.
+    Computed as G / (G - 1) * (r_i - mean_g), which equals the leave-one-out form. The baseline
+    excludes the sample itself, so it is independent of r_i and the estimate stays unbiased.
+    Needs group_size >= 2 (a lone sample has no others to compare against); identical rewards
+    in a group give A = 0.
+    """
+    if group_size < 2:
+        raise ValueError(f"RLOO needs group_size >= 2, got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+            f"got shape {tuple(rewards.shape)}"
+        )
+    grouped = rewards.float().view(-1, group_size)  # (n_groups, G)
+    adv = grouped - grouped.mean(dim=-1, keepdim=True)  # (n_groups, G)
+    return (adv * (group_size / (group_size - 1))).view(-1)  # (N,)
+
+
+def token_level_rewards(seq_rewards: Tensor, mask: Tensor) -> Tensor:
+    """Put each sequence's scalar reward on its last valid token: (B,), (B, T) -> (B, T).
+
+    Zeros everywhere else; rows with no valid token get nothing. This is the per-token reward
+    that REINFORCE++ and GAE expect for outcome-only rewards.
+    """
+    if not seq_rewards.is_floating_point():
+        seq_rewards = seq_rewards.float()
+    valid = mask > 0  # (B, T)
+    positions = torch.arange(mask.shape[-1], device=mask.device)  # (T,)
+    # position * valid peaks at the last valid token; argmax returns 0 for an empty row, which
+    # `& valid` then discards.
+    last = (positions * valid).argmax(dim=-1)  # (B,)
+    is_last = (positions == last[:, None]) & valid  # (B, T)
+    return torch.where(is_last, seq_rewards[:, None], torch.zeros((), dtype=seq_rewards.dtype))
+
+
+def _masked_whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
+    """(x - mean) / (std + eps) with mean and population std over valid tokens, times mask."""
+    m = mask.to(x.dtype)  # (B, T)
+    count = m.sum().clamp(min=1)
+    mean = (x * m).sum() / count
+    var = ((x - mean).square() * m).sum() / count  # population variance (divides by count)
+    return (x - mean) / (var.sqrt() + eps) * m  # (B, T)
+
+
+def _as_float(x: Tensor) -> Tensor:
+    return x if x.is_floating_point() else x.float()
+
+
+@register_token_advantage_estimator("reinforce_pp")
+def reinforce_pp_advantages(
+    token_rewards: Tensor, mask: Tensor, gamma: float = 1.0, eps: float = 1e-8
+) -> Tensor:
+    """REINFORCE++: discounted return-to-go, whitened over the whole batch. (B, T) -> (B, T).
+
+    G_t = r_t + gamma * G_{t'}, right to left, where t' is the next valid token: padding
+    contributes no reward and no discount step, wherever it sits in the row. The returns are
+    then whitened over all valid tokens of the batch, (G - mean) / (std + eps), with the
+    population std (divides by the number of valid tokens): a global rather than per-group
+    baseline is what distinguishes REINFORCE++ from GRPO. Padding positions are 0.
+    """
+    token_rewards = _as_float(token_rewards)
+    valid = mask > 0  # (B, T)
+    returns = torch.zeros_like(token_rewards)  # (B, T)
+    running = torch.zeros_like(token_rewards[:, 0])  # (B,), G of the next valid token
+    for t in reversed(range(token_rewards.shape[-1])):
+        running = torch.where(valid[:, t], token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running
+    return _masked_whiten(returns, mask, eps)
+
+
+# GAE is not registered: the token estimator convention is (token_rewards, mask) -> (B, T),
+# while GAE also needs the critic's values and returns value targets next to the advantages.
+def gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation: (B, T) rewards, values, mask -> (advantages, returns).
+
+    delta_t = r_t + gamma * V_{t'} - V_t and A_t = delta_t + gamma * lam * A_{t'}, right to
+    left, where t' is the next valid token (padding is skipped) and V = 0 after the last valid
+    token because the episode ends there. returns = raw A + V (the critic's regression
+    target); the advantages are then whitened over valid tokens (masked mean and population
+    std, eps 1e-8). Both are 0 on padding. Values are treated as constants (no gradient).
+    """
+    with torch.no_grad():
+        dtype = torch.promote_types(_as_float(token_rewards).dtype, _as_float(values).dtype)
+        token_rewards, values = token_rewards.to(dtype), values.to(dtype)
+        valid = mask > 0  # (B, T)
+        adv = torch.zeros_like(values)  # (B, T)
+        next_value = torch.zeros_like(values[:, 0])  # (B,), V of the next valid token (0 at end)
+        next_adv = torch.zeros_like(values[:, 0])  # (B,)
+        for t in reversed(range(values.shape[-1])):
+            delta = token_rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
+            next_adv = torch.where(valid[:, t], delta + gamma * lam * next_adv, next_adv)
+            next_value = torch.where(valid[:, t], values[:, t], next_value)
+            adv[:, t] = next_adv
+        m = mask.to(dtype)
+        returns = (adv + values) * m  # (B, T)
+        return _masked_whiten(adv, mask, 1e-8), returns

@@ -1,4 +1,5 @@
-"""Loss aggregation, KL penalties and clipped policy-gradient losses (PPO/GRPO, GSPO).
+"""Loss aggregation, KL penalties, clipped policy-gradient losses (PPO/GRPO, GSPO) and the
+clipped value loss for a critic.
 
 All tensors are (B, T) and aligned with `mask` (1.0 on real response tokens, 0 on padding).
 Every policy loss returns `(loss, metrics)`: a scalar tensor to backprop and a dict of python
@@ -196,3 +197,51 @@ def policy_loss(
     given = {"agg": agg, "clip_low": clip_low, "clip_high": clip_high}
     kwargs = {k: v for k, v in given.items() if v is not None}
     return fn(old_logp, logp, advantages, mask, clip_c=clip_c, **kwargs)
+
+
+def value_loss(
+    values: Tensor,
+    returns: Tensor,
+    old_values: Tensor,
+    mask: Tensor,
+    clip: float | None = 0.2,
+    agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped value loss for a critic; all inputs (B, T).
+
+    v_clipped = old_values + clamp(values - old_values, -clip, clip) and
+    loss_t = 0.5 * max((values - returns)^2, (v_clipped - returns)^2): like the policy clip,
+    the max is pessimistic, so the critic cannot profit from moving further than `clip` from
+    its rollout-time prediction. clip=None gives the plain 0.5 * (values - returns)^2.
+    Aggregated with agg_loss(..., agg). Metrics (token means over valid tokens):
+    vf_clip_frac (the clipped error is the larger one), vf_explained_var
+    (1 - Var[returns - values] / (Var[returns] + 1e-8), population variances) and value_mean.
+    """
+    err = (values - returns).square()  # (B, T)
+    if clip is None:
+        loss_mat = 0.5 * err
+        clipped = torch.zeros_like(mask, dtype=torch.bool)
+    else:
+        if clip <= 0:
+            raise ValueError(f"value clip must be > 0 (or None to disable), got {clip}")
+        v_clipped = old_values + (values - old_values).clamp(-clip, clip)  # (B, T)
+        err_clipped = (v_clipped - returns).square()  # (B, T)
+        loss_mat = 0.5 * torch.maximum(err, err_clipped)
+        clipped = err_clipped > err
+    loss = agg_loss(loss_mat, mask, agg)
+
+    with torch.no_grad():
+        m = mask.to(values.dtype)
+        v, ret = values.detach(), returns.detach()
+
+        def masked_var(x: Tensor) -> Tensor:
+            return masked_mean((x - masked_mean(x, m)).square(), m)
+
+        metrics = {
+            "vf_clip_frac": masked_mean(clipped.to(m.dtype), m).item(),
+            # share of the returns' variance the critic accounts for: 1 is perfect, 0 is no
+            # better than predicting the mean, negative is worse than that
+            "vf_explained_var": (1.0 - masked_var(ret - v) / (masked_var(ret) + 1e-8)).item(),
+            "value_mean": masked_mean(v, m).item(),
+        }
+    return loss, metrics

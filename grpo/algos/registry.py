@@ -3,6 +3,11 @@
 Kept deliberately dumb: a dict per kind, a decorator to add to it, a getter that fails
 loudly. Registering a name twice is an error so that two modules can never silently
 shadow each other's implementation depending on import order.
+
+Each table has one calling convention, so a caller can use any registered name without
+knowing which it is: outcome estimators map per-sequence rewards (N,) to (N,), token
+estimators map per-token rewards (B, T) to (B, T). Anything that needs more inputs (GAE needs
+values and also returns value targets) is exported as a plain function instead.
 """
 
 from collections.abc import Callable
@@ -12,6 +17,7 @@ F = TypeVar("F", bound=Callable)
 
 POLICY_LOSSES: dict[str, Callable] = {}
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
+TOKEN_ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 
 
 def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[F], F]:
@@ -54,3 +60,16 @@ def register_advantage_estimator(name: str) -> Callable[[F], F]:
 
 def get_advantage_estimator(name: str) -> Callable:
     return _get(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+
+def register_token_advantage_estimator(name: str) -> Callable[[F], F]:
+    """Decorator: register a token-level advantage estimator under `name` (ValueError if taken).
+
+    A token estimator has the signature
+    `fn(token_rewards: (B, T), mask: (B, T), **kw) -> (B, T)`.
+    """
+    return _register(TOKEN_ADVANTAGE_ESTIMATORS, "token advantage estimator", name)
+
+
+def get_token_advantage_estimator(name: str) -> Callable:
+    return _get(TOKEN_ADVANTAGE_ESTIMATORS, "token advantage estimator", name)
