@@ -38,6 +38,13 @@ def pad_pairs(
     return PaddedPairs(ids, attn, attn[:, P:].float(), P)
 
 
+def length_mask(lengths: Sequence[int]) -> torch.Tensor:
+    """(B, max(lengths, 1)) float mask with lengths[i] leading ones in row i."""
+    n = torch.as_tensor(list(lengths), dtype=torch.long)
+    width = max(1, int(n.max())) if len(n) else 1
+    return (torch.arange(width)[None, :] < n[:, None]).float()
+
+
 def pad_right(arrays: Sequence[np.ndarray], width: int, fill: float = 0.0) -> torch.Tensor:
     """Per-token float arrays (old/ref log-probs) as a (B, width) tensor aligned with the mask."""
     out = torch.full((len(arrays), width), fill, dtype=torch.float32)

@@ -103,7 +103,17 @@ class AlgoConfig:
     )
     kl_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
-    scale_by_std: bool = _f(True, "divide advantages by the group std (False = Dr. GRPO)")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _f(
+        "grpo",
+        "grpo: (r - group mean) / group std; dr_grpo: r - group mean; rloo: leave-one-out "
+        "baseline; reinforce_pp: discounted return whitened over the batch",
+    )
+    gamma: float = _f(1.0, "discount of reinforce_pp returns")
+    overlong_buffer: int = _f(
+        0, "DAPO: penalise answers in the last N tokens before max_new_tokens (0 = off)"
+    )
+    overlong_factor: float = _f(1.0, "DAPO: the penalty reached at max_new_tokens")
+    mask_truncated: bool = _f(False, "DAPO: answers cut at max_new_tokens get no loss")
     agg: AggMode | None = _f(
         None,
         "token-loss averaging; null = the loss's default (grpo token-mean, "
@@ -209,6 +219,13 @@ def _check_values(cfg: Config) -> None:
         value = getattr(cfg.algo, key)
         if value is not None and not 0 <= value < 1:
             raise ConfigError(f"algo.{key} must be in [0, 1) or null, got {value!r}")
+    if not 0 <= cfg.algo.overlong_buffer <= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}"
+        )
+    if not 0 < cfg.algo.gamma <= 1:
+        raise ConfigError(f"algo.gamma must be in (0, 1], got {cfg.algo.gamma!r}")
     if cfg.algo.kl_coef < 0:
         raise ConfigError(f"algo.kl_coef must be >= 0, got {cfg.algo.kl_coef!r}")
     _check_transport(cfg.transport)

@@ -25,12 +25,15 @@ import torch.distributed as dist
 from grpo.algos import (
     agg_loss,
     broadcast_to_tokens,
+    get_advantage_estimator,
     get_policy_loss,
-    group_advantages,
     kl_penalty,
+    overlong_penalty,
     policy_loss,
+    reinforce_pp_advantages,
+    token_level_rewards,
 )
-from grpo.batching import pad_pairs, pad_right
+from grpo.batching import length_mask, pad_pairs, pad_right
 from grpo.checkpoint import publish_version
 from grpo.config import Config, save_config
 from grpo.episode import EpisodeBatch, bytes_to_frames, decode, encode_batch, frames_to_bytes
@@ -62,6 +65,7 @@ def deepspeed_config(cfg: Config, world: int, seqs_per_rank: int) -> dict[str, A
     ds["gradient_accumulation_steps"] = gas
     ds["train_batch_size"] = micro * gas * world
     ds["gradient_clipping"] = cfg.train.max_grad_norm
+    ds["bf16"] = {"enabled": cfg.model.dtype == "bfloat16"}  # fp32 master weights either way
     params = ds.setdefault("optimizer", {"type": "AdamW"}).setdefault("params", {})
     params.update(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     return ds
@@ -80,13 +84,45 @@ def rotate_run_dir(run_dir: Path) -> None:
 # ----------------------------------------------------------------------------- one step
 
 
-def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dict[str, float]:
-    """Forward/backward every micro-batch of this rank's groups, then one optimiser step."""
+def shaped_rewards(batch: EpisodeBatch, cfg: Config) -> torch.Tensor:
+    """Per-episode rewards (N,), with DAPO's overlong penalty when algo.overlong_buffer > 0."""
+    rewards = torch.tensor([e.reward for e in batch.episodes], dtype=torch.float32)
+    if cfg.algo.overlong_buffer:
+        lengths = torch.tensor([len(e.completion_ids) for e in batch.episodes])
+        rewards = rewards + overlong_penalty(
+            lengths, cfg.rollout.max_new_tokens, cfg.algo.overlong_buffer, cfg.algo.overlong_factor
+        )
+    return rewards
+
+
+def compute_advantages(batch: EpisodeBatch, cfg: Config) -> list[torch.Tensor]:
+    """Token advantages of every episode of the whole batch (each rank computes all of them,
+    so batch-level whitening and group baselines see the full batch): one (C_i,) per episode."""
+    eps, name = batch.episodes, cfg.algo.advantage
+    rewards = shaped_rewards(batch, cfg)  # (N,)
+    mask = length_mask([len(e.completion_ids) for e in eps])  # (N, C)
+    if name == "reinforce_pp":
+        token_adv = reinforce_pp_advantages(
+            token_level_rewards(rewards, mask), mask, gamma=cfg.algo.gamma
+        )
+    else:
+        token_adv = broadcast_to_tokens(
+            get_advantage_estimator(name)(rewards, batch.group_size), mask
+        )
+    if cfg.algo.mask_truncated:  # DAPO: a cut-off answer says nothing about its ending
+        token_adv[[e.finish_reason == "length" for e in eps]] = 0.0
+    return [token_adv[i, : len(e.completion_ids)] for i, e in enumerate(eps)]
+
+
+def train_on_batch(
+    engine, batch: EpisodeBatch, advantages: list[torch.Tensor], cfg: Config, pad_id: int
+) -> dict[str, float]:
+    """Forward/backward every micro-batch of this rank's groups, then one optimiser step.
+
+    `advantages` holds the token advantages of this rank's episodes, in order."""
     algo, micro = cfg.algo, engine.train_micro_batch_size_per_gpu()
     agg = algo.agg or loss_default(algo.loss, "agg")
     eps, device = batch.episodes, engine.device
-    rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
-    adv = group_advantages(rewards, batch.group_size, scale_by_std=algo.scale_by_std).to(device)
     n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
     # token-mean is over the tokens of all ranks: each rank's gradient gets its token share
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
@@ -109,12 +145,12 @@ def train_on_batch(engine, batch: EpisodeBatch, cfg: Config, pad_id: int) -> dic
             temperature=cfg.rollout.temperature,
             with_entropy=True,
         )
-        advantages = broadcast_to_tokens(adv[start : start + micro], mask)
+        adv = pad_right(advantages[start : start + micro], width).to(device)
         pg_loss, pg_metrics = policy_loss(
             algo.loss,
             old,
             logp,
-            advantages,
+            adv,
             mask,
             agg=agg,
             clip_low=algo.clip_low,
@@ -341,9 +377,10 @@ class Trainer:
                 step - 1,
             )
         t0 = time.monotonic()
-        g0 = self.rank * self.groups_per_rank
+        g0, G = self.rank * self.groups_per_rank, batch.group_size
         mine = batch.select_groups(g0, g0 + self.groups_per_rank)
-        local = train_on_batch(self.engine, mine, self.cfg, self.tokenizer.pad_token_id)
+        advantages = compute_advantages(batch, self.cfg)[g0 * G : (g0 + self.groups_per_rank) * G]
+        local = train_on_batch(self.engine, mine, advantages, self.cfg, self.tokenizer.pad_token_id)
         train_metrics = average_across_ranks(local)
         groups = gather_group_ids(mine)
         train_s = time.monotonic() - t0

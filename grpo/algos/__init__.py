@@ -32,8 +32,10 @@ from grpo.algos.registry import (
     register_policy_loss,
     register_token_advantage_estimator,
 )
+from grpo.algos.shaping import overlong_penalty
 
 __all__ = [
+    "overlong_penalty",
     "AGG_MODES",
     "agg_loss",
     "broadcast_to_tokens",

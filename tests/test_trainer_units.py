@@ -1,0 +1,73 @@
+"""The trainer's pure parts: reward shaping and advantages over a whole batch."""
+
+import numpy as np
+import pytest
+import torch
+
+from grpo.algos import group_advantages, overlong_penalty, reinforce_pp_advantages, rloo_advantages
+from grpo.config import load_config
+from grpo.episode import Episode, EpisodeBatch
+from grpo.trainer import compute_advantages, shaped_rewards
+
+
+def _batch(rewards, lengths, reasons=None, group_size=2) -> EpisodeBatch:
+    reasons = reasons or ["stop"] * len(rewards)
+    eps = tuple(
+        Episode(
+            np.array([1, 2], np.int32), np.arange(n, dtype=np.int32), np.zeros(n, np.float32),
+            np.zeros(n, np.float32), float(r), {}, why, i // group_size,
+        )
+        for i, (r, n, why) in enumerate(zip(rewards, lengths, reasons, strict=True))
+    )  # fmt: skip
+    return EpisodeBatch(eps, group_size, policy_version=0, seq=0)
+
+
+def test_overlong_penalty_by_hand():
+    got = overlong_penalty(torch.tensor([10, 96, 100, 112, 128, 140]), 128, 32, factor=0.5)
+    # over = len - 96, clamped to [0, 32]; penalty = -0.5 * over / 32
+    assert torch.allclose(got, torch.tensor([0, 0, -0.0625, -0.25, -0.5, -0.5]))
+    with pytest.raises(ValueError):
+        overlong_penalty(torch.tensor([1]), 128, 0)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_outcome_advantages_are_broadcast_per_episode(name):
+    cfg = load_config(None, [f"algo.advantage={name}"])
+    batch = _batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4])
+    adv = compute_advantages(batch, cfg)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    expected = {
+        "grpo": group_advantages(rewards, 2),
+        "dr_grpo": group_advantages(rewards, 2, scale_by_std=False),
+        "rloo": rloo_advantages(rewards, 2),
+    }[name]
+    assert [len(a) for a in adv] == [3, 1, 2, 4]
+    for a, e in zip(adv, expected, strict=True):
+        assert torch.allclose(a, torch.full_like(a, float(e)))
+    assert torch.all(adv[2] == 0) and torch.all(adv[3] == 0)  # equal rewards: no signal
+
+
+def test_reinforce_pp_whitens_over_the_whole_batch():
+    cfg = load_config(None, ["algo.advantage=reinforce_pp", "algo.gamma=0.5"])
+    batch = _batch([1.0, 0.0, 0.0, 2.0], [2, 3, 1, 2])
+    adv = compute_advantages(batch, cfg)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.float32)
+    token_rewards = torch.zeros(4, 3)
+    token_rewards[0, 1], token_rewards[3, 1] = 1.0, 2.0
+    full = reinforce_pp_advantages(token_rewards, mask, gamma=0.5)
+    for i, a in enumerate(adv):
+        assert torch.allclose(a, full[i, : len(a)])
+
+
+def test_dapo_shaping_and_truncation_mask():
+    cfg = load_config(
+        None,
+        ["rollout.max_new_tokens=8", "algo.overlong_buffer=4", "algo.mask_truncated=true",
+         "algo.advantage=dr_grpo"],
+    )  # fmt: skip
+    batch = _batch([1.0, 1.0, 0.0, 0.0], [2, 6, 8, 3], ["stop", "stop", "length", "stop"])
+    assert torch.allclose(shaped_rewards(batch, cfg), torch.tensor([1.0, 0.5, -1.0, 0.0]))
+    adv = compute_advantages(batch, cfg)
+    assert torch.allclose(adv[0], torch.full((2,), 0.25))  # 1.0 - mean(1.0, 0.5)
+    assert torch.all(adv[2] == 0)  # cut at max_new_tokens: masked out
+    assert torch.allclose(adv[3], torch.full((3,), 0.5))
