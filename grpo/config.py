@@ -114,6 +114,7 @@ class AlgoConfig:
     )
     overlong_factor: float = _f(1.0, "DAPO: the penalty reached at max_new_tokens")
     mask_truncated: bool = _f(False, "DAPO: answers cut at max_new_tokens get no loss")
+    entropy_coef: float = _f(0.0, "entropy bonus: loss -= entropy_coef * mean token entropy")
     agg: AggMode | None = _f(
         None,
         "token-loss averaging; null = the loss's default (grpo token-mean, "
@@ -128,6 +129,10 @@ class TrainConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping norm")
     micro_batch_size: int = _f(4, "sequences per forward/backward; the rest is accumulated")
+    mini_batch_size: int = _f(
+        0, "sequences per optimizer step, all ranks together; 0 = the whole received batch"
+    )
+    ppo_epochs: int = _f(1, "passes over each received batch (each pass: one step per mini-batch)")
     num_ranks: int = _f(1, "trainer processes (GPUs on GPU, CPU processes on CPU)")
     deepspeed_config: str = _f("configs/deepspeed/zero2.json", "DeepSpeed JSON (ZeRO-2)")
     master_port: int = _f(29500, "port of the trainer ranks' rendezvous")
@@ -193,6 +198,7 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
         ("train.total_steps", cfg.train.total_steps),
         ("train.lr", cfg.train.lr),
         ("train.micro_batch_size", cfg.train.micro_batch_size),
+        ("train.ppo_epochs", cfg.train.ppo_epochs),
         ("train.num_ranks", cfg.train.num_ranks),
         ("train.sync_interval", cfg.train.sync_interval),
         ("train.keep_versions", cfg.train.keep_versions),
@@ -246,6 +252,15 @@ def _check_values(cfg: Config) -> None:
     ):
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value!r}")
+    batch_seqs = cfg.rollout.questions_per_step * cfg.rollout.group_size
+    mini = cfg.train.mini_batch_size
+    if mini and (mini < 0 or batch_seqs % mini or mini % cfg.train.num_ranks):
+        raise ConfigError(
+            f"train.mini_batch_size ({mini}) must divide the batch ({batch_seqs} sequences) and "
+            f"be a multiple of train.num_ranks ({cfg.train.num_ranks}); 0 = the whole batch"
+        )
+    if cfg.algo.entropy_coef < 0:
+        raise ConfigError(f"algo.entropy_coef must be >= 0, got {cfg.algo.entropy_coef!r}")
     if cfg.rollout.questions_per_step % cfg.train.num_ranks:
         raise ConfigError(
             f"rollout.questions_per_step ({cfg.rollout.questions_per_step}) must be a multiple "

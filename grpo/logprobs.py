@@ -95,6 +95,29 @@ def token_entropy(logits: Tensor, *, temperature: float = 1.0, chunk_size: int =
     return out
 
 
+def _chunk_entropy(logits_chunk: Tensor, temperature: float) -> Tensor:
+    z = logits_chunk.float() / temperature  # (B, c, V)
+    lse = torch.logsumexp(z, dim=-1)  # (B, c)
+    return lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+
+def token_entropy_with_grad(
+    logits: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> Tensor:
+    """Differentiable entropy per position, (B, T, V) -> (B, T), for an entropy bonus.
+
+    Each chunk runs under activation checkpointing, so backward recomputes its softmax instead
+    of keeping one full-vocabulary tensor per chunk alive until then.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    parts = [
+        checkpoint(_chunk_entropy, logits[:, sl], temperature, use_reentrant=False)
+        for sl in _chunks(logits, chunk_size)
+    ]
+    return torch.cat(parts, dim=1)
+
+
 def completion_logprobs(
     model,
     input_ids: Tensor,
@@ -103,6 +126,7 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     chunk_size: int = 1024,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of the completion tokens under a causal LM: -> (B, L - prompt_len) twice.
@@ -116,6 +140,7 @@ def completion_logprobs(
     The logits are divided by `temperature` so the log-probs are those of the distribution
     the sampler actually drew from (importance ratios and KL are then consistent with it).
 
+    `entropy_grad` makes the entropy differentiable (for an entropy bonus in the loss).
     Returns (logp, entropy or None), float32. Positions that are padding (attention_mask 0
     in the completion part) hold arbitrary finite values: callers mask them.
     """
@@ -136,9 +161,7 @@ def completion_logprobs(
     logits = out.logits[:, -n_keep:-1]  # (B, L - prompt_len, V), predicts input_ids[:, prompt_len:]
     labels = input_ids[:, prompt_len:]  # (B, L - prompt_len)
     logp = token_logprobs(logits, labels, temperature=temperature, chunk_size=chunk_size)
-    entropy = (
-        token_entropy(logits, temperature=temperature, chunk_size=chunk_size)
-        if with_entropy
-        else None
-    )
-    return logp, entropy
+    if not with_entropy:
+        return logp, None
+    entropy_fn = token_entropy_with_grad if entropy_grad else token_entropy
+    return logp, entropy_fn(logits, temperature=temperature, chunk_size=chunk_size)

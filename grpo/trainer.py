@@ -36,7 +36,14 @@ from grpo.algos import (
 from grpo.batching import length_mask, pad_pairs, pad_right
 from grpo.checkpoint import publish_version
 from grpo.config import Config, save_config
-from grpo.episode import EpisodeBatch, bytes_to_frames, decode, encode_batch, frames_to_bytes
+from grpo.episode import (
+    Episode,
+    EpisodeBatch,
+    bytes_to_frames,
+    decode,
+    encode_batch,
+    frames_to_bytes,
+)
 from grpo.logprobs import completion_logprobs
 from grpo.metrics import METRICS_FILE, append_jsonl, mean, plot_run
 from grpo.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
@@ -52,15 +59,16 @@ KEEPALIVE_S = 60.0
 # ----------------------------------------------------------------------------- set-up
 
 
-def deepspeed_config(cfg: Config, world: int, seqs_per_rank: int) -> dict[str, Any]:
-    """The JSON file's settings with the batch geometry and optimiser values from our config."""
+def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, Any]:
+    """The JSON file's settings with the batch geometry and optimiser values from our config;
+    `seqs_per_step` is one rank's sequences per optimizer step (its mini-batch)."""
     path = Path(cfg.train.deepspeed_config)
     try:
         ds = json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"train.deepspeed_config: no file {path}") from None
-    micro = min(cfg.train.micro_batch_size, seqs_per_rank)
-    gas = math.ceil(seqs_per_rank / micro)
+    micro = min(cfg.train.micro_batch_size, seqs_per_step)
+    gas = math.ceil(seqs_per_step / micro)
     ds["train_micro_batch_size_per_gpu"] = micro
     ds["gradient_accumulation_steps"] = gas
     ds["train_batch_size"] = micro * gas * world
@@ -114,15 +122,46 @@ def compute_advantages(batch: EpisodeBatch, cfg: Config) -> list[torch.Tensor]:
     return [token_adv[i, : len(e.completion_ids)] for i, e in enumerate(eps)]
 
 
+def mini_batch_seqs(cfg: Config, world: int) -> int:
+    """Sequences per optimizer step on one rank."""
+    if cfg.train.mini_batch_size:
+        return cfg.train.mini_batch_size // world
+    return cfg.rollout.questions_per_step * cfg.rollout.group_size // world
+
+
 def train_on_batch(
     engine, batch: EpisodeBatch, advantages: list[torch.Tensor], cfg: Config, pad_id: int
 ) -> dict[str, float]:
-    """Forward/backward every micro-batch of this rank's groups, then one optimiser step.
+    """`train.ppo_epochs` passes over this rank's episodes, one optimizer step per mini-batch.
 
-    `advantages` holds the token advantages of this rank's episodes, in order."""
+    `advantages` holds the token advantages of this rank's episodes, in order. The ratio's old
+    log-probs are the sampler's, recorded before the first update, in every pass.
+    """
+    size = mini_batch_seqs(cfg, dist.get_world_size())
+    eps, sums, total = batch.episodes, {}, 0.0
+    for _ in range(cfg.train.ppo_epochs):
+        for start in range(0, len(eps), size):
+            metrics, tokens = optimizer_step(
+                engine, eps[start : start + size], advantages[start : start + size], cfg, pad_id
+            )
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + tokens * value
+            total += tokens
+    out = {key: value / max(total, 1.0) for key, value in sums.items()}
+    grad_norm = engine.get_global_grad_norm()  # of the last step
+    out["grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
+    return out
+
+
+def optimizer_step(
+    engine, eps: tuple[Episode, ...], advantages: list[torch.Tensor], cfg: Config, pad_id: int
+) -> tuple[dict[str, float], float]:
+    """Forward/backward every micro-batch of one mini-batch, then one optimizer step.
+
+    Returns token-weighted mean metrics and this rank's token count."""
     algo, micro = cfg.algo, engine.train_micro_batch_size_per_gpu()
     agg = algo.agg or loss_default(algo.loss, "agg")
-    eps, device = batch.episodes, engine.device
+    device = engine.device
     n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
     # token-mean is over the tokens of all ranks: each rank's gradient gets its token share
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
@@ -144,6 +183,7 @@ def train_on_batch(
             pairs.prompt_len,
             temperature=cfg.rollout.temperature,
             with_entropy=True,
+            entropy_grad=algo.entropy_coef > 0,
         )
         adv = pad_right(advantages[start : start + micro], width).to(device)
         pg_loss, pg_metrics = policy_loss(
@@ -158,14 +198,16 @@ def train_on_batch(
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
         loss = pg_loss + algo.kl_coef * agg_loss(kl, mask, agg)
+        if algo.entropy_coef:
+            loss = loss - algo.entropy_coef * agg_loss(entropy, mask, agg)
         if not torch.isfinite(loss):
             raise FloatingPointError(
-                f"non-finite loss ({float(loss)}) on batch {batch.seq}: lower train.lr or check "
-                "the rewards; nothing of this step was applied or published"
+                f"non-finite loss ({float(loss)}): lower train.lr or check the rewards; "
+                "this optimizer step was not applied and nothing more was published"
             )
-        # Weight each micro-batch by its share of the batch's tokens (or of the rank's
+        # Weight each micro-batch by its share of the mini-batch's tokens (or of the rank's
         # sequences), times n_micro because DeepSpeed divides by the accumulation steps: the
-        # sum is the aggregate over the whole batch, not a mean of micro-batch means.
+        # sum is the aggregate over the mini-batch, not a mean of micro-batch means.
         tokens = float(mask.sum())
         if agg == "token-mean":
             share = tokens / max(all_tokens, 1.0) * world
@@ -184,9 +226,7 @@ def train_on_batch(
                 ("approx_kl", pg_metrics["approx_kl"]),
             ):
                 sums[key] = sums.get(key, 0.0) + w * value
-    grad_norm = engine.get_global_grad_norm()
-    sums["grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
-    return sums
+    return sums, float(n_tokens)
 
 
 def loss_default(loss_name: str, option: str) -> Any:
@@ -299,11 +339,10 @@ class Trainer:
             model = apply_lora(model, cfg.model.lora)
         import deepspeed
 
-        seqs = self.groups_per_rank * cfg.rollout.group_size
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=deepspeed_config(cfg, self.world, seqs),
+            config=deepspeed_config(cfg, self.world, mini_batch_seqs(cfg, self.world)),
         )
         self.engine.train()  # from_pretrained returns eval mode: no checkpointing, no dropout
         self.run_dir = cfg.run_dir
@@ -396,6 +435,9 @@ class Trainer:
             "batch_seq": batch.seq,
             "policy_version": batch.policy_version,
             "staleness": (step - 1) - batch.policy_version,
+            "optimizer_steps": self.cfg.train.ppo_epochs
+            * len(mine.episodes)
+            // mini_batch_seqs(self.cfg, self.world),
             "published_version": self.version,
         }
         row.update(batch_metrics(batch))

@@ -232,3 +232,18 @@ def test_algorithm_config_runs_two_steps_on_two_ranks(tmp_path, tiny_model_dir, 
     rows = [json.loads(x) for x in (tmp_path / "algo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [0, 1]
     assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)
+
+
+def test_ppo_epochs_mini_batches_and_entropy_bonus(tmp_path, tiny_model_dir):
+    """One received batch, several optimizer steps: 2 epochs x 2 mini-batches of 8 sequences."""
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        train={"total_steps": 2, "ppo_epochs": 2, "mini_batch_size": 8},
+        algo={"entropy_coef": 0.01},
+    )  # fmt: skip
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    assert [r["optimizer_steps"] for r in rows] == [4, 4]
+    # the first mini-batch of the first epoch is on-policy; later ones moved the weights
+    assert rows[0]["approx_kl"] > 0 and math.isfinite(rows[0]["loss"])
