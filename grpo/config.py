@@ -83,6 +83,10 @@ class RolloutConfig:
     seed: int = _f(0, "sampling seed; batch k uses seed + k")
     generation_batch_size: int = _f(16, "sequences per generate() call")
     sampler_id: str = _f("sampler-0", "name of this sampler in batches and logs")
+    dynamic_sampling: bool = _f(
+        False, "DAPO: replace groups whose answers all score the same with new questions"
+    )
+    max_sampling_rounds: int = _f(3, "dynamic sampling: generation rounds per batch at most")
 
 
 AggMode = Literal[
@@ -115,6 +119,13 @@ class AlgoConfig:
     overlong_factor: float = _f(1.0, "DAPO: the penalty reached at max_new_tokens")
     mask_truncated: bool = _f(False, "DAPO: answers cut at max_new_tokens get no loss")
     entropy_coef: float = _f(0.0, "entropy bonus: loss -= entropy_coef * mean token entropy")
+    kl_in_reward: bool = _f(
+        False, "subtract kl_reward_coef * KL(old || ref) per token from the rewards (PPO-style)"
+    )
+    kl_reward_coef: float = _f(0.001, "initial coefficient of the in-reward KL penalty")
+    kl_ctrl: Literal["fixed", "adaptive"] = _f("fixed", "keep the coefficient, or adapt it")
+    kl_target: float = _f(0.1, "adaptive controller: the per-token KL to aim for")
+    kl_horizon: float = _f(10000.0, "adaptive controller: samples over which to adapt")
     agg: AggMode | None = _f(
         None,
         "token-loss averaging; null = the loss's default (grpo token-mean, "
@@ -194,6 +205,7 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
         ("rollout.group_size", cfg.rollout.group_size),
         ("rollout.max_new_tokens", cfg.rollout.max_new_tokens),
         ("rollout.generation_batch_size", cfg.rollout.generation_batch_size),
+        ("rollout.max_sampling_rounds", cfg.rollout.max_sampling_rounds),
         ("rollout.temperature", cfg.rollout.temperature),
         ("train.total_steps", cfg.train.total_steps),
         ("train.lr", cfg.train.lr),
@@ -259,6 +271,8 @@ def _check_values(cfg: Config) -> None:
             f"train.mini_batch_size ({mini}) must divide the batch ({batch_seqs} sequences) and "
             f"be a multiple of train.num_ranks ({cfg.train.num_ranks}); 0 = the whole batch"
         )
+    if cfg.algo.kl_reward_coef < 0 or cfg.algo.kl_target <= 0 or cfg.algo.kl_horizon <= 0:
+        raise ConfigError("algo.kl_reward_coef must be >= 0, kl_target and kl_horizon > 0")
     if cfg.algo.entropy_coef < 0:
         raise ConfigError(f"algo.entropy_coef must be >= 0, got {cfg.algo.entropy_coef!r}")
     if cfg.rollout.questions_per_step % cfg.train.num_ranks:

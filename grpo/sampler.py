@@ -28,7 +28,7 @@ from grpo.models import (
     load_tokenizer,
     resolve_model_path,
 )
-from grpo.rollout.hf import HFRollout, score_logprobs
+from grpo.rollout.hf import Generation, HFRollout, score_logprobs
 from grpo.tasks import Row, Task, get_task, load_reward_fn, score
 from grpo.transport import PeerError, SamplerChannel
 
@@ -87,6 +87,18 @@ def required_version(seq: int, max_staleness: int, sync_interval: int) -> int:
     that many versions of lag, and only multiples of `sync_interval` are ever published.
     """
     return max(0, (seq - max_staleness) // sync_interval * sync_interval)
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """One question's G answers with their (reward, info)."""
+
+    prompt: Prompt
+    gens: list[Generation]
+    scored: list[tuple[float, dict]]
+
+    def is_flat(self) -> bool:
+        return len({reward for reward, _ in self.scored}) == 1
 
 
 class Sampler:
@@ -172,52 +184,77 @@ class Sampler:
 
     # ------------------------------------------------------------------ batches
 
-    def make_batch(self, seq: int, prompts: list[Prompt], rollout: HFRollout) -> EpisodeBatch:
+    def sample_groups(self, prompts: list[Prompt], rollout: HFRollout, seed: int) -> list[Group]:
+        """G answers per prompt, decoded and scored."""
         cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
-        t0 = time.monotonic()
         gens = rollout.generate(
             [p.ids for p in prompts],
             n=G,
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
-            seed=cfg.seed + seq,
+            seed=seed,
             batch_size=cfg.generation_batch_size,
         )
         self.raise_if_stopped(rollout)
-        t1 = time.monotonic()
-        completions = [g.completion_ids for g in gens]
-        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        scored = [score(self.reward_fn, text, prompts[i // G].row) for i, text in enumerate(texts)]
-        t2 = time.monotonic()
-        pad = self.tokenizer.pad_token_id
-        args = dict(pad_id=pad, temperature=cfg.temperature, batch_size=cfg.generation_batch_size)
-        prompt_ids = [g.prompt_ids for g in gens]
-        old = score_logprobs(self.policy, prompt_ids, completions, **args)
-        ref = score_logprobs(self.reference, prompt_ids, completions, **args)
-        t3 = time.monotonic()
-        episodes = tuple(
-            Episode(
-                g.prompt_ids,
-                g.completion_ids,
-                o,
-                r,
-                reward,
-                info,
-                g.finish_reason,
-                prompts[i // G].index,
-            )
-            for i, (g, o, r, (reward, info)) in enumerate(zip(gens, old, ref, scored, strict=True))
+        texts = self.tokenizer.batch_decode(
+            [g.completion_ids for g in gens], skip_special_tokens=True
         )
-        n_tokens = sum(len(c) for c in completions)
+        groups = []
+        for k, prompt in enumerate(prompts):
+            members = range(k * G, (k + 1) * G)
+            scored = [score(self.reward_fn, texts[i], prompt.row) for i in members]
+            groups.append(Group(prompt, [gens[i] for i in members], scored))
+        return groups
+
+    def make_batch(
+        self, seq: int, stream: Iterator[list[Prompt]], rollout: HFRollout
+    ) -> EpisodeBatch:
+        cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
+        t0 = time.monotonic()
+        kept, flat, rounds = [], [], 0
+        # DAPO's dynamic sampling: a group whose answers all score the same has zero advantage
+        # and teaches nothing; sample more questions instead, up to max_sampling_rounds.
+        while len(kept) < Q and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            groups = self.sample_groups(next(stream), rollout, cfg.seed + seq + rounds * 1_000_003)
+            rounds += 1
+            for g in groups:
+                (flat if cfg.dynamic_sampling and g.is_flat() else kept).append(g)
+        chosen = (kept + flat)[:Q]  # past the cap, flat groups fill the batch (zero advantage)
+        t1 = time.monotonic()
+        episodes = self.attach_logprobs(chosen)
+        t2 = time.monotonic()
+        n_tokens = sum(len(g.completion_ids) for group in chosen for g in group.gens)
         stats = {
             "gen_s": t1 - t0,
-            "reward_s": t2 - t1,
-            "logprob_s": t3 - t2,
+            "logprob_s": t2 - t1,
             "gen_tokens": float(n_tokens),
             "gen_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
+            "sampling_rounds": float(rounds),
+            "flat_groups_dropped": float(len(flat) - sum(g in chosen for g in flat)),
+            "flat_groups_kept": float(sum(g in chosen for g in flat)),
         }
-        return EpisodeBatch(episodes, G, self.version, seq, cfg.sampler_id, stats)
+        return EpisodeBatch(episodes, cfg.group_size, self.version, seq, cfg.sampler_id, stats)
+
+    def attach_logprobs(self, groups: list[Group]) -> tuple[Episode, ...]:
+        """Old-policy and reference log-probs of every answer, as episodes."""
+        cfg = self.cfg.rollout
+        gens = [g for group in groups for g in group.gens]
+        args = dict(
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=cfg.temperature,
+            batch_size=cfg.generation_batch_size,
+        )
+        prompt_ids = [g.prompt_ids for g in gens]
+        completions = [g.completion_ids for g in gens]
+        old = score_logprobs(self.policy, prompt_ids, completions, **args)
+        ref = score_logprobs(self.reference, prompt_ids, completions, **args)
+        scored = [s for group in groups for s in group.scored]
+        index = [group.prompt.index for group in groups for _ in group.gens]
+        return tuple(
+            Episode(g.prompt_ids, g.completion_ids, o, r, reward, info, g.finish_reason, i)
+            for g, o, r, (reward, info), i in zip(gens, old, ref, scored, index, strict=True)
+        )
 
     # ------------------------------------------------------------------ eval
 
@@ -311,7 +348,7 @@ class Sampler:
                 return
             if self.eval_due():
                 self.evaluate(rollout)
-            batch = self.make_batch(seq, next(stream), rollout)
+            batch = self.make_batch(seq, stream, rollout)
             channel.send_batch(batch)
             log.info(
                 "sent batch %d (version %d): reward %.3f, %.0f tokens/s",

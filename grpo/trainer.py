@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from grpo.algos import (
+    adaptive_kl_coef,
     agg_loss,
     broadcast_to_tokens,
     get_advantage_estimator,
@@ -103,23 +104,41 @@ def shaped_rewards(batch: EpisodeBatch, cfg: Config) -> torch.Tensor:
     return rewards
 
 
-def compute_advantages(batch: EpisodeBatch, cfg: Config) -> list[torch.Tensor]:
-    """Token advantages of every episode of the whole batch (each rank computes all of them,
-    so batch-level whitening and group baselines see the full batch): one (C_i,) per episode."""
-    eps, name = batch.episodes, cfg.algo.advantage
-    rewards = shaped_rewards(batch, cfg)  # (N,)
+def token_rewards(
+    batch: EpisodeBatch, cfg: Config, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(N, C) per-token rewards, their mask, and the mean per-token KL(old || ref).
+
+    The (shaped) score sits on each answer's last token; with algo.kl_in_reward every token
+    also pays kl_coef * KL between the sampling policy and the reference (PPO-RLHF style)."""
+    eps = batch.episodes
     mask = length_mask([len(e.completion_ids) for e in eps])  # (N, C)
+    rewards = token_level_rewards(shaped_rewards(batch, cfg), mask)  # (N, C)
+    old = pad_right([e.old_logp for e in eps], mask.shape[1])
+    ref = pad_right([e.ref_logp for e in eps], mask.shape[1])
+    kl = kl_penalty(old, ref, cfg.algo.kl_kind) * mask  # (N, C)
+    mean_kl = float(kl.sum() / mask.sum().clamp(min=1))
+    if cfg.algo.kl_in_reward:
+        rewards = rewards - kl_coef * kl
+    return rewards, mask, mean_kl
+
+
+def compute_advantages(
+    batch: EpisodeBatch, cfg: Config, kl_coef: float = 0.0
+) -> tuple[list[torch.Tensor], float]:
+    """Token advantages of every episode of the whole batch (each rank computes all of them,
+    so batch-level whitening and group baselines see the full batch): one (C_i,) per episode,
+    and the batch's mean KL(old || ref) per token."""
+    eps, name = batch.episodes, cfg.algo.advantage
+    rewards, mask, mean_kl = token_rewards(batch, cfg, kl_coef)
     if name == "reinforce_pp":
-        token_adv = reinforce_pp_advantages(
-            token_level_rewards(rewards, mask), mask, gamma=cfg.algo.gamma
-        )
-    else:
-        token_adv = broadcast_to_tokens(
-            get_advantage_estimator(name)(rewards, batch.group_size), mask
-        )
+        token_adv = reinforce_pp_advantages(rewards, mask, gamma=cfg.algo.gamma)
+    else:  # outcome estimators see each answer's total reward
+        outcome = get_advantage_estimator(name)(rewards.sum(dim=-1), batch.group_size)
+        token_adv = broadcast_to_tokens(outcome, mask)
     if cfg.algo.mask_truncated:  # DAPO: a cut-off answer says nothing about its ending
         token_adv[[e.finish_reason == "length" for e in eps]] = 0.0
-    return [token_adv[i, : len(e.completion_ids)] for i, e in enumerate(eps)]
+    return [token_adv[i, : len(e.completion_ids)] for i, e in enumerate(eps)], mean_kl
 
 
 def mini_batch_seqs(cfg: Config, world: int) -> int:
@@ -348,6 +367,7 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.channel: TrainerChannel | None = None
         self.version = 0
+        self.kl_reward_coef = cfg.algo.kl_reward_coef  # adapted each step with kl_ctrl adaptive
 
     def publish(self, step: int) -> float:
         """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it."""
@@ -418,9 +438,20 @@ class Trainer:
         t0 = time.monotonic()
         g0, G = self.rank * self.groups_per_rank, batch.group_size
         mine = batch.select_groups(g0, g0 + self.groups_per_rank)
-        advantages = compute_advantages(batch, self.cfg)[g0 * G : (g0 + self.groups_per_rank) * G]
+        advantages, rollout_kl = compute_advantages(batch, self.cfg, self.kl_reward_coef)
+        advantages = advantages[g0 * G : (g0 + self.groups_per_rank) * G]
         local = train_on_batch(self.engine, mine, advantages, self.cfg, self.tokenizer.pad_token_id)
         train_metrics = average_across_ranks(local)
+        kl_coef_used = self.kl_reward_coef
+        if self.cfg.algo.kl_in_reward and self.cfg.algo.kl_ctrl == "adaptive":
+            algo = self.cfg.algo  # every rank sees the same batch: the same update everywhere
+            self.kl_reward_coef = adaptive_kl_coef(
+                self.kl_reward_coef,
+                rollout_kl,
+                algo.kl_target,
+                algo.kl_horizon,
+                len(batch.episodes),
+            )
         groups = gather_group_ids(mine)
         train_s = time.monotonic() - t0
         publish_s = 0.0
@@ -441,6 +472,7 @@ class Trainer:
             "published_version": self.version,
         }
         row.update(batch_metrics(batch))
+        row.update({"rollout_kl_to_ref": rollout_kl, "kl_reward_coef": kl_coef_used})
         row.update(train_metrics)
         row.update(
             {"recv_s": recv_s, "train_s": train_s, "publish_s": publish_s, "rank_group_ids": groups}

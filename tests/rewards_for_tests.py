@@ -18,3 +18,11 @@ def text_length(completion: str, sample: dict) -> tuple[float, dict]:
     """Longer answers score higher: varies across a random model's samples, so advantages are
     non-zero and the integration test's gradient steps really move the weights."""
     return min(len(completion), 200) / 200, {"formatted": False, "correct": False}
+
+
+def flat_on_odd_questions(completion: str, sample: dict) -> tuple[float, dict]:
+    """Every answer to a question of odd length scores the same: a flat group, which dynamic
+    sampling must drop; other questions score by answer length."""
+    if len(sample["question"]) % 2:
+        return 0.5, {"formatted": False, "correct": False}
+    return text_length(completion, sample)

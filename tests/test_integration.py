@@ -247,3 +247,19 @@ def test_ppo_epochs_mini_batches_and_entropy_bonus(tmp_path, tiny_model_dir):
     assert [r["optimizer_steps"] for r in rows] == [4, 4]
     # the first mini-batch of the first epoch is on-policy; later ones moved the weights
     assert rows[0]["approx_kl"] > 0 and math.isfinite(rows[0]["loss"])
+
+
+def test_dynamic_sampling_drops_flat_groups(tmp_path, tiny_model_dir):
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        data={"reward": "tests.rewards_for_tests:flat_on_odd_questions"},
+        rollout={"dynamic_sampling": True, "max_sampling_rounds": 4},
+        train={"total_steps": 2},
+    )  # fmt: skip
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    dropped = sum(r["sampler_flat_groups_dropped"] for r in rows)
+    assert dropped > 0 and all(r["sampler_sampling_rounds"] >= 1 for r in rows)
+    for r in rows:  # a flat group only stays when the rounds ran out
+        assert r["sampler_flat_groups_kept"] == 0 or r["sampler_sampling_rounds"] == 4

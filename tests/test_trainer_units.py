@@ -4,10 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from grpo.algos import group_advantages, overlong_penalty, reinforce_pp_advantages, rloo_advantages
+from grpo.algos import (
+    adaptive_kl_coef,
+    group_advantages,
+    overlong_penalty,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from grpo.config import load_config
 from grpo.episode import Episode, EpisodeBatch
-from grpo.trainer import compute_advantages, shaped_rewards
+from grpo.trainer import compute_advantages, shaped_rewards, token_rewards
 
 
 def _batch(rewards, lengths, reasons=None, group_size=2) -> EpisodeBatch:
@@ -34,7 +40,7 @@ def test_overlong_penalty_by_hand():
 def test_outcome_advantages_are_broadcast_per_episode(name):
     cfg = load_config(None, [f"algo.advantage={name}"])
     batch = _batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4])
-    adv = compute_advantages(batch, cfg)
+    adv, _ = compute_advantages(batch, cfg)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
     expected = {
         "grpo": group_advantages(rewards, 2),
@@ -50,7 +56,7 @@ def test_outcome_advantages_are_broadcast_per_episode(name):
 def test_reinforce_pp_whitens_over_the_whole_batch():
     cfg = load_config(None, ["algo.advantage=reinforce_pp", "algo.gamma=0.5"])
     batch = _batch([1.0, 0.0, 0.0, 2.0], [2, 3, 1, 2])
-    adv = compute_advantages(batch, cfg)
+    adv, _ = compute_advantages(batch, cfg)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.float32)
     token_rewards = torch.zeros(4, 3)
     token_rewards[0, 1], token_rewards[3, 1] = 1.0, 2.0
@@ -67,7 +73,33 @@ def test_dapo_shaping_and_truncation_mask():
     )  # fmt: skip
     batch = _batch([1.0, 1.0, 0.0, 0.0], [2, 6, 8, 3], ["stop", "stop", "length", "stop"])
     assert torch.allclose(shaped_rewards(batch, cfg), torch.tensor([1.0, 0.5, -1.0, 0.0]))
-    adv = compute_advantages(batch, cfg)
+    adv, _ = compute_advantages(batch, cfg)
     assert torch.allclose(adv[0], torch.full((2,), 0.25))  # 1.0 - mean(1.0, 0.5)
     assert torch.all(adv[2] == 0)  # cut at max_new_tokens: masked out
     assert torch.allclose(adv[3], torch.full((3,), 0.5))
+
+
+def test_adaptive_kl_coef_by_hand():
+    # KL twice the target: error clipped to +0.2; 100 of 1000 samples: coef * 1.02
+    assert adaptive_kl_coef(0.1, 0.2, 0.1, 1000, 100) == pytest.approx(0.102)
+    # KL at 0.9 of target: error -0.1 -> coef * (1 - 0.1 * 0.1)
+    assert adaptive_kl_coef(0.1, 0.09, 0.1, 1000, 100) == pytest.approx(0.099)
+    with pytest.raises(ValueError):
+        adaptive_kl_coef(0.1, 0.1, 0.0, 1000, 1)
+
+
+def test_kl_in_reward_is_charged_per_token_and_summed_for_outcome_estimators():
+    cfg = load_config(None, ["algo.kl_in_reward=true", "algo.kl_kind=k1", "algo.advantage=dr_grpo"])
+    batch = _batch([1.0, 1.0], [2, 3])
+    # old - ref per token (k1): episode 0 pays 0.5 twice, episode 1 pays nothing
+    eps = batch.episodes
+    eps[0].old_logp.flags.writeable = True
+    eps[0].old_logp[:] = 0.5
+    rewards, mask, mean_kl = token_rewards(batch, cfg, kl_coef=0.2)
+    assert torch.allclose(rewards[0, :2], torch.tensor([-0.1, 0.9]))  # score on the last token
+    assert mean_kl == pytest.approx(1.0 / 5)  # (0.5 + 0.5) / 5 tokens
+    adv, _ = compute_advantages(batch, cfg, kl_coef=0.2)
+    # outcome totals 0.8 and 1.0 -> Dr. GRPO: -0.1 and +0.1 on every token
+    assert torch.allclose(adv[0], torch.full((2,), -0.1)) and torch.allclose(
+        adv[1], torch.full((3,), 0.1)
+    )

@@ -14,6 +14,7 @@ from grpo.algos.advantages import (
     rloo_advantages,
     token_level_rewards,
 )
+from grpo.algos.kl_control import adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
     agg_loss,
@@ -35,6 +36,7 @@ from grpo.algos.registry import (
 from grpo.algos.shaping import overlong_penalty
 
 __all__ = [
+    "adaptive_kl_coef",
     "overlong_penalty",
     "AGG_MODES",
     "agg_loss",
