@@ -107,12 +107,14 @@ class AlgoConfig:
     )
     kl_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _f(
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = _f(
         "grpo",
         "grpo: (r - group mean) / group std; dr_grpo: r - group mean; rloo: leave-one-out "
-        "baseline; reinforce_pp: discounted return whitened over the batch",
+        "baseline; reinforce_pp: discounted return whitened over the batch; gae: PPO with a "
+        "critic (see the critic section)",
     )
-    gamma: float = _f(1.0, "discount of reinforce_pp returns")
+    gamma: float = _f(1.0, "discount of reinforce_pp and gae returns")
+    lam: float = _f(0.95, "GAE lambda")
     overlong_buffer: int = _f(
         0, "DAPO: penalise answers in the last N tokens before max_new_tokens (0 = off)"
     )
@@ -159,6 +161,14 @@ class TrainConfig:
 
 
 @dataclass
+class CriticConfig:
+    model_path: str = _f("", "value model's base (a scalar head is added); '' = model.path")
+    lr: float = _f(1e-5, "critic learning rate")
+    value_clip: float = _f(0.2, "clip of the value change per update (PPO's clipped value loss)")
+    warmup_steps: int = _f(0, "first steps train only the critic (the policy waits)")
+
+
+@dataclass
 class EvalConfig:
     interval: int = _f(0, "greedy pass@1 on the test subset every N versions (0 = off)")
     num_questions: int = _f(16, "test questions evaluated (the first N)")
@@ -188,6 +198,7 @@ class Config:
     rollout: RolloutConfig = _section(RolloutConfig, "sampling")
     algo: AlgoConfig = _section(AlgoConfig, "advantages and loss")
     train: TrainConfig = _section(TrainConfig, "optimisation and weight publishing")
+    critic: CriticConfig = _section(CriticConfig, "PPO value model (used with algo.advantage=gae)")
     eval: EvalConfig = _section(EvalConfig, "periodic evaluation by the sampler")
     transport: TransportConfig = _section(TransportConfig, "ZeroMQ addresses and timeouts")
 
@@ -242,8 +253,13 @@ def _check_values(cfg: Config) -> None:
             f"algo.overlong_buffer must be in [0, rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}"
         )
-    if not 0 < cfg.algo.gamma <= 1:
-        raise ConfigError(f"algo.gamma must be in (0, 1], got {cfg.algo.gamma!r}")
+    if not 0 < cfg.algo.gamma <= 1 or not 0 <= cfg.algo.lam <= 1:
+        raise ConfigError(
+            f"algo.gamma must be in (0, 1] and algo.lam in [0, 1], got {cfg.algo.gamma!r}, "
+            f"{cfg.algo.lam!r}"
+        )
+    if cfg.critic.lr <= 0 or cfg.critic.value_clip <= 0 or cfg.critic.warmup_steps < 0:
+        raise ConfigError("critic.lr and critic.value_clip must be > 0, warmup_steps >= 0")
     if cfg.algo.kl_coef < 0:
         raise ConfigError(f"algo.kl_coef must be >= 0, got {cfg.algo.kl_coef!r}")
     _check_transport(cfg.transport)

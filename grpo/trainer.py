@@ -26,6 +26,7 @@ from grpo.algos import (
     adaptive_kl_coef,
     agg_loss,
     broadcast_to_tokens,
+    gae,
     get_advantage_estimator,
     get_policy_loss,
     kl_penalty,
@@ -37,6 +38,7 @@ from grpo.algos import (
 from grpo.batching import length_mask, pad_pairs, pad_right
 from grpo.checkpoint import publish_version
 from grpo.config import Config, save_config
+from grpo.critic import Critic
 from grpo.episode import (
     Episode,
     EpisodeBatch,
@@ -128,17 +130,49 @@ def compute_advantages(
 ) -> tuple[list[torch.Tensor], float]:
     """Token advantages of every episode of the whole batch (each rank computes all of them,
     so batch-level whitening and group baselines see the full batch): one (C_i,) per episode,
-    and the batch's mean KL(old || ref) per token."""
-    eps, name = batch.episodes, cfg.algo.advantage
+    and the batch's mean KL(old || ref) per token. Not for gae, which needs the critic."""
     rewards, mask, mean_kl = token_rewards(batch, cfg, kl_coef)
+    return advantages_from_rewards(batch, rewards, mask, cfg), mean_kl
+
+
+def advantages_from_rewards(
+    batch: EpisodeBatch, rewards: torch.Tensor, mask: torch.Tensor, cfg: Config
+) -> list[torch.Tensor]:
+    name = cfg.algo.advantage
     if name == "reinforce_pp":
         token_adv = reinforce_pp_advantages(rewards, mask, gamma=cfg.algo.gamma)
     else:  # outcome estimators see each answer's total reward
         outcome = get_advantage_estimator(name)(rewards.sum(dim=-1), batch.group_size)
         token_adv = broadcast_to_tokens(outcome, mask)
+    return per_episode(mask_truncated(token_adv, batch, cfg), batch)
+
+
+def mask_truncated(token_adv: torch.Tensor, batch: EpisodeBatch, cfg: Config) -> torch.Tensor:
     if cfg.algo.mask_truncated:  # DAPO: a cut-off answer says nothing about its ending
-        token_adv[[e.finish_reason == "length" for e in eps]] = 0.0
-    return [token_adv[i, : len(e.completion_ids)] for i, e in enumerate(eps)], mean_kl
+        token_adv[[e.finish_reason == "length" for e in batch.episodes]] = 0.0
+    return token_adv
+
+
+def per_episode(rows: torch.Tensor, batch: EpisodeBatch) -> list[torch.Tensor]:
+    """(N, C) padded rows -> one (C_i,) tensor per episode."""
+    return [rows[i, : len(e.completion_ids)] for i, e in enumerate(batch.episodes)]
+
+
+def gae_across_ranks(
+    rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE on this rank's episodes, whitened with the mean and std of all ranks' tokens.
+
+    (B, C) each -> (advantages, returns). Each rank holds only its own values, so the batch
+    statistics of the whitening are summed across ranks."""
+    _, returns = gae(rewards, values, mask, gamma, lam)
+    raw = (returns - values) * mask  # (B, C) unwhitened advantages
+    n, total, square = sum_across_ranks(
+        torch.stack([mask.sum(), raw.sum(), (raw.square() * mask).sum()]).double()
+    ).tolist()
+    mean = total / max(n, 1.0)
+    std = max(square / max(n, 1.0) - mean**2, 0.0) ** 0.5
+    return (raw - mean) / (std + 1e-8) * mask, returns
 
 
 def mini_batch_seqs(cfg: Config, world: int) -> int:
@@ -364,6 +398,11 @@ class Trainer:
             config=deepspeed_config(cfg, self.world, mini_batch_seqs(cfg, self.world)),
         )
         self.engine.train()  # from_pretrained returns eval mode: no checkpointing, no dropout
+        self.critic = (
+            Critic(cfg, deepspeed_config(cfg, self.world, mini_batch_seqs(cfg, self.world)))
+            if cfg.algo.advantage == "gae"
+            else None
+        )
         self.run_dir = cfg.run_dir
         self.channel: TrainerChannel | None = None
         self.version = 0
@@ -388,12 +427,44 @@ class Trainer:
         self.channel.announce("version", version=step)
         return time.monotonic() - t0
 
+    def ppo_step(
+        self, step: int, mine: EpisodeBatch, rewards: torch.Tensor, mask: torch.Tensor
+    ) -> dict[str, float]:
+        """PPO with a critic: values before the update, GAE, then policy and critic updates."""
+        assert self.critic is not None
+        cfg, pad = self.cfg, self.tokenizer.pad_token_id
+        old_values = pad_right(self.critic.values(mine.episodes, pad), mask.shape[1])
+        adv, returns = gae_across_ranks(rewards, mask, old_values, cfg.algo.gamma, cfg.algo.lam)
+        advantages = per_episode(mask_truncated(adv, mine, cfg), mine)
+        metrics: dict[str, float] = {}
+        if step > cfg.critic.warmup_steps:
+            metrics = train_on_batch(self.engine, mine, advantages, cfg, pad)
+        size = mini_batch_seqs(cfg, self.world)
+        eps, targets, olds = (
+            mine.episodes,
+            per_episode(returns, mine),
+            per_episode(old_values, mine),
+        )
+        passes = 0
+        for _ in range(cfg.train.ppo_epochs):
+            for s in range(0, len(eps), size):
+                vf = self.critic.update(eps[s : s + size], targets[s : s + size],
+                                        olds[s : s + size], pad)  # fmt: skip
+                for key, value in vf.items():
+                    metrics[key] = metrics.get(key, 0.0) + value
+                passes += 1
+        for key in vf:
+            metrics[key] /= passes
+        return metrics
+
     def save_state(self, step: int) -> None:
         """DeepSpeed checkpoint (all ranks take part); only the newest one is kept."""
         state_dir = self.run_dir / "train_state"
         self.engine.save_checkpoint(str(state_dir), tag=f"step{step}")
+        if self.critic is not None:
+            self.critic.save_state(state_dir / "critic", tag=f"step{step}")
         if self.rank == 0:
-            for old in state_dir.glob("step*"):
+            for old in [*state_dir.glob("step*"), *state_dir.glob("critic/step*")]:
                 if old.name != f"step{step}":
                     shutil.rmtree(old, ignore_errors=True)
 
@@ -438,9 +509,14 @@ class Trainer:
         t0 = time.monotonic()
         g0, G = self.rank * self.groups_per_rank, batch.group_size
         mine = batch.select_groups(g0, g0 + self.groups_per_rank)
-        advantages, rollout_kl = compute_advantages(batch, self.cfg, self.kl_reward_coef)
-        advantages = advantages[g0 * G : (g0 + self.groups_per_rank) * G]
-        local = train_on_batch(self.engine, mine, advantages, self.cfg, self.tokenizer.pad_token_id)
+        lo, hi = g0 * G, (g0 + self.groups_per_rank) * G
+        rewards, mask, rollout_kl = token_rewards(batch, self.cfg, self.kl_reward_coef)
+        pad = self.tokenizer.pad_token_id
+        if self.critic is None:
+            advantages = advantages_from_rewards(batch, rewards, mask, self.cfg)[lo:hi]
+            local = train_on_batch(self.engine, mine, advantages, self.cfg, pad)
+        else:
+            local = self.ppo_step(step, mine, rewards[lo:hi], mask[lo:hi])
         train_metrics = average_across_ranks(local)
         kl_coef_used = self.kl_reward_coef
         if self.cfg.algo.kl_in_reward and self.cfg.algo.kl_ctrl == "adaptive":

@@ -223,7 +223,7 @@ def test_algorithm_config_runs_two_steps_on_two_ranks(tmp_path, tiny_model_dir, 
         "data.max_prompt_tokens=256", "rollout.questions_per_step=4", "rollout.group_size=4",
         "rollout.max_new_tokens=12", "rollout.generation_batch_size=16", "train.total_steps=2",
         "train.num_ranks=2", "train.micro_batch_size=4", "train.lr=1e-3", "eval.interval=0",
-        "train.state_interval=0",
+        "train.state_interval=0", "train.mini_batch_size=8", "critic.warmup_steps=0",
         *(["algo.overlong_buffer=4"] if "dapo" in config_name else []),
         *transport_overrides(),
     ]  # fmt: skip
@@ -232,6 +232,9 @@ def test_algorithm_config_runs_two_steps_on_two_ranks(tmp_path, tiny_model_dir, 
     rows = [json.loads(x) for x in (tmp_path / "algo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [0, 1]
     assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)
+    if "ppo" in config_name:  # the critic trained too, and KL was charged in the reward
+        assert all(math.isfinite(r["vf_loss"]) and "vf_explained_var" in r for r in rows)
+        assert rows[1]["kl_reward_coef"] != rows[0]["kl_reward_coef"]  # adaptive controller
 
 
 def test_ppo_epochs_mini_batches_and_entropy_bonus(tmp_path, tiny_model_dir):

@@ -103,3 +103,25 @@ def test_kl_in_reward_is_charged_per_token_and_summed_for_outcome_estimators():
     assert torch.allclose(adv[0], torch.full((2,), -0.1)) and torch.allclose(
         adv[1], torch.full((3,), 0.1)
     )
+
+
+def test_gae_across_one_rank_equals_the_pure_gae():
+    import torch.distributed as dist
+
+    from grpo.algos import gae
+    from grpo.trainer import gae_across_ranks
+    from tests.conftest import free_port
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+        torch.manual_seed(0)
+        mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float32)
+        rewards, values = torch.randn(2, 4) * mask, torch.randn(2, 4) * mask
+        adv, returns = gae_across_ranks(rewards, mask, values, 0.9, 0.8)
+        ref_adv, ref_returns = gae(rewards, values, mask, 0.9, 0.8)
+        assert torch.allclose(adv, ref_adv, atol=1e-5)
+        assert torch.allclose(returns, ref_returns, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
