@@ -105,7 +105,7 @@ class AlgoConfig:
     clip_high: float | None = _f(
         None, "ratio <= 1 + clip_high; null = the loss's default (grpo 0.2, gspo 4e-4)"
     )
-    kl_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
+    kl_loss_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = _f(
         "grpo",
@@ -260,8 +260,8 @@ def _check_values(cfg: Config) -> None:
         )
     if cfg.critic.lr <= 0 or cfg.critic.value_clip <= 0 or cfg.critic.warmup_steps < 0:
         raise ConfigError("critic.lr and critic.value_clip must be > 0, warmup_steps >= 0")
-    if cfg.algo.kl_coef < 0:
-        raise ConfigError(f"algo.kl_coef must be >= 0, got {cfg.algo.kl_coef!r}")
+    if cfg.algo.kl_loss_coef < 0:
+        raise ConfigError(f"algo.kl_loss_coef must be >= 0, got {cfg.algo.kl_loss_coef!r}")
     _check_transport(cfg.transport)
     # The sampler loads the newest announced version while the trainer may publish up to
     # max_staleness + 1 more; the one being loaded must not be pruned meanwhile.

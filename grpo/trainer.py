@@ -213,7 +213,12 @@ def optimizer_step(
 
     Returns token-weighted mean metrics and this rank's token count."""
     algo, micro = cfg.algo, engine.train_micro_batch_size_per_gpu()
-    agg = algo.agg or loss_default(algo.loss, "agg")
+    # null in the config = the chosen loss's own default (e.g. GSPO's 3e-4 / 4e-4)
+    agg, clip_low, clip_high = (
+        loss_default(algo.loss, key) if value is None else value
+        for key, value in (("agg", algo.agg), ("clip_low", algo.clip_low),
+                           ("clip_high", algo.clip_high))
+    )  # fmt: skip
     device = engine.device
     n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
     # token-mean is over the tokens of all ranks: each rank's gradient gets its token share
@@ -239,6 +244,13 @@ def optimizer_step(
             entropy_grad=algo.entropy_coef > 0,
         )
         adv = pad_right(advantages[start : start + micro], width).to(device)
+        if agg == "seq-mean-token-sum-norm":
+            # Dr. GRPO divides by a constant, the longest possible answer, not by this
+            # micro-batch's longest: widen the loss inputs (not the forward) to it.
+            width = max(width, cfg.rollout.max_new_tokens)
+            old, ref, adv, mask, logp, entropy = (
+                widen(t, width) for t in (old, ref, adv, mask, logp, entropy)
+            )
         pg_loss, pg_metrics = policy_loss(
             algo.loss,
             old,
@@ -246,11 +258,11 @@ def optimizer_step(
             adv,
             mask,
             agg=agg,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
+            clip_low=clip_low,
+            clip_high=clip_high,
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
-        loss = pg_loss + algo.kl_coef * agg_loss(kl, mask, agg)
+        loss = pg_loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
         if algo.entropy_coef:
             loss = loss - algo.entropy_coef * agg_loss(entropy, mask, agg)
         if not torch.isfinite(loss):
@@ -280,6 +292,11 @@ def optimizer_step(
             ):
                 sums[key] = sums.get(key, 0.0) + w * value
     return sums, float(n_tokens)
+
+
+def widen(t: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, C) -> (B, width) with zeros on the right."""
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]))
 
 
 def loss_default(loss_name: str, option: str) -> Any:

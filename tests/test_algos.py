@@ -222,7 +222,9 @@ def test_gspo_value_and_gradient():
 def test_gspo_sequence_level_clipping():
     old, logp, mask = _gspo_case()
     adv = torch.tensor([1.0, 0.5])[:, None] * mask
-    loss, m = policy_loss("gspo", old, logp, adv, mask, clip_low=3e-4, clip_high=4e-4)
+    loss, m = policy_loss(
+        "gspo", old, logp, adv, mask, agg="seq-mean-token-mean", clip_low=3e-4, clip_high=4e-4
+    )
     s1 = math.exp(-0.2)
     # row 0: A > 0 and s0 = 1.105 > 1 + 4e-4 -> every token clipped to -1.0004, no gradient
     # row 1: A > 0 and s1 < 1 -> the clip does not bind on the downside for A > 0
@@ -234,15 +236,43 @@ def test_gspo_sequence_level_clipping():
 
 
 def test_gspo_defaults_and_agg():
+    from grpo.algos import gspo_policy_loss
+
     old, logp, mask = _gspo_case()
     adv = torch.tensor([1.0, 0.5])[:, None] * mask
-    # via the dispatcher, unspecified options take gspo's own defaults (seq-mean-token-mean,
-    # 3e-4 / 4e-4), i.e. the clipped case above
-    loss, _ = policy_loss("gspo", old, logp, adv, mask)
+    # called directly, gspo takes the paper's values (seq-mean-token-mean, 3e-4 / 4e-4),
+    # i.e. the clipped case above
+    loss, _ = gspo_policy_loss(old, logp, adv, mask)
     assert close(loss, (-1.0004 - 0.5 * math.exp(-0.2)) / 2)
+    # the dispatcher's documented defaults are token-mean and 0.2 / 0.2: s0 = e^0.1 < 1.2 is
+    # inside the range, so (3 * -s0 + 2 * -0.5 s1) / 5
+    loss, _ = policy_loss("gspo", old, logp, adv, mask)
+    assert close(loss, (3 * -math.exp(0.1) - 2 * 0.5 * math.exp(-0.2)) / 5)
     # token-mean is obeyed when asked for: (3 * -1.0004 + 2 * -0.5 s1) / 5
-    loss, _ = policy_loss("gspo", old, logp, adv, mask, agg="token-mean")
+    loss, _ = policy_loss("gspo", old, logp, adv, mask, agg="token-mean", clip_low=3e-4,
+                          clip_high=4e-4)  # fmt: skip
     assert close(loss, (3 * -1.0004 - 2 * 0.5 * math.exp(-0.2)) / 5)
+
+
+def test_gspo_gradient_at_ratio_one_is_the_sequence_mean_policy_gradient():
+    old, _, mask = _gspo_case()
+    adv = torch.tensor([1.0, -0.5])
+    logp = old.clone().requires_grad_()  # ratio 1 everywhere
+    policy_loss("gspo", old, logp, adv[:, None] * mask, mask, agg="seq-mean-token-mean")[
+        0
+    ].backward()
+    pg = old.clone().requires_grad_()  # vanilla PG: -A * logp, per-sequence token mean
+    (-(adv * (pg * mask).sum(-1) / mask.sum(-1)).mean()).backward()
+    assert torch.allclose(logp.grad, pg.grad, atol=1e-7)
+
+
+def test_zero_advantage_gives_zero_policy_gradient():
+    old, logp, mask = _gspo_case()
+    for name in ("ppo", "gspo"):
+        lp = logp.detach().clone().requires_grad_()
+        loss, _ = policy_loss(name, old, lp, torch.zeros_like(mask), mask)
+        loss.backward()
+        assert torch.all(lp.grad == 0) and torch.isfinite(loss)
 
 
 # ---------------------------------------------------------------- registry
@@ -267,6 +297,6 @@ def test_registry_custom_loss():
     try:
         old, logp, adv, mask = _ppo_case()
         _, m = policy_loss("_test_const", old, logp, adv, mask)
-        assert m == {"kw": 1.0}  # only clip_c is forwarded when options are left unset
+        assert m == {"kw": 4.0}  # agg, clip_low, clip_high and clip_c are always forwarded
     finally:
         POLICY_LOSSES.pop("_test_const")

@@ -183,20 +183,21 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    agg: str | None = None,
-    clip_low: float | None = None,
-    clip_high: float | None = None,
+    agg: str = "token-mean",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
     clip_c: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Dispatch to the registered policy loss `name` ("ppo"/"grpo", "gspo", ...).
 
-    Options left as None take the loss's own defaults: token-mean and 0.2/0.2 for ppo/grpo,
-    seq-mean-token-mean and 3e-4/4e-4 for gspo (whose ratio lives on a much smaller scale).
+    The options are passed as given; the GSPO paper's own values (seq-mean-token-mean,
+    3e-4 / 4e-4) are the defaults of `gspo_policy_loss` when it is called directly.
     """
     fn = get_policy_loss(name)
-    given = {"agg": agg, "clip_low": clip_low, "clip_high": clip_high}
-    kwargs = {k: v for k, v in given.items() if v is not None}
-    return fn(old_logp, logp, advantages, mask, clip_c=clip_c, **kwargs)
+    return fn(
+        old_logp, logp, advantages, mask,
+        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c,
+    )  # fmt: skip
 
 
 def value_loss(
