@@ -175,6 +175,9 @@ def gae_across_ranks(
     return (raw - mean) / (std + 1e-8) * mask, returns
 
 
+POLICY_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "grad_norm")
+
+
 def mini_batch_seqs(cfg: Config, world: int) -> int:
     """Sequences per optimizer step on one rank."""
     if cfg.train.mini_batch_size:
@@ -453,9 +456,10 @@ class Trainer:
         old_values = pad_right(self.critic.values(mine.episodes, pad), mask.shape[1])
         adv, returns = gae_across_ranks(rewards, mask, old_values, cfg.algo.gamma, cfg.algo.lam)
         advantages = per_episode(mask_truncated(adv, mine, cfg), mine)
-        metrics: dict[str, float] = {}
         if step > cfg.critic.warmup_steps:
             metrics = train_on_batch(self.engine, mine, advantages, cfg, pad)
+        else:  # critic warm-up: the policy waits, its metrics are undefined this step
+            metrics = dict.fromkeys(POLICY_METRICS, math.nan)
         size = mini_batch_seqs(cfg, self.world)
         eps, targets, olds = (
             mine.episodes,

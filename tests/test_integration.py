@@ -266,3 +266,16 @@ def test_dynamic_sampling_drops_flat_groups(tmp_path, tiny_model_dir):
     assert dropped > 0 and all(r["sampler_sampling_rounds"] >= 1 for r in rows)
     for r in rows:  # a flat group only stays when the rounds ran out
         assert r["sampler_flat_groups_kept"] == 0 or r["sampler_sampling_rounds"] == 4
+
+
+def test_ppo_critic_warmup_holds_the_policy(tmp_path, tiny_model_dir):
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        algo={"advantage": "gae", "lam": 0.9, "kl_in_reward": True},
+        critic={"warmup_steps": 1}, train={"total_steps": 2},
+    )  # fmt: skip
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    assert math.isnan(rows[0]["loss"]) and math.isfinite(rows[1]["loss"])  # policy waited
+    assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained both steps
