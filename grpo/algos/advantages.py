@@ -10,6 +10,16 @@ from torch import Tensor
 from grpo.algos.registry import register_advantage_estimator, register_token_advantage_estimator
 
 
+def _grouped(rewards: Tensor, group_size: int) -> Tensor:
+    """(N,) contiguous groups -> (N / G, G) float; ValueError if N is not a multiple of G."""
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+            f"got shape {tuple(rewards.shape)}"
+        )
+    return rewards.float().view(-1, group_size)
+
+
 @register_advantage_estimator("grpo")
 def group_advantages(
     rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
@@ -26,15 +36,9 @@ def group_advantages(
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(
-            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
-            f"got shape {tuple(rewards.shape)}"
-        )
-    rewards = rewards.float()
+    grouped = _grouped(rewards, group_size)  # (n_groups, G)
     if group_size == 1:
-        return torch.zeros_like(rewards)
-    grouped = rewards.view(-1, group_size)  # (n_groups, G)
+        return torch.zeros_like(grouped).view(-1)
     adv = grouped - grouped.mean(dim=-1, keepdim=True)  # (n_groups, G)
     if scale_by_std:
         adv = adv / (grouped.std(dim=-1, keepdim=True) + eps)
@@ -64,12 +68,7 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """
     if group_size < 2:
         raise ValueError(f"RLOO needs group_size >= 2, got {group_size}")
-    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(
-            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
-            f"got shape {tuple(rewards.shape)}"
-        )
-    grouped = rewards.float().view(-1, group_size)  # (n_groups, G)
+    grouped = _grouped(rewards, group_size)  # (n_groups, G)
     adv = grouped - grouped.mean(dim=-1, keepdim=True)  # (n_groups, G)
     return (adv * (group_size / (group_size - 1))).view(-1)  # (N,)
 
