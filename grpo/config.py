@@ -105,6 +105,9 @@ class AlgoConfig:
     clip_high: float | None = _f(
         None, "ratio <= 1 + clip_high; null = the loss's default (grpo 0.2, gspo 4e-4)"
     )
+    clip_c: float | None = _f(
+        None, "dual clip for negative advantages: loss capped at -A * clip_c (> 1); null = off"
+    )
     kl_loss_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = _f(
@@ -260,6 +263,8 @@ def _check_values(cfg: Config) -> None:
         )
     if cfg.critic.lr <= 0 or cfg.critic.value_clip <= 0 or cfg.critic.warmup_steps < 0:
         raise ConfigError("critic.lr and critic.value_clip must be > 0, warmup_steps >= 0")
+    if cfg.algo.clip_c is not None and cfg.algo.clip_c <= 1:
+        raise ConfigError(f"algo.clip_c must be > 1 or null, got {cfg.algo.clip_c!r}")
     if cfg.algo.kl_loss_coef < 0:
         raise ConfigError(f"algo.kl_loss_coef must be >= 0, got {cfg.algo.kl_loss_coef!r}")
     _check_transport(cfg.transport)

@@ -263,6 +263,7 @@ def optimizer_step(
             agg=agg,
             clip_low=clip_low,
             clip_high=clip_high,
+            clip_c=algo.clip_c,
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
         loss = pg_loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)

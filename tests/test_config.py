@@ -64,6 +64,7 @@ def test_exponent_without_dot_is_a_float_in_yaml_and_overrides(tmp_path):
         ("rollout=3", "rollout must be a mapping"),
         ("noequals", "must look like section.key=value"),
         ("algo.clip_low=1.5", "algo.clip_low must be in [0, 1) or null"),
+        ("algo.clip_c=0.5", "algo.clip_c must be > 1 or null"),
         ("transport.heartbeat_s=100", "must be at least twice transport.heartbeat_s"),
         ("transport.control_addr=tcp://127.0.0.1:5555", "must differ"),
         ("transport.max_frame_bytes=10", "must be >= 1 MiB"),

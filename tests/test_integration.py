@@ -242,7 +242,7 @@ def test_ppo_epochs_mini_batches_and_entropy_bonus(tmp_path, tiny_model_dir):
     config = tiny_config(
         tmp_path, tiny_model_dir,
         train={"total_steps": 2, "ppo_epochs": 2, "mini_batch_size": 8},
-        algo={"entropy_coef": 0.01},
+        algo={"entropy_coef": 0.01, "clip_c": 3.0},
     )  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
