@@ -292,9 +292,12 @@ def encode_batch(batch: EpisodeBatch) -> list[bytes | memoryview]:
     for name, dtype_name, _ in specs:
         # One copy on send: concatenating also casts to the fixed wire dtype.
         # same_kind casting refuses e.g. float -> int, which would be silent garbage.
-        arr = np.concatenate(
-            [getattr(ep, name) for ep in eps], dtype=_WIRE_DTYPES[dtype_name], casting="same_kind"
-        )
+        # Arrays already in the wire dtype skip the casting path, which is ~10x slower.
+        parts, wire = [getattr(ep, name) for ep in eps], _WIRE_DTYPES[dtype_name]
+        if all(p.dtype == wire for p in parts):
+            arr = np.concatenate(parts)
+        else:
+            arr = np.concatenate(parts, dtype=wire, casting="same_kind")
         arrays.append(arr)
         descs.append({"name": name, "dtype": dtype_name, "count": int(arr.shape[0])})
     header = {

@@ -1,0 +1,75 @@
+"""Log-probs and entropy from logits: chunked (ours) against log_softmax over the whole logits.
+
+B=8, T=1,024, V=49,152 (the embedded model's vocabulary), float32, forward only. Peak extra
+memory is each variant's growth of the process's peak RSS over the logits alone, measured in a
+fresh subprocess per variant so one cannot hide the other's peak.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.common import Result, machine, report
+
+CHILD = r"""
+import json, resource, sys, time, torch
+from grpo.logprobs import token_entropy, token_logprobs
+variant, B, T, V = sys.argv[1], *map(int, sys.argv[2:5])
+torch.manual_seed(0)
+logits = torch.randn(B, T, V)
+labels = torch.randint(0, V, (B, T))
+def naive():
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, labels[..., None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+def ours():
+    return token_logprobs(logits, labels), token_entropy(logits)
+fn = naive if variant == "naive" else ours
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with torch.no_grad():
+    t0 = time.perf_counter(); logp, ent = fn(); first = time.perf_counter() - t0
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+torch.save({"logp": logp, "ent": ent}, sys.argv[5])
+print(json.dumps({"seconds": min(times + [first]), "extra_mb": (peak - base) / 1024,
+                  "logits_mb": logits.numel() * 4 / 2**20}))
+"""
+
+
+def _child(variant: str, shape: tuple[int, int, int], out: str) -> dict:
+    cmd = [sys.executable, "-c", CHILD, variant, *map(str, shape), out]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False) -> list[Result]:
+    import tempfile
+
+    import torch
+
+    shape = (2, 128, 4096) if quick else (8, 1024, 49152)
+    with tempfile.TemporaryDirectory() as tmp:
+        naive = _child("naive", shape, f"{tmp}/naive.pt")
+        ours = _child("ours", shape, f"{tmp}/ours.pt")
+        a, b = torch.load(f"{tmp}/naive.pt"), torch.load(f"{tmp}/ours.pt")
+    max_diff = max(float((a[k] - b[k]).abs().max()) for k in ("logp", "ent"))
+    same = max_diff <= 1e-4
+    note = f"B,T,V={shape}; logits {naive['logits_mb']:.0f} MB; max |diff| {max_diff:.1e}"
+    m = machine()
+    memory_ratio = naive["extra_mb"] / max(ours["extra_mb"], 1.0)
+    return [
+        report(Result("logprobs_peak_extra_memory", "MB", naive["extra_mb"], ours["extra_mb"],
+                      memory_ratio, 2.0, memory_ratio >= 2.0 and same, m, note)),
+        report(Result("logprobs_time", "s", naive["seconds"], ours["seconds"],
+                      naive["seconds"] / ours["seconds"], 1.0,
+                      naive["seconds"] >= ours["seconds"] and same, m, note)),
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,11 @@
+"""All CPU benchmarks: `python -m bench.run_all` (`--quick` for a fast smoke run)."""
+
+import sys
+
+from bench import logprobs, transport
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    print(f"{'benchmark':<34} {'baseline':>12} {'ours':>12} unit")
+    results = transport.run(quick) + logprobs.run(quick)
+    print(f"{sum(r.met for r in results)} of {len(results)} targets met")

@@ -1,0 +1,118 @@
+"""Transport: encode + send + receive + decode of an episode batch over ZeroMQ on loopback.
+
+Ours (msgpack header + raw array frames, zero-copy decode) against (a) the episodes pickled as
+Python lists, (b) pickled as dicts of numpy arrays, and (c) a raw multipart send of the bare
+arrays with zero-copy receive, the practical limit. Pickle appears here only as the baseline.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+
+import numpy as np
+import zmq
+
+from bench.common import Result, best_time, machine, report
+from grpo.episode import Episode, EpisodeBatch, decode, encode_batch
+
+
+def make_batch(n_episodes: int, tokens: int, prompt: int = 128, seed: int = 0) -> EpisodeBatch:
+    rng = np.random.default_rng(seed)
+    eps = tuple(
+        Episode(
+            rng.integers(0, 49152, prompt, dtype=np.int32),
+            rng.integers(0, 49152, tokens, dtype=np.int32),
+            rng.standard_normal(tokens, dtype=np.float32),
+            rng.standard_normal(tokens, dtype=np.float32),
+            float(i % 2),
+            {"correct": bool(i % 2), "formatted": True},
+            "length",
+            i // 4,
+            rollout_logp=rng.standard_normal(tokens, dtype=np.float32),
+        )
+        for i in range(n_episodes)
+    )
+    return EpisodeBatch(eps, 4, policy_version=3, seq=7)
+
+
+def _pair() -> tuple[zmq.Socket, zmq.Socket]:
+    ctx = zmq.Context.instance()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind(f"tcp://127.0.0.1:{port}")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    for sock in (pull, push):
+        sock.setsockopt(zmq.LINGER, 0)
+    return push, pull
+
+
+ARRAYS = ("prompt_ids", "completion_ids", "old_logp", "ref_logp", "rollout_logp")
+
+
+def run_size(batch: EpisodeBatch, label: str, repeat: int) -> list[Result]:
+    push, pull = _pair()
+
+    def ours():
+        push.send_multipart(encode_batch(batch), copy=False)
+        return decode(pull.recv_multipart(copy=False))
+
+    def pickled_lists():
+        rows = [{k: getattr(e, k).tolist() for k in ARRAYS} | {"reward": e.reward}
+                for e in batch.episodes]  # fmt: skip
+        push.send(pickle.dumps(rows))
+        return pickle.loads(pull.recv())
+
+    def pickled_arrays():
+        rows = [{k: getattr(e, k) for k in ARRAYS} | {"reward": e.reward} for e in batch.episodes]
+        push.send(pickle.dumps(rows, protocol=5))
+        return pickle.loads(pull.recv())
+
+    concatenated = [np.concatenate([getattr(e, k) for e in batch.episodes]) for k in ARRAYS]
+
+    def raw():
+        push.send_multipart([a.data for a in concatenated], copy=False)
+        frames = pull.recv_multipart(copy=False)
+        return [
+            np.frombuffer(f.buffer, dtype=a.dtype)
+            for f, a in zip(frames, concatenated, strict=True)
+        ]
+
+    # Zero copies on receive: the decoded arrays are views of the received frames.
+    push.send_multipart(encode_batch(batch), copy=False)
+    frames = pull.recv_multipart(copy=False)
+    got = decode(frames)
+    zero_copy = np.shares_memory(
+        got.episodes[0].old_logp, np.frombuffer(frames[3].buffer, np.uint8)
+    )
+
+    t_ours = best_time(ours, repeat)
+    t_a, t_b, t_c = (best_time(f, repeat) for f in (pickled_lists, pickled_arrays, raw))
+    push.close()
+    pull.close()
+    size_mb = sum(a.nbytes for a in concatenated) / 1e6
+    note = f"{size_mb:.1f} MB of arrays; zero-copy receive: {zero_copy}"
+    m = machine()
+    return [
+        report(Result(f"transport_{label}_vs_pickled_lists", "s", t_a, t_ours, t_a / t_ours, 1.0,
+                      t_a / t_ours >= 1.0, m, note)),
+        report(Result(f"transport_{label}_vs_pickled_arrays", "s", t_b, t_ours, t_b / t_ours, 2.0,
+                      t_b / t_ours >= 2.0 and zero_copy, m, note)),
+        # ratio = raw / ours: 1 is the limit; within 1.5x of it means ratio >= 1 / 1.5
+        report(Result(f"transport_{label}_vs_raw_zero_copy", "s", t_c, t_ours, t_c / t_ours,
+                      1 / 1.5, t_c / t_ours >= 1 / 1.5 and zero_copy, m, note)),
+    ]  # fmt: skip
+
+
+def run(quick: bool = False) -> list[Result]:
+    repeat = 3 if quick else 10
+    realistic = make_batch(8 if quick else 64, 64 if quick else 1024)
+    # one 16 MB batch: 4 episodes x 250k tokens x 4 per-token arrays x 4 bytes
+    big = make_batch(4, 2_500 if quick else 250_000, prompt=16)
+    return run_size(realistic, "64x1024", repeat) + run_size(big, "16MB", repeat)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,21 @@
+"""The benchmarks still run (quick sizes) and write their JSON with the agreed keys."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_benchmarks_run_quick(tmp_path):
+    env = {**os.environ, "BENCH_RESULTS": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "bench.run_all", "--quick"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 8
+    keys = {"name", "unit", "baseline", "ours", "ratio", "target", "met", "machine"}
+    for f in files:
+        row = json.loads(f.read_text())
+        assert keys <= row.keys() and row["baseline"] > 0 and row["ours"] > 0
