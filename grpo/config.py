@@ -128,6 +128,9 @@ class AlgoConfig:
         False, "subtract kl_reward_coef * KL(old || ref) per token from the rewards (PPO-style)"
     )
     kl_reward_coef: float = _f(0.001, "initial coefficient of the in-reward KL penalty")
+    kl_reward_kind: Literal["k1", "k2", "k3", "abs"] = _f(
+        "k1", "KL estimator charged in the reward (k1, as verl and OpenRLHF)"
+    )
     kl_ctrl: Literal["fixed", "adaptive"] = _f("fixed", "keep the coefficient, or adapt it")
     kl_target: float = _f(0.1, "adaptive controller: the per-token KL to aim for")
     kl_horizon: float = _f(10000.0, "adaptive controller: samples over which to adapt")
@@ -294,6 +297,22 @@ def _check_values(cfg: Config) -> None:
         )
     if cfg.algo.kl_reward_coef < 0 or cfg.algo.kl_target <= 0 or cfg.algo.kl_horizon <= 0:
         raise ConfigError("algo.kl_reward_coef must be >= 0, kl_target and kl_horizon > 0")
+    if cfg.algo.kl_ctrl == "adaptive" and not (cfg.algo.kl_in_reward and cfg.algo.kl_reward_coef):
+        raise ConfigError(
+            "algo.kl_ctrl=adaptive adapts the in-reward KL coefficient: it needs "
+            "algo.kl_in_reward=true and algo.kl_reward_coef > 0"
+        )
+    if cfg.algo.advantage == "gae" and cfg.critic.warmup_steps >= cfg.train.total_steps:
+        raise ConfigError(
+            f"critic.warmup_steps ({cfg.critic.warmup_steps}) >= train.total_steps "
+            f"({cfg.train.total_steps}): the policy would never train"
+        )
+    for key, value in (("algo.overlong_factor", cfg.algo.overlong_factor),
+                       ("train.weight_decay", cfg.train.weight_decay)):  # fmt: skip
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value!r}")
+    if cfg.train.max_grad_norm <= 0:
+        raise ConfigError(f"train.max_grad_norm must be > 0, got {cfg.train.max_grad_norm!r}")
     if cfg.algo.entropy_coef < 0:
         raise ConfigError(f"algo.entropy_coef must be >= 0, got {cfg.algo.entropy_coef!r}")
     if cfg.rollout.questions_per_step % cfg.train.num_ranks:

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from grpo.algos import value_loss
 from grpo.batching import pad_pairs, pad_right
 from grpo.config import Config
+from grpo.distributed import sum_across_ranks
 from grpo.episode import Episode
 from grpo.models import resolve_model_path, torch_dtype
 
@@ -22,7 +24,10 @@ from grpo.models import resolve_model_path, torch_dtype
 def completion_values(model, input_ids, attention_mask, prompt_len: int) -> torch.Tensor:
     """(B, L) token ids -> (B, L - prompt_len) values of the completion positions."""
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (B, L)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        use_cache=False,
+    )  # fmt: skip
     return out.logits[:, prompt_len - 1 : -1, 0].float()  # (B, C)
 
 
@@ -33,9 +38,13 @@ class Critic:
 
         self.cfg = cfg
         path = resolve_model_path(cfg.critic.model_path or cfg.model.path)
+        # classifier_dropout=0: the head's default dropout (0.1) would make the values before
+        # the update, the GAE baseline and the centre of the value clip, noisy.
         model = AutoModelForTokenClassification.from_pretrained(
-            path, num_labels=1, dtype=torch_dtype(cfg.model.dtype)
+            path, num_labels=1, dtype=torch_dtype(cfg.model.dtype), classifier_dropout=0.0
         )
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
         ds_config = {**ds_config, "optimizer": _with_lr(ds_config, cfg.critic.lr)}
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=ds_config
@@ -71,6 +80,9 @@ class Critic:
         micro = self.engine.train_micro_batch_size_per_gpu()
         n_micro = math.ceil(len(eps) / micro)
         n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
+        # a token mean over all ranks' tokens, as for the policy (DeepSpeed averages the ranks)
+        world = dist.get_world_size()
+        all_tokens = max(1.0, float(sum_across_ranks(torch.tensor([float(n_tokens)]))))
         sums: dict[str, float] = {}
         for start in range(0, len(eps), micro):
             chunk = eps[start : start + micro]
@@ -83,7 +95,7 @@ class Critic:
                 values, target, old, mask, clip=self.cfg.critic.value_clip, agg="token-mean"
             )
             tokens = float(mask.sum())
-            self.engine.backward(loss * tokens / n_tokens * n_micro)
+            self.engine.backward(loss * tokens / all_tokens * world * n_micro)
             self.engine.step()
             metrics["vf_loss"] = float(loss)
             for key, value in metrics.items():

@@ -111,9 +111,12 @@ def token_entropy_with_grad(
     """
     from torch.utils.checkpoint import checkpoint
 
+    # split(), not slicing: the backward of a slice allocates a full-size zero gradient per
+    # chunk, while split's backward concatenates the chunk gradients once.
+    step = next(_chunks(logits, chunk_size)).stop
     parts = [
-        checkpoint(_chunk_entropy, logits[:, sl], temperature, use_reentrant=False)
-        for sl in _chunks(logits, chunk_size)
+        checkpoint(_chunk_entropy, chunk, temperature, use_reentrant=False)
+        for chunk in logits.split(step, dim=1)
     ]
     return torch.cat(parts, dim=1)
 

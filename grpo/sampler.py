@@ -212,25 +212,26 @@ class Sampler:
     ) -> EpisodeBatch:
         cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
         t0 = time.monotonic()
-        kept, flat, rounds = [], [], 0
+        kept, flat, rounds, n_tokens = [], [], 0, 0
         # DAPO's dynamic sampling: a group whose answers all score the same has zero advantage
         # and teaches nothing; sample more questions instead, up to max_sampling_rounds.
         while len(kept) < Q and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             groups = self.sample_groups(next(stream), rollout, cfg.seed + seq + rounds * 1_000_003)
             rounds += 1
+            n_tokens += sum(len(g.completion_ids) for group in groups for g in group.gens)
             for g in groups:
                 (flat if cfg.dynamic_sampling and g.is_flat() else kept).append(g)
         chosen = (kept + flat)[:Q]  # past the cap, flat groups fill the batch (zero advantage)
         t1 = time.monotonic()
         episodes = self.attach_logprobs(chosen)
         t2 = time.monotonic()
-        n_tokens = sum(len(g.completion_ids) for group in chosen for g in group.gens)
         stats = {
             "gen_s": t1 - t0,
             "logprob_s": t2 - t1,
             "gen_tokens": float(n_tokens),
             "gen_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
             "sampling_rounds": float(rounds),
+            "groups_generated": float(len(kept) + len(flat)),
             "flat_groups_dropped": float(len(flat) - sum(g in chosen for g in flat)),
             "flat_groups_kept": float(sum(g in chosen for g in flat)),
         }

@@ -39,6 +39,7 @@ from grpo.batching import length_mask, pad_pairs, pad_right
 from grpo.checkpoint import publish_version
 from grpo.config import Config, save_config
 from grpo.critic import Critic
+from grpo.distributed import comm_device, sum_across_ranks
 from grpo.episode import (
     Episode,
     EpisodeBatch,
@@ -118,7 +119,7 @@ def token_rewards(
     rewards = token_level_rewards(shaped_rewards(batch, cfg), mask)  # (N, C)
     old = pad_right([e.old_logp for e in eps], mask.shape[1])
     ref = pad_right([e.ref_logp for e in eps], mask.shape[1])
-    kl = kl_penalty(old, ref, cfg.algo.kl_kind) * mask  # (N, C)
+    kl = kl_penalty(old, ref, cfg.algo.kl_reward_kind) * mask  # (N, C)
     mean_kl = float(kl.sum() / mask.sum().clamp(min=1))
     if cfg.algo.kl_in_reward:
         rewards = rewards - kl_coef * kl
@@ -145,6 +146,11 @@ def advantages_from_rewards(
         outcome = get_advantage_estimator(name)(rewards.sum(dim=-1), batch.group_size)
         token_adv = broadcast_to_tokens(outcome, mask)
     return per_episode(mask_truncated(token_adv, batch, cfg), batch)
+
+
+def in_loss(e: Episode, cfg: Config) -> bool:
+    """False for an answer cut at max_new_tokens when algo.mask_truncated is on."""
+    return not (cfg.algo.mask_truncated and e.finish_reason == "length")
 
 
 def mask_truncated(token_adv: torch.Tensor, batch: EpisodeBatch, cfg: Config) -> torch.Tensor:
@@ -223,7 +229,7 @@ def optimizer_step(
                            ("clip_high", algo.clip_high))
     )  # fmt: skip
     device = engine.device
-    n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
+    n_tokens = max(1, sum(len(e.completion_ids) for e in eps if in_loss(e, cfg)))
     # token-mean is over the tokens of all ranks: each rank's gradient gets its token share
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
     world = dist.get_world_size()
@@ -234,6 +240,7 @@ def optimizer_step(
         chunk = eps[start : start + micro]
         pairs = pad_pairs([e.prompt_ids for e in chunk], [e.completion_ids for e in chunk], pad_id)
         mask = pairs.response_mask.to(device)  # (b, C)
+        mask[[not in_loss(e, cfg) for e in chunk]] = 0.0  # DAPO: truncated answers get no loss
         width = mask.shape[1]
         old = pad_right([e.old_logp for e in chunk], width).to(device)
         ref = pad_right([e.ref_logp for e in chunk], width).to(device)
@@ -359,21 +366,6 @@ def broadcast_batch(
     broadcast_size(len(blob))
     dist.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(comm_device()), src=0)
     return batch
-
-
-def comm_device() -> torch.device:
-    """Where collective tensors live: nccl only moves CUDA tensors, gloo CPU ones."""
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else (torch.device("cpu"))
-    )
-
-
-def sum_across_ranks(t: torch.Tensor) -> torch.Tensor:
-    t = t.to(comm_device())
-    dist.all_reduce(t)
-    return t.cpu()
 
 
 def average_across_ranks(values: dict[str, float]) -> dict[str, float]:

@@ -65,6 +65,9 @@ def test_exponent_without_dot_is_a_float_in_yaml_and_overrides(tmp_path):
         ("noequals", "must look like section.key=value"),
         ("algo.clip_low=1.5", "algo.clip_low must be in [0, 1) or null"),
         ("algo.clip_c=0.5", "algo.clip_c must be > 1 or null"),
+        ("algo.kl_ctrl=adaptive", "needs algo.kl_in_reward=true"),
+        ("train.max_grad_norm=0", "train.max_grad_norm must be > 0"),
+        ("algo.overlong_factor=-1", "algo.overlong_factor must be >= 0"),
         ("transport.heartbeat_s=100", "must be at least twice transport.heartbeat_s"),
         ("transport.control_addr=tcp://127.0.0.1:5555", "must differ"),
         ("transport.max_frame_bytes=10", "must be >= 1 MiB"),
@@ -104,3 +107,8 @@ def test_saved_config_round_trips(tmp_path):
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_critic_warmup_must_leave_policy_steps():
+    with pytest.raises(ConfigError, match="the policy would never train"):
+        load_config(DEMO, ["algo.advantage=gae", "critic.warmup_steps=6"])

@@ -89,7 +89,9 @@ def test_adaptive_kl_coef_by_hand():
 
 
 def test_kl_in_reward_is_charged_per_token_and_summed_for_outcome_estimators():
-    cfg = load_config(None, ["algo.kl_in_reward=true", "algo.kl_kind=k1", "algo.advantage=dr_grpo"])
+    cfg = load_config(
+        None, ["algo.kl_in_reward=true", "algo.kl_reward_kind=k1", "algo.advantage=dr_grpo"]
+    )
     batch = _batch([1.0, 1.0], [2, 3])
     # old - ref per token (k1): episode 0 pays 0.5 twice, episode 1 pays nothing
     eps = batch.episodes
@@ -125,3 +127,13 @@ def test_gae_across_one_rank_equals_the_pure_gae():
         assert torch.allclose(returns, ref_returns, atol=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+def test_mask_truncated_takes_cut_answers_out_of_the_loss():
+    from grpo.trainer import in_loss
+
+    batch = _batch([1.0, 0.0], [2, 8], ["stop", "length"])
+    on = load_config(None, ["algo.mask_truncated=true"])
+    off = load_config(None, [])
+    assert [in_loss(e, on) for e in batch.episodes] == [True, False]
+    assert all(in_loss(e, off) for e in batch.episodes)
