@@ -38,11 +38,14 @@ class Critic:
 
         self.cfg = cfg
         path = resolve_model_path(cfg.critic.model_path or cfg.model.path)
-        # classifier_dropout=0: the head's default dropout (0.1) would make the values before
-        # the update, the GAE baseline and the centre of the value clip, noisy.
         model = AutoModelForTokenClassification.from_pretrained(
-            path, num_labels=1, dtype=torch_dtype(cfg.model.dtype), classifier_dropout=0.0
+            path, num_labels=1, dtype=torch_dtype(cfg.model.dtype)
         )
+        # The head's default dropout (0.1 for Llama-like configs) would make the values before
+        # the update, the GAE baseline and the centre of the value clip, noisy.
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         ds_config = {**ds_config, "optimizer": _with_lr(ds_config, cfg.critic.lr)}
