@@ -37,6 +37,14 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def info_rates(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Accuracy and format rate from reward infos (their `correct` and `formatted` keys)."""
+    return {
+        "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
+        "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
+    }
+
+
 def plot_run(run_dir: Path) -> Path | None:
     """Reward, accuracy and KL against step (plus eval accuracy), written atomically as PNG."""
     rows = read_jsonl(run_dir / METRICS_FILE)

@@ -20,7 +20,7 @@ import torch
 from grpo.checkpoint import is_adapter, load_state_dict, version_dir
 from grpo.config import Config
 from grpo.episode import Episode, EpisodeBatch
-from grpo.metrics import EVAL_FILE, append_jsonl, mean, plot_run
+from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import (
     apply_lora,
     load_causal_lm,
@@ -285,8 +285,7 @@ class Sampler:
         infos = [score(self.reward_fn, t, p.row)[1] for t, p in pairs]
         row = {
             "version": self.version,
-            "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
-            "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
+            **info_rates(infos),
             "n": len(infos),
             "seconds": round(time.monotonic() - t0, 2),
         }

@@ -30,6 +30,7 @@ from grpo.algos import (
     get_advantage_estimator,
     get_policy_loss,
     kl_penalty,
+    masked_mean,
     overlong_penalty,
     policy_loss,
     reinforce_pp_advantages,
@@ -49,7 +50,7 @@ from grpo.episode import (
     frames_to_bytes,
 )
 from grpo.logprobs import completion_logprobs
-from grpo.metrics import METRICS_FILE, append_jsonl, mean, plot_run
+from grpo.metrics import METRICS_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
 from grpo.transport import PeerError, TrainerChannel
 
@@ -120,7 +121,7 @@ def token_rewards(
     old = pad_right([e.old_logp for e in eps], mask.shape[1])
     ref = pad_right([e.ref_logp for e in eps], mask.shape[1])
     kl = kl_penalty(old, ref, cfg.algo.kl_reward_kind) * mask  # (N, C)
-    mean_kl = float(kl.sum() / mask.sum().clamp(min=1))
+    mean_kl = float(masked_mean(kl, mask))
     if cfg.algo.kl_in_reward:
         rewards = rewards - kl_coef * kl
     return rewards, mask, mean_kl
@@ -154,8 +155,8 @@ def in_loss(e: Episode, cfg: Config) -> bool:
 
 
 def mask_truncated(token_adv: torch.Tensor, batch: EpisodeBatch, cfg: Config) -> torch.Tensor:
-    if cfg.algo.mask_truncated:  # DAPO: a cut-off answer says nothing about its ending
-        token_adv[[e.finish_reason == "length" for e in batch.episodes]] = 0.0
+    # DAPO: a cut-off answer says nothing about its ending
+    token_adv[[not in_loss(e, cfg) for e in batch.episodes]] = 0.0
     return token_adv
 
 
@@ -296,8 +297,8 @@ def optimizer_step(
             for key, value in (
                 ("loss", float(loss)),
                 ("pg_loss", float(pg_loss)),
-                ("kl", float((kl * mask).sum() / mask.sum().clamp(min=1))),
-                ("entropy", float((entropy * mask).sum() / mask.sum().clamp(min=1))),
+                ("kl", float(masked_mean(kl, mask))),
+                ("entropy", float(masked_mean(entropy, mask))),
                 ("clip_frac", pg_metrics["clip_frac"]),
                 ("approx_kl", pg_metrics["approx_kl"]),
             ):
@@ -323,8 +324,7 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, float]:
     row = {
         "reward_mean": mean([e.reward for e in eps]),
         "reward_std": float(torch.tensor([e.reward for e in eps]).std()) if len(eps) > 1 else 0.0,
-        "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
-        "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
+        **info_rates(infos),
         "reward_errors": sum("reward_error" in i for i in infos),
         "response_len_mean": mean(lengths),
         "truncated_frac": mean([float(e.finish_reason == "length") for e in eps]),
