@@ -59,3 +59,20 @@ def best_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> flo
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def interleaved_best_times(
+    fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1
+) -> dict[str, float]:
+    """Fastest run of each function, measured in alternating rounds so that drift in the
+    machine's state (caches, allocator, other load) does not favour whichever runs first."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best

@@ -13,7 +13,7 @@ import socket
 import numpy as np
 import zmq
 
-from bench.common import Result, best_time, machine, report
+from bench.common import Result, interleaved_best_times, machine, report
 from grpo.episode import Episode, EpisodeBatch, decode, encode_batch
 
 
@@ -88,8 +88,10 @@ def run_size(batch: EpisodeBatch, label: str, repeat: int) -> list[Result]:
         got.episodes[0].old_logp, np.frombuffer(frames[3].buffer, np.uint8)
     )
 
-    t_ours = best_time(ours, repeat)
-    t_a, t_b, t_c = (best_time(f, repeat) for f in (pickled_lists, pickled_arrays, raw))
+    times = interleaved_best_times(
+        {"ours": ours, "a": pickled_lists, "b": pickled_arrays, "c": raw}, repeat
+    )
+    t_ours, t_a, t_b, t_c = times["ours"], times["a"], times["b"], times["c"]
     push.close()
     pull.close()
     size_mb = sum(a.nbytes for a in concatenated) / 1e6
@@ -107,7 +109,7 @@ def run_size(batch: EpisodeBatch, label: str, repeat: int) -> list[Result]:
 
 
 def run(quick: bool = False) -> list[Result]:
-    repeat = 3 if quick else 10
+    repeat = 3 if quick else 20
     realistic = make_batch(8 if quick else 64, 64 if quick else 1024)
     # one 16 MB batch: 4 episodes x 250k tokens x 4 per-token arrays x 4 bytes
     big = make_batch(4, 2_500 if quick else 250_000, prompt=16)

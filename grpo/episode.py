@@ -15,7 +15,6 @@ log and drop a bad frame without crashing, so no other exception type may escape
 
 from __future__ import annotations
 
-import math
 import numbers
 import struct
 from collections.abc import Iterable, Sequence
@@ -66,6 +65,13 @@ _ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
     ("rollout_logp", "float32", "completion_len"),
 )
 _MAX_FRAMES = 1 + len(_ARRAY_SPECS)
+_ARRAY_DTYPES = {name: dtype for name, dtype, _ in _ARRAY_SPECS}
+_ARRAYS_BY_LENGTH = {
+    lens: tuple(name for name, _, by in _ARRAY_SPECS if by == lens)
+    for lens in ("prompt_len", "completion_len")
+}
+_LEN_DTYPE = np.dtype(np.int64)  # per-episode lengths and group ids
+_REWARD_DTYPE = np.dtype(np.float64)
 
 _EPISODE_HEADER_KEYS = frozenset(
     {
@@ -123,33 +129,103 @@ class Episode:
 
 
 @dataclass(frozen=True, eq=False)
-class EpisodeBatch:
-    """Whole groups of episodes sampled with one policy version.
+class Columns:
+    """The arrays of a batch, each per-token array concatenated over its episodes.
 
-    Groups are contiguous: ``episodes[g * group_size:(g + 1) * group_size]`` is group g.
+    This is the wire layout, so a batch held as columns is sent without gathering
+    and received as zero-copy views.
     """
 
-    episodes: tuple[Episode, ...]
-    group_size: int
-    policy_version: int
-    seq: int
-    sampler_id: str = "sampler-0"
-    stats: dict[str, float] = field(default_factory=dict)
+    prompt_ids: np.ndarray  # int32, all prompts back to back
+    completion_ids: np.ndarray  # int32, all completions back to back
+    old_logp: np.ndarray  # float32, aligned with completion_ids
+    ref_logp: np.ndarray  # float32, aligned with completion_ids
+    rollout_logp: np.ndarray | None  # float32 or None for the whole batch
+    prompt_len: np.ndarray  # int64 [N]
+    completion_len: np.ndarray  # int64 [N]
+    reward: np.ndarray  # float64 [N]
+    group_id: np.ndarray  # int64 [N]
+    reward_info: tuple[dict[str, Any], ...]
+    finish_reason: tuple[str, ...]
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.episodes, tuple):
-            # Accept any sequence but store a tuple so the batch stays immutable.
-            object.__setattr__(self, "episodes", tuple(self.episodes))
+    def __len__(self) -> int:
+        return len(self.reward)
+
+
+class EpisodeBatch:
+    """Whole groups of episodes sampled with one policy version, stored as :class:`Columns`.
+
+    Groups are contiguous: ``episodes[g * group_size:(g + 1) * group_size]`` is group g.
+    Build one from episodes (``EpisodeBatch(episodes, ...)``, which gathers their arrays
+    once) or from columns (:meth:`from_columns`, what the decoder does); ``episodes``
+    are then made on first use as views of the columns.
+    """
+
+    def __init__(
+        self,
+        episodes: Sequence[Episode],
+        group_size: int,
+        policy_version: int,
+        seq: int,
+        sampler_id: str = "sampler-0",
+        stats: dict[str, float] | None = None,
+    ) -> None:
+        episodes = tuple(episodes)
+        for i, ep in enumerate(episodes):
+            _check_episode(ep, i)
+        self._init(_gather(episodes), group_size, policy_version, seq, sampler_id, stats or {})
+        self._episodes: tuple[Episode, ...] | None = episodes
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: Columns,
+        group_size: int,
+        policy_version: int,
+        seq: int,
+        sampler_id: str = "sampler-0",
+        stats: dict[str, float] | None = None,
+    ) -> EpisodeBatch:
+        _check_columns(columns)
+        batch = cls.__new__(cls)
+        batch._init(columns, group_size, policy_version, seq, sampler_id, stats or {})
+        batch._episodes = None
+        return batch
+
+    def _init(
+        self,
+        columns: Columns,
+        group_size: int,
+        policy_version: int,
+        seq: int,
+        sampler_id: str,
+        stats: dict[str, float],
+    ) -> None:
+        self.columns = columns
+        self.group_size = group_size
+        self.policy_version = policy_version
+        self.seq = seq
+        self.sampler_id = sampler_id
+        self.stats = stats
         _check_batch(self)
 
     @property
+    def episodes(self) -> tuple[Episode, ...]:
+        if self._episodes is None:
+            self._episodes = _scatter(self.columns)
+        return self._episodes
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @property
     def num_groups(self) -> int:
-        return len(self.episodes) // self.group_size
+        return len(self) // self.group_size
 
     def groups(self) -> list[tuple[Episode, ...]]:
         """The episodes split into their groups, in order."""
-        g = self.group_size
-        return [self.episodes[i * g : (i + 1) * g] for i in range(self.num_groups)]
+        g, eps = self.group_size, self.episodes
+        return [eps[i * g : (i + 1) * g] for i in range(self.num_groups)]
 
     def select_groups(self, start: int, stop: int) -> EpisodeBatch:
         """A new batch holding groups ``[start, stop)``; the arrays are shared, not copied."""
@@ -158,13 +234,9 @@ class EpisodeBatch:
                 f"select_groups({start}, {stop}) needs 0 <= start < stop <= {self.num_groups}"
             )
         g = self.group_size
-        return EpisodeBatch(
-            episodes=self.episodes[start * g : stop * g],
-            group_size=g,
-            policy_version=self.policy_version,
-            seq=self.seq,
-            sampler_id=self.sampler_id,
-            stats=dict(self.stats),
+        columns = _slice_columns(self.columns, start * g, stop * g)
+        return EpisodeBatch.from_columns(
+            columns, g, self.policy_version, self.seq, self.sampler_id, dict(self.stats)
         )
 
 
@@ -226,11 +298,51 @@ def _check_episode(ep: object, i: int) -> None:
         raise ValueError(f"episodes[{i}].reward_info must be a dict")
 
 
+def _check_columns(c: Columns) -> None:
+    """Vectorised checks of a batch's columns: cheap enough for every received batch."""
+    n = len(c.reward)
+    for name, dtype, shape in (
+        ("prompt_len", _LEN_DTYPE, (n,)),
+        ("completion_len", _LEN_DTYPE, (n,)),
+        ("group_id", _LEN_DTYPE, (n,)),
+        ("reward", _REWARD_DTYPE, (n,)),
+    ):
+        arr = getattr(c, name)
+        if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
+            raise ValueError(f"{name} must be a {dtype} array of shape {shape}")
+    if not np.isfinite(c.reward).all():
+        raise ValueError("reward holds a value that is not finite")
+    for lens_name, names in _ARRAYS_BY_LENGTH.items():
+        lens = getattr(c, lens_name)
+        if (lens < 0).any():
+            raise ValueError(f"{lens_name} holds a value < 0")
+        total = int(lens.sum())
+        for name in names:
+            arr = getattr(c, name)
+            if arr is None and name == "rollout_logp":
+                continue
+            dtype = _WIRE_DTYPES[_ARRAY_DTYPES[name]]
+            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1:
+                raise ValueError(f"{name} must be a 1-D {dtype} array")
+            if arr.shape[0] != total:
+                raise ValueError(f"{name}: {lens_name} does not sum to its {arr.shape[0]} values")
+    if len(c.finish_reason) != n or not FINISH_REASONS.issuperset(c.finish_reason):
+        raise ValueError(f"finish_reason must list {n} of {sorted(FINISH_REASONS)}")
+    if len(c.reward_info) != n:
+        raise ValueError(f"reward_info must list {n} maps")
+    for info in c.reward_info:
+        if not isinstance(info, dict):
+            raise ValueError("reward_info entry is not a map")
+        for k, v in info.items():
+            if not isinstance(k, str) or not isinstance(v, _JSON_SCALARS):
+                raise ValueError(f"reward_info[{k!r}] is not a str key with a JSON scalar")
+
+
 def _check_batch(batch: EpisodeBatch) -> None:
     g = batch.group_size
     if not _is_int(g) or g < 1:
         raise ValueError(f"group_size must be a positive int, got {g!r}")
-    n = len(batch.episodes)
+    n = len(batch.columns)
     if n == 0 or n % g:
         raise ValueError(f"len(episodes)={n} is not a positive multiple of group_size={g}")
     for name in ("policy_version", "seq"):
@@ -242,14 +354,91 @@ def _check_batch(batch: EpisodeBatch) -> None:
         isinstance(k, str) and _is_real(v) for k, v in batch.stats.items()
     ):
         raise ValueError("stats must be a dict[str, float]")
-    for i, ep in enumerate(batch.episodes):
-        _check_episode(ep, i)
-    for gi in range(n // g):
-        ids = {ep.group_id for ep in batch.episodes[gi * g : (gi + 1) * g]}
-        if len(ids) != 1:
-            raise ValueError(
-                f"group {gi} (episodes {gi * g}..{(gi + 1) * g - 1}) mixes group_ids {sorted(ids)}"
-            )
+    ids = batch.columns.group_id.reshape(-1, g)
+    mixed = np.flatnonzero((ids != ids[:, :1]).any(axis=1))
+    if mixed.size:
+        gi = int(mixed[0])
+        raise ValueError(
+            f"group {gi} (episodes {gi * g}..{(gi + 1) * g - 1}) mixes group_ids "
+            f"{sorted(set(ids[gi].tolist()))}"
+        )
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def _gather(eps: tuple[Episode, ...]) -> Columns:
+    """Columns of checked episodes: one copy of each array, cast to its wire dtype.
+
+    rollout_logp is kept only when every episode has one; otherwise it is dropped for
+    the whole batch (the receiver then sees ``rollout_logp=None`` everywhere).
+    """
+    has_rollout = all(ep.rollout_logp is not None for ep in eps)
+    arrays: dict[str, np.ndarray | None] = {"rollout_logp": None}
+    for name, dtype_name in _ARRAY_DTYPES.items():
+        if name == "rollout_logp" and not has_rollout:
+            continue
+        # same_kind casting refuses e.g. float -> int, which would be silent garbage.
+        # Arrays already in the wire dtype skip the casting path, which is ~10x slower.
+        parts, wire = [getattr(ep, name) for ep in eps], _WIRE_DTYPES[dtype_name]
+        if not parts:
+            arrays[name] = np.zeros(0, wire)
+        elif all(p.dtype == wire for p in parts):
+            arrays[name] = np.concatenate(parts)
+        else:
+            arrays[name] = np.concatenate(parts, dtype=wire, casting="same_kind")
+    return Columns(
+        **arrays,
+        prompt_len=np.array([len(ep.prompt_ids) for ep in eps], _LEN_DTYPE),
+        completion_len=np.array([len(ep.completion_ids) for ep in eps], _LEN_DTYPE),
+        reward=np.array([float(ep.reward) for ep in eps], _REWARD_DTYPE),
+        group_id=np.array([int(ep.group_id) for ep in eps], _LEN_DTYPE),
+        reward_info=tuple(_plain_info(ep.reward_info, i) for i, ep in enumerate(eps)),
+        finish_reason=tuple(ep.finish_reason for ep in eps),
+    )
+
+
+def _offsets(lens: np.ndarray) -> list[int]:
+    return [0, *accumulate(lens.tolist())]
+
+
+def _scatter(c: Columns) -> tuple[Episode, ...]:
+    """Episodes whose arrays are views of the columns."""
+    p, k = _offsets(c.prompt_len), _offsets(c.completion_len)
+    rewards, group_ids = c.reward.tolist(), c.group_id.tolist()
+    return tuple(
+        Episode(
+            prompt_ids=c.prompt_ids[p[i] : p[i + 1]],
+            completion_ids=c.completion_ids[k[i] : k[i + 1]],
+            old_logp=c.old_logp[k[i] : k[i + 1]],
+            ref_logp=c.ref_logp[k[i] : k[i + 1]],
+            reward=rewards[i],
+            reward_info=c.reward_info[i],
+            finish_reason=c.finish_reason[i],
+            group_id=group_ids[i],
+            rollout_logp=None if c.rollout_logp is None else c.rollout_logp[k[i] : k[i + 1]],
+        )
+        for i in range(len(c))
+    )
+
+
+def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
+    """Episodes ``[start, stop)`` of ``c`` as views."""
+    p, k = _offsets(c.prompt_len), _offsets(c.completion_len)
+    ps, pe, ks, ke = p[start], p[stop], k[start], k[stop]
+    return Columns(
+        prompt_ids=c.prompt_ids[ps:pe],
+        completion_ids=c.completion_ids[ks:ke],
+        old_logp=c.old_logp[ks:ke],
+        ref_logp=c.ref_logp[ks:ke],
+        rollout_logp=None if c.rollout_logp is None else c.rollout_logp[ks:ke],
+        prompt_len=c.prompt_len[start:stop],
+        completion_len=c.completion_len[start:stop],
+        reward=c.reward[start:stop],
+        group_id=c.group_id[start:stop],
+        reward_info=c.reward_info[start:stop],
+        finish_reason=c.finish_reason[start:stop],
+    )
 
 
 # --------------------------------------------------------------------------- encode
@@ -281,25 +470,15 @@ def _byte_view(arr: np.ndarray) -> memoryview:
 def encode_batch(batch: EpisodeBatch) -> list[bytes | memoryview]:
     """Multipart frames for ``socket.send_multipart(frames, copy=False)``.
 
-    rollout_logp is sent only when every episode has one; otherwise it is dropped
-    for the whole batch (the receiver then sees ``rollout_logp=None`` everywhere).
+    The array frames are the batch's columns themselves: nothing is gathered or copied.
     """
-    eps = batch.episodes
-    has_rollout = all(ep.rollout_logp is not None for ep in eps)
-    specs = _ARRAY_SPECS if has_rollout else _ARRAY_SPECS[:-1]
-    arrays: list[np.ndarray] = []
-    descs: list[dict[str, Any]] = []
-    for name, dtype_name, _ in specs:
-        # One copy on send: concatenating also casts to the fixed wire dtype.
-        # same_kind casting refuses e.g. float -> int, which would be silent garbage.
-        # Arrays already in the wire dtype skip the casting path, which is ~10x slower.
-        parts, wire = [getattr(ep, name) for ep in eps], _WIRE_DTYPES[dtype_name]
-        if all(p.dtype == wire for p in parts):
-            arr = np.concatenate(parts)
-        else:
-            arr = np.concatenate(parts, dtype=wire, casting="same_kind")
-        arrays.append(arr)
-        descs.append({"name": name, "dtype": dtype_name, "count": int(arr.shape[0])})
+    c = batch.columns
+    specs = _ARRAY_SPECS if c.rollout_logp is not None else _ARRAY_SPECS[:-1]
+    arrays = [getattr(c, name) for name, _, _ in specs]
+    descs = [
+        {"name": name, "dtype": dtype_name, "count": int(arr.shape[0])}
+        for (name, dtype_name, _), arr in zip(specs, arrays, strict=True)
+    ]
     header = {
         "magic": MAGIC,
         "schema": SCHEMA_VERSION,
@@ -309,13 +488,13 @@ def encode_batch(batch: EpisodeBatch) -> list[bytes | memoryview]:
         "seq": int(batch.seq),
         "sampler_id": batch.sampler_id,
         "stats": {k: float(v) for k, v in batch.stats.items()},
-        "reward": [float(ep.reward) for ep in eps],
-        "reward_info": [_plain_info(ep.reward_info, i) for i, ep in enumerate(eps)],
-        "finish_reason": [ep.finish_reason for ep in eps],
-        "group_id": [int(ep.group_id) for ep in eps],
-        "prompt_len": [int(ep.prompt_ids.shape[0]) for ep in eps],
-        "completion_len": [int(ep.completion_ids.shape[0]) for ep in eps],
-        "has_rollout": has_rollout,
+        "reward": c.reward.tolist(),
+        "reward_info": list(c.reward_info),
+        "finish_reason": list(c.finish_reason),
+        "group_id": c.group_id.tolist(),
+        "prompt_len": c.prompt_len.tolist(),
+        "completion_len": c.completion_len.tolist(),
+        "has_rollout": c.rollout_logp is not None,
         "arrays": descs,
     }
     return [msgpack.packb(header, use_bin_type=True), *(_byte_view(a) for a in arrays)]
@@ -397,13 +576,15 @@ def _check_keys(d: dict[str, Any], expected: frozenset[str], what: str) -> None:
         raise FrameError(f"{what}: missing fields {missing}, unexpected fields {extra}")
 
 
-def _int_list(header: dict[str, Any], key: str, n: int, min_value: int | None) -> list[int]:
+def _int_array(header: dict[str, Any], key: str, n: int) -> np.ndarray:
     v = header[key]
     _require(isinstance(v, list) and len(v) == n, f"{key} must be a list of {n} ints")
-    for x in v:
-        _require(_is_int(x), f"{key} holds a non-int")
-        _require(min_value is None or x >= min_value, f"{key} holds {x} < {min_value}")
-    return v
+    # msgpack yields exact ints; this refuses floats, bools and strings in one pass.
+    _require(all(type(x) is int for x in v), f"{key} holds a non-int")
+    try:
+        return np.array(v, dtype=_LEN_DTYPE)
+    except OverflowError as e:
+        raise FrameError(f"{key} holds an int outside int64") from e
 
 
 def _decode_message(header: dict[str, Any], frames: list[memoryview]) -> Message:
@@ -417,7 +598,7 @@ def _decode_message(header: dict[str, Any], frames: list[memoryview]) -> Message
 
 
 def _decode_arrays(
-    header: dict[str, Any], frames: list[memoryview], lens: dict[str, list[int]]
+    header: dict[str, Any], frames: list[memoryview], lens: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Validate the array descriptors against the frames and map them zero-copy."""
     has_rollout = header["has_rollout"]
@@ -446,16 +627,11 @@ def _decode_arrays(
             buf.nbytes == count * dtype.itemsize,
             f"array {name}: {buf.nbytes} bytes for {count} x {dtype_name}",
         )
-        _require(sum(lens[len_key]) == count, f"array {name}: {len_key} does not sum to {count}")
+        _require(
+            int(lens[len_key].sum()) == count, f"array {name}: {len_key} does not sum to {count}"
+        )
         out[name] = np.frombuffer(buf, dtype=dtype, count=count)
     return out
-
-
-def _check_info(info: object) -> None:
-    _require(isinstance(info, dict), "reward_info entry is not a map")
-    for k, v in info.items():
-        _require(isinstance(k, str), "reward_info key is not a str")
-        _require(isinstance(v, _JSON_SCALARS), f"reward_info[{k!r}] is not a JSON scalar")
 
 
 def _decode_batch(header: dict[str, Any], frames: list[memoryview]) -> EpisodeBatch:
@@ -471,48 +647,38 @@ def _decode_batch(header: dict[str, Any], frames: list[memoryview]) -> EpisodeBa
     rewards = header["reward"]
     _require(isinstance(rewards, list) and len(rewards) > 0, "reward must be a non-empty list")
     n = len(rewards)
-    for r in rewards:
-        _require(_is_real(r) and math.isfinite(r), f"reward {r!r} is not a finite number")
+    _require(all(type(r) in (int, float) for r in rewards), "reward holds a non-finite number")
     infos, reasons = header["reward_info"], header["finish_reason"]
     _require(isinstance(infos, list) and len(infos) == n, f"reward_info must list {n} maps")
-    for info in infos:
-        _check_info(info)
-    _require(isinstance(reasons, list) and len(reasons) == n, f"finish_reason must list {n}")
-    for fr in reasons:
-        _require(isinstance(fr, str) and fr in FINISH_REASONS, f"finish_reason {fr!r}")
-    group_ids = _int_list(header, "group_id", n, None)
-    lens = {key: _int_list(header, key, n, 0) for key in ("prompt_len", "completion_len")}
-
+    _require(
+        isinstance(reasons, list) and all(isinstance(r, str) for r in reasons),
+        f"finish_reason must list {n} strs",
+    )
+    lens = {key: _int_array(header, key, n) for key in ("prompt_len", "completion_len")}
+    group_id = _int_array(header, "group_id", n)
+    for key, arr in lens.items():
+        # Bounding each length keeps their int64 sum exact (n is far below 2**31).
+        _require(bool(((arr >= 0) & (arr < 1 << 31)).all()), f"{key} holds a value < 0 or >= 2**31")
     arrays = _decode_arrays(header, frames, lens)
-    # Slice per-episode views out of the concatenated arrays; offsets are validated above.
-    p_off = [0, *accumulate(lens["prompt_len"])]
-    c_off = [0, *accumulate(lens["completion_len"])]
-    rollout = arrays.get("rollout_logp")
-    episodes = []
-    for i in range(n):
-        ps, pe, cs, ce = p_off[i], p_off[i + 1], c_off[i], c_off[i + 1]
-        episodes.append(
-            Episode(
-                prompt_ids=arrays["prompt_ids"][ps:pe],
-                completion_ids=arrays["completion_ids"][cs:ce],
-                old_logp=arrays["old_logp"][cs:ce],
-                ref_logp=arrays["ref_logp"][cs:ce],
-                reward=float(rewards[i]),
-                reward_info=infos[i],
-                finish_reason=reasons[i],
-                group_id=group_ids[i],
-                rollout_logp=None if rollout is None else rollout[cs:ce],
-            )
-        )
-    stats = {k: float(v) for k, v in stats.items()}
+    rollout = arrays.pop("rollout_logp", None)
     try:
-        return EpisodeBatch(
-            episodes=tuple(episodes),
+        columns = Columns(
+            **arrays,
+            rollout_logp=rollout,
+            prompt_len=lens["prompt_len"],
+            completion_len=lens["completion_len"],
+            reward=np.array(rewards, dtype=_REWARD_DTYPE),
+            group_id=group_id,
+            reward_info=tuple(infos),
+            finish_reason=tuple(reasons),
+        )
+        return EpisodeBatch.from_columns(
+            columns,
             group_size=header["group_size"],
             policy_version=header["policy_version"],
             seq=header["seq"],
             sampler_id=header["sampler_id"],
-            stats=stats,
+            stats={k: float(v) for k, v in stats.items()},
         )
     except (ValueError, TypeError) as e:
         raise FrameError(f"invalid batch: {e}") from e

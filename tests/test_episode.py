@@ -271,7 +271,9 @@ def test_groups_and_select_groups() -> None:
     assert all(len({ep.group_id for ep in g}) == 1 for g in groups)
     sub = batch.select_groups(1, 3)
     assert sub.num_groups == 2
-    assert sub.episodes == batch.episodes[3:9]
+    for got, want in zip(sub.episodes, batch.episodes[3:9], strict=True):
+        assert_episodes_identical(want, got)
+    assert np.shares_memory(sub.columns.old_logp, batch.columns.old_logp)  # views, not copies
     assert (sub.policy_version, sub.seq, sub.sampler_id, sub.stats) == (
         batch.policy_version,
         batch.seq,
