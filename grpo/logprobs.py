@@ -25,44 +25,74 @@ def _chunks(logits: Tensor, chunk_size: int):
         yield slice(start, min(start + step, T))
 
 
-def _scaled_chunk(logits: Tensor, sl: slice, temperature: float) -> Tensor:
-    """float32 copy of logits[:, sl] / temperature: (B, c, V). The one big temporary."""
-    return logits[:, sl].to(torch.float32, copy=True).div_(temperature)
+def _scaled_chunk(logits: Tensor, sl: slice, temperature: float, writable: bool) -> Tensor:
+    """logits[:, sl] / temperature in float32: (B, c, V).
+
+    Float32 logits at temperature 1 are used as they are (no copy) unless the caller is
+    going to write into the chunk.
+    """
+    chunk = logits[:, sl]
+    if chunk.dtype == torch.float32 and temperature == 1.0 and not writable:
+        return chunk
+    return chunk.to(torch.float32, copy=True).div_(temperature)
+
+
+def _chunk_logprobs(
+    z: Tensor, labels: Tensor, with_entropy: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(log-prob of labels, logsumexp, entropy or None) of one float32 chunk z: (B, c, V).
+
+    One exp over the chunk serves the logsumexp and the entropy, and it is the only
+    full-vocabulary temporary: H = lse - sum_v exp(z_v - m) z_v / sum_v exp(z_v - m).
+    """
+    m = z.amax(dim=-1, keepdim=True)  # (B, c, 1)
+    e = torch.sub(z, m).exp_()  # (B, c, V)
+    total = e.sum(dim=-1)  # (B, c)
+    lse = m.squeeze(-1) + total.log()
+    logp = z.gather(-1, labels[..., None]).squeeze(-1) - lse
+    entropy = lse - e.mul_(z).sum(dim=-1) / total if with_entropy else None
+    return logp, lse, entropy
 
 
 class _TokenLogprobs(torch.autograd.Function):
     """log softmax(logits / temperature)[labels], with a chunked hand-written backward.
 
     Saves only the inputs and the (B, T) logsumexp. Backward recomputes the softmax one chunk
-    at a time: d logp_t / d z = (onehot(y_t) - softmax(z)) / temperature.
+    at a time: d logp_t / d z = (onehot(y_t) - softmax(z)) / temperature. The entropy, when
+    asked for, comes out of the same pass and carries no gradient.
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, labels: Tensor, temperature: float, chunk_size: int):
+    def forward(ctx, logits, labels, temperature, chunk_size, with_entropy):
         B, T, _ = logits.shape
         out = logits.new_empty((B, T), dtype=torch.float32)
         lse = logits.new_empty((B, T), dtype=torch.float32)
+        entropy = logits.new_empty((B, T), dtype=torch.float32) if with_entropy else None
         for sl in _chunks(logits, chunk_size):
-            z = _scaled_chunk(logits, sl, temperature)  # (B, c, V)
-            lse[:, sl] = torch.logsumexp(z, dim=-1)
-            out[:, sl] = z.gather(-1, labels[:, sl, None]).squeeze(-1) - lse[:, sl]
+            z = _scaled_chunk(logits, sl, temperature, writable=False)
+            out[:, sl], lse[:, sl], ent = _chunk_logprobs(z, labels[:, sl], with_entropy)
+            if entropy is not None:
+                entropy[:, sl] = ent
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
-        return out
+        if entropy is None:
+            return out
+        ctx.mark_non_differentiable(entropy)
+        return out, entropy
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx, grad_out: Tensor, *_unused: Tensor):
         logits, labels, lse = ctx.saved_tensors
         t = ctx.temperature
         grad_logits = torch.empty_like(logits)
         for sl in _chunks(logits, ctx.chunk_size):
             g = grad_out[:, sl, None].float() / t  # (B, c, 1)
-            z = _scaled_chunk(logits, sl, t)  # (B, c, V)
+            z = _scaled_chunk(logits, sl, t, writable=True)  # (B, c, V)
             grad = z.sub_(lse[:, sl, None]).exp_().mul_(-g)  # -g * softmax, in place
             grad.scatter_add_(-1, labels[:, sl, None], g)  # + g * onehot(label)
             grad_logits[:, sl] = grad.to(grad_logits.dtype)
-        return grad_logits, None, None, None
+        return grad_logits, None, None, None, None
 
 
 def token_logprobs(
@@ -75,7 +105,17 @@ def token_logprobs(
     (B, T, V) log_softmax. Differentiable w.r.t. logits. `temperature` is applied inside the
     chunks so that callers do not need a full-size `logits / temperature` copy either.
     """
-    return _TokenLogprobs.apply(logits, labels.long(), float(temperature), chunk_size)
+    return _TokenLogprobs.apply(logits, labels.long(), float(temperature), chunk_size, False)
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor, labels: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> tuple[Tensor, Tensor]:
+    """:func:`token_logprobs` and :func:`token_entropy` in one pass over the logits.
+
+    The log-probs are differentiable w.r.t. logits; the entropy is a metric (no gradient).
+    """
+    return _TokenLogprobs.apply(logits, labels.long(), float(temperature), chunk_size, True)
 
 
 @torch.no_grad()
@@ -87,11 +127,10 @@ def token_entropy(logits: Tensor, *, temperature: float = 1.0, chunk_size: int =
     """
     B, T, _ = logits.shape
     out = logits.new_empty((B, T), dtype=torch.float32)
+    labels = logits.new_zeros((B, T), dtype=torch.long)  # any label: only the entropy is kept
     for sl in _chunks(logits, chunk_size):
-        z = _scaled_chunk(logits, sl, temperature)  # (B, c, V)
-        lse = torch.logsumexp(z, dim=-1)  # (B, c)
-        p = (z - lse[..., None]).exp_()  # (B, c, V)
-        out[:, sl] = lse - p.mul_(z).sum(dim=-1)
+        z = _scaled_chunk(logits, sl, temperature, writable=False)
+        out[:, sl] = _chunk_logprobs(z, labels[:, sl], with_entropy=True)[2]
     return out
 
 
@@ -163,8 +202,9 @@ def completion_logprobs(
     # Slicing from the end works whether the model honoured logits_to_keep or returned all L.
     logits = out.logits[:, -n_keep:-1]  # (B, L - prompt_len, V), predicts input_ids[:, prompt_len:]
     labels = input_ids[:, prompt_len:]  # (B, L - prompt_len)
-    logp = token_logprobs(logits, labels, temperature=temperature, chunk_size=chunk_size)
+    args = dict(temperature=temperature, chunk_size=chunk_size)
     if not with_entropy:
-        return logp, None
-    entropy_fn = token_entropy_with_grad if entropy_grad else token_entropy
-    return logp, entropy_fn(logits, temperature=temperature, chunk_size=chunk_size)
+        return token_logprobs(logits, labels, **args), None
+    if entropy_grad:
+        return token_logprobs(logits, labels, **args), token_entropy_with_grad(logits, **args)
+    return token_logprobs_and_entropy(logits, labels, **args)

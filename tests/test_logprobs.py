@@ -4,7 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo.logprobs import completion_logprobs, token_entropy, token_logprobs
+from grpo.logprobs import (
+    completion_logprobs,
+    token_entropy,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 
 B, T, V = 3, 37, 1000
 
@@ -78,6 +83,22 @@ def test_token_entropy_matches_naive(chunk_size):
     # uniform logits -> log V
     flat = token_entropy(torch.zeros(1, 2, V))
     torch.testing.assert_close(flat, torch.full((1, 2), torch.log(torch.tensor(V * 1.0)).item()))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_fused_logprobs_and_entropy_match_separate_passes(temperature):
+    logits, labels, w = _data()
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    logp, entropy = token_logprobs_and_entropy(a, labels, temperature=temperature, chunk_size=9)
+    ref = _naive(b, labels, temperature)
+    torch.testing.assert_close(logp, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, token_entropy(logits, temperature=temperature))
+    assert not entropy.requires_grad  # a metric: no gradient flows through it
+    (logp * w).sum().backward()
+    (ref * w).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+    assert torch.equal(logits, a.detach())  # float32 at temperature 1 is read in place, not written
 
 
 def test_chunk_size_must_be_positive():
