@@ -51,3 +51,107 @@ def pad_right(arrays: Sequence[np.ndarray], width: int, fill: float = 0.0) -> to
     for i, a in enumerate(arrays):
         out[i, : len(a)] = torch.as_tensor(np.asarray(a), dtype=torch.float32)
     return out
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+@dataclass(frozen=True)
+class PackedPairs:
+    """Prompt/completion pairs back to back in one row, with no padding at all.
+
+    Position ids restart at 0 for each pair; given position ids and no attention mask,
+    transformers keeps attention within each pair (it reads the restarts as boundaries).
+    """
+
+    input_ids: torch.Tensor  # (1, S) long, S = sum of prompt + completion lengths
+    position_ids: torch.Tensor  # (1, S) long
+    logit_index: torch.Tensor  # (K,) long: the positions whose logits predict a completion token
+    labels: torch.Tensor  # (K,) long: the completion token each of those predicts
+    rows: torch.Tensor  # (K,) long: its pair, for scattering back to the padded (B, C) layout
+    cols: torch.Tensor  # (K,) long: its index within the completion
+    response_mask: torch.Tensor  # (B, C) float, as PaddedPairs.response_mask
+
+    def unpack(self, flat: torch.Tensor) -> torch.Tensor:
+        """(1, K) values, one per completion token -> (B, C) with zeros at padding;
+        differentiable."""
+        rows, cols = self.rows.to(flat.device), self.cols.to(flat.device)
+        return flat.new_zeros(self.response_mask.shape).index_put((rows, cols), flat[0])
+
+
+def pack_pairs(prompts: Sequence[np.ndarray], completions: Sequence[np.ndarray]) -> PackedPairs:
+    if len(prompts) != len(completions) or not prompts:
+        raise ValueError("pack_pairs needs as many prompts as completions, at least one")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("pack_pairs needs non-empty prompts (the first completion token "
+                         "is predicted by the last prompt token)")  # fmt: skip
+    ids, pos, index, rows, cols = [], [], [], [], []
+    offset = 0
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        n = len(p) + len(c)
+        ids.append(np.concatenate([p, c]).astype(np.int64, copy=False))
+        pos.append(np.arange(n))
+        index.append(offset + len(p) - 1 + np.arange(len(c)))  # logits at t predict token t + 1
+        rows.append(np.full(len(c), i))
+        cols.append(np.arange(len(c)))
+        offset += n
+    if all(len(c) == 0 for c in completions):
+        # no completion tokens at all: one masked-out dummy keeps the loss's graph connected
+        index = rows = cols = [np.zeros(1, np.int64)]
+    flat_ids = torch.from_numpy(np.concatenate(ids))
+    logit_index = torch.from_numpy(np.concatenate(index).astype(np.int64))
+    return PackedPairs(
+        input_ids=flat_ids[None],
+        position_ids=torch.from_numpy(np.concatenate(pos))[None],
+        logit_index=logit_index,
+        labels=flat_ids[(logit_index + 1).clamp(max=len(flat_ids) - 1)],
+        rows=torch.from_numpy(np.concatenate(rows).astype(np.int64)),
+        cols=torch.from_numpy(np.concatenate(cols).astype(np.int64)),
+        response_mask=length_mask([len(c) for c in completions]),
+    )
+
+
+# ----------------------------------------------------------------------------- micro-batches
+
+
+def micro_batch_ranges(
+    sizes: Sequence[tuple[int, int]], max_seqs: int, max_tokens: int, packed: bool
+) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) micro-batches of pairs with (prompt, completion) `sizes`.
+
+    With max_tokens > 0 a micro-batch is filled until the tokens its forward computes
+    (packed: the sum of the lengths; padded: rows x the longest prompt + longest
+    completion) would pass max_tokens; one pair longer than that gets one of its own.
+    With max_tokens == 0 every micro-batch holds max_seqs pairs.
+    """
+    if max_tokens <= 0:
+        return [(s, min(s + max_seqs, len(sizes))) for s in range(0, len(sizes), max_seqs)]
+    out: list[tuple[int, int]] = []
+    start, n, total, longest_p, longest_c = 0, 0, 0, 0, 0
+    for i, (p, c) in enumerate(sizes):
+        lp, lc = max(longest_p, p), max(longest_c, c)
+        cost = total + p + c if packed else (n + 1) * (lp + lc)
+        if n and cost > max_tokens:
+            out.append((start, i))
+            start, n, total, lp, lc = i, 0, 0, p, c
+        n, total, longest_p, longest_c = n + 1, total + p + c, lp, lc
+    if n:
+        out.append((start, len(sizes)))
+    return out
+
+
+def split_to_count(ranges: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
+    """`ranges` split, largest first, into exactly `count` non-empty ranges.
+
+    Every trainer rank must run the same number of backward passes (ZeRO-2 reduces the
+    gradients of each one), so a rank whose micro-batches came out fewer splits some.
+    """
+    out = list(ranges)
+    if count < len(out) or count > sum(b - a for a, b in out):
+        raise ValueError(f"cannot split {len(out)} ranges of {out} into {count}")
+    while len(out) < count:
+        i = max(range(len(out)), key=lambda k: out[k][1] - out[k][0])
+        a, b = out[i]
+        mid = (a + b + 1) // 2
+        out[i : i + 1] = [(a, mid), (mid, b)]
+    return out

@@ -148,6 +148,16 @@ class TrainConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping norm")
     micro_batch_size: int = _f(4, "sequences per forward/backward; the rest is accumulated")
+    max_tokens_per_micro_batch: int = _f(
+        0,
+        "fill each micro-batch up to this many computed tokens instead of micro_batch_size "
+        "sequences (0 = off; a longer sequence gets a micro-batch of its own)",
+    )
+    packing: bool = _f(
+        True,
+        "trainer forwards put sequences back to back with restarting positions instead of "
+        "padding them (same numbers, no compute spent on padding)",
+    )
     mini_batch_size: int = _f(
         0, "sequences per optimizer step, all ranks together; 0 = the whole received batch"
     )
@@ -282,6 +292,7 @@ def _check_values(cfg: Config) -> None:
         )
     for key, value in (
         ("train.max_staleness", cfg.train.max_staleness),
+        ("train.max_tokens_per_micro_batch", cfg.train.max_tokens_per_micro_batch),
         ("train.state_interval", cfg.train.state_interval),
         ("eval.interval", cfg.eval.interval),
         ("eval.num_questions", cfg.eval.num_questions),

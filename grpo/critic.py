@@ -6,29 +6,45 @@ alignment as the policy's logits), so values line up with the response mask.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from grpo.algos import value_loss
-from grpo.batching import pad_pairs, pad_right
+from grpo.batching import pack_pairs, pad_pairs, pad_right
 from grpo.config import Config
-from grpo.distributed import sum_across_ranks
+from grpo.distributed import accumulate_backward, micro_batches, sum_across_ranks
 from grpo.episode import Episode
+from grpo.logprobs import device_of
 from grpo.models import resolve_model_path, torch_dtype
 
 
-def completion_values(model, input_ids, attention_mask, prompt_len: int) -> torch.Tensor:
-    """(B, L) token ids -> (B, L - prompt_len) values of the completion positions."""
-    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (B, L)
+def completion_values(
+    model, prompts: list[np.ndarray], completions: list[np.ndarray], packed: bool, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, C) values of the completion positions and the (B, C) response mask."""
+    device = device_of(model)
+    if packed:
+        pairs = pack_pairs(prompts, completions)
+        out = model(
+            input_ids=pairs.input_ids.to(device),
+            position_ids=pairs.position_ids.to(device),
+            use_cache=False,
+        )
+        flat = out.logits[:, pairs.logit_index.to(device), 0].float()  # (1, K)
+        return pairs.unpack(flat), pairs.response_mask.to(device)
+    padded = pad_pairs(prompts, completions, pad_id)
+    attention_mask = padded.attention_mask.to(device)
+    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)  # (B, L)
     out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        use_cache=False,
+        input_ids=padded.input_ids.to(device), attention_mask=attention_mask,
+        position_ids=position_ids, use_cache=False,
     )  # fmt: skip
-    return out.logits[:, prompt_len - 1 : -1, 0].float()  # (B, C)
+    values = out.logits[:, padded.prompt_len - 1 : -1, 0].float()  # (B, C)
+    return values, padded.response_mask.to(device)
 
 
 class Critic:
@@ -54,11 +70,9 @@ class Critic:
         )
         self.engine.train()
 
-    def _batch(self, eps, pad_id: int):
-        pairs = pad_pairs([e.prompt_ids for e in eps], [e.completion_ids for e in eps], pad_id)
-        device = self.engine.device
-        return (pairs.input_ids.to(device), pairs.attention_mask.to(device), pairs.prompt_len,
-                pairs.response_mask.to(device))  # fmt: skip
+    def _values(self, eps: tuple[Episode, ...], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        prompts, completions = [e.prompt_ids for e in eps], [e.completion_ids for e in eps]
+        return completion_values(self.engine, prompts, completions, self.cfg.train.packing, pad_id)
 
     @torch.no_grad()
     def values(self, eps: tuple[Episode, ...], pad_id: int) -> list[torch.Tensor]:
@@ -67,8 +81,7 @@ class Critic:
         micro = self.engine.train_micro_batch_size_per_gpu()
         for start in range(0, len(eps), micro):
             chunk = eps[start : start + micro]
-            ids, attn, prompt_len, _ = self._batch(chunk, pad_id)
-            values = completion_values(self.engine, ids, attn, prompt_len).cpu()
+            values = self._values(chunk, pad_id)[0].cpu()
             out += [values[i, : len(e.completion_ids)] for i, e in enumerate(chunk)]
         return out
 
@@ -80,26 +93,24 @@ class Critic:
         pad_id: int,
     ) -> dict[str, float]:
         """One optimizer step of the clipped value loss over `eps` (micro-batched)."""
-        micro = self.engine.train_micro_batch_size_per_gpu()
-        n_micro = math.ceil(len(eps) / micro)
+        ranges = micro_batches(eps, self.cfg, self.engine.train_micro_batch_size_per_gpu())
         n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
         # a token mean over all ranks' tokens, as for the policy (DeepSpeed averages the ranks)
         world = dist.get_world_size()
         all_tokens = max(1.0, float(sum_across_ranks(torch.tensor([float(n_tokens)]))))
         sums: dict[str, float] = {}
-        for start in range(0, len(eps), micro):
-            chunk = eps[start : start + micro]
-            ids, attn, prompt_len, mask = self._batch(chunk, pad_id)
+        for i, (start, stop) in enumerate(ranges):
+            values, mask = self._values(eps[start:stop], pad_id)
             width = mask.shape[1]
-            target = pad_right(returns[start : start + micro], width).to(mask.device)
-            old = pad_right(old_values[start : start + micro], width).to(mask.device)
-            values = completion_values(self.engine, ids, attn, prompt_len)
+            target = pad_right(returns[start:stop], width).to(mask.device)
+            old = pad_right(old_values[start:stop], width).to(mask.device)
             loss, metrics = value_loss(
                 values, target, old, mask, clip=self.cfg.critic.value_clip, agg="token-mean"
             )
             tokens = float(mask.sum())
-            self.engine.backward(loss * tokens / all_tokens * world * n_micro)
-            self.engine.step()
+            accumulate_backward(
+                self.engine, loss * tokens / all_tokens * world, last=i == len(ranges) - 1
+            )
             metrics["vf_loss"] = float(loss)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * tokens / n_tokens

@@ -1,7 +1,13 @@
 """Small collective helpers shared by the policy and the critic."""
 
+from __future__ import annotations
+
 import torch
 import torch.distributed as dist
+
+from grpo.batching import micro_batch_ranges, split_to_count
+from grpo.config import Config
+from grpo.episode import Episode
 
 
 def comm_device() -> torch.device:
@@ -15,3 +21,31 @@ def sum_across_ranks(t: torch.Tensor) -> torch.Tensor:
     t = t.to(comm_device())
     dist.all_reduce(t)
     return t.cpu()
+
+
+def max_across_ranks(t: torch.Tensor) -> torch.Tensor:
+    t = t.to(comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu()
+
+
+def micro_batches(eps: tuple[Episode, ...], cfg: Config, micro: int) -> list[tuple[int, int]]:
+    """[start, stop) micro-batches of `eps`: `micro` sequences each, or filled up to
+    train.max_tokens_per_micro_batch; every rank gets as many as the rank with the most."""
+    sizes = [(len(e.prompt_ids), len(e.completion_ids)) for e in eps]
+    ranges = micro_batch_ranges(
+        sizes, micro, cfg.train.max_tokens_per_micro_batch, cfg.train.packing
+    )
+    count = int(max_across_ranks(torch.tensor([float(len(ranges))])))
+    return split_to_count(ranges, count)
+
+
+def accumulate_backward(engine, loss: torch.Tensor, last: bool) -> None:
+    """Backward of one micro-batch; the optimizer steps after the `last` one.
+
+    The boundary is set explicitly because the number of micro-batches varies with the token
+    budget, and DeepSpeed's division of the loss by its configured accumulation steps is
+    undone, since the caller already weights each micro-batch by its share."""
+    engine.set_gradient_accumulation_boundary(last)
+    engine.backward(loss * engine.gradient_accumulation_steps())
+    engine.step()

@@ -6,8 +6,13 @@ softmax exists at a time, and the log-prob gradient is computed chunk by chunk i
 instead of autograd keeping every chunk's intermediates alive.
 """
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 from torch import Tensor
+
+from grpo.batching import PackedPairs, pack_pairs, pad_pairs
 
 
 def _chunks(logits: Tensor, chunk_size: int):
@@ -202,9 +207,100 @@ def completion_logprobs(
     # Slicing from the end works whether the model honoured logits_to_keep or returned all L.
     logits = out.logits[:, -n_keep:-1]  # (B, L - prompt_len, V), predicts input_ids[:, prompt_len:]
     labels = input_ids[:, prompt_len:]  # (B, L - prompt_len)
+    return _logprobs_and_entropy(
+        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
+    )
+
+
+def _logprobs_and_entropy(
+    logits: Tensor,
+    labels: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor | None]:
     args = dict(temperature=temperature, chunk_size=chunk_size)
     if not with_entropy:
         return token_logprobs(logits, labels, **args), None
     if entropy_grad:
         return token_logprobs(logits, labels, **args), token_entropy_with_grad(logits, **args)
     return token_logprobs_and_entropy(logits, labels, **args)
+
+
+def packed_completion_logprobs(
+    model,
+    packed: PackedPairs,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_size: int = 1024,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`completion_logprobs` of pairs packed into one row: the same (B, C) outputs,
+    without computing a single padding token.
+
+    Only the logits that predict completion tokens go through the LM head
+    (``logits_to_keep`` given as indices), then the per-token results are scattered
+    back to the padded (B, C) layout the losses use.
+    """
+    device = device_of(model)
+    index = packed.logit_index.to(device)
+    out = model(
+        input_ids=packed.input_ids.to(device),
+        position_ids=packed.position_ids.to(device),
+        use_cache=False,
+        logits_to_keep=index,
+    )
+    logits = out.logits  # (1, K, V)
+    if logits.shape[1] != index.numel():
+        logits = logits[:, index]  # a model that ignores logits_to_keep returns all S positions
+    labels = packed.labels.to(device)[None]
+    logp, entropy = _logprobs_and_entropy(
+        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
+    )
+    return packed.unpack(logp), None if entropy is None else packed.unpack(entropy)
+
+
+def device_of(model) -> torch.device:
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def pairs_logprobs(
+    model,
+    prompts: Sequence[np.ndarray],
+    completions: Sequence[np.ndarray],
+    *,
+    packed: bool,
+    pad_id: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Log-probs (and entropy) of each completion given its prompt, in one forward:
+    -> (B, C) log-probs, (B, C) entropy or None, (B, C) float response mask, on the
+    model's device. `packed` puts the pairs back to back in one row instead of padding
+    them to a rectangle; both give the same numbers."""
+    if packed:
+        pairs = pack_pairs(prompts, completions)
+        logp, entropy = packed_completion_logprobs(
+            model,
+            pairs,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+        return logp, entropy, pairs.response_mask.to(logp.device)
+    padded = pad_pairs(prompts, completions, pad_id)
+    device = device_of(model)
+    logp, entropy = completion_logprobs(
+        model,
+        padded.input_ids.to(device),
+        padded.attention_mask.to(device),
+        padded.prompt_len,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+    )
+    return logp, entropy, padded.response_mask.to(device)

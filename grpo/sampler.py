@@ -195,6 +195,7 @@ class Sampler:
             top_p=cfg.top_p,
             seed=seed,
             batch_size=cfg.generation_batch_size,
+            packed=self.cfg.train.packing,
         )
         self.raise_if_stopped(rollout)
         texts = self.tokenizer.batch_decode(

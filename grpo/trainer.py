@@ -36,11 +36,11 @@ from grpo.algos import (
     reinforce_pp_advantages,
     token_level_rewards,
 )
-from grpo.batching import length_mask, pad_pairs, pad_right
+from grpo.batching import length_mask, pad_right
 from grpo.checkpoint import publish_version
 from grpo.config import Config, save_config
 from grpo.critic import Critic
-from grpo.distributed import comm_device, sum_across_ranks
+from grpo.distributed import accumulate_backward, comm_device, micro_batches, sum_across_ranks
 from grpo.episode import (
     Episode,
     EpisodeBatch,
@@ -49,7 +49,7 @@ from grpo.episode import (
     encode_batch,
     frames_to_bytes,
 )
-from grpo.logprobs import completion_logprobs
+from grpo.logprobs import pairs_logprobs
 from grpo.metrics import METRICS_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
 from grpo.transport import PeerError, TrainerChannel
@@ -235,26 +235,25 @@ def optimizer_step(
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
     world = dist.get_world_size()
     all_tokens = float(sum_across_ranks(torch.tensor([float(n_tokens)])))
-    n_micro = math.ceil(len(eps) / micro)
+    ranges = micro_batches(eps, cfg, micro)
     sums: dict[str, float] = {}
-    for start in range(0, len(eps), micro):
-        chunk = eps[start : start + micro]
-        pairs = pad_pairs([e.prompt_ids for e in chunk], [e.completion_ids for e in chunk], pad_id)
-        mask = pairs.response_mask.to(device)  # (b, C)
-        mask[[not in_loss(e, cfg) for e in chunk]] = 0.0  # DAPO: truncated answers get no loss
-        width = mask.shape[1]
-        old = pad_right([e.old_logp for e in chunk], width).to(device)
-        ref = pad_right([e.ref_logp for e in chunk], width).to(device)
-        logp, entropy = completion_logprobs(
+    for i, (start, stop) in enumerate(ranges):
+        chunk = eps[start:stop]
+        logp, entropy, mask = pairs_logprobs(
             engine,
-            pairs.input_ids.to(device),
-            pairs.attention_mask.to(device),
-            pairs.prompt_len,
+            [e.prompt_ids for e in chunk],
+            [e.completion_ids for e in chunk],
+            packed=cfg.train.packing,
+            pad_id=pad_id,
             temperature=cfg.rollout.temperature,
             with_entropy=True,
             entropy_grad=algo.entropy_coef > 0,
         )
-        adv = pad_right(advantages[start : start + micro], width).to(device)
+        mask[[not in_loss(e, cfg) for e in chunk]] = 0.0  # DAPO: truncated answers get no loss
+        width = mask.shape[1]
+        old = pad_right([e.old_logp for e in chunk], width).to(device)
+        ref = pad_right([e.ref_logp for e in chunk], width).to(device)
+        adv = pad_right(advantages[start:stop], width).to(device)
         if agg == "seq-mean-token-sum-norm":
             # Dr. GRPO divides by a constant, the longest possible answer, not by this
             # micro-batch's longest: widen the loss inputs (not the forward) to it.
@@ -283,15 +282,14 @@ def optimizer_step(
                 "this optimizer step was not applied and nothing more was published"
             )
         # Weight each micro-batch by its share of the mini-batch's tokens (or of the rank's
-        # sequences), times n_micro because DeepSpeed divides by the accumulation steps: the
-        # sum is the aggregate over the mini-batch, not a mean of micro-batch means.
+        # sequences): the sum is the aggregate over the mini-batch, not a mean of micro-batch
+        # means.
         tokens = float(mask.sum())
         if agg == "token-mean":
             share = tokens / max(all_tokens, 1.0) * world
         else:
             share = len(chunk) / len(eps)
-        engine.backward(loss * share * n_micro)
-        engine.step()
+        accumulate_backward(engine, loss * share, last=i == len(ranges) - 1)
         with torch.no_grad():
             w = tokens / n_tokens
             for key, value in (

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from grpo.logprobs import (
     completion_logprobs,
+    packed_completion_logprobs,
     token_entropy,
     token_logprobs,
     token_logprobs_and_entropy,
@@ -196,3 +197,49 @@ def test_entropy_with_grad_matches_the_naive_formula_and_its_gradient():
     (got * weights).sum().backward()
     (naive * weights).sum().backward()
     assert torch.allclose(logits.grad, naive_logits.grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_packed_logprobs_equal_padded_ones_with_gradients(tiny_llama, entropy_grad):
+    import numpy as np
+
+    from grpo.batching import pack_pairs, pad_pairs
+
+    prompts = [np.array(p) for p in ([11, 12, 13], [21, 22, 23, 24, 25], [7])]
+    completions = [np.array(c) for c in ([31, 32, 33], [41, 42, 43, 44], [])]
+    packed = pack_pairs(prompts, completions)
+    assert packed.input_ids.shape == (1, 3 + 3 + 5 + 4 + 1)  # no padding at all
+    padded = pad_pairs(prompts, completions, PAD)
+    results = []
+    for run in ("packed", "padded"):
+        tiny_llama.zero_grad()
+        if run == "packed":
+            logp, ent = packed_completion_logprobs(
+                tiny_llama, packed, temperature=0.7, with_entropy=True, entropy_grad=entropy_grad
+            )
+        else:
+            logp, ent = completion_logprobs(
+                tiny_llama, padded.input_ids, padded.attention_mask, padded.prompt_len,
+                temperature=0.7, with_entropy=True, entropy_grad=entropy_grad,
+            )  # fmt: skip
+        mask = padded.response_mask
+        torch.testing.assert_close(mask, packed.response_mask)
+        ((logp * mask).sum() + (ent * mask).sum() * entropy_grad).backward()
+        grads = [p.grad.clone() for p in tiny_llama.parameters()]
+        results.append((logp * mask, ent * mask, grads))
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_a, ent_b, atol=1e-5, rtol=0)
+    for a, b in zip(g_a, g_b, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_packed_logprobs_all_empty_completions_still_backpropagate(tiny_llama):
+    import numpy as np
+
+    from grpo.batching import pack_pairs
+
+    packed = pack_pairs([np.array([1, 2]), np.array([3])], [np.array([]), np.array([])])
+    logp, _ = packed_completion_logprobs(tiny_llama, packed)
+    assert logp.shape == (2, 1)
+    (logp * packed.response_mask).sum().backward()  # zero loss, but a valid graph

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpo.batching import pad_pairs
-from grpo.logprobs import completion_logprobs
+from grpo.logprobs import pairs_logprobs
 
 
 @dataclass(frozen=True)
@@ -119,20 +119,20 @@ def score_logprobs(
     pad_id: int,
     temperature: float,
     batch_size: int = 16,
+    packed: bool = True,
 ) -> list[np.ndarray]:
     """Per-token log-probs of each completion under `model` (float32, one array per episode)."""
     out: list[np.ndarray] = []
     for start in range(0, len(prompts), batch_size):
-        pairs = pad_pairs(
-            prompts[start : start + batch_size], completions[start : start + batch_size], pad_id
-        )
-        logp, _ = completion_logprobs(
+        chunk = completions[start : start + batch_size]
+        logp, _, _ = pairs_logprobs(
             model,
-            pairs.input_ids.to(model.device),
-            pairs.attention_mask.to(model.device),
-            pairs.prompt_len,
+            prompts[start : start + batch_size],
+            chunk,
+            packed=packed,
+            pad_id=pad_id,
             temperature=temperature,
         )
-        for row, c in zip(logp.cpu(), completions[start : start + batch_size], strict=True):
+        for row, c in zip(logp.cpu(), chunk, strict=True):
             out.append(row[: len(c)].numpy().astype(np.float32))
     return out
