@@ -71,13 +71,17 @@ trap 'echo "launch.sh: interrupted, stopping both roles" >&2; stop_all; wait; ex
 status=0
 running=("$trainer_pid" "$sampler_pid")
 while ((${#running[@]})); do
+  done_pid=
   wait -n -p done_pid "${running[@]}"
   code=$?
+  [[ -n $done_pid ]] || break  # bash already reaped the rest (after stop_all)
   running=($(for p in "${running[@]}"; do [[ $p != "$done_pid" ]] && echo "$p"; done))
   if [[ $code -ne 0 && $status -eq 0 ]]; then
     status=$code
     echo "launch.sh: the ${name_of[$done_pid]} exited with code $code; stopping the other role" >&2
     stop_all
+    wait 2>/dev/null  # reap the stopped role; its exit code is a consequence, not the cause
+    break
   fi
 done
 if [[ $status -eq 0 ]]; then

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -76,3 +78,53 @@ def interleaved_best_times(
             fn()
             best[name] = min(best[name], time.perf_counter() - t0)
     return best
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def quiet_hf() -> None:
+    """No per-shard progress bars from transformers in the benchmark tables."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def loopback_overrides(timeout_s: float = 60) -> list[str]:
+    """Fresh loopback ports per run, so no run meets a previous run's sockets."""
+    return [
+        f"transport.episodes_addr=tcp://127.0.0.1:{free_port()}",
+        f"transport.control_addr=tcp://127.0.0.1:{free_port()}",
+        f"train.master_port={free_port()}",
+        f"transport.peer_timeout_s={timeout_s}",
+        "transport.startup_timeout_s=300",
+        "transport.heartbeat_s=0.5",
+    ]
+
+
+def launch_run(config: Path, out_dir: Path, name: str, overrides: list[str],
+               timeout_s: float = 1200) -> list[dict]:  # fmt: skip
+    """`bash launch.sh config` with both roles on this machine; its metrics.jsonl rows.
+
+    One thread per process (sampler and each trainer rank), so that on a small machine the
+    roles do not fight over cores and overlap is measured, not contention."""
+    cmd = ["bash", str(REPO / "launch.sh"), str(config), f"output_dir={out_dir}", f"name={name}",
+           *loopback_overrides(), *overrides]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"launch.sh {name} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    path = out_dir / name / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steps_per_hour(rows: list[dict]) -> float:
+    """From the first step's end to the last one's: start-up is not counted."""
+    return (len(rows) - 1) * 3600 / (rows[-1]["time"] - rows[0]["time"])

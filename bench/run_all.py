@@ -2,10 +2,12 @@
 
 import sys
 
-from bench import logprobs, transport
+from bench import e2e, logprobs, overlap, padding, transport, weight_sync
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
     print(f"{'benchmark':<34} {'baseline':>12} {'ours':>12} unit")
-    results = transport.run(quick) + logprobs.run(quick)
+    results = []
+    for bench in (transport, logprobs, padding, weight_sync, overlap, e2e):
+        results += bench.run(quick)
     print(f"{sum(r.met for r in results)} of {len(results)} targets met")

@@ -175,7 +175,7 @@ class Sampler:
         assert self.channel is not None
         status, last_note = self.channel.status, time.monotonic()
         while status.version < needed and not self.channel.stopped.is_set():
-            time.sleep(0.2)
+            self.channel.wait_for_news(timeout_s=5.0)
             if time.monotonic() - last_note > 60:
                 log.info("waiting for version %d (trainer at %d)", needed, status.version)
                 last_note = time.monotonic()
@@ -195,7 +195,6 @@ class Sampler:
             top_p=cfg.top_p,
             seed=seed,
             batch_size=cfg.generation_batch_size,
-            packed=self.cfg.train.packing,
         )
         self.raise_if_stopped(rollout)
         texts = self.tokenizer.batch_decode(
@@ -246,6 +245,7 @@ class Sampler:
             pad_id=self.tokenizer.pad_token_id,
             temperature=cfg.temperature,
             batch_size=cfg.generation_batch_size,
+            packed=self.cfg.train.packing,
         )
         prompt_ids = [g.prompt_ids for g in gens]
         completions = [g.completion_ids for g in gens]

@@ -314,18 +314,21 @@ def loss_default(loss_name: str, option: str) -> Any:
     return inspect.signature(get_policy_loss(loss_name)).parameters[option].default
 
 
-def batch_metrics(batch: EpisodeBatch) -> dict[str, float]:
-    """Sampler-side numbers of the whole batch: reward, accuracy, format, lengths, timings."""
-    eps = batch.episodes
-    infos = [e.reward_info for e in eps]
-    lengths = [len(e.completion_ids) for e in eps]
+def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
+    """Sampler-side numbers of the whole batch: reward, accuracy, format, lengths, timings.
+
+    The per-episode prompt and completion lengths are kept too (bench/padding.py replays them)."""
+    c = batch.columns
+    infos = list(c.reward_info)
     row = {
-        "reward_mean": mean([e.reward for e in eps]),
-        "reward_std": float(torch.tensor([e.reward for e in eps]).std()) if len(eps) > 1 else 0.0,
+        "reward_mean": float(c.reward.mean()),
+        "reward_std": float(c.reward.std(ddof=1)) if len(c) > 1 else 0.0,
         **info_rates(infos),
         "reward_errors": sum("reward_error" in i for i in infos),
-        "response_len_mean": mean(lengths),
-        "truncated_frac": mean([float(e.finish_reason == "length") for e in eps]),
+        "response_len_mean": float(c.completion_len.mean()),
+        "truncated_frac": mean([float(r == "length") for r in c.finish_reason]),
+        "prompt_lens": c.prompt_len.tolist(),
+        "completion_lens": c.completion_len.tolist(),
     }
     row.update({f"sampler_{k}": v for k, v in batch.stats.items()})
     return row
@@ -563,7 +566,13 @@ class Trainer:
         row.update({"rollout_kl_to_ref": rollout_kl, "kl_reward_coef": kl_coef_used})
         row.update(train_metrics)
         row.update(
-            {"recv_s": recv_s, "train_s": train_s, "publish_s": publish_s, "rank_group_ids": groups}
+            {
+                "recv_s": recv_s,
+                "train_s": train_s,
+                "publish_s": publish_s,
+                "rank_group_ids": groups,
+                "time": time.time(),  # when the step ended: steps per hour between any two rows
+            }
         )
         return row
 

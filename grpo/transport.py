@@ -170,6 +170,7 @@ class SamplerChannel:
         self.push.connect(cfg.episodes_addr)
         self.status = TrainerStatus()
         self.stopped = threading.Event()  # set on done, stop, or a silent trainer
+        self._news = threading.Event()  # set whenever status changes, so waiters wake at once
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._watch_loop, daemon=True)
         self._thread.start()
@@ -211,6 +212,15 @@ class SamplerChannel:
         if self.status.stop_reason is None:
             self.status.stop_reason = reason
         self.stopped.set()
+        self._news.set()
+
+    def wait_for_news(self, timeout_s: float) -> None:
+        """Sleep until the trainer's status changes (a new version, done, stop) or timeout_s.
+
+        Callers re-check the status after each wake-up: it is updated before the news is set,
+        so a change that lands between the check and the wait is never missed."""
+        self._news.wait(timeout_s)
+        self._news.clear()
 
     def _on_control(self, frames: list[bytes]) -> None:
         try:
@@ -229,6 +239,7 @@ class SamplerChannel:
             self.stopped.set()
         elif msg.kind == "stop":
             self._stop(f"trainer stopped: {msg.body.get('reason', 'no reason')}")
+        self._news.set()
 
     def send_batch(self, batch: EpisodeBatch) -> None:
         frames = encode_batch(batch)

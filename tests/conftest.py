@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import bench.common
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -29,22 +30,9 @@ def tiny_model_dir(tmp_path_factory, base_model_dir) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", base_model_dir)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def transport_overrides(timeout_s: float = 60) -> list[str]:
-    """Fresh loopback ports per run, so tests never meet a previous run's sockets."""
-    return [
-        f"transport.episodes_addr=tcp://127.0.0.1:{free_port()}",
-        f"transport.control_addr=tcp://127.0.0.1:{free_port()}",
-        f"train.master_port={free_port()}",
-        f"transport.peer_timeout_s={timeout_s}",
-        "transport.startup_timeout_s=300",
-        "transport.heartbeat_s=0.5",
-    ]
+# One definition of fresh loopback ports, shared with the benchmarks.
+free_port = bench.common.free_port
+transport_overrides = bench.common.loopback_overrides
 
 
 def run_launch(

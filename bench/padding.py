@@ -1,0 +1,103 @@
+"""Padding waste: trainer forward + backward of real GSM8K rollouts, padded against packed.
+
+The (prompt, completion) lengths are the episodes of a CPU demo run (its metrics.jsonl keeps
+them per step), so the length spread is the one the trainer really sees. Padded = the
+rectangle of pad_pairs (left-padded prompts, right-padded completions), as HF trainers do;
+packed = the pairs back to back in one row with restarting positions (the trainer's default).
+Both use the same micro-batches of sequences and compute the same log-probs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import Result, machine, report
+from grpo.logprobs import pairs_logprobs
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_METRICS = REPO / "checkpoints" / "cpu_demo" / "metrics.jsonl"
+# A snapshot of a demo run's lengths, used when no demo run is on this machine.
+SNAPSHOT = Path(__file__).resolve().parent / "data" / "demo_lengths.json"
+
+
+def demo_lengths() -> tuple[list[tuple[int, int]], str]:
+    """(prompt, completion) lengths of every episode of a demo run, and where they came from."""
+    if DEMO_METRICS.is_file():
+        rows = [json.loads(line) for line in DEMO_METRICS.read_text().splitlines() if line]
+        pairs = [
+            (p, c)
+            for r in rows
+            for p, c in zip(r.get("prompt_lens", []), r.get("completion_lens", []), strict=True)
+        ]
+        if pairs:
+            return pairs, str(DEMO_METRICS.relative_to(REPO))
+    return [tuple(x) for x in json.loads(SNAPSHOT.read_text())], str(SNAPSHOT.relative_to(REPO))
+
+
+def _step(model, sizes: list[tuple[int, int]], micro: int, packed: bool, vocab: int) -> float:
+    """One forward + backward over `sizes` in micro-batches; returns seconds."""
+    rng = np.random.default_rng(0)
+    pairs = [(rng.integers(0, vocab, p), rng.integers(0, vocab, c)) for p, c in sizes]
+    t0 = time.perf_counter()
+    for start in range(0, len(pairs), micro):
+        chunk = pairs[start : start + micro]
+        logp, _, mask = pairs_logprobs(
+            model, [p for p, _ in chunk], [c for _, c in chunk], packed=packed, pad_id=0
+        )
+        (logp * mask).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def computed_tokens(sizes: list[tuple[int, int]], micro: int, packed: bool) -> int:
+    """Tokens the forwards compute: the rectangle per micro-batch when padded."""
+    if packed:
+        return sum(p + c for p, c in sizes)
+    total = 0
+    for start in range(0, len(sizes), micro):
+        chunk = sizes[start : start + micro]
+        total += len(chunk) * (max(p for p, _ in chunk) + max(c for _, c in chunk))
+    return total
+
+
+def run(quick: bool = False) -> list[Result]:
+    from grpo.models import build_tiny_model, ensure_embedded_base, load_causal_lm
+
+    lengths, source = demo_lengths()
+    base = ensure_embedded_base()
+    if quick:
+        import tempfile
+
+        path = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", base)
+    else:
+        path = base
+    model = load_causal_lm(str(path), "float32").train()
+    vocab = model.config.vocab_size
+    micro = 8  # the demo's micro-batch
+    sizes = lengths[: 16 if quick else 32]
+    times = {True: float("inf"), False: float("inf")}
+    for _ in range(2):  # alternate so neither variant gets the warmer machine
+        for packed in (False, True):
+            times[packed] = min(times[packed], _step(model, sizes, micro, packed, vocab))
+    real = sum(p + c for p, c in sizes)
+    padded_ratio = computed_tokens(sizes, micro, packed=False) / real
+    packed_ratio = computed_tokens(sizes, micro, packed=True) / real
+    note = (f"{len(sizes)} episodes from {source}, micro-batch {micro}, model {path.name}; "
+            f"{real} real tokens")  # fmt: skip
+    m = machine()
+    return [
+        # target applies to ours: computed tokens per real token <= 1.05
+        report(Result("padding_tokens_computed_per_real", "tokens", padded_ratio, packed_ratio,
+                      padded_ratio / packed_ratio, 1.05, packed_ratio <= 1.05, m,
+                      note + "; target: ours <= 1.05")),
+        report(Result("padding_step_time", "s", times[False], times[True],
+                      times[False] / times[True], 1.0, times[False] >= times[True], m, note)),
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    run()
