@@ -140,6 +140,13 @@ def micro_batch_ranges(
     return out
 
 
+def length_order(sizes: Sequence[tuple[int, int]]) -> list[int]:
+    """Indices of (prompt, completion) `sizes`, shortest completion first: contiguous
+    micro-batches then hold similar lengths and pad less. The gradient of a mini-batch is a sum
+    over its sequences, so their order does not change it."""
+    return sorted(range(len(sizes)), key=lambda i: (sizes[i][1], sizes[i][0]))
+
+
 def split_to_count(ranges: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
     """`ranges` split, largest first, into exactly `count` non-empty ranges.
 

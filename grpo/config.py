@@ -55,6 +55,11 @@ class ModelConfig:
     )
     dtype: Literal["float32", "bfloat16"] = _f("float32", "parameter dtype (float32 on CPU)")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = _f(
+        "sdpa",
+        "attention kernel for transformers; the flash_attention ones need the flash-attn "
+        "package and a GPU, and make train.packing=auto pack",
+    )
     lora: LoraConfig = _section(LoraConfig, "LoRA adapter training")
 
 
@@ -153,10 +158,12 @@ class TrainConfig:
         "fill each micro-batch up to this many computed tokens instead of micro_batch_size "
         "sequences (0 = off; a longer sequence gets a micro-batch of its own)",
     )
-    packing: bool = _f(
-        True,
-        "trainer forwards put sequences back to back with restarting positions instead of "
-        "padding them (same numbers, no compute spent on padding)",
+    packing: Literal["auto", "packed", "padded"] = _f(
+        "auto",
+        "packed: a micro-batch's sequences back to back in one row, positions restarting, no "
+        "padding computed; padded: a rectangle. Same numbers. auto = packed with a "
+        "flash_attention kernel (varlen), padded otherwise: sdpa and eager compute the whole "
+        "packed row's square attention mask, which costs more than the padding saves",
     )
     mini_batch_size: int = _f(
         0, "sequences per optimizer step, all ranks together; 0 = the whole received batch"
@@ -221,6 +228,13 @@ class Config:
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
+
+    @property
+    def packed(self) -> bool:
+        """Whether the trainer's and sampler's scoring forwards pack sequences (train.packing)."""
+        if self.train.packing == "auto":
+            return self.model.attn_implementation.startswith("flash_attention")
+        return self.train.packing == "packed"
 
     def __post_init__(self) -> None:
         _check_values(self)

@@ -55,7 +55,10 @@ class Critic:
         self.cfg = cfg
         path = resolve_model_path(cfg.critic.model_path or cfg.model.path)
         model = AutoModelForTokenClassification.from_pretrained(
-            path, num_labels=1, dtype=torch_dtype(cfg.model.dtype)
+            path,
+            num_labels=1,
+            dtype=torch_dtype(cfg.model.dtype),
+            attn_implementation=cfg.model.attn_implementation,
         )
         # The head's default dropout (0.1 for Llama-like configs) would make the values before
         # the update, the GAE baseline and the centre of the value clip, noisy.
@@ -72,7 +75,7 @@ class Critic:
 
     def _values(self, eps: tuple[Episode, ...], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         prompts, completions = [e.prompt_ids for e in eps], [e.completion_ids for e in eps]
-        return completion_values(self.engine, prompts, completions, self.cfg.train.packing, pad_id)
+        return completion_values(self.engine, prompts, completions, self.cfg.packed, pad_id)
 
     @torch.no_grad()
     def values(self, eps: tuple[Episode, ...], pad_id: int) -> list[torch.Tensor]:
@@ -93,23 +96,23 @@ class Critic:
         pad_id: int,
     ) -> dict[str, float]:
         """One optimizer step of the clipped value loss over `eps` (micro-batched)."""
-        ranges = micro_batches(eps, self.cfg, self.engine.train_micro_batch_size_per_gpu())
+        parts = micro_batches(eps, self.cfg, self.engine.train_micro_batch_size_per_gpu())
         n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
         # a token mean over all ranks' tokens, as for the policy (DeepSpeed averages the ranks)
         world = dist.get_world_size()
         all_tokens = max(1.0, float(sum_across_ranks(torch.tensor([float(n_tokens)]))))
         sums: dict[str, float] = {}
-        for i, (start, stop) in enumerate(ranges):
-            values, mask = self._values(eps[start:stop], pad_id)
+        for i, part in enumerate(parts):
+            values, mask = self._values([eps[j] for j in part], pad_id)
             width = mask.shape[1]
-            target = pad_right(returns[start:stop], width).to(mask.device)
-            old = pad_right(old_values[start:stop], width).to(mask.device)
+            target = pad_right([returns[j] for j in part], width).to(mask.device)
+            old = pad_right([old_values[j] for j in part], width).to(mask.device)
             loss, metrics = value_loss(
                 values, target, old, mask, clip=self.cfg.critic.value_clip, agg="token-mean"
             )
             tokens = float(mask.sum())
             accumulate_backward(
-                self.engine, loss * tokens / all_tokens * world, last=i == len(ranges) - 1
+                self.engine, loss * tokens / all_tokens * world, last=i == len(parts) - 1
             )
             metrics["vf_loss"] = float(loss)
             for key, value in metrics.items():

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 
-from grpo.batching import micro_batch_ranges, split_to_count
+from grpo.batching import length_order, micro_batch_ranges, split_to_count
 from grpo.config import Config
 from grpo.episode import Episode
 
@@ -29,15 +31,15 @@ def max_across_ranks(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 
 
-def micro_batches(eps: tuple[Episode, ...], cfg: Config, micro: int) -> list[tuple[int, int]]:
-    """[start, stop) micro-batches of `eps`: `micro` sequences each, or filled up to
-    train.max_tokens_per_micro_batch; every rank gets as many as the rank with the most."""
-    sizes = [(len(e.prompt_ids), len(e.completion_ids)) for e in eps]
-    ranges = micro_batch_ranges(
-        sizes, micro, cfg.train.max_tokens_per_micro_batch, cfg.train.packing
-    )
+def micro_batches(eps: Sequence[Episode], cfg: Config, micro: int) -> list[list[int]]:
+    """Micro-batches of `eps` as lists of indices: sequences of similar length together, `micro`
+    of them each or filled up to train.max_tokens_per_micro_batch; every rank gets as many
+    micro-batches as the rank with the most."""
+    order = length_order([(len(e.prompt_ids), len(e.completion_ids)) for e in eps])
+    sizes = [(len(eps[i].prompt_ids), len(eps[i].completion_ids)) for i in order]
+    ranges = micro_batch_ranges(sizes, micro, cfg.train.max_tokens_per_micro_batch, cfg.packed)
     count = int(max_across_ranks(torch.tensor([float(len(ranges))])))
-    return split_to_count(ranges, count)
+    return [order[a:b] for a, b in split_to_count(ranges, count)]
 
 
 def accumulate_backward(engine, loss: torch.Tensor, last: bool) -> None:

@@ -116,14 +116,19 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def load_causal_lm(path: Path, dtype: str = "float32") -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
-    return model
+def load_causal_lm(
+    path: Path, dtype: str = "float32", attn_implementation: str = "sdpa"
+) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation
+    )
 
 
-def load_reference(path: Path, dtype: str = "float32") -> torch.nn.Module:
+def load_reference(
+    path: Path, dtype: str = "float32", attn_implementation: str = "sdpa"
+) -> torch.nn.Module:
     """The frozen initial model the KL penalty pulls towards."""
-    model = load_causal_lm(path, dtype).eval()
+    model = load_causal_lm(path, dtype, attn_implementation).eval()
     model.requires_grad_(False)
     return model
 

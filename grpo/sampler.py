@@ -128,11 +128,14 @@ class Sampler:
                 cfg.data.max_prompt_tokens,
             )
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.policy = load_causal_lm(model_path, cfg.model.dtype).eval()
+        self.policy = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
+        self.policy.eval()
         if cfg.model.lora.enabled:
             self.policy = apply_lora(self.policy, cfg.model.lora).eval()
         self.policy.to(device)
-        self.reference = load_reference(model_path, cfg.model.dtype).to(device)
+        self.reference = load_reference(
+            model_path, cfg.model.dtype, cfg.model.attn_implementation
+        ).to(device)
         self.version = 0
         self.reloaded: list[int] = []
         self.evaluated: set[int] = set()
@@ -245,7 +248,7 @@ class Sampler:
             pad_id=self.tokenizer.pad_token_id,
             temperature=cfg.temperature,
             batch_size=cfg.generation_batch_size,
-            packed=self.cfg.train.packing,
+            packed=self.cfg.packed,
         )
         prompt_ids = [g.prompt_ids for g in gens]
         completions = [g.completion_ids for g in gens]

@@ -235,15 +235,15 @@ def optimizer_step(
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
     world = dist.get_world_size()
     all_tokens = float(sum_across_ranks(torch.tensor([float(n_tokens)])))
-    ranges = micro_batches(eps, cfg, micro)
+    parts = micro_batches(eps, cfg, micro)
     sums: dict[str, float] = {}
-    for i, (start, stop) in enumerate(ranges):
-        chunk = eps[start:stop]
+    for i, part in enumerate(parts):
+        chunk = [eps[j] for j in part]
         logp, entropy, mask = pairs_logprobs(
             engine,
             [e.prompt_ids for e in chunk],
             [e.completion_ids for e in chunk],
-            packed=cfg.train.packing,
+            packed=cfg.packed,
             pad_id=pad_id,
             temperature=cfg.rollout.temperature,
             with_entropy=True,
@@ -253,7 +253,7 @@ def optimizer_step(
         width = mask.shape[1]
         old = pad_right([e.old_logp for e in chunk], width).to(device)
         ref = pad_right([e.ref_logp for e in chunk], width).to(device)
-        adv = pad_right(advantages[start:stop], width).to(device)
+        adv = pad_right([advantages[j] for j in part], width).to(device)
         if agg == "seq-mean-token-sum-norm":
             # Dr. GRPO divides by a constant, the longest possible answer, not by this
             # micro-batch's longest: widen the loss inputs (not the forward) to it.
@@ -289,7 +289,7 @@ def optimizer_step(
             share = tokens / max(all_tokens, 1.0) * world
         else:
             share = len(chunk) / len(eps)
-        accumulate_backward(engine, loss * share, last=i == len(ranges) - 1)
+        accumulate_backward(engine, loss * share, last=i == len(parts) - 1)
         with torch.no_grad():
             w = tokens / n_tokens
             for key, value in (
@@ -399,7 +399,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
-        model = load_causal_lm(self.model_path, cfg.model.dtype)
+        model = load_causal_lm(self.model_path, cfg.model.dtype, cfg.model.attn_implementation)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if cfg.model.lora.enabled:

@@ -112,3 +112,24 @@ def test_saved_config_round_trips(tmp_path):
 def test_critic_warmup_must_leave_policy_steps():
     with pytest.raises(ConfigError, match="the policy would never train"):
         load_config(DEMO, ["algo.advantage=gae", "critic.warmup_steps=6"])
+
+
+@pytest.mark.parametrize(
+    ("packing", "attn", "packed"),
+    [
+        ("auto", "sdpa", False),  # sdpa computes a packed row's whole square mask
+        ("auto", "flash_attention_2", True),  # varlen kernels attend within each sequence
+        ("packed", "sdpa", True),
+        ("padded", "flash_attention_2", False),
+    ],
+)
+def test_packing_follows_the_attention_kernel(packing, attn, packed):
+    cfg = load_config(None, [f"train.packing={packing}", f"model.attn_implementation={attn}"])
+    assert cfg.packed is packed
+
+
+def test_packing_and_token_budget_values_are_checked():
+    with pytest.raises(ConfigError, match="train.packing"):
+        load_config(None, ["train.packing=yes"])
+    with pytest.raises(ConfigError, match="max_tokens_per_micro_batch"):
+        load_config(None, ["train.max_tokens_per_micro_batch=-1"])
