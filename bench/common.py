@@ -51,18 +51,6 @@ def report(result: Result, results_dir: Path = RESULTS) -> Result:
     return result
 
 
-def best_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
-    """Fastest of `repeat` wall-clock runs in seconds (the least disturbed by other load)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def interleaved_best_times(
     fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1
 ) -> dict[str, float]:
@@ -109,14 +97,16 @@ def loopback_overrides(timeout_s: float = 60) -> list[str]:
 
 
 def launch_run(config: Path, out_dir: Path, name: str, overrides: list[str],
-               timeout_s: float = 1200) -> list[dict]:  # fmt: skip
+               one_thread: bool = False, timeout_s: float = 1200) -> list[dict]:  # fmt: skip
     """`bash launch.sh config` with both roles on this machine; its metrics.jsonl rows.
 
-    One thread per process (sampler and each trainer rank), so that on a small machine the
-    roles do not fight over cores and overlap is measured, not contention."""
+    `one_thread` gives every process (sampler and each trainer rank) one thread, so that on a
+    small machine the roles do not fight over cores and overlap is measured, not contention."""
     cmd = ["bash", str(REPO / "launch.sh"), str(config), f"output_dir={out_dir}", f"name={name}",
            *loopback_overrides(), *overrides]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if one_thread:
+        env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout_s)  # fmt: skip
     if done.returncode != 0:

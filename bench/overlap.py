@@ -27,7 +27,7 @@ def run(quick: bool = False) -> list[Result]:
         tiny = build_tiny_model(tmp / "tiny", ensure_embedded_base())
         common = [f"model.path={tiny}", "train.num_ranks=1", "eval.interval=0",
                   "rollout.max_new_tokens=64", "train.keep_versions=4"]  # fmt: skip
-        calib = launch_run(CONFIG, tmp, "calibrate", [*common, "train.total_steps=3"])[1:]
+        calib = launch_run(CONFIG, tmp, "calibrate", [*common, "train.total_steps=3"], True)[1:]
         gen = statistics.mean(r["sampler_gen_s"] + r["sampler_logprob_s"] for r in calib)
         train = statistics.mean(r["train_s"] for r in calib)
         epochs = max(1, min(20, round(gen / train)))
@@ -35,7 +35,7 @@ def run(quick: bool = False) -> list[Result]:
         rates = {}
         for staleness in (0, 1):
             rows = launch_run(CONFIG, tmp, f"staleness{staleness}",
-                              [*timed, f"train.max_staleness={staleness}"])  # fmt: skip
+                              [*timed, f"train.max_staleness={staleness}"], True)  # fmt: skip
             rates[staleness] = steps_per_hour(rows)
             staleness_seen = max(r["staleness"] for r in rows)
             assert staleness_seen <= staleness, f"staleness {staleness_seen} > bound {staleness}"

@@ -4,7 +4,8 @@ Split as the pipeline does it: save (the trainer's publish_version of the full w
 transfer (the version announcement over the real ZeroMQ control channel, trainer to sampler;
 the bytes go through the shared run directory) and load (the sampler's read of the version
 dir and load_state_dict into its running model). The limit is the bytes of the weights over
-this machine's measured write and read bandwidth of the same directory.
+this machine's measured write and read bandwidth of the same directory (page cache included:
+neither side calls fsync, and both start from flushed dirty pages).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from bench.common import Result, free_port, machine, quiet_hf, report
 
 
 def _disk_limit(directory: Path, nbytes: int) -> float:
-    """Seconds to write then read back `nbytes` as one file (best of 3 each, no extra copies:
-    one preallocated buffer, read back with readinto)."""
+    """Seconds to write then read back `nbytes` as one file: one preallocated buffer, read
+    back with readinto, best of 3, each write starting from flushed dirty pages as ours do."""
     buf = bytearray(os.urandom(1 << 20) * max(1, nbytes >> 20))
     path = directory / "bandwidth.bin"
     write = read = float("inf")
     for _ in range(3):
+        os.sync()
         t0 = time.perf_counter()
         with open(path, "wb") as f:
             f.write(buf)
@@ -76,6 +78,9 @@ def run(quick: bool = False) -> list[Result]:
         run_dir.mkdir()
         best = {"save": float("inf"), "transfer": float("inf"), "load": float("inf")}
         for version in range(1, 4):
+            # In a run the trainer trains between publishes while the kernel writes the last
+            # version back; syncing first gives each save that same clean start.
+            os.sync()
             t0 = time.perf_counter()
             vdir = publish_version(
                 run_dir,

@@ -116,27 +116,13 @@ def token_logprobs(
 def token_logprobs_and_entropy(
     logits: Tensor, labels: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
 ) -> tuple[Tensor, Tensor]:
-    """:func:`token_logprobs` and :func:`token_entropy` in one pass over the logits.
+    """:func:`token_logprobs` and the entropy of softmax(logits / temperature) per position,
+    (B, T, V) -> (B, T) twice, in one pass over the logits.
 
-    The log-probs are differentiable w.r.t. logits; the entropy is a metric (no gradient).
+    The log-probs are differentiable w.r.t. logits; the entropy is a metric (no gradient:
+    entropy collapse is the usual early sign of a dying GRPO run).
     """
     return _TokenLogprobs.apply(logits, labels.long(), float(temperature), chunk_size, True)
-
-
-@torch.no_grad()
-def token_entropy(logits: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024) -> Tensor:
-    """Entropy of softmax(logits / temperature) per position: (B, T, V) -> (B, T) float32.
-
-    H = logsumexp(z) - sum_v softmax(z)_v * z_v, chunk by chunk. No gradient: it is only
-    logged as a metric (entropy collapse is the usual early sign of a dying GRPO run).
-    """
-    B, T, _ = logits.shape
-    out = logits.new_empty((B, T), dtype=torch.float32)
-    labels = logits.new_zeros((B, T), dtype=torch.long)  # any label: only the entropy is kept
-    for sl in _chunks(logits, chunk_size):
-        z = _scaled_chunk(logits, sl, temperature, writable=False)
-        out[:, sl] = _chunk_logprobs(z, labels[:, sl], with_entropy=True)[2]
-    return out
 
 
 def _chunk_entropy(logits_chunk: Tensor, temperature: float) -> Tensor:
