@@ -281,16 +281,18 @@ def test_ppo_critic_warmup_holds_the_policy(tmp_path, tiny_model_dir):
     assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained both steps
 
 
-def test_packing_and_token_budget_give_the_same_gradient(tmp_path, tiny_model_dir):
-    """One step on the same sampled batch four ways: padded micro-batches of 4, packed ones,
-    and packed or padded micro-batches filled to a token budget (a varying number per rank).
-    The loss and the gradient norm over all ranks must agree: only the padding changes."""
+def test_packing_token_budget_and_checkpointing_give_the_same_gradient(tmp_path, tiny_model_dir):
+    """One step on the same sampled batch five ways: padded micro-batches of 4, packed ones,
+    packed or padded micro-batches filled to a token budget (a varying number per rank), and
+    with gradient checkpointing. The loss and the gradient norm over all ranks must agree:
+    only the padding, or what backward recomputes, changes."""
     rows = {}
     variants = {
         "padded": ["train.packing=padded"],
         "packed": ["train.packing=packed"],
         "budget": ["train.packing=packed", "train.max_tokens_per_micro_batch=200"],
         "budget_padded": ["train.packing=padded", "train.max_tokens_per_micro_batch=300"],
+        "checkpointed": ["train.packing=padded", "model.gradient_checkpointing=true"],
     }
     for name, overrides in variants.items():
         (tmp_path / name).mkdir()
@@ -301,7 +303,7 @@ def test_packing_and_token_budget_give_the_same_gradient(tmp_path, tiny_model_di
         rows[name] = json.loads(text.splitlines()[0])
     lens = rows["padded"]["completion_lens"]
     assert all(rows[n]["completion_lens"] == lens for n in rows)  # the same batch each time
-    for name in ("packed", "budget", "budget_padded"):
+    for name in ("packed", "budget", "budget_padded", "checkpointed"):
         for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
             assert math.isclose(rows[name][key], rows["padded"][key], rel_tol=1e-3, abs_tol=1e-5), (
                 name, key, rows[name][key], rows["padded"][key]
