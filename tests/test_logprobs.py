@@ -87,6 +87,24 @@ def test_entropy_matches_naive(chunk_size):
     torch.testing.assert_close(flat, torch.full((1, 2), torch.log(torch.tensor(V * 1.0)).item()))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_fused_logprobs_and_entropy_match_naive_ones(temperature):
+    logits, labels, w = _data()
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    logp, entropy = token_logprobs_and_entropy(a, labels, temperature=temperature, chunk_size=9)
+    ref = _naive(b, labels, temperature)
+    torch.testing.assert_close(logp, ref, atol=1e-5, rtol=0)
+    p = F.softmax(logits / temperature, dim=-1)
+    naive = -(p * F.log_softmax(logits / temperature, dim=-1)).sum(-1)
+    torch.testing.assert_close(entropy, naive, atol=1e-4, rtol=1e-5)
+    assert not entropy.requires_grad  # a metric: no gradient flows through it
+    (logp * w).sum().backward()
+    (ref * w).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+    assert torch.equal(logits, a.detach())  # float32 at temperature 1 is read in place, not written
+
+
 def test_chunk_size_must_be_positive():
     logits, labels, _ = _data()
     with pytest.raises(ValueError):
@@ -228,3 +246,24 @@ def test_packed_logprobs_all_empty_completions_still_backpropagate(tiny_llama):
     logp, _ = packed_completion_logprobs(tiny_llama, packed)
     assert logp.shape == (2, 1)
     (logp * packed.response_mask).sum().backward()  # zero loss, but a valid graph
+
+
+def test_packed_logprobs_through_a_lora_model(tiny_llama):
+    """peft's wrapper must pass position_ids and index-valued logits_to_keep through."""
+    import copy
+
+    import numpy as np
+    from peft import LoraConfig, get_peft_model
+
+    from grpo.batching import pack_pairs, pad_pairs
+
+    model = get_peft_model(
+        copy.deepcopy(tiny_llama), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])
+    )
+    prompts = [np.array([11, 12, 13]), np.array([21, 22])]
+    completions = [np.array([31, 32]), np.array([41, 42, 43])]
+    packed = packed_completion_logprobs(model, pack_pairs(prompts, completions))[0]
+    padded = pad_pairs(prompts, completions, PAD)
+    ref = completion_logprobs(model, padded.input_ids, padded.attention_mask, padded.prompt_len)[0]
+    mask = padded.response_mask
+    torch.testing.assert_close(packed * mask, ref * mask, atol=1e-5, rtol=0)

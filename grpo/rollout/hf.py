@@ -118,10 +118,11 @@ def score_logprobs(
     *,
     pad_id: int,
     temperature: float,
+    packed: bool,
     batch_size: int = 16,
-    packed: bool = True,
 ) -> list[np.ndarray]:
-    """Per-token log-probs of each completion under `model` (float32, one array per episode)."""
+    """Per-token log-probs of each completion under `model` (float32, one array per episode);
+    `packed` as in :func:`grpo.logprobs.pairs_logprobs` (the config's train.packing)."""
     out: list[np.ndarray] = []
     for start in range(0, len(prompts), batch_size):
         chunk = completions[start : start + batch_size]
