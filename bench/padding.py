@@ -2,9 +2,10 @@
 
 The (prompt, completion) lengths are the episodes of a CPU demo run (its metrics.jsonl keeps
 them per step), so the length spread is the one the trainer really sees. Padded = the
-rectangle of pad_pairs (left-padded prompts, right-padded completions), as HF trainers do;
-packed = the pairs back to back in one row with restarting positions (the trainer's default).
-Both use the same micro-batches of sequences and compute the same log-probs.
+rectangle of pad_pairs (left-padded prompts, right-padded completions), as HF trainers do,
+in arrival order or sorted by length (what the trainer does with sdpa); packed = the pairs
+back to back in one row with restarting positions (what it does with a flash_attention
+kernel). All use micro-batches of the same size and compute the same log-probs.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import Result, machine, quiet_hf, report
+from bench.common import REPO, Result, machine, quiet_hf, report
+from grpo.batching import micro_batch_tokens
 from grpo.logprobs import pairs_logprobs
 
-REPO = Path(__file__).resolve().parents[1]
 DEMO_METRICS = REPO / "checkpoints" / "cpu_demo" / "metrics.jsonl"
 # A snapshot of a demo run's lengths, used when no demo run is on this machine.
 SNAPSHOT = Path(__file__).resolve().parent / "data" / "demo_lengths.json"
@@ -54,14 +55,10 @@ def _step(model, sizes: list[tuple[int, int]], micro: int, packed: bool, vocab: 
 
 
 def computed_tokens(sizes: list[tuple[int, int]], micro: int, packed: bool) -> int:
-    """Tokens the forwards compute: the rectangle per micro-batch when padded."""
-    if packed:
-        return sum(p + c for p, c in sizes)
-    total = 0
-    for start in range(0, len(sizes), micro):
-        chunk = sizes[start : start + micro]
-        total += len(chunk) * (max(p for p, _ in chunk) + max(c for _, c in chunk))
-    return total
+    """Tokens the forwards over micro-batches of `micro` pairs compute."""
+    return sum(
+        micro_batch_tokens(sizes[s : s + micro], packed) for s in range(0, len(sizes), micro)
+    )
 
 
 def run(quick: bool = False) -> list[Result]:

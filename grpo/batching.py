@@ -114,29 +114,34 @@ def pack_pairs(prompts: Sequence[np.ndarray], completions: Sequence[np.ndarray])
 # ----------------------------------------------------------------------------- micro-batches
 
 
+def micro_batch_tokens(sizes: Sequence[tuple[int, int]], packed: bool) -> int:
+    """Tokens one forward over pairs with (prompt, completion) `sizes` computes: the sum of
+    the lengths when packed; rows x (longest prompt + longest completion) when padded."""
+    if packed:
+        return sum(p + c for p, c in sizes)
+    return len(sizes) * (max(p for p, _ in sizes) + max(c for _, c in sizes))
+
+
 def micro_batch_ranges(
     sizes: Sequence[tuple[int, int]], max_seqs: int, max_tokens: int, packed: bool
 ) -> list[tuple[int, int]]:
     """Contiguous [start, stop) micro-batches of pairs with (prompt, completion) `sizes`.
 
     With max_tokens > 0 a micro-batch is filled until the tokens its forward computes
-    (packed: the sum of the lengths; padded: rows x the longest prompt + longest
-    completion) would pass max_tokens; one pair longer than that gets one of its own.
-    With max_tokens == 0 every micro-batch holds max_seqs pairs.
+    (:func:`micro_batch_tokens`) would pass max_tokens; one pair longer than that gets one of
+    its own. With max_tokens == 0 every micro-batch holds max_seqs pairs.
     """
     if max_tokens <= 0:
         return [(s, min(s + max_seqs, len(sizes))) for s in range(0, len(sizes), max_seqs)]
+    if not sizes:
+        return []
     out: list[tuple[int, int]] = []
-    start, n, total, longest_p, longest_c = 0, 0, 0, 0, 0
-    for i, (p, c) in enumerate(sizes):
-        lp, lc = max(longest_p, p), max(longest_c, c)
-        cost = total + p + c if packed else (n + 1) * (lp + lc)
-        if n and cost > max_tokens:
+    start = 0
+    for i in range(1, len(sizes)):
+        if micro_batch_tokens(sizes[start : i + 1], packed) > max_tokens:
             out.append((start, i))
-            start, n, total, lp, lc = i, 0, 0, p, c
-        n, total, longest_p, longest_c = n + 1, total + p + c, lp, lc
-    if n:
-        out.append((start, len(sizes)))
+            start = i
+    out.append((start, len(sizes)))
     return out
 
 

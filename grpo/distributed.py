@@ -35,9 +35,11 @@ def micro_batches(eps: Sequence[Episode], cfg: Config, micro: int) -> list[list[
     """Micro-batches of `eps` as lists of indices: sequences of similar length together, `micro`
     of them each or filled up to train.max_tokens_per_micro_batch; every rank gets as many
     micro-batches as the rank with the most."""
-    order = length_order([(len(e.prompt_ids), len(e.completion_ids)) for e in eps])
-    sizes = [(len(eps[i].prompt_ids), len(eps[i].completion_ids)) for i in order]
-    ranges = micro_batch_ranges(sizes, micro, cfg.train.max_tokens_per_micro_batch, cfg.packed)
+    sizes = [(len(e.prompt_ids), len(e.completion_ids)) for e in eps]
+    order = length_order(sizes)
+    ranges = micro_batch_ranges(
+        [sizes[i] for i in order], micro, cfg.train.max_tokens_per_micro_batch, cfg.packed
+    )
     count = int(max_across_ranks(torch.tensor([float(len(ranges))])))
     return [order[a:b] for a, b in split_to_count(ranges, count)]
 
