@@ -80,8 +80,8 @@ def run(smoke: bool = False) -> list[Result]:
     completions = [rng.integers(0, shape["vocab_size"], c_len) for _ in range(n_seqs)]
 
     def step() -> None:
-        logp, _, mask = pairs_logprobs(model, prompts, completions, packed=True, pad_id=0)
-        (logp * mask).sum().backward()
+        out = pairs_logprobs(model, prompts, completions, packed=True, pad_id=0)
+        (out.logp * out.mask).sum().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -46,10 +46,10 @@ def _step(model, sizes: list[tuple[int, int]], micro: int, packed: bool, vocab: 
     t0 = time.perf_counter()
     for start in range(0, len(pairs), micro):
         chunk = pairs[start : start + micro]
-        logp, _, mask = pairs_logprobs(
+        out = pairs_logprobs(
             model, [p for p, _ in chunk], [c for _, c in chunk], packed=packed, pad_id=0
         )
-        (logp * mask).sum().backward()
+        (out.logp * out.mask).sum().backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
 

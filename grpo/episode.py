@@ -18,7 +18,7 @@ from __future__ import annotations
 import numbers
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 MAGIC = b"GRPOEP1"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: old_logp and ref_logp became optional like rollout_logp
 MAX_FRAME_BYTES = 1 << 30
 # The header only holds scalars, so it stays far below this even for huge batches;
 # a tighter bound than the whole message keeps msgpack's own allocations small.
@@ -65,6 +65,10 @@ _ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
     ("rollout_logp", "float32", "completion_len"),
 )
 _MAX_FRAMES = 1 + len(_ARRAY_SPECS)
+# Per-token log-probs a batch may leave out (None for the whole batch): the old-policy and
+# reference ones when the trainer computes them (train.logprobs_on: trainer), the rollout
+# engine's when the backend reports none.
+OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp")
 _ARRAY_DTYPES = {name: dtype for name, dtype, _ in _ARRAY_SPECS}
 _ARRAYS_BY_LENGTH = {
     lens: tuple(name for name, _, by in _ARRAY_SPECS if by == lens)
@@ -89,7 +93,6 @@ _EPISODE_HEADER_KEYS = frozenset(
         "group_id",
         "prompt_len",
         "completion_len",
-        "has_rollout",
         "arrays",
     }
 )
@@ -119,8 +122,8 @@ class Episode:
 
     prompt_ids: np.ndarray  # int32 [P]
     completion_ids: np.ndarray  # int32 [C], C >= 0
-    old_logp: np.ndarray  # float32 [C], under the sampling policy
-    ref_logp: np.ndarray  # float32 [C], under the frozen reference model
+    old_logp: np.ndarray | None  # float32 [C], under the sampling policy (None: trainer's job)
+    ref_logp: np.ndarray | None  # float32 [C], under the frozen reference model (idem)
     reward: float
     reward_info: dict[str, Any]  # JSON-able scalars
     finish_reason: str  # "stop" | "length"
@@ -138,9 +141,9 @@ class Columns:
 
     prompt_ids: np.ndarray  # int32, all prompts back to back
     completion_ids: np.ndarray  # int32, all completions back to back
-    old_logp: np.ndarray  # float32, aligned with completion_ids
-    ref_logp: np.ndarray  # float32, aligned with completion_ids
-    rollout_logp: np.ndarray | None  # float32 or None for the whole batch
+    old_logp: np.ndarray | None  # float32, aligned with completion_ids, or None (whole batch)
+    ref_logp: np.ndarray | None  # idem
+    rollout_logp: np.ndarray | None  # idem
     prompt_len: np.ndarray  # int64 [N]
     completion_len: np.ndarray  # int64 [N]
     reward: np.ndarray  # float64 [N]
@@ -227,6 +230,23 @@ class EpisodeBatch:
         g, eps = self.group_size, self.episodes
         return [eps[i * g : (i + 1) * g] for i in range(self.num_groups)]
 
+    def with_arrays(self, **per_episode: Sequence[np.ndarray]) -> EpisodeBatch:
+        """A new batch with optional per-token arrays (old_logp, ref_logp, rollout_logp) set
+        from one array per episode, e.g. the log-probs the trainer computed itself."""
+        unknown = set(per_episode) - set(OPTIONAL_ARRAYS)
+        if unknown:
+            raise ValueError(f"with_arrays sets only {OPTIONAL_ARRAYS}, not {sorted(unknown)}")
+        columns = self.columns
+        for name, parts in per_episode.items():
+            if len(parts) != len(self):
+                raise ValueError(f"{name}: {len(parts)} arrays for {len(self)} episodes")
+            wire = _WIRE_DTYPES[_ARRAY_DTYPES[name]]
+            flat = np.concatenate([np.asarray(p, wire) for p in parts]) if parts else None
+            columns = replace(columns, **{name: flat})
+        return EpisodeBatch.from_columns(
+            columns, self.group_size, self.policy_version, self.seq, self.sampler_id, self.stats
+        )
+
     def select_groups(self, start: int, stop: int) -> EpisodeBatch:
         """A new batch holding groups ``[start, stop)``; the arrays are shared, not copied."""
         if not 0 <= start < stop <= self.num_groups:
@@ -280,8 +300,9 @@ def _check_episode(ep: object, i: int) -> None:
         raise ValueError(f"episodes[{i}] is {type(ep).__name__}, not Episode")
     _check_1d(ep.prompt_ids, "iu", f"episodes[{i}].prompt_ids")
     n = _check_1d(ep.completion_ids, "iu", f"episodes[{i}].completion_ids")
-    names = ("old_logp", "ref_logp") + (("rollout_logp",) if ep.rollout_logp is not None else ())
-    for name in names:
+    for name in OPTIONAL_ARRAYS:
+        if getattr(ep, name) is None:
+            continue
         m = _check_1d(getattr(ep, name), "f", f"episodes[{i}].{name}")
         if m != n:
             raise ValueError(f"episodes[{i}].{name} has length {m}, completion_ids has {n}")
@@ -319,7 +340,7 @@ def _check_columns(c: Columns) -> None:
         total = int(lens.sum())
         for name in names:
             arr = getattr(c, name)
-            if arr is None and name == "rollout_logp":
+            if arr is None and name in OPTIONAL_ARRAYS:
                 continue
             dtype = _WIRE_DTYPES[_ARRAY_DTYPES[name]]
             if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1:
@@ -370,13 +391,13 @@ def _check_batch(batch: EpisodeBatch) -> None:
 def _gather(eps: tuple[Episode, ...]) -> Columns:
     """Columns of checked episodes: one copy of each array, cast to its wire dtype.
 
-    rollout_logp is kept only when every episode has one; otherwise it is dropped for
-    the whole batch (the receiver then sees ``rollout_logp=None`` everywhere).
+    An optional array (old_logp, ref_logp, rollout_logp) is kept only when every episode
+    has one; otherwise it is dropped for the whole batch (the receiver sees None everywhere).
     """
-    has_rollout = all(ep.rollout_logp is not None for ep in eps)
-    arrays: dict[str, np.ndarray | None] = {"rollout_logp": None}
+    arrays: dict[str, np.ndarray | None] = {}
     for name, dtype_name in _ARRAY_DTYPES.items():
-        if name == "rollout_logp" and not has_rollout:
+        if name in OPTIONAL_ARRAYS and any(getattr(ep, name) is None for ep in eps):
+            arrays[name] = None
             continue
         # same_kind casting refuses e.g. float -> int, which would be silent garbage.
         # Arrays already in the wire dtype skip the casting path, which is ~10x slower.
@@ -410,16 +431,20 @@ def _scatter(c: Columns) -> tuple[Episode, ...]:
         Episode(
             prompt_ids=c.prompt_ids[p[i] : p[i + 1]],
             completion_ids=c.completion_ids[k[i] : k[i + 1]],
-            old_logp=c.old_logp[k[i] : k[i + 1]],
-            ref_logp=c.ref_logp[k[i] : k[i + 1]],
+            old_logp=_part(c.old_logp, k[i], k[i + 1]),
+            ref_logp=_part(c.ref_logp, k[i], k[i + 1]),
             reward=rewards[i],
             reward_info=c.reward_info[i],
             finish_reason=c.finish_reason[i],
             group_id=group_ids[i],
-            rollout_logp=None if c.rollout_logp is None else c.rollout_logp[k[i] : k[i + 1]],
+            rollout_logp=_part(c.rollout_logp, k[i], k[i + 1]),
         )
         for i in range(len(c))
     )
+
+
+def _part(arr: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
+    return None if arr is None else arr[start:stop]
 
 
 def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
@@ -429,9 +454,9 @@ def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
     return Columns(
         prompt_ids=c.prompt_ids[ps:pe],
         completion_ids=c.completion_ids[ks:ke],
-        old_logp=c.old_logp[ks:ke],
-        ref_logp=c.ref_logp[ks:ke],
-        rollout_logp=None if c.rollout_logp is None else c.rollout_logp[ks:ke],
+        old_logp=_part(c.old_logp, ks, ke),
+        ref_logp=_part(c.ref_logp, ks, ke),
+        rollout_logp=_part(c.rollout_logp, ks, ke),
         prompt_len=c.prompt_len[start:stop],
         completion_len=c.completion_len[start:stop],
         reward=c.reward[start:stop],
@@ -473,7 +498,7 @@ def encode_batch(batch: EpisodeBatch) -> list[bytes | memoryview]:
     The array frames are the batch's columns themselves: nothing is gathered or copied.
     """
     c = batch.columns
-    specs = _ARRAY_SPECS if c.rollout_logp is not None else _ARRAY_SPECS[:-1]
+    specs = [spec for spec in _ARRAY_SPECS if getattr(c, spec[0]) is not None]
     arrays = [getattr(c, name) for name, _, _ in specs]
     descs = [
         {"name": name, "dtype": dtype_name, "count": int(arr.shape[0])}
@@ -494,7 +519,6 @@ def encode_batch(batch: EpisodeBatch) -> list[bytes | memoryview]:
         "group_id": c.group_id.tolist(),
         "prompt_len": c.prompt_len.tolist(),
         "completion_len": c.completion_len.tolist(),
-        "has_rollout": c.rollout_logp is not None,
         "arrays": descs,
     }
     return [msgpack.packb(header, use_bin_type=True), *(_byte_view(a) for a in arrays)]
@@ -600,15 +624,17 @@ def _decode_message(header: dict[str, Any], frames: list[memoryview]) -> Message
 def _decode_arrays(
     header: dict[str, Any], frames: list[memoryview], lens: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Validate the array descriptors against the frames and map them zero-copy."""
-    has_rollout = header["has_rollout"]
-    _require(isinstance(has_rollout, bool), "has_rollout must be a bool")
-    specs = _ARRAY_SPECS if has_rollout else _ARRAY_SPECS[:-1]
+    """Validate the array descriptors against the frames and map them zero-copy.
+
+    The descriptors name the arrays present: the token ids always, then any of
+    OPTIONAL_ARRAYS, in spec order.
+    """
     descs = header["arrays"]
-    _require(
-        isinstance(descs, list) and len(descs) == len(specs),
-        f"arrays must list {len(specs)} descriptors",
-    )
+    _require(isinstance(descs, list), "arrays must be a list of descriptors")
+    _require(all(isinstance(d, dict) for d in descs), "array descriptor is not a map")
+    present = {d.get("name") for d in descs}
+    specs = [s for s in _ARRAY_SPECS if s[0] not in OPTIONAL_ARRAYS or s[0] in present]
+    _require(len(descs) == len(specs), f"arrays must list {len(specs)} known descriptors")
     _require(len(frames) == 1 + len(specs), f"got {len(frames)} frames, expected {1 + len(specs)}")
     out: dict[str, np.ndarray] = {}
     for desc, buf, (name, dtype_name, len_key) in zip(descs, frames[1:], specs, strict=True):
@@ -660,11 +686,9 @@ def _decode_batch(header: dict[str, Any], frames: list[memoryview]) -> EpisodeBa
         # Bounding each length keeps their int64 sum exact (n is far below 2**31).
         _require(bool(((arr >= 0) & (arr < 1 << 31)).all()), f"{key} holds a value < 0 or >= 2**31")
     arrays = _decode_arrays(header, frames, lens)
-    rollout = arrays.pop("rollout_logp", None)
     try:
         columns = Columns(
-            **arrays,
-            rollout_logp=rollout,
+            **({name: None for name in OPTIONAL_ARRAYS} | arrays),
             prompt_len=lens["prompt_len"],
             completion_len=lens["completion_len"],
             reward=np.array(rewards, dtype=_REWARD_DTYPE),

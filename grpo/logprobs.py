@@ -7,6 +7,8 @@ instead of autograd keeping every chunk's intermediates alive.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -151,6 +153,53 @@ def token_entropy_with_grad(
     return torch.cat(parts, dim=1)
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """The sampler's top-p / top-k: it draws from the kept tokens only, renormalised."""
+
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+
+    @property
+    def active(self) -> bool:
+        return self.top_p < 1.0 or self.top_k > 0
+
+
+def _chunk_kept_log_mass(z: Tensor, truncation: Truncation) -> Tensor:
+    """log of the mass top-k then top-p keep, per row of z (N, V), as vLLM and HF pick it:
+    top-k keeps values >= the k-th largest; top-p then drops, in ascending order, the
+    tokens whose cumulative (top-k renormalised) probability is <= 1 - p, keeping the last."""
+    logp = z.log_softmax(dim=-1).sort(dim=-1).values  # ascending
+    keep = torch.ones_like(logp, dtype=torch.bool)
+    V = logp.shape[-1]
+    if 0 < truncation.top_k < V:
+        keep &= logp >= logp[:, V - truncation.top_k, None]
+    if truncation.top_p < 1.0:
+        cum = logp.masked_fill(~keep, -torch.inf).softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= 1.0 - truncation.top_p
+        drop[:, -1] = False
+        keep &= ~drop
+    return logp.masked_fill_(~keep, -torch.inf).logsumexp(dim=-1)
+
+
+@torch.no_grad()
+def kept_log_mass(
+    logits: Tensor, truncation: Truncation, *, temperature: float = 1.0, chunk_size: int = 256
+) -> Tensor:
+    """Per position, log of the probability (under softmax(logits / temperature)) of the
+    tokens a top-p / top-k sampler keeps: (B, T, V) -> (B, T), <= 0.
+
+    An engine that samples from the truncated distribution reports log-probs over the kept
+    tokens, log p(y) - log_kept_mass; subtract this from full-vocabulary log-probs to compare
+    like with like. Chunked like the log-probs (each chunk is sorted, so chunks are smaller).
+    """
+    out = logits.new_empty(logits.shape[:2], dtype=torch.float32)
+    for sl in _chunks(logits, chunk_size):
+        z = _scaled_chunk(logits, sl, temperature, writable=False)
+        out[:, sl] = _chunk_kept_log_mass(z.reshape(-1, z.shape[-1]), truncation).view(z.shape[:2])
+    return out
+
+
 def completion_logprobs(
     model,
     input_ids: Tensor,
@@ -177,6 +226,16 @@ def completion_logprobs(
     Returns (logp, entropy or None), float32. Positions that are padding (attention_mask 0
     in the completion part) hold arbitrary finite values: callers mask them.
     """
+    logits, labels = _completion_logits(model, input_ids, attention_mask, prompt_len)
+    return _logprobs_and_entropy(
+        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
+    )
+
+
+def _completion_logits(
+    model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int
+) -> tuple[Tensor, Tensor]:
+    """The logits that predict the completion tokens, (B, C, V), and those tokens, (B, C)."""
     B, L = input_ids.shape
     if not 1 <= prompt_len < L:
         raise ValueError(f"need 1 <= prompt_len < L, got prompt_len={prompt_len}, L={L}")
@@ -193,9 +252,7 @@ def completion_logprobs(
     # Slicing from the end works whether the model honoured logits_to_keep or returned all L.
     logits = out.logits[:, -n_keep:-1]  # (B, L - prompt_len, V), predicts input_ids[:, prompt_len:]
     labels = input_ids[:, prompt_len:]  # (B, L - prompt_len)
-    return _logprobs_and_entropy(
-        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
-    )
+    return logits, labels
 
 
 def _logprobs_and_entropy(
@@ -230,6 +287,15 @@ def packed_completion_logprobs(
     (``logits_to_keep`` given as indices), then the per-token results are scattered
     back to the padded (B, C) layout the losses use.
     """
+    logits, labels = _packed_logits(model, packed)
+    logp, entropy = _logprobs_and_entropy(
+        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
+    )
+    return packed.unpack(logp), None if entropy is None else packed.unpack(entropy)
+
+
+def _packed_logits(model, packed: PackedPairs) -> tuple[Tensor, Tensor]:
+    """The logits that predict the packed completion tokens, (1, K, V), and those tokens."""
     device = device_of(model)
     index = packed.logit_index.to(device)
     out = model(
@@ -241,16 +307,21 @@ def packed_completion_logprobs(
     logits = out.logits  # (1, K, V)
     if logits.shape[1] != index.numel():
         logits = logits[:, index]  # a model that ignores logits_to_keep returns all S positions
-    labels = packed.labels.to(device)[None]
-    logp, entropy = _logprobs_and_entropy(
-        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
-    )
-    return packed.unpack(logp), None if entropy is None else packed.unpack(entropy)
+    return logits, packed.labels.to(device)[None]
 
 
 def device_of(model) -> torch.device:
     device = getattr(model, "device", None)
     return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+class PairsLogprobs(NamedTuple):
+    """What :func:`pairs_logprobs` returns, all (B, C) on the model's device."""
+
+    logp: Tensor  # log-probs of the completion tokens (differentiable)
+    entropy: Tensor | None  # when asked for
+    mask: Tensor  # float, 1.0 on real completion tokens
+    log_kept_mass: Tensor | None  # when a truncation was given; see kept_log_mass
 
 
 def pairs_logprobs(
@@ -263,30 +334,73 @@ def pairs_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
-) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Log-probs (and entropy) of each completion given its prompt, in one forward:
-    -> (B, C) log-probs, (B, C) entropy or None, (B, C) float response mask, on the
-    model's device. `packed` puts the pairs back to back in one row instead of padding
-    them to a rectangle; both give the same numbers."""
+    truncation: Truncation | None = None,
+    chunk_size: int = 1024,
+) -> PairsLogprobs:
+    """Log-probs (and entropy) of each completion given its prompt, in one forward.
+
+    `packed` puts the pairs back to back in one row instead of padding them to a rectangle;
+    both give the same numbers. `truncation` (the sampler's top-p / top-k) adds the log of
+    the probability mass the sampler kept at each position, from the same logits.
+    """
     if packed:
         pairs = pack_pairs(prompts, completions)
-        logp, entropy = packed_completion_logprobs(
+        logits, labels = _packed_logits(model, pairs)
+        restore, mask = pairs.unpack, pairs.response_mask
+    else:
+        padded = pad_pairs(prompts, completions, pad_id)
+        device = device_of(model)
+        logits, labels = _completion_logits(
             model,
-            pairs,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
+            padded.input_ids.to(device),
+            padded.attention_mask.to(device),
+            padded.prompt_len,
         )
-        return logp, entropy, pairs.response_mask.to(logp.device)
-    padded = pad_pairs(prompts, completions, pad_id)
-    device = device_of(model)
-    logp, entropy = completion_logprobs(
-        model,
-        padded.input_ids.to(device),
-        padded.attention_mask.to(device),
-        padded.prompt_len,
-        temperature=temperature,
-        with_entropy=with_entropy,
-        entropy_grad=entropy_grad,
+        restore, mask = (lambda t: t), padded.response_mask
+    logp, entropy = _logprobs_and_entropy(
+        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
     )
-    return logp, entropy, padded.response_mask.to(device)
+    kept = None
+    if truncation is not None and truncation.active:
+        kept = restore(kept_log_mass(logits, truncation, temperature=temperature))
+    return PairsLogprobs(
+        restore(logp),
+        None if entropy is None else restore(entropy),
+        mask.to(logp.device),
+        kept,
+    )
+
+
+@torch.no_grad()
+def score_pairs(
+    model,
+    prompts: Sequence[np.ndarray],
+    completions: Sequence[np.ndarray],
+    *,
+    pad_id: int,
+    temperature: float,
+    packed: bool,
+    truncation: Truncation | None = None,
+    batch_size: int = 16,
+) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Per-token log-probs of each completion under `model`, `batch_size` pairs per forward:
+    one float32 array per completion, and with an active `truncation` the log kept mass at
+    each token too (else None). `packed` as in :func:`pairs_logprobs`."""
+    logps: list[np.ndarray] = []
+    masses: list[np.ndarray] | None = [] if truncation is not None and truncation.active else None
+    for start in range(0, len(prompts), batch_size):
+        chunk = completions[start : start + batch_size]
+        out = pairs_logprobs(
+            model,
+            prompts[start : start + batch_size],
+            chunk,
+            packed=packed,
+            pad_id=pad_id,
+            temperature=temperature,
+            truncation=truncation,
+        )
+        for i, c in enumerate(chunk):
+            logps.append(out.logp[i, : len(c)].float().cpu().numpy())
+            if masses is not None and out.log_kept_mass is not None:
+                masses.append(out.log_kept_mass[i, : len(c)].float().cpu().numpy())
+    return logps, masses

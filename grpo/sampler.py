@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ import torch
 from grpo.checkpoint import is_adapter, load_state_dict, version_dir
 from grpo.config import Config
 from grpo.episode import Episode, EpisodeBatch
+from grpo.logprobs import Truncation, score_pairs
 from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import (
     apply_lora,
@@ -28,11 +30,14 @@ from grpo.models import (
     load_tokenizer,
     resolve_model_path,
 )
-from grpo.rollout.hf import Generation, HFRollout, score_logprobs
+from grpo.rollout.hf import Generation, HFRollout
+from grpo.rollout.vllm import VllmRollout
 from grpo.tasks import Row, Task, get_task, load_reward_fn, score
 from grpo.transport import PeerError, SamplerChannel
 
 log = logging.getLogger("grpo.sampler")
+
+Rollout = HFRollout | VllmRollout
 
 
 @dataclass(frozen=True)
@@ -127,15 +132,24 @@ class Sampler:
                 cfg.data.system_prompt,
                 cfg.data.max_prompt_tokens,
             )
+        self.model_path = model_path
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.policy = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
-        self.policy.eval()
-        if cfg.model.lora.enabled:
-            self.policy = apply_lora(self.policy, cfg.model.lora).eval()
-        self.policy.to(device)
-        self.reference = load_reference(
-            model_path, cfg.model.dtype, cfg.model.attn_implementation
-        ).to(device)
+        # HF models only where they are used: to generate (hf backend) and to score the
+        # answers (train.logprobs_on: sampler). vLLM with trainer-side scoring needs neither.
+        self.scores = cfg.train.logprobs_on == "sampler"
+        self.policy = self.reference = None
+        if cfg.rollout.backend == "hf" or self.scores:
+            attn = cfg.model.attn_implementation
+            self.policy = load_causal_lm(model_path, cfg.model.dtype, attn).eval()
+            if cfg.model.lora.enabled:
+                self.policy = apply_lora(self.policy, cfg.model.lora).eval()
+            self.policy.to(device)
+        if self.scores:
+            self.reference = load_reference(
+                model_path, cfg.model.dtype, cfg.model.attn_implementation
+            ).to(device)
+        self.rollout: Rollout | None = None
+        self.reload_s = 0.0
         self.version = 0
         self.reloaded: list[int] = []
         self.evaluated: set[int] = set()
@@ -145,8 +159,22 @@ class Sampler:
     # ------------------------------------------------------------------ weights
 
     def reload(self, version: int) -> None:
+        """Load published version `version` into the HF policy and the vLLM engine (if any)."""
         vdir = version_dir(self.run_dir, version)
         t0 = time.monotonic()
+        if self.policy is not None:
+            self.load_into_policy(vdir)
+        if isinstance(self.rollout, VllmRollout):
+            self.rollout.load_version(vdir, version)
+        self.reload_s = time.monotonic() - t0
+        log.info(
+            "reloaded weights: version %d -> %d in %.1f s", self.version, version, self.reload_s
+        )
+        self.version = version
+        self.reloaded.append(version)
+
+    def load_into_policy(self, vdir: Path) -> None:
+        assert self.policy is not None
         state = load_state_dict(vdir)
         if is_adapter(vdir):
             from peft import set_peft_model_state_dict
@@ -164,14 +192,6 @@ class Sampler:
                 raise RuntimeError(
                     f"{vdir} does not match the policy: missing {missing}, unexpected {unexpected}"
                 )
-        log.info(
-            "reloaded weights: version %d -> %d in %.1f s",
-            self.version,
-            version,
-            time.monotonic() - t0,
-        )
-        self.version = version
-        self.reloaded.append(version)
 
     def wait_for_version(self, needed: int) -> None:
         """Wait until the trainer published `needed` (the staleness bound), then load the newest."""
@@ -187,7 +207,7 @@ class Sampler:
 
     # ------------------------------------------------------------------ batches
 
-    def sample_groups(self, prompts: list[Prompt], rollout: HFRollout, seed: int) -> list[Group]:
+    def sample_groups(self, prompts: list[Prompt], rollout: Rollout, seed: int) -> list[Group]:
         """G answers per prompt, decoded and scored."""
         cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         gens = rollout.generate(
@@ -196,6 +216,8 @@ class Sampler:
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop=cfg.stop,
             seed=seed,
             batch_size=cfg.generation_batch_size,
         )
@@ -211,7 +233,7 @@ class Sampler:
         return groups
 
     def make_batch(
-        self, seq: int, stream: Iterator[list[Prompt]], rollout: HFRollout
+        self, seq: int, stream: Iterator[list[Prompt]], rollout: Rollout
     ) -> EpisodeBatch:
         cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
         t0 = time.monotonic()
@@ -233,6 +255,7 @@ class Sampler:
             "logprob_s": t2 - t1,
             "gen_tokens": float(n_tokens),
             "gen_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
+            "reload_s": self.reload_s,
             "sampling_rounds": float(rounds),
             "groups_generated": float(len(kept) + len(flat)),
             "flat_groups_dropped": float(len(flat) - sum(g in chosen for g in flat)),
@@ -241,35 +264,53 @@ class Sampler:
         return EpisodeBatch(episodes, cfg.group_size, self.version, seq, cfg.sampler_id, stats)
 
     def attach_logprobs(self, groups: list[Group]) -> tuple[Episode, ...]:
-        """Old-policy and reference log-probs of every answer, as episodes."""
-        cfg = self.cfg.rollout
+        """Every answer as an episode, with its old-policy and reference log-probs when the
+        sampler computes them (train.logprobs_on: sampler), else without."""
         gens = [g for group in groups for g in group.gens]
+        scored = [s for group in groups for s in group.scored]
+        index = [group.prompt.index for group in groups for _ in group.gens]
+        old, ref, rollout = self.score(gens)
+        return tuple(
+            Episode(g.prompt_ids, g.completion_ids, o, r, reward, info, g.finish_reason, i, lp)
+            for g, o, r, lp, (reward, info), i in zip(
+                gens, old, ref, rollout, scored, index, strict=True
+            )
+        )
+
+    def score(self, gens: list[Generation]) -> tuple[list, list, list]:
+        """(old, reference, rollout) log-probs per answer; None where not computed here.
+
+        With top-p / top-k, the engine's log-probs are over the tokens it kept; adding the
+        log kept mass (measured with the same weights as the old log-probs) puts them on the
+        full vocabulary, so the trainer compares them with old_logp directly."""
+        rollout = [g.rollout_logp for g in gens]
+        if not self.scores:
+            return [None] * len(gens), [None] * len(gens), rollout
+        assert self.policy is not None and self.reference is not None
+        cfg = self.cfg.rollout
+        pairs = [g.prompt_ids for g in gens], [g.completion_ids for g in gens]
         args = dict(
             pad_id=self.tokenizer.pad_token_id,
             temperature=cfg.temperature,
             batch_size=cfg.generation_batch_size,
             packed=self.cfg.packed,
         )
-        prompt_ids = [g.prompt_ids for g in gens]
-        completions = [g.completion_ids for g in gens]
-        old = score_logprobs(self.policy, prompt_ids, completions, **args)
-        ref = score_logprobs(self.reference, prompt_ids, completions, **args)
-        scored = [s for group in groups for s in group.scored]
-        index = [group.prompt.index for group in groups for _ in group.gens]
-        return tuple(
-            Episode(g.prompt_ids, g.completion_ids, o, r, reward, info, g.finish_reason, i)
-            for g, o, r, (reward, info), i in zip(gens, old, ref, scored, index, strict=True)
-        )
+        truncation = Truncation(cfg.top_p, cfg.top_k) if rollout[0] is not None else None
+        old, kept = score_pairs(self.policy, *pairs, truncation=truncation, **args)
+        ref, _ = score_pairs(self.reference, *pairs, **args)
+        if kept is not None:
+            rollout = [r + m for r, m in zip(rollout, kept, strict=True)]
+        return old, ref, rollout
 
     # ------------------------------------------------------------------ eval
 
-    def raise_if_stopped(self, rollout: HFRollout) -> None:
+    def raise_if_stopped(self, rollout: Rollout) -> None:
         """generate() returns early when told to stop; its partial output must not be used."""
         if rollout.stop_event.is_set():
             assert self.channel is not None
             raise PeerError(self.channel.status.stop_reason or "stopped during generation")
 
-    def evaluate(self, rollout: HFRollout) -> None:
+    def evaluate(self, rollout: Rollout) -> None:
         """Greedy pass@1 on the first eval.num_questions test questions; one row in eval.jsonl."""
         if not self.eval_prompts or self.version in self.evaluated:
             return
@@ -312,7 +353,7 @@ class Sampler:
     def run(self) -> int:
         cfg = self.cfg
         self.channel = channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
-        rollout = HFRollout(self.policy, self.tokenizer, stop_event=channel.stopped)
+        self.rollout = rollout = self.make_rollout(channel.stopped)
         self.signalled = signalled = _stop_on_signals(channel)
         try:
             self.loop(rollout)
@@ -334,7 +375,13 @@ class Sampler:
         log.error("sampler stopping: %s", reason)
         return 130 if signalled.is_set() else 1
 
-    def loop(self, rollout: HFRollout) -> None:
+    def make_rollout(self, stop_event: threading.Event) -> Rollout:
+        if self.cfg.rollout.backend == "vllm":
+            return VllmRollout(self.cfg, self.model_path, stop_event)
+        assert self.policy is not None
+        return HFRollout(self.policy, self.tokenizer, stop_event=stop_event)
+
+    def loop(self, rollout: Rollout) -> None:
         """Batches until the last step's batch is sent, then wait for the trainer's done."""
         cfg, channel = self.cfg, self.channel
         assert channel is not None
@@ -363,7 +410,7 @@ class Sampler:
             )
         channel.stopped.wait()  # bounded: the watch thread sets it when the trainer goes silent
 
-    def finish(self, rollout: HFRollout) -> None:
+    def finish(self, rollout: Rollout) -> None:
         """After the trainer's done: evaluate the final version, redraw the plot."""
         assert self.channel is not None
         rollout.stop_event = self.signalled  # `stopped` is set by done; only Ctrl-C stops eval
@@ -390,4 +437,9 @@ def _stop_on_signals(channel: SamplerChannel) -> threading.Event:
 
 
 def run_sampler(cfg: Config) -> int:
-    return Sampler(cfg).run()
+    sampler = Sampler(cfg)
+    try:
+        return sampler.run()
+    finally:
+        if isinstance(sampler.rollout, VllmRollout):
+            sampler.rollout.close()

@@ -36,6 +36,7 @@ from grpo.algos import (
     reinforce_pp_advantages,
     token_level_rewards,
 )
+from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
 from grpo.batching import length_mask, pad_right
 from grpo.checkpoint import publish_version
 from grpo.config import Config, save_config
@@ -49,9 +50,15 @@ from grpo.episode import (
     encode_batch,
     frames_to_bytes,
 )
-from grpo.logprobs import pairs_logprobs
+from grpo.logprobs import Truncation, pairs_logprobs, score_pairs
 from grpo.metrics import METRICS_FILE, append_jsonl, info_rates, mean, plot_run
-from grpo.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
+from grpo.models import (
+    apply_lora,
+    load_causal_lm,
+    load_reference,
+    load_tokenizer,
+    resolve_model_path,
+)
 from grpo.transport import PeerError, TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
@@ -149,6 +156,29 @@ def advantages_from_rewards(
     return per_episode(mask_truncated(token_adv, batch, cfg), batch)
 
 
+def rollout_correction(
+    batch: EpisodeBatch, cfg: Config
+) -> tuple[list[torch.Tensor] | None, dict[str, float]]:
+    """Per-episode importance weights for algo.rollout_correction (None when off), and the
+    metrics comparing the engine's log-probs with the old ones, whenever both exist.
+
+    `rollout_logp` is already on the full vocabulary (see Sampler.score / score_on_ranks),
+    so the ratio compares like with like under top-p / top-k too."""
+    eps = batch.episodes
+    if batch.columns.rollout_logp is None or batch.columns.old_logp is None:
+        return None, {}
+    mask = length_mask([len(e.completion_ids) for e in eps])  # (N, C)
+    old = pad_right([e.old_logp for e in eps], mask.shape[1])
+    rollout = pad_right([e.rollout_logp for e in eps], mask.shape[1])
+    metrics = {"rollout_vs_old_logp_abs_diff": logp_abs_diff(old, rollout, mask)}
+    if cfg.algo.rollout_correction == "none":
+        return None, metrics
+    weights, more = rollout_correction_weights(
+        old, rollout, mask, cfg.algo.rollout_correction, cfg.algo.rollout_correction_threshold
+    )
+    return per_episode(weights, batch), metrics | more
+
+
 def in_loss(e: Episode, cfg: Config) -> bool:
     """False for an answer cut at max_new_tokens when algo.mask_truncated is on."""
     return not (cfg.algo.mask_truncated and e.finish_reason == "length")
@@ -193,19 +223,31 @@ def mini_batch_seqs(cfg: Config, world: int) -> int:
 
 
 def train_on_batch(
-    engine, batch: EpisodeBatch, advantages: list[torch.Tensor], cfg: Config, pad_id: int
+    engine,
+    batch: EpisodeBatch,
+    advantages: list[torch.Tensor],
+    cfg: Config,
+    pad_id: int,
+    weights: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """`train.ppo_epochs` passes over this rank's episodes, one optimizer step per mini-batch.
 
-    `advantages` holds the token advantages of this rank's episodes, in order. The ratio's old
-    log-probs are the sampler's, recorded before the first update, in every pass.
+    `advantages` holds the token advantages of this rank's episodes, in order, and `weights`
+    their rollout-correction weights (or None). The ratio's old log-probs are those recorded
+    before the first update (by the sampler or the trainer), in every pass.
     """
     size = mini_batch_seqs(cfg, dist.get_world_size())
     eps, sums, total = batch.episodes, {}, 0.0
     for _ in range(cfg.train.ppo_epochs):
         for start in range(0, len(eps), size):
+            part = slice(start, start + size)
             metrics, tokens = optimizer_step(
-                engine, eps[start : start + size], advantages[start : start + size], cfg, pad_id
+                engine,
+                eps[part],
+                advantages[part],
+                cfg,
+                pad_id,
+                None if weights is None else weights[part],
             )
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + tokens * value
@@ -217,7 +259,12 @@ def train_on_batch(
 
 
 def optimizer_step(
-    engine, eps: tuple[Episode, ...], advantages: list[torch.Tensor], cfg: Config, pad_id: int
+    engine,
+    eps: tuple[Episode, ...],
+    advantages: list[torch.Tensor],
+    cfg: Config,
+    pad_id: int,
+    weights: list[torch.Tensor] | None = None,
 ) -> tuple[dict[str, float], float]:
     """Forward/backward every micro-batch of one mini-batch, then one optimizer step.
 
@@ -239,7 +286,7 @@ def optimizer_step(
     sums: dict[str, float] = {}
     for i, part in enumerate(parts):
         chunk = [eps[j] for j in part]
-        logp, entropy, mask = pairs_logprobs(
+        logp, entropy, mask, _ = pairs_logprobs(
             engine,
             [e.prompt_ids for e in chunk],
             [e.completion_ids for e in chunk],
@@ -254,12 +301,18 @@ def optimizer_step(
         old = pad_right([e.old_logp for e in chunk], width).to(device)
         ref = pad_right([e.ref_logp for e in chunk], width).to(device)
         adv = pad_right([advantages[j] for j in part], width).to(device)
+        # rollout-correction importance weights (ones when off)
+        is_w = (
+            torch.ones_like(adv)
+            if weights is None
+            else pad_right([weights[j] for j in part], width).to(device)
+        )
         if agg == "seq-mean-token-sum-norm":
             # Dr. GRPO divides by a constant, the longest possible answer, not by this
             # micro-batch's longest: widen the loss inputs (not the forward) to it.
             width = max(width, cfg.rollout.max_new_tokens)
-            old, ref, adv, mask, logp, entropy = (
-                widen(t, width) for t in (old, ref, adv, mask, logp, entropy)
+            old, ref, adv, mask, logp, entropy, is_w = (
+                widen(t, width) for t in (old, ref, adv, mask, logp, entropy, is_w)
             )
         pg_loss, pg_metrics = policy_loss(
             algo.loss,
@@ -271,6 +324,7 @@ def optimizer_step(
             clip_low=clip_low,
             clip_high=clip_high,
             clip_c=algo.clip_c,
+            weights=None if weights is None else is_w,
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
         loss = pg_loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
@@ -417,6 +471,12 @@ class Trainer:
             if cfg.algo.advantage == "gae"
             else None
         )
+        # train.logprobs_on: trainer: the old and reference log-probs are computed here.
+        self.reference = None
+        if cfg.train.logprobs_on == "trainer":
+            self.reference = load_reference(
+                self.model_path, cfg.model.dtype, cfg.model.attn_implementation
+            ).to(self.engine.device)
         self.run_dir = cfg.run_dir
         self.channel: TrainerChannel | None = None
         self.version = 0
@@ -442,7 +502,12 @@ class Trainer:
         return time.monotonic() - t0
 
     def ppo_step(
-        self, step: int, mine: EpisodeBatch, rewards: torch.Tensor, mask: torch.Tensor
+        self,
+        step: int,
+        mine: EpisodeBatch,
+        rewards: torch.Tensor,
+        mask: torch.Tensor,
+        weights: list[torch.Tensor] | None,
     ) -> dict[str, float]:
         """PPO with a critic: values before the update, GAE, then policy and critic updates."""
         assert self.critic is not None
@@ -451,7 +516,7 @@ class Trainer:
         adv, returns = gae_across_ranks(rewards, mask, old_values, cfg.algo.gamma, cfg.algo.lam)
         advantages = per_episode(mask_truncated(adv, mine, cfg), mine)
         if step > cfg.critic.warmup_steps:
-            metrics = train_on_batch(self.engine, mine, advantages, cfg, pad)
+            metrics = train_on_batch(self.engine, mine, advantages, cfg, pad, weights)
         else:  # critic warm-up: the policy waits, its metrics are undefined this step
             metrics = dict.fromkeys(POLICY_METRICS, math.nan)
         size = mini_batch_seqs(cfg, self.world)
@@ -510,8 +575,50 @@ class Trainer:
                 "and the trainer with the same rollout.questions_per_step and group_size"
             )
 
+    def score_on_ranks(self, batch: EpisodeBatch) -> EpisodeBatch:
+        """train.logprobs_on: trainer: old (current weights, before this step's first update)
+        and reference log-probs of the whole batch, each rank scoring its own groups.
+
+        With top-p / top-k the engine's log-probs are moved onto the full vocabulary with the
+        kept mass measured here, as the sampler does when it scores."""
+        cfg, r = self.cfg, self.cfg.rollout
+        g0 = self.rank * self.groups_per_rank
+        mine = batch.select_groups(g0, g0 + self.groups_per_rank).episodes
+        pairs = [e.prompt_ids for e in mine], [e.completion_ids for e in mine]
+        args = dict(
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=r.temperature,
+            packed=cfg.packed,
+            batch_size=cfg.train.micro_batch_size,
+        )
+        has_rollout = batch.columns.rollout_logp is not None
+        truncation = Truncation(r.top_p, r.top_k) if has_rollout else None
+        old, kept = score_pairs(self.engine.module, *pairs, truncation=truncation, **args)
+        ref, _ = score_pairs(self.reference, *pairs, **args)
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, (old, ref, kept))  # trainer ranks only, never the wire
+        arrays = {
+            "old_logp": [a for o, _, _ in gathered for a in o],
+            "ref_logp": [a for _, f, _ in gathered for a in f],
+        }
+        if gathered[0][2] is not None:
+            masses = [a for _, _, k in gathered for a in k]
+            arrays["rollout_logp"] = [
+                e.rollout_logp + m for e, m in zip(batch.episodes, masses, strict=True)
+            ]
+        return batch.with_arrays(**arrays)
+
     def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
         self.check_shape(batch)
+        t_score = time.monotonic()
+        if self.reference is not None:
+            batch = self.score_on_ranks(batch)
+        elif batch.columns.old_logp is None or batch.columns.ref_logp is None:
+            raise ValueError(
+                f"batch {batch.seq} from {batch.sampler_id} has no old / reference log-probs "
+                "but train.logprobs_on is sampler: start both roles with the same config"
+            )
+        score_s = time.monotonic() - t_score
         if batch.seq != step - 1 and self.rank == 0:
             log.warning(
                 "step %d got batch %d from %s (expected %d): a batch was lost or a sampler "
@@ -526,12 +633,14 @@ class Trainer:
         mine = batch.select_groups(g0, g0 + self.groups_per_rank)
         lo, hi = g0 * G, (g0 + self.groups_per_rank) * G
         rewards, mask, rollout_kl = token_rewards(batch, self.cfg, self.kl_reward_coef)
+        weights, correction_metrics = rollout_correction(batch, self.cfg)
+        weights = None if weights is None else weights[lo:hi]
         pad = self.tokenizer.pad_token_id
         if self.critic is None:
             advantages = advantages_from_rewards(batch, rewards, mask, self.cfg)[lo:hi]
-            local = train_on_batch(self.engine, mine, advantages, self.cfg, pad)
+            local = train_on_batch(self.engine, mine, advantages, self.cfg, pad, weights)
         else:
-            local = self.ppo_step(step, mine, rewards[lo:hi], mask[lo:hi])
+            local = self.ppo_step(step, mine, rewards[lo:hi], mask[lo:hi], weights)
         train_metrics = average_across_ranks(local)
         kl_coef_used = self.kl_reward_coef
         if self.cfg.algo.kl_in_reward and self.cfg.algo.kl_ctrl == "adaptive":
@@ -564,10 +673,12 @@ class Trainer:
         }
         row.update(batch_metrics(batch))
         row.update({"rollout_kl_to_ref": rollout_kl, "kl_reward_coef": kl_coef_used})
+        row.update(correction_metrics)
         row.update(train_metrics)
         row.update(
             {
                 "recv_s": recv_s,
+                "score_s": score_s,
                 "train_s": train_s,
                 "publish_s": publish_s,
                 "rank_group_ids": groups,

@@ -189,6 +189,31 @@ def test_partial_rollout_logp_is_dropped() -> None:
     assert all(ep.rollout_logp is None for ep in out.episodes)
 
 
+def test_batch_without_old_and_ref_logprobs_round_trips_and_takes_them_later() -> None:
+    """train.logprobs_on: trainer: the sampler sends neither; the trainer fills them in."""
+    batch = make_batch(rollout=True)
+    bare = [
+        Episode(e.prompt_ids, e.completion_ids, None, None, e.reward, e.reward_info,
+                e.finish_reason, e.group_id, e.rollout_logp)
+        for e in batch.episodes
+    ]  # fmt: skip
+    frames = encode_batch(EpisodeBatch(bare, batch.group_size, 0, 0))
+    assert len(frames) == 4  # header, prompt ids, completion ids, rollout log-probs
+    out = decode(received(frames))
+    assert all(e.old_logp is None and e.ref_logp is None for e in out.episodes)
+    old = [np.full(len(e.completion_ids), -1.5) for e in out.episodes]
+    filled = out.with_arrays(old_logp=old, ref_logp=old)
+    for e in filled.episodes:
+        assert e.old_logp.dtype == np.float32 and (e.old_logp == -1.5).all()
+        assert e.rollout_logp is not None and e.ref_logp is not None
+    again = decode(received(encode_batch(filled)))
+    assert np.array_equal(again.columns.old_logp, filled.columns.old_logp)
+    with pytest.raises(ValueError, match="not"):
+        out.with_arrays(prompt_ids=old)
+    with pytest.raises(ValueError, match="arrays for"):
+        out.with_arrays(old_logp=old[:-1])
+
+
 def test_encode_casts_to_wire_dtypes() -> None:
     ep = Episode(
         prompt_ids=np.arange(5, dtype=np.int64),
@@ -387,8 +412,7 @@ def test_rejects_extra_and_missing_frames() -> None:
         ({"group_id": [1, 1, 3.0, 3]}, "group_id"),
         ({"reward_info": [{}, {}, {}, {"a": [1]}]}, "JSON scalar"),
         ({"reward_info": [{}, {}, {}, 7]}, "reward_info"),
-        ({"has_rollout": False}, "descriptors"),
-        ({"has_rollout": 1}, "has_rollout"),
+        ({"has_rollout": False}, "unexpected fields"),  # schema 1's flag
         ({"arrays": "nope"}, "descriptors"),
     ],
 )

@@ -14,6 +14,7 @@ from grpo.algos.advantages import (
     rloo_advantages,
     token_level_rewards,
 )
+from grpo.algos.correction import CORRECTION_MODES, logp_abs_diff, rollout_correction_weights
 from grpo.algos.kl_control import adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
@@ -36,6 +37,9 @@ from grpo.algos.registry import (
 from grpo.algos.shaping import overlong_penalty
 
 __all__ = [
+    "CORRECTION_MODES",
+    "logp_abs_diff",
+    "rollout_correction_weights",
     "adaptive_kl_coef",
     "overlong_penalty",
     "AGG_MODES",

@@ -84,8 +84,12 @@ def _clipped_surrogate(
     clip_low: float,
     clip_high: float,
     clip_c: float | None,
+    weights: Tensor | None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO pessimistic surrogate on an importance ratio (B, T), shared by PPO and GSPO."""
+    """PPO pessimistic surrogate on an importance ratio (B, T), shared by PPO and GSPO.
+
+    `weights` (B, T), without gradient, scale each token's loss before aggregation: the
+    rollout correction's importance weights (grpo.algos.correction)."""
     if advantages.dim() == 1:  # sequence-level advantages (B,) are fine too
         advantages = advantages[:, None]
     pg = -advantages * ratio  # (B, T)
@@ -102,6 +106,8 @@ def _clipped_surrogate(
         cap = -advantages * clip_c
         dual_clipped = (advantages < 0) & (loss_mat > cap)
         loss_mat = torch.where(dual_clipped, cap, loss_mat)
+    if weights is not None:
+        loss_mat = loss_mat * weights.detach()
     loss = agg_loss(loss_mat, mask, agg)
 
     with torch.no_grad():
@@ -129,6 +135,7 @@ def ppo_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_c: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Token-level clipped surrogate (PPO, as used by GRPO/DAPO).
 
@@ -139,7 +146,7 @@ def ppo_policy_loss(
     ratio = torch.exp(log_ratio)  # (B, T)
     return _clipped_surrogate(
         ratio, advantages, mask, old_logp, logp,
-        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c,
+        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, weights=weights,
     )  # fmt: skip
 
 
@@ -154,6 +161,7 @@ def gspo_policy_loss(
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
     clip_c: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025): clip a sequence-level ratio instead of token ratios.
 
@@ -172,7 +180,7 @@ def gspo_policy_loss(
     ratio = torch.exp(log_s.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (B, T)
     return _clipped_surrogate(
         ratio, advantages, mask, old_logp, logp,
-        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c,
+        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, weights=weights,
     )  # fmt: skip
 
 
@@ -187,6 +195,7 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_c: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Dispatch to the registered policy loss `name` ("ppo"/"grpo", "gspo", ...).
 
@@ -197,6 +206,8 @@ def policy_loss(
     return fn(
         old_logp, logp, advantages, mask,
         agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c,
+        # only when given: a user-registered loss need not take importance weights
+        **({} if weights is None else {"weights": weights}),
     )  # fmt: skip
 
 

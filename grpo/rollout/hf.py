@@ -11,7 +11,6 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpo.batching import pad_pairs
-from grpo.logprobs import pairs_logprobs
 
 
 @dataclass(frozen=True)
@@ -19,6 +18,7 @@ class Generation:
     prompt_ids: np.ndarray  # int32 (P,)
     completion_ids: np.ndarray  # int32 (C,), ends with EOS when finish_reason == "stop"
     finish_reason: str  # "stop" | "length"
+    rollout_logp: np.ndarray | None = None  # float32 (C,), the engine's log-probs (vLLM only)
 
 
 class _StopWhenSet(StoppingCriteria):
@@ -47,6 +47,28 @@ def _split_completion(row: torch.Tensor, eos: set[int], max_new: int) -> tuple[n
     return np.asarray(tokens[:max_new], dtype=np.int32), "length"
 
 
+def _cut_at_stop(
+    tokens: np.ndarray, reason: str, tokenizer, stop: Sequence[str]
+) -> tuple[np.ndarray, str]:
+    """The shortest prefix whose text contains a stop string (where vLLM ends an answer), or
+    the answer as it was.
+
+    generate() pads a row that hit a stop string with pad tokens (EOS for many models), which
+    must not count as sampled. Containment only grows with the prefix: binary search."""
+
+    def has_stop(k: int) -> bool:
+        text = tokenizer.decode(tokens[:k].tolist(), skip_special_tokens=False)
+        return any(s in text for s in stop)
+
+    if not has_stop(len(tokens)):
+        return tokens, reason
+    lo, hi = 1, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if has_stop(mid) else (mid + 1, hi)
+    return tokens[:lo], "stop"
+
+
 class HFRollout:
     """Samples with `model.generate`; groups are contiguous (n copies of each prompt in a row)."""
 
@@ -73,6 +95,8 @@ class HFRollout:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        top_k: int = 0,
+        stop: Sequence[str] = (),
         greedy: bool = False,
         seed: int = 0,
         batch_size: int = 16,
@@ -81,7 +105,8 @@ class HFRollout:
             do_sample=not greedy,
             temperature=temperature if not greedy else None,
             top_p=top_p if not greedy else None,
-            top_k=0 if not greedy else None,  # no top-k: the log-probs assume the full support
+            top_k=top_k if not greedy else None,
+            stop_strings=list(stop) or None,
             max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.eos,
@@ -101,39 +126,13 @@ class HFRollout:
                 attention_mask=attn.to(self.model.device),
                 generation_config=gen_cfg,
                 stopping_criteria=StoppingCriteriaList([_StopWhenSet(self.stop_event)]),
+                tokenizer=self.tokenizer if stop else None,  # stop strings are matched on text
             )
             for prompt, row in zip(chunk, seqs[:, P:].cpu(), strict=True):
                 completion, reason = _split_completion(row, set(self.eos), max_new_tokens)
+                if stop:  # before any EOS: generate() pads a row that hit a stop string
+                    completion, reason = _cut_at_stop(completion, reason, self.tokenizer, stop)
                 out.append(Generation(np.asarray(prompt, np.int32), completion, reason))
             if self.stop_event.is_set():
                 break
         return out
-
-
-@torch.no_grad()
-def score_logprobs(
-    model,
-    prompts: Sequence[np.ndarray],
-    completions: Sequence[np.ndarray],
-    *,
-    pad_id: int,
-    temperature: float,
-    packed: bool,
-    batch_size: int = 16,
-) -> list[np.ndarray]:
-    """Per-token log-probs of each completion under `model` (float32, one array per episode);
-    `packed` as in :func:`grpo.logprobs.pairs_logprobs` (the config's train.packing)."""
-    out: list[np.ndarray] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = completions[start : start + batch_size]
-        logp, _, _ = pairs_logprobs(
-            model,
-            prompts[start : start + batch_size],
-            chunk,
-            packed=packed,
-            pad_id=pad_id,
-            temperature=temperature,
-        )
-        for row, c in zip(logp.cpu(), chunk, strict=True):
-            out.append(row[: len(c)].numpy().astype(np.float32))
-    return out

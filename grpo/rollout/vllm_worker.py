@@ -1,0 +1,31 @@
+"""Runs inside vLLM's worker processes (named by `worker_extension_cls`): in-place weight
+reload. Kept free of vLLM imports so that the name resolves in any worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class WeightReloader:
+    """Mixed into vLLM's worker class; its methods are called by `LLM.collective_rpc`."""
+
+    def grpo_reload(self, weights_file: str, version: int) -> dict[str, int]:
+        """Load a full safetensors checkpoint into the running model, in place.
+
+        Reading happens here, in the worker, so the tensors never cross the RPC pipe.
+        vLLM's reload_weights re-runs the loaders and their post-processing (fused QKV,
+        CPU weight repacking), which a bare `model.load_weights` after start-up cannot.
+        Returns what was loaded, for the caller to check.
+        """
+        from safetensors.torch import safe_open
+
+        path = Path(weights_file)
+        with safe_open(path, framework="pt") as f:
+            names = list(f.keys())
+            tensors = ((name, f.get_tensor(name)) for name in names)
+            self.model_runner.reload_weights(weights_iterator=tensors)  # type: ignore[attr-defined]
+        self.grpo_version = version
+        return {"version": version, "tensors": len(names)}
+
+    def grpo_version_loaded(self) -> int:
+        return getattr(self, "grpo_version", 0)
