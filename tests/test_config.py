@@ -73,6 +73,12 @@ def test_exponent_without_dot_is_a_float_in_yaml_and_overrides(tmp_path):
         ("transport.max_frame_bytes=10", "must be >= 1 MiB"),
         ("train.max_staleness=4", "train.keep_versions must be >= 6"),
         ("eval.max_new_tokens=0", "eval.max_new_tokens must be > 0"),
+        ("rollout.backend=sglang", "rollout.backend must be one of 'hf' | 'vllm'"),
+        ("algo.rollout_correction=token_truncate", "needs the rollout engine's log-probs"),
+        ("rollout.top_k=-1", "rollout.top_k"),
+        ("rollout.stop=['']", "rollout.stop holds an empty string"),
+        ("rollout.vllm.gpu_memory_utilization=1.5", "gpu_memory_utilization in (0, 1]"),
+        ("train.logprobs_on=both", "train.logprobs_on must be one of 'sampler' | 'trainer'"),
     ],
 )
 def test_errors_name_the_key(override, message):
@@ -133,3 +139,10 @@ def test_packing_and_token_budget_values_are_checked():
         load_config(None, ["train.packing=yes"])
     with pytest.raises(ConfigError, match="max_tokens_per_micro_batch"):
         load_config(None, ["train.max_tokens_per_micro_batch=-1"])
+
+
+def test_rollout_correction_threshold_is_checked_with_vllm():
+    base = ["rollout.backend=vllm", "algo.rollout_correction=sequence_mask"]
+    assert load_config(DEMO, base).algo.rollout_correction == "sequence_mask"
+    with pytest.raises(ConfigError, match="rollout_correction_threshold must be > 1"):
+        load_config(DEMO, [*base, "algo.rollout_correction_threshold=1"])

@@ -267,3 +267,50 @@ def test_packed_logprobs_through_a_lora_model(tiny_llama):
     ref = completion_logprobs(model, padded.input_ids, padded.attention_mask, padded.prompt_len)[0]
     mask = padded.response_mask
     torch.testing.assert_close(packed * mask, ref * mask, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("top_p,top_k", [(0.9, 0), (0.5, 0), (1.0, 7), (0.8, 20), (0.0001, 0)])
+def test_kept_log_mass_matches_transformers_warpers(top_p, top_k):
+    """The kept set is HF's (and vLLM's): temperature, then top-k, then top-p."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from grpo.logprobs import Truncation, kept_log_mass
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 50) * 3
+    got = kept_log_mass(logits, Truncation(top_p, top_k), temperature=0.7, chunk_size=4)
+    z = (logits / 0.7).reshape(-1, 50)
+    warped = z.clone()
+    if top_k:
+        warped = TopKLogitsWarper(top_k)(None, warped)
+    if top_p < 1:
+        warped = TopPLogitsWarper(top_p)(None, warped)
+    kept = torch.isfinite(warped)
+    want = z.log_softmax(-1).masked_fill(~kept, -torch.inf).logsumexp(-1).view(3, 5)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert (got <= 1e-6).all()
+    if top_p == 0.0001 and not top_k:  # only the most likely token is left
+        assert torch.allclose(got, z.log_softmax(-1).max(-1).values.view(3, 5), atol=1e-6)
+
+
+def test_pairs_logprobs_reports_kept_mass_only_when_truncating(tiny_llama):
+    from grpo.logprobs import Truncation, pairs_logprobs
+
+    prompts = [torch.arange(3, 8).numpy(), torch.arange(10, 13).numpy()]
+    completions = [torch.arange(20, 24).numpy(), torch.arange(30, 32).numpy()]
+    args = dict(packed=False, pad_id=0, temperature=1.0)
+    with torch.no_grad():
+        plain = pairs_logprobs(tiny_llama, prompts, completions, **args)
+        off = pairs_logprobs(tiny_llama, prompts, completions, truncation=Truncation(), **args)
+        on = pairs_logprobs(
+            tiny_llama, prompts, completions, truncation=Truncation(top_p=0.5), **args
+        )
+        packed = pairs_logprobs(
+            tiny_llama, prompts, completions, truncation=Truncation(top_p=0.5),
+            **(args | {"packed": True}),
+        )  # fmt: skip
+    assert plain.log_kept_mass is None and off.log_kept_mass is None
+    assert on.log_kept_mass is not None and torch.equal(on.logp, plain.logp)
+    valid = on.mask.bool()
+    assert (on.log_kept_mass[valid] < 0).all()
+    assert torch.allclose(packed.log_kept_mass[valid], on.log_kept_mass[valid], atol=1e-5)
