@@ -1,5 +1,6 @@
 """A short run of the real demo config: SmolLM2-135M-Instruct, GSM8K, 2 trainer ranks."""
 
+import importlib.util
 import json
 import re
 
@@ -33,3 +34,41 @@ def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
     evals = [json.loads(x) for x in (tmp_path / "smoke" / "eval.jsonl").read_text().splitlines()]
     assert [e["version"] for e in evals] == [0, 2]
     assert re.search(r"plot:\s+\S+plot.png", log)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_cpu_demo_config_with_vllm_two_steps_and_a_reload(tmp_path, base_model_dir):
+    """The demo config on the vLLM backend: trainer-side old/reference log-probs, top-p
+    renormalised, truncated rollout correction. The engine's log-probs of batch 1 (sampled
+    after the in-place reload of version 1) agree with the trainer's own: the reload took."""
+    overrides = [
+        f"output_dir={tmp_path}",
+        "name=vllm",
+        "train.total_steps=2",
+        "rollout.questions_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=24",
+        "rollout.top_p=0.9",
+        "rollout.backend=vllm",
+        "rollout.vllm.kv_cache_gib=0.5",
+        "rollout.vllm.enforce_eager=true",
+        "train.logprobs_on=trainer",
+        "algo.rollout_correction=token_truncate",
+        "eval.interval=2",
+        "eval.num_questions=2",
+        "eval.max_new_tokens=24",
+        *transport_overrides(),
+    ]
+    proc = run_launch("configs/cpu_demo.yaml", overrides, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "vllm" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [0, 1]
+    assert "vLLM serves version 1 (in place" in log
+    for r in rows:
+        assert r["rollout_vs_old_logp_abs_diff"] < 1e-3, r
+        assert abs(r["correction_weight_mean"] - 1) < 1e-2 and r["correction_clipped_frac"] == 0
+        assert r["sampler_reload_s"] >= 0 and r["score_s"] > 0
+    assert rows[1]["sampler_reload_s"] > 0
+    evals = [json.loads(x) for x in (tmp_path / "vllm" / "eval.jsonl").read_text().splitlines()]
+    assert [e["version"] for e in evals] == [0, 2]
