@@ -44,7 +44,9 @@ def run(quick: bool = False) -> list[Result]:
     questions, n, new_tokens = (2, 2, 16) if quick else (16, 4, 128)
     cfg = load_config(
         REPO / "configs" / "cpu_demo.yaml",
-        [f"rollout.max_new_tokens={new_tokens}", "rollout.backend=vllm", "eval.interval=0"],
+        [f"rollout.max_new_tokens={new_tokens}", "rollout.backend=vllm", "eval.interval=0"]
+        # quick (the test suite): no compilation, so the two engine starts take ~30 s, not ~80
+        + ["rollout.vllm.enforce_eager=true"] * quick,
     )
     base = ensure_embedded_base()
     tokenizer = load_tokenizer(base)
