@@ -301,19 +301,15 @@ def optimizer_step(
         old = pad_right([e.old_logp for e in chunk], width).to(device)
         ref = pad_right([e.ref_logp for e in chunk], width).to(device)
         adv = pad_right([advantages[j] for j in part], width).to(device)
-        # rollout-correction importance weights (ones when off)
-        is_w = (
-            torch.ones_like(adv)
-            if weights is None
-            else pad_right([weights[j] for j in part], width).to(device)
-        )
+        is_w = None if weights is None else pad_right([weights[j] for j in part], width)
         if agg == "seq-mean-token-sum-norm":
             # Dr. GRPO divides by a constant, the longest possible answer, not by this
             # micro-batch's longest: widen the loss inputs (not the forward) to it.
             width = max(width, cfg.rollout.max_new_tokens)
-            old, ref, adv, mask, logp, entropy, is_w = (
-                widen(t, width) for t in (old, ref, adv, mask, logp, entropy, is_w)
+            old, ref, adv, mask, logp, entropy = (
+                widen(t, width) for t in (old, ref, adv, mask, logp, entropy)
             )
+            is_w = None if is_w is None else widen(is_w, width)
         pg_loss, pg_metrics = policy_loss(
             algo.loss,
             old,
@@ -324,7 +320,7 @@ def optimizer_step(
             clip_low=clip_low,
             clip_high=clip_high,
             clip_c=algo.clip_c,
-            weights=None if weights is None else is_w,
+            weights=None if is_w is None else is_w.to(device),  # rollout correction
         )
         kl = kl_penalty(logp, ref, algo.kl_kind)
         loss = pg_loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
@@ -610,14 +606,17 @@ class Trainer:
 
     def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
         self.check_shape(batch)
+        scored_by_sampler = batch.columns.old_logp is not None
+        if scored_by_sampler != (self.cfg.train.logprobs_on == "sampler"):
+            raise ValueError(
+                f"batch {batch.seq} from {batch.sampler_id} "
+                f"{'has' if scored_by_sampler else 'lacks'} old-policy log-probs but "
+                f"train.logprobs_on is {self.cfg.train.logprobs_on}: start both roles with the "
+                "same config"
+            )
         t_score = time.monotonic()
         if self.reference is not None:
             batch = self.score_on_ranks(batch)
-        elif batch.columns.old_logp is None or batch.columns.ref_logp is None:
-            raise ValueError(
-                f"batch {batch.seq} from {batch.sampler_id} has no old / reference log-probs "
-                "but train.logprobs_on is sampler: start both roles with the same config"
-            )
         score_s = time.monotonic() - t_score
         if batch.seq != step - 1 and self.rank == 0:
             log.warning(
