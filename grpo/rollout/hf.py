@@ -1,4 +1,4 @@
-"""HF `generate` rollout engine and the log-prob scoring the sampler attaches to episodes."""
+"""HF `generate` rollout: G answers per prompt, ending at EOS, a stop string or the cap."""
 
 from __future__ import annotations
 
