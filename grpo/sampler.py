@@ -21,7 +21,7 @@ import torch
 from grpo.checkpoint import is_adapter, load_state_dict, version_dir
 from grpo.config import Config
 from grpo.episode import Episode, EpisodeBatch
-from grpo.logprobs import Truncation, score_pairs
+from grpo.logprobs import Truncation, score_for_training
 from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import (
     apply_lora,
@@ -278,29 +278,24 @@ class Sampler:
         )
 
     def score(self, gens: list[Generation]) -> tuple[list, list, list]:
-        """(old, reference, rollout) log-probs per answer; None where not computed here.
-
-        With top-p / top-k, the engine's log-probs are over the tokens it kept; adding the
-        log kept mass (measured with the same weights as the old log-probs) puts them on the
-        full vocabulary, so the trainer compares them with old_logp directly."""
+        """(old, reference, rollout) log-probs per answer; None where not computed here
+        (see grpo.logprobs.score_for_training)."""
         rollout = [g.rollout_logp for g in gens]
         if not self.scores:
             return [None] * len(gens), [None] * len(gens), rollout
-        assert self.policy is not None and self.reference is not None
         cfg = self.cfg.rollout
-        pairs = [g.prompt_ids for g in gens], [g.completion_ids for g in gens]
-        args = dict(
+        return score_for_training(
+            self.policy,
+            self.reference,
+            [g.prompt_ids for g in gens],
+            [g.completion_ids for g in gens],
+            rollout,
+            truncation=Truncation(cfg.top_p, cfg.top_k),
             pad_id=self.tokenizer.pad_token_id,
             temperature=cfg.temperature,
             batch_size=cfg.generation_batch_size,
             packed=self.cfg.packed,
         )
-        truncation = Truncation(cfg.top_p, cfg.top_k) if rollout[0] is not None else None
-        old, kept = score_pairs(self.policy, *pairs, truncation=truncation, **args)
-        ref, _ = score_pairs(self.reference, *pairs, **args)
-        if kept is not None:
-            rollout = [r + m for r, m in zip(rollout, kept, strict=True)]
-        return old, ref, rollout
 
     # ------------------------------------------------------------------ eval
 

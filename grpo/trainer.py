@@ -50,7 +50,7 @@ from grpo.episode import (
     encode_batch,
     frames_to_bytes,
 )
-from grpo.logprobs import Truncation, pairs_logprobs, score_pairs
+from grpo.logprobs import Truncation, pairs_logprobs, score_for_training
 from grpo.metrics import METRICS_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import (
     apply_lora,
@@ -575,33 +575,31 @@ class Trainer:
         """train.logprobs_on: trainer: old (current weights, before this step's first update)
         and reference log-probs of the whole batch, each rank scoring its own groups.
 
-        With top-p / top-k the engine's log-probs are moved onto the full vocabulary with the
-        kept mass measured here, as the sampler does when it scores."""
+        The engine's log-probs are put on the full vocabulary here, as the sampler does when
+        it scores (grpo.logprobs.score_for_training)."""
         cfg, r = self.cfg, self.cfg.rollout
         g0 = self.rank * self.groups_per_rank
         mine = batch.select_groups(g0, g0 + self.groups_per_rank).episodes
-        pairs = [e.prompt_ids for e in mine], [e.completion_ids for e in mine]
-        args = dict(
+        scored = score_for_training(
+            self.engine.module,
+            self.reference,
+            [e.prompt_ids for e in mine],
+            [e.completion_ids for e in mine],
+            [e.rollout_logp for e in mine],
+            truncation=Truncation(r.top_p, r.top_k),
             pad_id=self.tokenizer.pad_token_id,
             temperature=r.temperature,
             packed=cfg.packed,
             batch_size=cfg.train.micro_batch_size,
         )
-        has_rollout = batch.columns.rollout_logp is not None
-        truncation = Truncation(r.top_p, r.top_k) if has_rollout else None
-        old, kept = score_pairs(self.engine.module, *pairs, truncation=truncation, **args)
-        ref, _ = score_pairs(self.reference, *pairs, **args)
         gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, (old, ref, kept))  # trainer ranks only, never the wire
+        dist.all_gather_object(gathered, scored)  # among the trainer ranks, never on the wire
         arrays = {
-            "old_logp": [a for o, _, _ in gathered for a in o],
-            "ref_logp": [a for _, f, _ in gathered for a in f],
+            name: [a for rank in gathered for a in rank[i]]
+            for i, name in enumerate(("old_logp", "ref_logp", "rollout_logp"))
         }
-        if gathered[0][2] is not None:
-            masses = [a for _, _, k in gathered for a in k]
-            arrays["rollout_logp"] = [
-                e.rollout_logp + m for e, m in zip(batch.episodes, masses, strict=True)
-            ]
+        if batch.columns.rollout_logp is None:
+            del arrays["rollout_logp"]
         return batch.with_arrays(**arrays)
 
     def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:

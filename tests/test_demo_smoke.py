@@ -11,10 +11,11 @@ from tests.conftest import run_launch, transport_overrides
 pytestmark = pytest.mark.slow
 
 
-def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
-    overrides = [
+def short_demo(tmp_path, name: str) -> list[str]:
+    """The demo config cut to 2 steps of 2 x 2 short answers, evaluated at v0 and v2."""
+    return [
         f"output_dir={tmp_path}",
-        "name=smoke",
+        f"name={name}",
         "train.total_steps=2",
         "rollout.questions_per_step=2",
         "rollout.group_size=2",
@@ -24,6 +25,10 @@ def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
         "eval.max_new_tokens=24",
         *transport_overrides(),
     ]
+
+
+def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
+    overrides = short_demo(tmp_path, "smoke")
     proc = run_launch("configs/cpu_demo.yaml", overrides, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
@@ -37,27 +42,24 @@ def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_cpu_demo_config_with_vllm_two_steps_and_a_reload(tmp_path, base_model_dir):
-    """The demo config on the vLLM backend: trainer-side old/reference log-probs, top-p
-    renormalised, truncated rollout correction. The engine's log-probs of batch 1 (sampled
-    after the in-place reload of version 1) agree with the trainer's own: the reload took."""
+@pytest.mark.parametrize(
+    "logprobs_on, correction", [("trainer", "token_truncate"), ("sampler", "sequence_mask")]
+)
+def test_cpu_demo_config_with_vllm_two_steps_and_a_reload(
+    tmp_path, base_model_dir, logprobs_on, correction
+):
+    """The demo config on the vLLM backend, top-p renormalised, with a rollout correction,
+    the old/reference log-probs computed by either role. The engine's log-probs of batch 1
+    (sampled after the in-place reload of version 1) agree with the old ones: the reload
+    took, on every model that serves version 1."""
     overrides = [
-        f"output_dir={tmp_path}",
-        "name=vllm",
-        "train.total_steps=2",
-        "rollout.questions_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=24",
+        *short_demo(tmp_path, "vllm"),
         "rollout.top_p=0.9",
         "rollout.backend=vllm",
         "rollout.vllm.kv_cache_gib=0.5",
         "rollout.vllm.enforce_eager=true",
-        "train.logprobs_on=trainer",
-        "algo.rollout_correction=token_truncate",
-        "eval.interval=2",
-        "eval.num_questions=2",
-        "eval.max_new_tokens=24",
-        *transport_overrides(),
+        f"train.logprobs_on={logprobs_on}",
+        f"algo.rollout_correction={correction}",
     ]
     proc = run_launch("configs/cpu_demo.yaml", overrides, timeout=900)
     log = proc.stdout + proc.stderr
@@ -68,7 +70,9 @@ def test_cpu_demo_config_with_vllm_two_steps_and_a_reload(tmp_path, base_model_d
     for r in rows:
         assert r["rollout_vs_old_logp_abs_diff"] < 1e-3, r
         assert abs(r["correction_weight_mean"] - 1) < 1e-2 and r["correction_clipped_frac"] == 0
-        assert r["sampler_reload_s"] >= 0 and r["score_s"] > 0
+        # the scoring forwards ran where configured (seconds, against ~0 where skipped)
+        assert (r["score_s"] > 0.05) == (logprobs_on == "trainer")
+        assert (r["sampler_logprob_s"] > 0.05) == (logprobs_on == "sampler")
     assert rows[1]["sampler_reload_s"] > 0
     evals = [json.loads(x) for x in (tmp_path / "vllm" / "eval.jsonl").read_text().splitlines()]
     assert [e["version"] for e in evals] == [0, 2]
