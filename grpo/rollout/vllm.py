@@ -30,14 +30,13 @@ WORKER_EXTENSION = "grpo.rollout.vllm_worker.WeightReloader"
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's LoRA kernels accept
 
 
-def engine_kwargs(cfg: Config, model_path: Path) -> dict:
-    """`vllm.LLM(...)` arguments for this config."""
+def engine_kwargs(cfg: Config) -> dict:
+    """`vllm.LLM(...)` arguments for this config, all but the model dir."""
     v, r = cfg.rollout.vllm, cfg.rollout
     max_len = v.max_model_len or cfg.data.max_prompt_tokens + max(
         r.max_new_tokens, cfg.eval.max_new_tokens
     )
     kwargs = dict(
-        model=str(model_path),
         dtype=cfg.model.dtype,
         seed=r.seed,
         tensor_parallel_size=v.tensor_parallel_size,
@@ -72,15 +71,14 @@ class VllmRollout:
     def __init__(self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None):
         self.cfg = cfg
         self.stop_event = stop_event or threading.Event()
-        self.kwargs = engine_kwargs(cfg, model_path)
+        self.kwargs = engine_kwargs(cfg)
         self.lora_request = None
-        self.version = 0
         self.llm = self._start(model_path)
 
     def _start(self, model_path: Path):
         vllm = _import_vllm()
         t0 = time.monotonic()
-        llm = vllm.LLM(**(self.kwargs | {"model": str(model_path)}))
+        llm = vllm.LLM(model=str(model_path), **self.kwargs)
         log.info("vLLM engine started on %s in %.1f s", model_path, time.monotonic() - t0)
         return llm
 
@@ -154,7 +152,6 @@ class VllmRollout:
                 )
                 self._restart(vdir)
                 how = "restart (fallback)"
-        self.version = version
         log.info("vLLM serves version %d (%s, %.2f s)", version, how, time.monotonic() - t0)
         return how
 

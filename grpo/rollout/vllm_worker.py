@@ -25,7 +25,6 @@ class WeightReloader:
             tensors = ((name, f.get_tensor(name)) for name in names)
             self.model_runner.reload_weights(weights_iterator=tensors)  # type: ignore[attr-defined]
         self._retie_lm_head()
-        self.grpo_version = version
         return {"version": version, "tensors": len(names)}
 
     def _retie_lm_head(self) -> None:
@@ -41,6 +40,3 @@ class WeightReloader:
             return
         head.weight = embed.weight
         head.quant_method.process_weights_after_loading(head)
-
-    def grpo_version_loaded(self) -> int:
-        return getattr(self, "grpo_version", 0)
