@@ -22,6 +22,7 @@ from grpo.episode import (
     bytes_to_frames,
     decode,
     encode_batch,
+    seal,
     encode_message,
     frames_to_bytes,
 )
@@ -73,7 +74,7 @@ def received(frames: list[Any]) -> list[bytes]:
 
 
 def header_of(frames: list[Any]) -> dict[str, Any]:
-    return msgpack.unpackb(bytes(frames[0]), raw=False)
+    return msgpack.unpackb(bytes(frames[0])[4:], raw=False)
 
 
 def with_header(frames: list[Any], **changes: Any) -> list[bytes]:
@@ -84,7 +85,7 @@ def with_header(frames: list[Any], **changes: Any) -> list[bytes]:
             del h[k]
         else:
             h[k] = v
-    return [msgpack.packb(h, use_bin_type=True), *received(frames[1:])]
+    return seal(msgpack.packb(h, use_bin_type=True), received(frames[1:]))
 
 
 def assert_episodes_identical(a: Episode, b: Episode) -> None:
@@ -370,8 +371,11 @@ def test_post_init_bad_stats() -> None:
 def test_rejects_truncated_buffer() -> None:
     frames = list(GOOD_FRAMES)
     frames[2] = frames[2][:-1]
-    with pytest.raises(FrameError, match="bytes for"):
+    with pytest.raises(FrameError, match="checksum"):
         decode(frames)
+    # Even with a checksum that matches, the size check catches it.
+    with pytest.raises(FrameError, match="bytes for"):
+        decode(seal(bytes(GOOD_FRAMES[0])[4:], frames[1:]))
 
 
 def test_rejects_extra_and_missing_frames() -> None:
@@ -472,8 +476,8 @@ def test_rejects_mismatched_lengths() -> None:
         [b"\xc1"],  # msgpack "never used" byte
         [b""],
         [b"\x93\x01\x02\x03"],  # a msgpack list, not a map
-        [msgpack.packb({1: 2})],  # int map key (strict_map_key)
-        [msgpack.packb({"magic": MAGIC}) + b"trailing"],
+        seal(msgpack.packb({1: 2})),  # int map key (strict_map_key)
+        seal(msgpack.packb({"magic": MAGIC}) + b"trailing"),
         [b"\xdd\xff\xff\xff\xff"],  # array32 claiming 4G entries
         [b"\x91" * 100_000],  # deep nesting
         ["not bytes"],
@@ -503,15 +507,16 @@ def test_rejects_bad_message() -> None:
         bad = dict(h)
         bad[k] = v
         with pytest.raises(FrameError):
-            decode([msgpack.packb(bad, use_bin_type=True)])
+            decode(seal(msgpack.packb(bad, use_bin_type=True)))
     with pytest.raises(FrameError):
-        decode([msgpack.packb({**h, "body": {b"k": 1}}, use_bin_type=True)])
+        decode(seal(msgpack.packb({**h, "body": {b"k": 1}}, use_bin_type=True)))
 
 
 # --------------------------------------------------------------------------- fuzzing
 
+# Four fuzz tests x 2,500 examples: at least 10,000 malformed messages through the decoder.
 FUZZ = settings(
-    max_examples=700,
+    max_examples=2500,
     deadline=None,
     derandomize=True,
     database=None,  # keep runs reproducible and leave no .hypothesis/ behind
@@ -552,6 +557,26 @@ def test_fuzz_bit_flipped_headers(
     if cut >= 0:
         header = header[: cut % (len(header) + 1)]
     decode_or_frame_error([bytes(header), *frames[1:]])
+
+
+@FUZZ
+@given(
+    st.sampled_from([GOOD_FRAMES, GOOD_MESSAGE]),
+    st.integers(0, 1 << 30),
+    st.integers(0, 1 << 30),
+    st.integers(0, 7),
+)
+def test_fuzz_any_flipped_bit_fails_the_checksum(
+    frames: list[bytes], which: int, pos: int, bit: int
+) -> None:
+    """A corrupted reward, token id or log-prob is never decoded as data."""
+    frames = [bytearray(f) for f in frames]
+    target = frames[which % len(frames)]
+    if not target:
+        return
+    target[pos % len(target)] ^= 1 << bit
+    with pytest.raises(FrameError):
+        decode([bytes(f) for f in frames])
 
 
 _MSGPACK_VALUES = st.recursive(
