@@ -4,7 +4,8 @@ Layout under a run dir:
     versions/v000003/       model.safetensors (or adapter_model.safetensors) + version.json
     LATEST                  "3\n", replaced atomically after the version dir is complete
 A version dir appears only by rename of a finished temporary dir, and LATEST only ever names a
-complete one, so a reader never sees half-written weights.
+complete one, so a reader never sees half-written weights. version.json also lists each file's
+size and CRC-32: a reader checks them (verify_version) and keeps its weights on a mismatch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import shutil
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,8 +43,9 @@ def publish_version(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save(tmp)
+    files = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     (tmp / VERSION_MARKER).write_text(
-        json.dumps({"version": version, "step": step, "time": time.time()})
+        json.dumps({"version": version, "step": step, "time": time.time(), "files": files})
     )
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -55,6 +58,42 @@ def _prune(run_dir: Path, keep: int) -> None:
     versions = sorted(p for p in (run_dir / "versions").glob("v*") if p.is_dir())
     for old in versions[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def file_digest(path: Path) -> dict[str, int]:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return {"bytes": path.stat().st_size, "crc32": crc}
+
+
+def verify_version(vdir: Path) -> None:
+    """Raise ValueError naming the problem unless every file version.json lists is intact."""
+    try:
+        files = json.loads((vdir / VERSION_MARKER).read_text())["files"]
+    except FileNotFoundError:
+        raise ValueError(f"{vdir} is missing or incomplete (no {VERSION_MARKER})") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{vdir / VERSION_MARKER} is unreadable: {e}") from None
+    for name, want in files.items():
+        try:
+            got = file_digest(vdir / name)
+        except OSError as e:
+            raise ValueError(f"{vdir / name}: {e}") from None
+        if got != want:
+            raise ValueError(f"{vdir / name} is corrupt: {got} where version.json says {want}")
+
+
+def discard_versions_after(run_dir: Path, version: int) -> list[int]:
+    """Remove versions newer than `version` (published by a run that crashed before saving
+    its state; a resumed run republishes its own). Returns the removed version numbers."""
+    removed = []
+    for vdir in sorted((run_dir / "versions").glob("v*")):
+        if vdir.is_dir() and vdir.name[1:].isdigit() and int(vdir.name[1:]) > version:
+            shutil.rmtree(vdir, ignore_errors=True)
+            removed.append(int(vdir.name[1:]))
+    return removed
 
 
 def latest_version(run_dir: Path) -> int | None:

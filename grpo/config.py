@@ -115,7 +115,19 @@ class RolloutConfig:
     max_new_tokens: int = _f(256, "longest answer; longer ones end with finish_reason 'length'")
     seed: int = _f(0, "sampling seed; batch k uses seed + k")
     generation_batch_size: int = _f(16, "sequences per generate() call")
-    sampler_id: str = _f("sampler-0", "name of this sampler in batches and logs")
+    sampler_id: str = _f("sampler-0", "name of this sampler in batches, logs and metrics")
+    num_samplers: int = _f(
+        1, "samplers feeding the trainer; each makes total_steps / num_samplers batches"
+    )
+    sampler_index: int = _f(
+        0, "this sampler's shard of the train rows (rows index, index + num_samplers, ...)"
+    )
+    spool_dir: str = _f(
+        "", "where unacknowledged batches wait on disk; '' = <output_dir>/spool/<name>/<sampler_id>"
+    )
+    spool_max_batches: int = _f(
+        64, "unacknowledged batches at most; the sampler waits for the trainer beyond that"
+    )
     dynamic_sampling: bool = _f(
         False, "DAPO: replace groups whose answers all score the same with new questions"
     )
@@ -216,7 +228,14 @@ class TrainConfig:
     )
     keep_versions: int = _f(3, "published weight versions kept on disk")
     state_interval: int = _f(
-        0, "also save the DeepSpeed state (optimizer, step) every N steps; 0 = at the end only"
+        50,
+        "save the training state (model, optimizer, step, ledger) every N steps and at the end "
+        "(0 = at the end only); batches are acknowledged to the sampler once saved",
+    )
+    resume: Literal["never", "auto", "always"] = _f(
+        "never",
+        "continue from the run dir's training state and the sampler's spool: auto = if there "
+        "is one, always = it must exist (--resume); never = a new run",
     )
     seed: int = _f(0, "trainer seed")
     logprobs_on: Literal["sampler", "trainer"] = _f(
@@ -275,6 +294,13 @@ class Config:
         return Path(self.output_dir) / self.name
 
     @property
+    def spool_path(self) -> Path:
+        """The sampler's spool: outside the run dir, which a new trainer run moves aside."""
+        if self.rollout.spool_dir:
+            return Path(self.rollout.spool_dir)
+        return Path(self.output_dir) / "spool" / self.name / self.rollout.sampler_id
+
+    @property
     def packed(self) -> bool:
         """Whether the trainer's and sampler's scoring forwards pack sequences (train.packing)."""
         if self.train.packing == "auto":
@@ -300,6 +326,8 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
         ("train.num_ranks", cfg.train.num_ranks),
         ("train.sync_interval", cfg.train.sync_interval),
         ("train.keep_versions", cfg.train.keep_versions),
+        ("rollout.num_samplers", cfg.rollout.num_samplers),
+        ("rollout.spool_max_batches", cfg.rollout.spool_max_batches),
         ("transport.heartbeat_s", cfg.transport.heartbeat_s),
         ("transport.peer_timeout_s", cfg.transport.peer_timeout_s),
         ("transport.startup_timeout_s", cfg.transport.startup_timeout_s),
@@ -316,6 +344,7 @@ def _check_values(cfg: Config) -> None:
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p!r}")
     _check_rollout(cfg)
+    _check_delivery(cfg)
     if cfg.rollout.group_size < 2:
         raise ConfigError(
             "rollout.group_size must be >= 2: group-normalised advantages need several answers"
@@ -418,6 +447,29 @@ def _check_rollout(cfg: Config) -> None:
                 "algo.rollout_correction_threshold must be > 1, got "
                 f"{cfg.algo.rollout_correction_threshold!r}"
             )
+
+
+def _check_delivery(cfg: Config) -> None:
+    r, t = cfg.rollout, cfg.train
+    if not 0 <= r.sampler_index < r.num_samplers:
+        raise ConfigError(
+            f"rollout.sampler_index must be in [0, rollout.num_samplers={r.num_samplers}), "
+            f"got {r.sampler_index}"
+        )
+    if t.total_steps % r.num_samplers:
+        raise ConfigError(
+            f"train.total_steps ({t.total_steps}) must be a multiple of rollout.num_samplers "
+            f"({r.num_samplers}): each sampler makes an equal share of the batches"
+        )
+    # Batches are acknowledged when a training state is saved; until then they stay spooled.
+    unacked = (t.state_interval or t.total_steps) + t.max_staleness + 1
+    if r.spool_max_batches < unacked:
+        raise ConfigError(
+            f"rollout.spool_max_batches ({r.spool_max_batches}) must be at least "
+            f"train.state_interval + train.max_staleness + 1 = {unacked}, or the sampler would "
+            "wait for acknowledgements that only a state save sends: raise it or save the state "
+            "more often"
+        )
 
 
 def _check_transport(t: TransportConfig) -> None:

@@ -6,7 +6,6 @@ alignment as the policy's logits), so values line up with the response mask.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -118,9 +117,6 @@ class Critic:
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * tokens / n_tokens
         return sums
-
-    def save_state(self, state_dir: Path, tag: str) -> None:
-        self.engine.save_checkpoint(str(state_dir), tag=tag)
 
 
 def _with_lr(ds_config: dict[str, Any], lr: float) -> dict[str, Any]:

@@ -11,16 +11,17 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from grpo.checkpoint import is_adapter, load_state_dict, version_dir
+from grpo.checkpoint import is_adapter, load_state_dict, verify_version, version_dir
 from grpo.config import Config
-from grpo.episode import Episode, EpisodeBatch
+from grpo.episode import Episode, EpisodeBatch, encode_batch
 from grpo.logprobs import Truncation, score_for_training
 from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import (
@@ -32,6 +33,7 @@ from grpo.models import (
 )
 from grpo.rollout.hf import Generation, HFRollout
 from grpo.rollout.vllm import VllmRollout
+from grpo.spool import Spool
 from grpo.tasks import Row, Task, get_task, load_reward_fn, score
 from grpo.transport import PeerError, SamplerChannel
 
@@ -69,17 +71,23 @@ def encode_prompts(
 
 
 def question_stream(
-    prompts: list[Prompt], n: int, seed: int, shuffle: bool
+    prompts: list[Prompt], n: int, seed: int, shuffle: bool, start: int = 0
 ) -> Iterator[list[Prompt]]:
-    """Endless batches of `n` prompts; each epoch is a fresh seeded permutation."""
-    epoch, order, pos = 0, [], 0
+    """Endless batches of `n` prompts; each epoch is a fresh seeded permutation. The first
+    `start` prompts are skipped: a resumed sampler goes on where it stopped."""
+
+    def order_of(epoch: int) -> np.ndarray:
+        rng = np.random.default_rng(seed + epoch)
+        return rng.permutation(len(prompts)) if shuffle else np.arange(len(prompts))
+
+    epoch, pos = divmod(start, len(prompts))
+    order = order_of(epoch)
     while True:
         batch = []
         while len(batch) < n:
             if pos == len(order):
-                rng = np.random.default_rng(seed + epoch)
-                order = rng.permutation(len(prompts)) if shuffle else np.arange(len(prompts))
                 epoch, pos = epoch + 1, 0
+                order = order_of(epoch)
             batch.append(prompts[order[pos]])
             pos += 1
         yield batch
@@ -115,13 +123,18 @@ class Sampler:
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
         train_rows = self.task.load(cfg.data.train or self.task.default_train)
+        r = cfg.rollout
         self.prompts = encode_prompts(
             self.task,
             train_rows,
             self.tokenizer,
             cfg.data.system_prompt,
             cfg.data.max_prompt_tokens,
-        )
+        )[r.sampler_index :: r.num_samplers]  # disjoint shards, one per sampler
+        if not self.prompts:
+            raise ValueError(f"sampler {r.sampler_index} of {r.num_samplers} has no train rows")
+        self.spool = Spool(cfg.spool_path, r.spool_max_batches)
+        self.next_seq, self.position = self.resume_position()
         self.eval_prompts: list[Prompt] = []
         if cfg.eval.interval and cfg.eval.num_questions:
             test_rows = self.task.load(cfg.data.test or self.task.default_test)
@@ -155,12 +168,73 @@ class Sampler:
         self.evaluated: set[int] = set()
         self.channel: SamplerChannel | None = None
         self.signalled = threading.Event()
+        self.restarts_handled = 0
+        self.failed_reloads: set[int] = set()  # versions whose files failed their checksums
+
+    # ------------------------------------------------------------------ resume
+
+    def data_fingerprint(self) -> dict[str, Any]:
+        """What must not change for a dataset position to mean the same questions."""
+        cfg = self.cfg
+        return {
+            "task": cfg.data.task,
+            "train": cfg.data.train,
+            "prompts": len(self.prompts),
+            "first_row": self.prompts[0].index,
+            "seed": cfg.rollout.seed,
+            "shuffle": cfg.data.shuffle,
+            "questions_per_step": cfg.rollout.questions_per_step,
+            "num_samplers": cfg.rollout.num_samplers,
+            "sampler_index": cfg.rollout.sampler_index,
+        }
+
+    def resume_position(self) -> tuple[int, int]:
+        """(next batch seq, prompts drawn so far): from the spool with train.resume, else zero
+        (and the spool of an earlier run is emptied)."""
+        where = self.spool.dir
+        if self.cfg.train.resume == "never":
+            self.spool.clear()
+            return 0, 0
+        state = self.spool.read_state()
+        if state is None:
+            if self.cfg.train.resume == "always":
+                raise ValueError(f"--resume: no sampler state in {where} (rollout.spool_dir)")
+            return 0, 0
+        want = self.data_fingerprint()
+        for key, value in want.items():
+            if state["fingerprint"].get(key) != value:
+                raise ValueError(
+                    f"cannot resume the sampler from {where}: it was drawing questions with "
+                    f"{key}={state['fingerprint'].get(key)!r}, this run has {key}={value!r}; "
+                    "use the same data and rollout settings, or train.resume=never"
+                )
+        next_seq, position = state["next_seq"], state["position"]
+        pending = self.spool.pending()
+        if pending and pending[-1] >= next_seq:  # killed between spooling a batch and the state
+            last = self.spool.batch(pending[-1])
+            next_seq, position = last.seq + 1, int(last.stats["data_end"])
+        log.info(
+            "resuming at batch %d, question %d of the shard (%d batches spooled)",
+            next_seq,
+            position,
+            len(pending),
+        )
+        return next_seq, position
 
     # ------------------------------------------------------------------ weights
 
     def reload(self, version: int) -> None:
-        """Load published version `version` into the HF policy and the vLLM engine (if any)."""
+        """Load published version `version` into the HF policy and the vLLM engine (if any).
+
+        A version whose files fail their checksums (or are gone) is not loaded: the sampler
+        keeps its current weights, says why, and tries again at the next announced version."""
         vdir = version_dir(self.run_dir, version)
+        try:
+            verify_version(vdir)
+        except ValueError as e:
+            self.failed_reloads.add(version)
+            log.warning("keeping version %d, not loading version %d: %s", self.version, version, e)
+            return
         t0 = time.monotonic()
         if self.policy is not None:
             self.load_into_policy(vdir)
@@ -194,16 +268,67 @@ class Sampler:
                 )
 
     def wait_for_version(self, needed: int) -> None:
-        """Wait until the trainer published `needed` (the staleness bound), then load the newest."""
+        """Wait until the trainer published `needed` (the staleness bound), then load the newest
+        (after a trainer restart that may be older than the one this sampler had)."""
         assert self.channel is not None
-        status, last_note = self.channel.status, time.monotonic()
-        while status.version < needed and not self.channel.stopped.is_set():
+        status = self.channel.status
+        self.wait_until(lambda: status.version >= needed, f"version {needed}")
+        newest = status.version
+        if (
+            newest != self.version
+            and newest not in self.failed_reloads
+            and not self.channel.stopped.is_set()
+        ):
+            self.reload(newest)
+
+    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+        """Sleep until `ready()` or the trainer stops us, keeping the spool in step meanwhile."""
+        assert self.channel is not None
+        last_note = time.monotonic()
+        while True:
+            self.sync_with_trainer()
+            if ready() or self.channel.stopped.is_set():
+                return
             self.channel.wait_for_news(timeout_s=5.0)
             if time.monotonic() - last_note > 60:
-                log.info("waiting for version %d (trainer at %d)", needed, status.version)
+                version = self.channel.status.version
+                log.info("waiting for %s (trainer at version %d)", what, version)
                 last_note = time.monotonic()
-        if status.version > self.version and not self.channel.stopped.is_set():
-            self.reload(status.version)
+
+    # ------------------------------------------------------------------ delivery
+
+    def sync_with_trainer(self) -> None:
+        """Drop acknowledged batches from the spool; resend the rest after a trainer restart."""
+        assert self.channel is not None
+        status = self.channel.status
+        self.spool.acknowledge(status.acked)
+        if status.restarts != self.restarts_handled:
+            self.restarts_handled = status.restarts
+            self.resend_spool()
+
+    def resend_spool(self) -> None:
+        assert self.channel is not None
+        pending = self.spool.pending()
+        for seq in pending:
+            self.channel.send_frames(self.spool.frames(seq), seq)
+        if pending:
+            log.info("resent %d unacknowledged batches: %s", len(pending), pending)
+
+    def send_new(self, batch: EpisodeBatch) -> None:
+        """Spool, then record the position, then send: a crash anywhere loses nothing."""
+        assert self.channel is not None
+        frames = encode_batch(batch)
+        self.channel.check_size(frames, batch.seq)
+        self.spool.put(batch.seq, frames)
+        self.next_seq = batch.seq + 1
+        self.spool.write_state(
+            {
+                "next_seq": self.next_seq,
+                "position": self.position,
+                "fingerprint": self.data_fingerprint(),
+            }
+        )
+        self.channel.send_frames(frames, batch.seq)
 
     # ------------------------------------------------------------------ batches
 
@@ -236,12 +361,14 @@ class Sampler:
         self, seq: int, stream: Iterator[list[Prompt]], rollout: Rollout
     ) -> EpisodeBatch:
         cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
-        t0 = time.monotonic()
+        t0, data_start = time.monotonic(), self.position
         kept, flat, rounds, n_tokens = [], [], 0, 0
         # DAPO's dynamic sampling: a group whose answers all score the same has zero advantage
         # and teaches nothing; sample more questions instead, up to max_sampling_rounds.
         while len(kept) < Q and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
-            groups = self.sample_groups(next(stream), rollout, cfg.seed + seq + rounds * 1_000_003)
+            prompts = next(stream)
+            self.position += len(prompts)
+            groups = self.sample_groups(prompts, rollout, cfg.seed + seq + rounds * 1_000_003)
             rounds += 1
             n_tokens += sum(len(g.completion_ids) for group in groups for g in group.gens)
             for g in groups:
@@ -260,6 +387,9 @@ class Sampler:
             "groups_generated": float(len(kept) + len(flat)),
             "flat_groups_dropped": float(len(flat) - sum(g in chosen for g in flat)),
             "flat_groups_kept": float(sum(g in chosen for g in flat)),
+            # Which prompts of this sampler's shard the batch drew: [data_start, data_end).
+            "data_start": float(data_start),
+            "data_end": float(self.position),
         }
         return EpisodeBatch(episodes, cfg.group_size, self.version, seq, cfg.sampler_id, stats)
 
@@ -377,37 +507,46 @@ class Sampler:
         return HFRollout(self.policy, self.tokenizer, stop_event=stop_event)
 
     def loop(self, rollout: Rollout) -> None:
-        """Batches until the last step's batch is sent, then wait for the trainer's done."""
+        """Batches until this sampler's share is sent, then wait for the trainer's done."""
         cfg, channel = self.cfg, self.channel
         assert channel is not None
         log.info("waiting for the trainer on %s", cfg.transport.control_addr)
-        while not channel.status.seen and not channel.stopped.is_set():
-            time.sleep(0.2)
+        self.wait_until(lambda: channel.status.seen, "the trainer")
+        self.resend_spool()  # left by an earlier run of this sampler; duplicates are dropped
+        r = cfg.rollout
         stream = question_stream(
-            self.prompts, cfg.rollout.questions_per_step, cfg.rollout.seed, cfg.data.shuffle
+            self.prompts, r.questions_per_step, r.seed, cfg.data.shuffle, start=self.position
         )
-        for seq in range(cfg.train.total_steps):
+        share = cfg.train.total_steps // r.num_samplers
+        while self.next_seq < share:
+            # With several samplers, batch seq of this one is about the trainer's step below.
+            step_estimate = self.next_seq * r.num_samplers + r.sampler_index
             self.wait_for_version(
-                required_version(seq, cfg.train.max_staleness, cfg.train.sync_interval)
+                required_version(step_estimate, cfg.train.max_staleness, cfg.train.sync_interval)
             )
+            self.wait_until(lambda: not self.spool.full(), "acknowledgements (spool full)")
             if channel.stopped.is_set():
                 return
             if self.eval_due():
                 self.evaluate(rollout)
-            batch = self.make_batch(seq, stream, rollout)
-            channel.send_batch(batch)
+            batch = self.make_batch(self.next_seq, stream, rollout)
+            self.send_new(batch)
             log.info(
                 "sent batch %d (version %d): reward %.3f, %.0f tokens/s",
-                seq,
+                batch.seq,
                 batch.policy_version,
                 mean([e.reward for e in batch.episodes]),
                 batch.stats["gen_tokens_per_s"],
             )
-        channel.stopped.wait()  # bounded: the watch thread sets it when the trainer goes silent
+        # Bounded: the watch thread sets `stopped` on done, stop, or a silent trainer.
+        self.wait_until(lambda: False, "the trainer to finish")
 
     def finish(self, rollout: Rollout) -> None:
         """After the trainer's done: evaluate the final version, redraw the plot."""
         assert self.channel is not None
+        self.sync_with_trainer()  # done carries the final acknowledgements
+        if left := self.spool.pending():
+            log.warning("%d batches were never acknowledged by the trainer: %s", len(left), left)
         rollout.stop_event = self.signalled  # `stopped` is set by done; only Ctrl-C stops eval
         if self.channel.status.version > self.version:
             self.reload(self.channel.status.version)

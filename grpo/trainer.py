@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from grpo import train_state
 from grpo.algos import (
     adaptive_kl_coef,
     agg_loss,
@@ -38,7 +39,7 @@ from grpo.algos import (
 )
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
 from grpo.batching import length_mask, pad_right
-from grpo.checkpoint import publish_version
+from grpo.checkpoint import discard_versions_after, publish_version
 from grpo.config import Config, save_config
 from grpo.critic import Critic
 from grpo.distributed import accumulate_backward, comm_device, micro_batches, sum_across_ranks
@@ -50,6 +51,7 @@ from grpo.episode import (
     encode_batch,
     frames_to_bytes,
 )
+from grpo.ledger import Ledger
 from grpo.logprobs import Truncation, pairs_logprobs, score_for_training
 from grpo.metrics import METRICS_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import (
@@ -477,6 +479,60 @@ class Trainer:
         self.channel: TrainerChannel | None = None
         self.version = 0
         self.kl_reward_coef = cfg.algo.kl_reward_coef  # adapted each step with kl_ctrl adaptive
+        self.ledger = Ledger()
+        self.duplicates_dropped = 0
+        self.start_step = 0
+        if cfg.train.resume != "never":
+            self.resume()
+
+    # ------------------------------------------------------------------ durable state
+
+    @property
+    def engines(self) -> dict[str, Any]:
+        return {"policy": self.engine} | ({"critic": self.critic.engine} if self.critic else {})
+
+    def state_fingerprint(self) -> dict[str, Any]:
+        """What a saved state must share with this run to be resumed (ZeRO-2 shards the
+        optimizer per rank, so the world size is one of them)."""
+        cfg = self.cfg
+        return {
+            "world": self.world,
+            "questions_per_step": cfg.rollout.questions_per_step,
+            "group_size": cfg.rollout.group_size,
+            "lora": cfg.model.lora.enabled,
+            "critic": self.critic is not None,
+        }
+
+    def resume(self) -> None:
+        state_dir = self.run_dir / "train_state"
+        resumed = train_state.load(state_dir, self.engines, self.state_fingerprint())
+        if resumed is None:
+            if self.cfg.train.resume == "always":
+                raise ValueError(f"--resume: no complete training state in {state_dir}")
+            return
+        self.start_step, self.version = resumed.step, resumed.version
+        self.kl_reward_coef, self.ledger = resumed.kl_reward_coef, resumed.ledger
+        if self.rank == 0:
+            log.info(
+                "resumed from %s at step %d (%d batches in its ledger)",
+                state_dir,
+                self.start_step,
+                sum(len(s) for s in self.ledger.durable.values()),
+            )
+
+    def save_state(self, step: int) -> None:
+        """All ranks: the training state of `step` on disk, then its batches acknowledged."""
+        client_state = {
+            "step": step,
+            "version": self.version,
+            "kl_reward_coef": self.kl_reward_coef,
+            "ledger": {sid: s.to_json() for sid, s in self.ledger.consumed.items()},
+        }
+        state_dir = self.run_dir / "train_state"
+        train_state.save(state_dir, step, self.engines, client_state, self.state_fingerprint())
+        self.ledger.mark_durable()
+        if self.channel is not None:
+            self.channel.acks = self.ledger.acks()
 
     def publish(self, step: int) -> float:
         """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it."""
@@ -533,17 +589,6 @@ class Trainer:
             metrics[key] /= passes
         return metrics
 
-    def save_state(self, step: int) -> None:
-        """DeepSpeed checkpoint (all ranks take part); only the newest one is kept."""
-        state_dir = self.run_dir / "train_state"
-        self.engine.save_checkpoint(str(state_dir), tag=f"step{step}")
-        if self.critic is not None:
-            self.critic.save_state(state_dir / "critic", tag=f"step{step}")
-        if self.rank == 0:
-            for old in [*state_dir.glob("step*"), *state_dir.glob("critic/step*")]:
-                if old.name != f"step{step}":
-                    shutil.rmtree(old, ignore_errors=True)
-
     def receive(self) -> tuple[EpisodeBatch | None, float]:
         """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive; if that
         fails, the other ranks are told to stop."""
@@ -552,8 +597,16 @@ class Trainer:
         assert self.channel is not None
         t0 = time.monotonic()
         try:
-            while (batch := self.channel.recv_batch(wait_s=KEEPALIVE_S)) is None:
-                broadcast_size(KEEPALIVE)
+            while True:
+                batch = self.channel.recv_batch(wait_s=KEEPALIVE_S)
+                if batch is None:
+                    broadcast_size(KEEPALIVE)
+                elif self.ledger.is_duplicate(batch.sampler_id, batch.seq):
+                    self.duplicates_dropped += 1  # a resend of a batch already trained on
+                    log.info("dropped batch %d from %s: already trained on", batch.seq,
+                             batch.sampler_id)  # fmt: skip
+                else:
+                    break
         except BaseException:
             broadcast_batch(None, 0, self.cfg.transport.max_frame_bytes)
             raise
@@ -616,15 +669,6 @@ class Trainer:
         if self.reference is not None:
             batch = self.score_on_ranks(batch)
         score_s = time.monotonic() - t_score
-        if batch.seq != step - 1 and self.rank == 0:
-            log.warning(
-                "step %d got batch %d from %s (expected %d): a batch was lost or a sampler "
-                "from another run is connected",
-                step,
-                batch.seq,
-                batch.sampler_id,
-                step - 1,
-            )
         t0 = time.monotonic()
         g0, G = self.rank * self.groups_per_rank, batch.group_size
         mine = batch.select_groups(g0, g0 + self.groups_per_rank)
@@ -651,6 +695,7 @@ class Trainer:
             )
         groups = gather_group_ids(mine)
         train_s = time.monotonic() - t0
+        self.ledger.consume(batch.sampler_id, batch.seq)
         publish_s = 0.0
         last = step == self.cfg.train.total_steps
         if self.rank == 0 and (step % self.cfg.train.sync_interval == 0 or last):
@@ -660,6 +705,7 @@ class Trainer:
             self.save_state(step)
         row: dict[str, Any] = {
             "step": step,
+            "sampler_id": batch.sampler_id,
             "batch_seq": batch.seq,
             "policy_version": batch.policy_version,
             "staleness": (step - 1) - batch.policy_version,
@@ -667,6 +713,8 @@ class Trainer:
             * len(mine.episodes)
             // mini_batch_seqs(self.cfg, self.world),
             "published_version": self.version,
+            "duplicates_dropped": self.duplicates_dropped,
+            "rejected_frames": self.channel.rejected_frames if self.channel else 0,
         }
         row.update(batch_metrics(batch))
         row.update({"rollout_kl_to_ref": rollout_kl, "kl_reward_coef": kl_coef_used})
@@ -684,20 +732,43 @@ class Trainer:
         )
         return row
 
+    def open_run_dir(self) -> None:
+        """Rank 0: a new run moves the previous one aside; a resumed one drops what the crashed
+        run did after its last saved state and republishes the resumed weights."""
+        if self.start_step == 0:
+            rotate_run_dir(self.run_dir)
+            save_config(self.cfg, self.run_dir / "config.yaml")
+            return
+        dropped = train_state.truncate_metrics(self.run_dir / METRICS_FILE, self.start_step)
+        discarded = discard_versions_after(self.run_dir, self.start_step)
+        log.info(
+            "resuming after step %d: dropped %d metric rows and versions %s of the crashed run",
+            self.start_step,
+            dropped,
+            discarded or "none",
+        )
+        self.publish(self.start_step)  # the sampler follows the trainer back to these weights
+
     def run(self) -> None:
         cfg = self.cfg
         if self.rank == 0:
-            self.channel = TrainerChannel(cfg.transport)  # first: a busy port moves nothing
-            rotate_run_dir(self.run_dir)
-            save_config(cfg, self.run_dir / "config.yaml")
+            # First: a busy port moves nothing. A resumed trainer announces its own version
+            # and acknowledgements from its very first heartbeat.
+            self.channel = TrainerChannel(cfg.transport, self.version, self.ledger.acks())
+            self.open_run_dir()
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
             )
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.train.total_steps, desc="train", disable=self.rank != 0)
+        bar = tqdm(
+            total=cfg.train.total_steps,
+            initial=self.start_step,
+            desc="train",
+            disable=self.rank != 0,
+        )
         try:
-            for step in range(1, cfg.train.total_steps + 1):
+            for step in range(self.start_step + 1, cfg.train.total_steps + 1):
                 batch, recv_s = self.receive()
                 batch = broadcast_batch(batch, self.rank, cfg.transport.max_frame_bytes)
                 if batch is None:
@@ -711,7 +782,8 @@ class Trainer:
                         acc=f"{row['accuracy']:.2f}",
                     )
                     bar.update()
-            self.save_state(step)
+            if self.start_step < cfg.train.total_steps:
+                self.save_state(cfg.train.total_steps)
             if self.channel is not None:
                 self.channel.announce("done", version=self.version)
         except BaseException as e:

@@ -3,6 +3,10 @@
     sampler PUSH ──episodes + heartbeats──▶ PULL trainer   (transport.episodes_addr, trainer binds)
     sampler SUB  ◀──heartbeats, done, stop── PUB trainer   (transport.control_addr, trainer binds)
 
+Every trainer message carries its published version, its incarnation (new at each start, so a
+sampler notices a restart) and its acknowledgements: per sampler, the batches its newest saved
+state holds. They are cumulative, so a control message lost on the PUB socket costs nothing.
+
 Each side runs a heartbeat thread with its own sockets (zmq sockets are not thread-safe), so a
 peer busy generating or training for minutes still looks alive, and a dead one is noticed
 within `peer_timeout_s`. Frames that fail to decode are logged, counted and dropped.
@@ -15,12 +19,15 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
 from grpo.config import TransportConfig
 from grpo.episode import EpisodeBatch, FrameError, Message, decode, encode_batch, encode_message
+from grpo.ledger import SeqSet
 
 log = logging.getLogger("grpo.transport")
 
@@ -51,7 +58,7 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
 class TrainerChannel:
     """Rank 0 of the trainer: receives episode batches, publishes heartbeats and done/stop."""
 
-    def __init__(self, cfg: TransportConfig):
+    def __init__(self, cfg: TransportConfig, version: int = 0, acks: dict[str, Any] | None = None):
         self.cfg = cfg
         self.ctx = zmq.Context()
         self.pull = _socket(self.ctx, zmq.PULL, linger_ms=0)
@@ -66,7 +73,9 @@ class TrainerChannel:
             raise
         self.rejected_frames = 0
         self.last_peer_seen: float | None = None
-        self.published_version = 0
+        self.published_version = version
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.acks: dict[str, Any] = acks or {}  # replaced whole by the trainer at each save
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
@@ -78,7 +87,7 @@ class TrainerChannel:
                 try:
                     msg = self._outbox.get(timeout=self.cfg.heartbeat_s)
                 except queue.Empty:
-                    msg = Message("heartbeat", {"version": self.published_version})
+                    msg = Message("heartbeat", self._body())
                 pub.send_multipart(encode_message(msg))
                 if self._closing.is_set() and self._outbox.empty():
                     break
@@ -87,9 +96,17 @@ class TrainerChannel:
         finally:
             pub.close()
 
-    def announce(self, kind: str, **body) -> None:
+    def _body(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "version": self.published_version,
+            "incarnation": self.incarnation,
+            "acks": self.acks,
+            **extra,
+        }
+
+    def announce(self, kind: str, **extra: Any) -> None:
         """Queue a control message (done, stop, version) for every sampler."""
-        self._outbox.put(Message(kind, body))
+        self._outbox.put(Message(kind, self._body(**extra)))
 
     def recv_batch(self, wait_s: float | None = None) -> EpisodeBatch | None:
         """Next episode batch, or None if `wait_s` passed without one (the caller keeps other
@@ -139,7 +156,7 @@ class TrainerChannel:
         if self.ctx.closed:
             return
         self._closing.set()
-        self._outbox.put(Message("heartbeat", {"version": self.published_version}))
+        self._outbox.put(Message("heartbeat", self._body()))
         self._thread.join(timeout=5)
         self.pull.close()
         self.ctx.term()
@@ -156,6 +173,9 @@ class TrainerStatus:
     done: bool = False
     stop_reason: str | None = None
     version: int = 0
+    incarnation: str | None = None  # changes when the trainer restarts
+    restarts: int = 0  # trainer restarts seen
+    acked: SeqSet = field(default_factory=SeqSet)  # this sampler's batches the trainer saved
 
 
 class SamplerChannel:
@@ -230,10 +250,26 @@ class SamplerChannel:
             return
         if not isinstance(msg, Message):
             return
-        self.status.seen = True
-        version = msg.body.get("version")
-        if isinstance(version, int) and version > self.status.version:
-            self.status.version = version
+        status, body = self.status, msg.body
+        status.seen = True
+        version = body.get("version")
+        incarnation = body.get("incarnation")
+        if isinstance(incarnation, str) and incarnation != status.incarnation:
+            if status.incarnation is not None:
+                # A resumed trainer may be behind the version this sampler had: follow it.
+                status.restarts += 1
+                if isinstance(version, int):
+                    status.version = version
+                log.warning("the trainer restarted (version %s): resending the spool", version)
+            status.incarnation = incarnation
+        if isinstance(version, int) and version > status.version:
+            status.version = version
+        acks = body.get("acks")
+        if isinstance(acks, dict) and self.sampler_id in acks:
+            try:
+                status.acked = SeqSet.from_json(acks[self.sampler_id])
+            except ValueError as e:
+                log.warning("ignored malformed acknowledgements from the trainer: %s", e)
         if msg.kind == "done":
             self.status.done = True
             self.stopped.set()
@@ -241,20 +277,27 @@ class SamplerChannel:
             self._stop(f"trainer stopped: {msg.body.get('reason', 'no reason')}")
         self._news.set()
 
-    def send_batch(self, batch: EpisodeBatch) -> None:
-        frames = encode_batch(batch)
-        size = sum(len(memoryview(f).cast("B")) for f in frames)
+    def check_size(self, frames: list[Any], seq: int) -> None:
+        size = sum(memoryview(f).nbytes for f in frames)
         if size > self.cfg.max_frame_bytes:
             raise PeerError(
-                f"batch {batch.seq} encodes to {size} bytes, over transport.max_frame_bytes "
+                f"batch {seq} encodes to {size} bytes, over transport.max_frame_bytes "
                 f"({self.cfg.max_frame_bytes}); the trainer would drop it: raise the limit on "
                 "both roles or sample fewer / shorter answers"
             )
+
+    def send_batch(self, batch: EpisodeBatch) -> None:
+        frames = encode_batch(batch)
+        self.check_size(frames, batch.seq)
+        self.send_frames(frames, batch.seq)
+
+    def send_frames(self, frames: list[Any], seq: int) -> None:
+        """Send an encoded batch (new or resent from the spool)."""
         try:
             self.push.send_multipart(frames, copy=False)
         except zmq.Again:
             raise PeerError(
-                f"could not hand batch {batch.seq} to the trainer at {self.cfg.episodes_addr} "
+                f"could not hand batch {seq} to the trainer at {self.cfg.episodes_addr} "
                 f"within {self.cfg.peer_timeout_s:.0f} s: is the trainer running?"
             ) from None
 

@@ -75,8 +75,13 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
     assert len(changed) >= len(before) // 2, changed
     assert (run_dir / "versions" / "v000003" / "config.json").is_file()
     assert (run_dir / "LATEST").read_text().strip() == "3"
-    assert (run_dir / "train_state" / "latest").read_text().strip() == "step3"
-    assert [p.name for p in (run_dir / "train_state").glob("step*")] == ["step3"]
+    marker = json.loads((run_dir / "train_state" / "COMPLETE").read_text())
+    assert marker["tag"] == "step000003" and marker["world"] == 2
+    assert [p.name for p in (run_dir / "train_state").glob("step*")] == ["step000003"]
+    # Every batch was acknowledged: the sampler's spool is empty at the end.
+    spool = tmp_path / "runs" / "spool" / "tiny" / "sampler-0"
+    assert sorted(p.name for p in spool.iterdir()) == ["state.json"]
+    assert json.loads((spool / "state.json").read_text())["next_seq"] == 3
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
     assert not list(run_dir.rglob("*.tmp*"))
     for key in (

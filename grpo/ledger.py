@@ -1,0 +1,77 @@
+"""Which batches the trainer has trained on, per sampler, and which of those are durable.
+
+A batch is named by (sampler id, seq). `consumed` grows with every step; `durable` is what the
+newest saved training state contains, so it is what survives a crash. The trainer acknowledges
+only durable batches, drops any batch already consumed (a resend after a restart), and saves
+the durable ledger inside its training state, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SeqSet:
+    """A set of sequence numbers kept small: every seq <= `low`, plus the `extra` ones above."""
+
+    low: int = -1
+    extra: set[int] = field(default_factory=set)
+
+    def __contains__(self, seq: int) -> bool:
+        return seq <= self.low or seq in self.extra
+
+    def __len__(self) -> int:
+        return self.low + 1 + len(self.extra)
+
+    def add(self, seq: int) -> None:
+        if seq < 0:
+            raise ValueError(f"sequence numbers start at 0, got {seq}")
+        self.extra.add(seq)
+        while self.low + 1 in self.extra:
+            self.low += 1
+            self.extra.remove(self.low)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"low": self.low, "extra": sorted(self.extra)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> SeqSet:
+        """Parse (and validate: this also arrives over the wire in acknowledgements)."""
+        ok = (
+            isinstance(d, dict)
+            and type(d.get("low")) is int
+            and d["low"] >= -1
+            and isinstance(d.get("extra"), list)
+            and all(type(s) is int and s > d["low"] + 1 for s in d["extra"])
+        )
+        if not ok:
+            raise ValueError(f"not a sequence set: {d!r:.200}")
+        return cls(d["low"], set(d["extra"]))
+
+
+class Ledger:
+    def __init__(self, durable: dict[str, SeqSet] | None = None):
+        self.durable: dict[str, SeqSet] = durable or {}
+        self.consumed: dict[str, SeqSet] = copy.deepcopy(self.durable)
+
+    def is_duplicate(self, sampler_id: str, seq: int) -> bool:
+        return sampler_id in self.consumed and seq in self.consumed[sampler_id]
+
+    def consume(self, sampler_id: str, seq: int) -> None:
+        self.consumed.setdefault(sampler_id, SeqSet()).add(seq)
+
+    def mark_durable(self) -> None:
+        """Call once the training state holding every consumed batch is on disk."""
+        self.durable = copy.deepcopy(self.consumed)
+
+    def acks(self) -> dict[str, dict[str, Any]]:
+        return {sid: s.to_json() for sid, s in self.durable.items()}
+
+    @classmethod
+    def from_acks(cls, acks: Any) -> Ledger:
+        if not isinstance(acks, dict):
+            raise ValueError(f"not a ledger: {acks!r:.200}")
+        return cls({str(sid): SeqSet.from_json(s) for sid, s in acks.items()})

@@ -1,0 +1,122 @@
+"""The trainer's durable state: DeepSpeed engines, step, version, RNG, ledger of batches.
+
+    train_state/step000040/     DeepSpeed's files (model, optimizer, scheduler, per rank),
+                                rng_rank<r>.pt, critic/ (PPO)
+    train_state/COMPLETE        {"tag", "step", "world", ...}: written last, atomically
+
+A state is complete only once every rank has written its part and rank 0 has replaced
+COMPLETE; a crash mid-save leaves the previous COMPLETE naming the previous (kept) state, so
+a half-written state is never loaded. Only the state COMPLETE names is kept after a save.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from grpo.checkpoint import write_text_atomic
+from grpo.ledger import Ledger
+from grpo.metrics import read_jsonl
+
+log = logging.getLogger("grpo.trainer")
+
+MARKER = "COMPLETE"
+
+
+@dataclass
+class Resumed:
+    step: int
+    version: int
+    kl_reward_coef: float
+    ledger: Ledger
+
+
+def tag_of(step: int) -> str:
+    return f"step{step:06d}"
+
+
+def read_marker(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        marker = json.loads((state_dir / MARKER).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:  # written atomically, so this means someone edited it
+        raise ValueError(f"{state_dir / MARKER} is not valid JSON ({e}): cannot resume") from None
+    return marker
+
+
+def save(
+    state_dir: Path,
+    step: int,
+    engines: dict[str, Any],
+    client_state: dict[str, Any],
+    fingerprint: dict[str, Any],
+) -> None:
+    """Every rank calls this; returns once the state is complete on disk."""
+    tag, rank = tag_of(step), dist.get_rank()
+    for name, engine in engines.items():
+        where = state_dir if name == "policy" else state_dir / name
+        engine.save_checkpoint(str(where), tag=tag, client_state=client_state, save_latest=False)
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save(rng, state_dir / tag / f"rng_rank{rank}.pt")
+    dist.barrier()  # every rank's shards are written before the state is declared complete
+    if rank == 0:
+        marker = {"tag": tag, "step": step, **fingerprint}
+        write_text_atomic(state_dir / MARKER, json.dumps(marker) + "\n")
+        for old in [*state_dir.glob("step*"), *state_dir.glob("*/step*")]:
+            if old.name != tag:
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) -> Resumed | None:
+    """Restore the state COMPLETE names; None if there is none. Refuses a state saved by a
+    different world size or batch shape, saying which key differs."""
+    marker = read_marker(state_dir)
+    if marker is None:
+        return None
+    for key, want in fingerprint.items():
+        if marker.get(key) != want:
+            raise ValueError(
+                f"cannot resume from {state_dir}: it was saved with {key}={marker.get(key)!r}, "
+                f"this run has {key}={want!r}. Start with the same value, or without resume "
+                "(train.resume=never) to begin a new run"
+            )
+    tag, rank = marker["tag"], dist.get_rank()
+    client: dict[str, Any] = {}
+    for name, engine in engines.items():
+        where = state_dir if name == "policy" else state_dir / name
+        path, client = engine.load_checkpoint(str(where), tag=tag)
+        if path is None:
+            raise ValueError(f"cannot resume: DeepSpeed found no {name} state {tag} in {where}")
+    rng = torch.load(state_dir / tag / f"rng_rank{rank}.pt", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return Resumed(
+        step=int(client["step"]),
+        version=int(client["version"]),
+        kl_reward_coef=float(client["kl_reward_coef"]),
+        ledger=Ledger.from_acks(client["ledger"]),
+    )
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the rows of steps after `step` (trained by a crashed run, redone after resume);
+    returns how many were dropped."""
+    if not path.exists():
+        return 0
+    rows = read_jsonl(path)
+    kept = [r for r in rows if r.get("step", 0) <= step]
+    if len(kept) < len(rows):
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return len(rows) - len(kept)
