@@ -8,8 +8,9 @@ import warnings
 
 from grpo.config import ConfigError, describe, load_config
 
-USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...]
+USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
   e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64
+  --resume      continue the run from its saved state and spool (train.resume=always)
   --help-keys   list every config key with its default and meaning"""
 
 

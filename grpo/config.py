@@ -580,7 +580,8 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] = ()) 
         if not isinstance(tree, dict):
             raise ConfigError(f"{p} must hold a mapping of sections, got {type(tree).__name__}")
     for text in overrides:
-        key, value = parse_override(text)
+        # `--resume` (launch.sh passes it to both roles) is short for train.resume=always.
+        key, value = ("train.resume", "always") if text == "--resume" else parse_override(text)
         _set_dotted(tree, key, value)
     return _build(Config, tree, "")
 

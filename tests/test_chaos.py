@@ -1,0 +1,237 @@
+"""Chaos tests: real roles started as on separate nodes (ROLE=trainer / ROLE=sampler), then
+killed with SIGKILL mid-run, restarted with --resume, or fed garbage. The ledger must show every
+batch the sampler produced trained exactly once, and the dataset positions must continue with
+no repeat and no gap."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from tests.conftest import PYTHON, REPO, transport_overrides
+from tests.test_integration import _assert_no_stray_processes, tiny_config
+
+pytestmark = pytest.mark.slow
+
+TOTAL = 8
+
+
+def start(role: str, config: Path, overrides: list[str], log: Path) -> subprocess.Popen:
+    """One role in a session of its own, so SIGKILL to its group is a whole-node crash."""
+    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1", "ROLE": role}
+    return subprocess.Popen(
+        ["bash", str(REPO / "launch.sh"), str(config), *overrides],
+        cwd=REPO, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a role and everything it started at once, as a node crash would (torchrun puts
+    its ranks in sessions of their own, so the process group is not enough)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def wait_for(cond, what: str, procs: list[subprocess.Popen], timeout: float = 400) -> float:
+    started = time.monotonic()
+    while not cond():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        for p in procs:
+            assert p.poll() is None, f"a role exited early ({p.returncode}) waiting for {what}"
+        time.sleep(0.3)
+    return time.monotonic() - started
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 500) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p)
+
+
+def assert_exactly_once(run_dir: Path, spool: Path, log_text: str) -> list[dict]:
+    """Steps 1..TOTAL once each; batches 0..TOTAL-1 once each; question ranges contiguous."""
+    rows = rows_of(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, TOTAL + 1)), [r["step"] for r in rows]
+    by_seq = sorted(rows, key=lambda r: r["batch_seq"])
+    assert [r["batch_seq"] for r in by_seq] == list(range(TOTAL))
+    ranges = [(r["sampler_data_start"], r["sampler_data_end"]) for r in by_seq]
+    assert ranges[0][0] == 0, ranges
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    # Every batch was sent exactly once as a new batch (resends are not regenerations), and
+    # everything was acknowledged.
+    sent = [int(s) for s in re.findall(r"sent batch (\d+)", log_text)]
+    assert sorted(sent) == list(range(TOTAL)), sent
+    assert sorted(p.name for p in spool.iterdir()) == ["state.json"]
+    return rows
+
+
+def setup(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, list[str], Path, Path]:
+    config = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        train={"total_steps": TOTAL, "state_interval": 2, "resume": "auto"},
+    )
+    # The peers must outlive each other's restart (tens of seconds here).
+    overrides = transport_overrides(timeout_s=240)
+    return config, overrides, tmp_path / "runs" / "tiny", tmp_path / "runs/spool/tiny/sampler-0"
+
+
+def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(tmp_path, tiny_model_dir):
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
+    trainer = start("trainer", config, overrides, logs["trainer"])
+    sampler = start("sampler", config, overrides, logs["sampler"])
+    try:
+        # Step 3 done: the state of step 2 is saved, batch 2 is trained but not durable.
+        wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", [trainer, sampler])
+        kill_tree(trainer)
+        killed_at, steps_before = time.time(), len(rows_of(run_dir))
+        trainer = start("trainer", config, overrides, logs["trainer"])
+        recover_s = wait_for(
+            lambda: any(r["time"] > killed_at for r in rows_of(run_dir)),
+            "a step after the restart",
+            [trainer, sampler],
+        )
+        finish([trainer, sampler])
+    finally:
+        finish([trainer, sampler], timeout=1)
+    text = {r: p.read_text() for r, p in logs.items()}
+    assert trainer.returncode == 0 and sampler.returncode == 0, text["trainer"][-3000:]
+    m = re.search(r"resumed from .* at step (\d+)", text["trainer"])
+    assert m and int(m[1]) % 2 == 0 and int(m[1]) < steps_before, text["trainer"][-3000:]
+    assert "the trainer restarted" in text["sampler"]
+    rows = assert_exactly_once(run_dir, spool, text["sampler"])
+    print(
+        f"\nchaos/trainer: produced {TOTAL}, trained {len(rows)}, killed after step "
+        f"{steps_before}, resumed at step {m[1]}, duplicates dropped "
+        f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in "
+        f"{recover_s:.0f} s"
+    )
+    _assert_no_stray_processes(config)
+
+
+def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_dir):
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
+    trainer = start("trainer", config, overrides, logs["trainer"])
+    sampler = start("sampler", config, overrides, logs["sampler"])
+    try:
+        wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", [trainer, sampler])
+        kill_tree(sampler)
+        killed_at = time.time()
+        sampler = start("sampler", config, [*overrides, "--resume"], logs["sampler"])
+        recover_s = wait_for(
+            lambda: any(r["time"] > killed_at for r in rows_of(run_dir)),
+            "a step after the restart",
+            [trainer, sampler],
+        )
+        finish([trainer, sampler])
+    finally:
+        finish([trainer, sampler], timeout=1)
+    text = {r: p.read_text() for r, p in logs.items()}
+    assert trainer.returncode == 0 and sampler.returncode == 0, text["sampler"][-3000:]
+    assert "resuming at batch" in text["sampler"]
+    # A batch the killed sampler was generating is made by its successor (same questions);
+    # spooled ones are resent, not regenerated.
+    sent = [int(s) for s in re.findall(r"sent batch (\d+)", text["sampler"])]
+    assert len(sent) == len(set(sent)) == TOTAL, sent
+    rows = assert_exactly_once(run_dir, spool, text["sampler"])
+    print(
+        f"\nchaos/sampler: produced {TOTAL}, trained {len(rows)}, duplicates dropped "
+        f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in {recover_s:.0f} s"
+    )
+    _assert_no_stray_processes(config)
+
+
+def _hostile_peer(addr: str, stop: threading.Event, sent: list[int]) -> None:
+    """Garbage, truncated and oversized frames at the trainer's episode port."""
+    from grpo.episode import Message, encode_message
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDTIMEO, 1000)
+    push.connect(addr)
+    rng = np.random.default_rng(0)
+    real = encode_message(Message("heartbeat", {"sampler_id": "evil"}))[0]
+    kinds = [
+        lambda: [rng.bytes(int(rng.integers(1, 2000)))],  # noise
+        lambda: [real[: int(rng.integers(1, len(real)))]],  # truncated
+        lambda: [real, rng.bytes(64)],  # an extra frame
+        lambda: [bytes(2 << 20)],  # over transport.max_frame_bytes (1 MiB here)
+    ]
+    try:
+        while not stop.is_set():
+            try:
+                push.send_multipart(kinds[sent[0] % len(kinds)]())
+                sent[0] += 1
+            except zmq.Again:
+                pass
+            time.sleep(0.02)
+    finally:
+        push.close()
+        ctx.term()
+
+
+def test_garbage_truncated_and_oversized_frames_during_a_run(tmp_path, tiny_model_dir):
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    overrides = [*overrides, "transport.max_frame_bytes=1048576", "train.total_steps=4"]
+    addr = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.episodes_addr"))
+    log = tmp_path / "both.log"
+    launch = start("both", config, overrides, log)
+    stop, sent = threading.Event(), [0]
+    peer = threading.Thread(target=_hostile_peer, args=(addr, stop, sent), daemon=True)
+    peer.start()
+    try:
+        finish([launch], timeout=600)
+    finally:
+        stop.set()
+        peer.join(timeout=10)
+    assert launch.returncode == 0, log.read_text()[-3000:]
+    rows = rows_of(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[-1]["rejected_frames"] > 0
+    assert "dropped a malformed frame" in log.read_text()
+    print(f"\nchaos/garbage: {sent[0]} hostile frames sent, "
+          f"{rows[-1]['rejected_frames']} rejected by the last step, run completed")  # fmt: skip
+    _assert_no_stray_processes(config)
