@@ -17,6 +17,7 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -83,6 +84,16 @@ def verify_version(vdir: Path) -> None:
             raise ValueError(f"{vdir / name}: {e}") from None
         if got != want:
             raise ValueError(f"{vdir / name} is corrupt: {got} where version.json says {want}")
+
+
+def require_same(saved: dict[str, Any], current: dict[str, Any], what: str, fix: str) -> None:
+    """Refuse to resume `what` if any key differs between its saved and current fingerprint."""
+    for key, value in current.items():
+        if saved.get(key) != value:
+            raise ValueError(
+                f"cannot resume {what}: it was saved with {key}={saved.get(key)!r}, this run "
+                f"has {key}={value!r}; {fix}"
+            )
 
 
 def discard_versions_after(run_dir: Path, version: int) -> list[int]:

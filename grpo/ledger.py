@@ -29,6 +29,8 @@ class SeqSet:
     def add(self, seq: int) -> None:
         if seq < 0:
             raise ValueError(f"sequence numbers start at 0, got {seq}")
+        if seq <= self.low:
+            return
         self.extra.add(seq)
         while self.low + 1 in self.extra:
             self.low += 1

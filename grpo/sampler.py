@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo.checkpoint import is_adapter, load_state_dict, verify_version, version_dir
+from grpo.checkpoint import (
+    is_adapter,
+    load_state_dict,
+    require_same,
+    verify_version,
+    version_dir,
+)
 from grpo.config import Config
 from grpo.episode import Episode, EpisodeBatch, encode_batch
 from grpo.logprobs import Truncation, score_for_training
@@ -200,14 +206,12 @@ class Sampler:
             if self.cfg.train.resume == "always":
                 raise ValueError(f"--resume: no sampler state in {where} (rollout.spool_dir)")
             return 0, 0
-        want = self.data_fingerprint()
-        for key, value in want.items():
-            if state["fingerprint"].get(key) != value:
-                raise ValueError(
-                    f"cannot resume the sampler from {where}: it was drawing questions with "
-                    f"{key}={state['fingerprint'].get(key)!r}, this run has {key}={value!r}; "
-                    "use the same data and rollout settings, or train.resume=never"
-                )
+        require_same(
+            state["fingerprint"],
+            self.data_fingerprint(),
+            f"the sampler from {where}",
+            "use the same data and rollout settings, or train.resume=never for a new run",
+        )
         next_seq, position = state["next_seq"], state["position"]
         pending = self.spool.pending()
         if pending and pending[-1] >= next_seq:  # killed between spooling a batch and the state

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo.checkpoint import write_text_atomic
+from grpo.checkpoint import require_same, write_text_atomic
 from grpo.ledger import Ledger
 from grpo.metrics import read_jsonl
 
@@ -84,13 +84,12 @@ def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) 
     marker = read_marker(state_dir)
     if marker is None:
         return None
-    for key, want in fingerprint.items():
-        if marker.get(key) != want:
-            raise ValueError(
-                f"cannot resume from {state_dir}: it was saved with {key}={marker.get(key)!r}, "
-                f"this run has {key}={want!r}. Start with the same value, or without resume "
-                "(train.resume=never) to begin a new run"
-            )
+    require_same(
+        marker,
+        fingerprint,
+        f"the trainer from {state_dir}",
+        "start with the same value, or with train.resume=never for a new run",
+    )
     tag, rank = marker["tag"], dist.get_rank()
     client: dict[str, Any] = {}
     for name, engine in engines.items():

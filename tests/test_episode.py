@@ -22,9 +22,9 @@ from grpo.episode import (
     bytes_to_frames,
     decode,
     encode_batch,
-    seal,
     encode_message,
     frames_to_bytes,
+    seal,
 )
 
 # --------------------------------------------------------------------------- helpers

@@ -1,0 +1,223 @@
+"""Exactly-once delivery and resume, piece by piece: the ledger, the sampler's spool, resumable
+question streams, version checksums, and acknowledgements over real sockets."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo.checkpoint import (
+    discard_versions_after,
+    publish_version,
+    require_same,
+    verify_version,
+    version_dir,
+)
+from grpo.episode import FrameError, encode_batch, frames_to_bytes
+from grpo.ledger import Ledger, SeqSet
+from grpo.sampler import Prompt, question_stream
+from grpo.spool import Spool
+from grpo.train_state import truncate_metrics
+from grpo.transport import SamplerChannel, TrainerChannel
+from tests.test_episode import assert_batches_identical, make_batch
+from tests.test_transport import _cfg
+
+# --------------------------------------------------------------------------- ledger
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 60), max_size=80))
+def test_seqset_is_a_set_of_ints(seqs: list[int]) -> None:
+    s = SeqSet()
+    for q in seqs:
+        s.add(q)
+    assert len(s) == len(set(seqs))
+    assert all((q in s) == (q in seqs) for q in range(70))
+    assert all(q > s.low + 1 for q in s.extra)  # compact: no member sits next to `low`
+    again = SeqSet.from_json(json.loads(json.dumps(s.to_json())))
+    assert (again.low, again.extra) == (s.low, s.extra)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [None, [], {"low": "1", "extra": []}, {"low": -2, "extra": []}, {"low": 3, "extra": [4]},
+     {"low": 0, "extra": [5.0]}, {"low": 0}],
+)  # fmt: skip
+def test_seqset_from_json_rejects_malformed_acks(bad) -> None:
+    with pytest.raises(ValueError, match="not a sequence set"):
+        SeqSet.from_json(bad)
+
+
+def test_ledger_acknowledges_only_what_is_durable() -> None:
+    ledger = Ledger()
+    ledger.consume("a", 0)
+    ledger.consume("a", 1)
+    assert ledger.is_duplicate("a", 1) and not ledger.is_duplicate("b", 1)
+    assert ledger.acks() == {}  # trained, not yet saved
+    ledger.mark_durable()
+    ledger.consume("a", 2)
+    assert ledger.acks() == {"a": {"low": 1, "extra": []}}
+    resumed = Ledger.from_acks(ledger.acks())  # what a restarted trainer knows
+    assert resumed.is_duplicate("a", 1) and not resumed.is_duplicate("a", 2)
+
+
+# --------------------------------------------------------------------------- spool
+
+
+def test_spool_keeps_batches_until_acknowledged(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s", max_batches=3)
+    batches = [make_batch(seed=i) for i in range(3)]
+    for seq, b in enumerate(batches):
+        spool.put(seq, encode_batch(b))
+    assert spool.pending() == [0, 1, 2] and spool.full()
+    assert_batches_identical(spool.batch(1), batches[1])
+    assert spool.acknowledge(SeqSet(low=0, extra={2})) == 2
+    assert spool.pending() == [1] and not spool.full()
+    spool.write_state({"next_seq": 3})
+    assert Spool(tmp_path / "s", 3).read_state() == {"next_seq": 3}
+    spool.clear()
+    assert spool.pending() == [] and spool.read_state() is None
+
+
+def test_spool_drops_interrupted_writes_and_refuses_corrupt_batches(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_batches=4)
+    spool.put(0, encode_batch(make_batch(seed=0)))
+    (tmp_path / ".b000000001.frames.tmp").write_bytes(b"half a batch")
+    frames = [bytearray(f) for f in spool.frames(0)]
+    frames[1][0] ^= 0xFF  # a flipped token id on disk
+    (tmp_path / "b000000000.frames").write_bytes(frames_to_bytes(frames))
+    spool = Spool(tmp_path, max_batches=4)
+    assert not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(FrameError, match="checksum"):
+        spool.batch(0)
+
+
+# --------------------------------------------------------------------------- dataset position
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.integers(0, 40), st.booleans())
+def test_question_stream_resumes_where_it_stopped(rows: int, n: int, start: int, shuffle: bool):
+    prompts = [Prompt(i, {"q": i}, np.zeros(1, np.int32)) for i in range(rows)]
+    whole = question_stream(prompts, 1, seed=7, shuffle=shuffle)
+    flat = [next(whole)[0].index for _ in range(start + 3 * n)]
+    resumed = question_stream(prompts, n, seed=7, shuffle=shuffle, start=start)
+    again = [p.index for _ in range(3) for p in next(resumed)]
+    assert again == flat[start:]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _publish(run_dir: Path, version: int) -> Path:
+    def save(tmp: Path) -> None:
+        (tmp / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+
+    return publish_version(run_dir, version, save, keep=5, step=version)
+
+
+def test_verify_version_catches_corrupt_truncated_and_unfinished_dirs(tmp_path: Path) -> None:
+    vdir = _publish(tmp_path, 1)
+    verify_version(vdir)
+    weights = vdir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[100] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupt"):
+        verify_version(vdir)
+    weights.write_bytes(bytes(data[:-10]))
+    with pytest.raises(ValueError, match="corrupt"):
+        verify_version(vdir)
+    (vdir / "version.json").unlink()
+    with pytest.raises(ValueError, match="missing or incomplete"):
+        verify_version(vdir)
+    with pytest.raises(ValueError, match="missing or incomplete"):
+        verify_version(version_dir(tmp_path, 9))
+
+
+def test_discard_versions_after_a_resume_point(tmp_path: Path) -> None:
+    for v in (1, 2, 3, 4):
+        _publish(tmp_path, v)
+    assert discard_versions_after(tmp_path, 2) == [3, 4]
+    assert sorted(p.name for p in (tmp_path / "versions").iterdir()) == ["v000001", "v000002"]
+
+
+def test_require_same_names_the_key() -> None:
+    require_same({"world": 2, "x": 1}, {"world": 2}, "it", "fix it")
+    with pytest.raises(ValueError, match=r"saved with world=2, this run has world=1; fix it"):
+        require_same({"world": 2}, {"world": 1}, "it", "fix it")
+
+
+def test_truncate_metrics_drops_rows_of_undone_steps(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)) + '{"st')
+    assert truncate_metrics(path, 2) == 2
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
+
+
+# --------------------------------------------------------------------------- acknowledgements
+
+
+def _wait(cond, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cond()
+
+
+def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
+    cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10)
+    trainer = TrainerChannel(cfg, version=5)
+    sampler = SamplerChannel(cfg, "s0")
+    try:
+        assert _wait(lambda: sampler.status.version == 5)
+        trainer.acks = {"s0": SeqSet(low=3).to_json(), "other": SeqSet(low=9).to_json()}
+        assert _wait(lambda: 3 in sampler.status.acked)
+        assert 4 not in sampler.status.acked and sampler.status.restarts == 0
+        trainer.close()
+        # Resumed from an older state: version 2, fewer acknowledgements. The sampler follows.
+        trainer = TrainerChannel(cfg, version=2, acks={"s0": SeqSet(low=1).to_json()})
+        assert _wait(lambda: sampler.status.restarts == 1)
+        assert sampler.status.version == 2
+    finally:
+        sampler.close()
+        trainer.close()
+
+
+def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_model_dir, caplog):
+    import torch
+
+    from grpo.config import load_config
+    from grpo.sampler import Sampler
+    from tests.test_integration import tiny_config
+
+    sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))
+    policy = sampler.policy
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+
+    def save_shifted(tmp: Path) -> None:
+        shifted = {k: v + 0.5 for k, v in before.items()}
+        policy.save_pretrained(tmp, state_dict=shifted, save_original_format=False)
+
+    for v in (1, 2):
+        publish_version(sampler.run_dir, v, save_shifted, keep=5, step=v)
+    weights = version_dir(sampler.run_dir, 1) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x40  # a flipped bit in some weight
+    weights.write_bytes(bytes(data))
+
+    sampler.reload(1)
+    assert sampler.version == 0 and 1 in sampler.failed_reloads
+    assert "keeping version 0, not loading version 1" in caplog.text and "corrupt" in caplog.text
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+    sampler.reload(2)
+    assert sampler.version == 2
+    assert torch.allclose(
+        policy.state_dict()["model.norm.weight"], before["model.norm.weight"] + 0.5
+    )
