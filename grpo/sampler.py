@@ -481,6 +481,10 @@ class Sampler:
 
     def run(self) -> int:
         cfg = self.cfg
+        share = cfg.train.total_steps // cfg.rollout.num_samplers
+        if self.next_seq >= share and not self.spool.pending():
+            log.info("all %d batches of this sampler were trained on: nothing left to do", share)
+            return 0
         self.channel = channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
         self.rollout = rollout = self.make_rollout(channel.stopped)
         self.signalled = signalled = _stop_on_signals(channel)
@@ -521,8 +525,7 @@ class Sampler:
         stream = question_stream(
             self.prompts, r.questions_per_step, r.seed, cfg.data.shuffle, start=self.position
         )
-        share = cfg.train.total_steps // r.num_samplers
-        while self.next_seq < share:
+        while self.next_seq < cfg.train.total_steps // r.num_samplers:
             # With several samplers, batch seq of this one is about the trainer's step below.
             step_estimate = self.next_seq * r.num_samplers + r.sampler_index
             self.wait_for_version(

@@ -235,3 +235,26 @@ def test_garbage_truncated_and_oversized_frames_during_a_run(tmp_path, tiny_mode
     print(f"\nchaos/garbage: {sent[0]} hostile frames sent, "
           f"{rows[-1]['rejected_frames']} rejected by the last step, run completed")  # fmt: skip
     _assert_no_stray_processes(config)
+
+
+def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir):
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    overrides = [*overrides, "train.total_steps=2", "train.resume=never"]
+    first = start("both", config, overrides, tmp_path / "first.log")
+    finish([first], timeout=300)
+    assert first.returncode == 0, (tmp_path / "first.log").read_text()[-3000:]
+    for role, change, message in (
+        ("trainer", "train.num_ranks=1", "saved with world=2, this run has world=1"),
+        ("sampler", "data.shuffle=false", "saved with shuffle=True, this run has shuffle=False"),
+    ):
+        log = tmp_path / f"{role}.log"
+        proc = start(role, config, [*overrides, change, "--resume"], log)
+        finish([proc], timeout=300)
+        assert proc.returncode != 0, log.read_text()[-3000:]  # torchrun turns 2 into 1
+        assert message in log.read_text()
+    # A finished run resumed as it was has nothing left to do, and says so.
+    again = start("both", config, [*overrides, "--resume"], tmp_path / "again.log")
+    finish([again], timeout=300)
+    assert again.returncode == 0
+    assert "resumed from" in (tmp_path / "again.log").read_text()
+    assert [r["step"] for r in rows_of(run_dir)] == [1, 2]
