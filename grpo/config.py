@@ -274,6 +274,11 @@ class TransportConfig:
     peer_timeout_s: float = _f(120.0, "a silent peer for this long is taken for dead")
     startup_timeout_s: float = _f(900.0, "how long to wait for the peer's first message")
     max_frame_bytes: int = _f(1 << 30, "larger frames are dropped")
+    curve_dir: str = _f(
+        "",
+        "CURVE keys (python -m grpo keys DIR): authenticate and encrypt every connection, "
+        "refuse peers without an authorised key; '' = off (fine on loopback, not across nodes)",
+    )
 
 
 @dataclass

@@ -21,12 +21,15 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from grpo.config import TransportConfig
 from grpo.episode import EpisodeBatch, FrameError, Message, decode, encode_batch, encode_message
+from grpo.keys import ClientKeys, secure_server
 from grpo.ledger import SeqSet
 
 log = logging.getLogger("grpo.transport")
@@ -40,6 +43,17 @@ def _socket(ctx: zmq.Context, kind: int, linger_ms: int = 1000) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, linger_ms)
     return sock
+
+
+_HANDSHAKE_FAILURES = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr.startswith(("tcp://127.", "tcp://localhost:", "tcp://[::1]", "ipc://", "inproc://"))
 
 
 def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
@@ -63,12 +77,24 @@ class TrainerChannel:
         self.ctx = zmq.Context()
         self.pull = _socket(self.ctx, zmq.PULL, linger_ms=0)
         pub = _socket(self.ctx, zmq.PUB)
+        self._auth = None
+        self.refused_handshakes = 0
         try:
+            if cfg.curve_dir:
+                self._auth = secure_server(self.ctx, [self.pull, pub], Path(cfg.curve_dir))
+            elif not _is_loopback(cfg.episodes_addr):
+                log.warning(
+                    "listening on %s without transport.curve_dir: anyone who reaches this port "
+                    "can send batches; make keys with `python -m grpo keys DIR`",
+                    cfg.episodes_addr,
+                )
             _bind(self.pull, cfg.episodes_addr, "episodes")
             _bind(pub, cfg.control_addr, "control")
-        except PeerError:
+        except (PeerError, ValueError):
             self.pull.close()
             pub.close()
+            if self._auth is not None:
+                self._auth.stop()
             self.ctx.term()
             raise
         self.rejected_frames = 0
@@ -80,6 +106,32 @@ class TrainerChannel:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
         self._thread.start()
+        self._monitor: threading.Thread | None = None
+        if self._auth is not None:  # peers speaking no CURVE never reach the key check
+            monitor = self.pull.get_monitor_socket(_HANDSHAKE_FAILURES)
+            self._monitor = threading.Thread(
+                target=self._monitor_loop, args=(monitor,), daemon=True
+            )
+            self._monitor.start()
+
+    def _monitor_loop(self, monitor: zmq.Socket) -> None:
+        try:
+            while not self._closing.is_set():
+                if not monitor.poll(timeout=200):
+                    continue
+                event = recv_monitor_message(monitor)
+                if event["event"] & _HANDSHAKE_FAILURES:
+                    self.refused_handshakes += 1
+                    log.warning(
+                        "refused a connection to %s: security handshake failed (no or wrong "
+                        "CURVE keys; %d refused so far)",
+                        self.cfg.episodes_addr,
+                        self.refused_handshakes,
+                    )
+        except zmq.ZMQError:
+            pass  # the socket closed under us at shutdown
+        finally:
+            monitor.close()
 
     def _heartbeat_loop(self, pub: zmq.Socket) -> None:
         try:
@@ -158,7 +210,12 @@ class TrainerChannel:
         self._closing.set()
         self._outbox.put(Message("heartbeat", self._body()))
         self._thread.join(timeout=5)
+        if self._monitor is not None:
+            self._monitor.join(timeout=5)
+            self.pull.disable_monitor()
         self.pull.close()
+        if self._auth is not None:
+            self._auth.stop()
         self.ctx.term()
 
 
@@ -184,8 +241,9 @@ class SamplerChannel:
     def __init__(self, cfg: TransportConfig, sampler_id: str):
         self.cfg = cfg
         self.sampler_id = sampler_id
+        self.keys = ClientKeys.load(Path(cfg.curve_dir), sampler_id) if cfg.curve_dir else None
         self.ctx = zmq.Context()
-        self.push = _socket(self.ctx, zmq.PUSH)
+        self.push = self._socket(zmq.PUSH)
         self.push.setsockopt(zmq.SNDTIMEO, int(cfg.peer_timeout_s * 1000))
         self.push.connect(cfg.episodes_addr)
         self.status = TrainerStatus()
@@ -195,11 +253,17 @@ class SamplerChannel:
         self._thread = threading.Thread(target=self._watch_loop, daemon=True)
         self._thread.start()
 
+    def _socket(self, kind: int, linger_ms: int = 1000) -> zmq.Socket:
+        sock = _socket(self.ctx, kind, linger_ms)
+        if self.keys is not None:
+            self.keys.apply(sock)
+        return sock
+
     def _watch_loop(self) -> None:
-        sub = _socket(self.ctx, zmq.SUB, linger_ms=0)
+        sub = self._socket(zmq.SUB, linger_ms=0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(self.cfg.control_addr)
-        beat = _socket(self.ctx, zmq.PUSH, linger_ms=0)
+        beat = self._socket(zmq.PUSH, linger_ms=0)
         beat.setsockopt(zmq.SNDTIMEO, 0)
         beat.connect(self.cfg.episodes_addr)
         try:

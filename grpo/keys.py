@@ -1,0 +1,142 @@
+"""ZeroMQ CURVE keys: authentication and encryption between trainer and samplers.
+
+`python -m grpo keys DIR [--samplers N]` writes:
+
+    DIR/trainer.key, DIR/trainer.key_secret          the trainer's pair
+    DIR/sampler-<i>.key, DIR/sampler-<i>.key_secret  one pair per sampler (named by sampler_id)
+    DIR/authorized/sampler-<i>.key                   the public keys the trainer accepts
+
+Copy to the trainer's node: trainer.key_secret and authorized/; to a sampler's node: its own
+sampler-<i>.key_secret and trainer.key. Set transport.curve_dir to that directory on each node.
+A peer whose key is not in authorized/ (or that speaks no CURVE) is refused and logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+log = logging.getLogger("grpo.transport")
+
+TRAINER = "trainer"
+AUTHORIZED = "authorized"
+
+
+def _load(path: Path, what: str) -> tuple[bytes, bytes]:
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"transport.curve_dir: cannot read {what} from {path} ({e}); "
+            "make keys with `python -m grpo keys DIR`"
+        ) from None
+    if secret is None:
+        raise ValueError(f"transport.curve_dir: {path} holds no secret key ({what})")
+    return public, secret
+
+
+def generate(directory: Path, samplers: int) -> list[Path]:
+    """Key pairs for the trainer and `samplers` samplers; refuses to overwrite existing ones."""
+    names = [TRAINER, *(f"sampler-{i}" for i in range(samplers))]
+    existing = [directory / f"{n}.key_secret" for n in names if (directory / f"{n}.key").exists()]
+    if existing:
+        raise ValueError(f"{existing[0]} exists; remove it or choose another directory")
+    (directory / AUTHORIZED).mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names:
+        public, secret = zmq.auth.create_certificates(directory, name)
+        written += [Path(public), Path(secret)]
+        if name != TRAINER:
+            shutil.copy(public, directory / AUTHORIZED / f"{name}.key")
+    return written
+
+
+class _AuthorizedKeys:
+    """ZAP callback: accept the keys in authorized/, log every refusal."""
+
+    def __init__(self, directory: Path):
+        self.keys = set()
+        for path in sorted(directory.glob("*.key")):
+            public, _ = zmq.auth.load_certificate(path)
+            self.keys.add(public)
+        if not self.keys:
+            raise ValueError(f"transport.curve_dir: no public keys in {directory}")
+        self.refused = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        self.refused += 1
+        log.warning(
+            "refused a peer with an unauthorised CURVE key %s... (%d refused so far)",
+            key[:8].decode(errors="replace"),
+            self.refused,
+        )
+        return False
+
+
+def secure_server(
+    ctx: zmq.Context, sockets: list[zmq.Socket], curve_dir: Path
+) -> ThreadAuthenticator:
+    """Make `sockets` (before bind) CURVE servers that accept authorized/ keys only; returns
+    the authenticator thread, to be stopped before the context is terminated."""
+    public, secret = _load(curve_dir / f"{TRAINER}.key_secret", "the trainer's secret key")
+    keys = _AuthorizedKeys(curve_dir / AUTHORIZED)
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback(domain="*", credentials_provider=keys)
+    for sock in sockets:
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True
+    return auth
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """A sampler's pair and the trainer's public key, which it insists on."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+    @classmethod
+    def load(cls, curve_dir: Path, sampler_id: str) -> ClientKeys:
+        path = curve_dir / f"{sampler_id}.key_secret"
+        public, secret = _load(path, f"sampler {sampler_id}'s secret key")
+        trainer = curve_dir / f"{TRAINER}.key"
+        try:
+            server_public, _ = zmq.auth.load_certificate(trainer)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"transport.curve_dir: cannot read {trainer} ({e})") from None
+        return cls(public, secret, server_public)
+
+    def apply(self, sock: zmq.Socket) -> None:
+        """Before connect."""
+        sock.curve_secretkey = self.secret
+        sock.curve_publickey = self.public
+        sock.curve_serverkey = self.server_public
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo keys", description=__doc__.split("\n")[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--samplers", type=int, default=1, help="sampler key pairs to make")
+    args = parser.parse_args(argv)
+    try:
+        written = generate(args.directory, args.samplers)
+    except ValueError as e:
+        print(f"keys: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(str(p) for p in written))
+    print(f"set transport.curve_dir={args.directory} on every node (see grpo/keys.py for which "
+          "files each node needs)")  # fmt: skip
+    return 0

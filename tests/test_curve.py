@@ -1,0 +1,99 @@
+"""CURVE over real sockets: the authorised sampler gets through, anyone else is refused and
+logged; `python -m grpo keys` makes the keys."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.auth
+
+from grpo.episode import Message, encode_message
+from grpo.keys import generate
+from grpo.transport import SamplerChannel, TrainerChannel
+from tests.conftest import PYTHON, REPO
+from tests.test_transport import _batch, _cfg
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    generate(tmp_path / "keys", samplers=1)
+    return tmp_path / "keys"
+
+
+def _intruder(addr: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
+    """A PUSH socket sending a heartbeat that would count as a live sampler if it got in."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 500)
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
+    sock.connect(addr)
+    try:
+        for _ in range(5):
+            with contextlib.suppress(zmq.Again):
+                sock.send_multipart(encode_message(Message("heartbeat", {"sampler_id": "x"})))
+            time.sleep(0.1)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog):
+    cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10, curve_dir=str(keys))
+    trainer = TrainerChannel(cfg, version=4)
+    try:
+        # Strangers first: a wrong key (that knows the trainer's public key), and no CURVE.
+        stranger_public, stranger_secret = zmq.curve_keypair()
+        trainer_public, _ = zmq.auth.load_certificate(keys / "trainer.key")
+        _intruder(cfg.episodes_addr, (stranger_public, stranger_secret, trainer_public))
+        _intruder(cfg.episodes_addr, None)
+        assert trainer.recv_batch(wait_s=1.0) is None
+        assert trainer.last_peer_seen is None  # not even their heartbeats counted
+        deadline = time.monotonic() + 5
+        while trainer.refused_handshakes < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert trainer.refused_handshakes >= 2
+        assert "refused a peer with an unauthorised CURVE key" in caplog.text
+        assert "security handshake failed" in caplog.text
+        # The sampler with its key: batches in, the trainer's version out.
+        sampler = SamplerChannel(cfg, "sampler-0")
+        try:
+            sampler.send_batch(_batch(0))
+            assert trainer.recv_batch(wait_s=5).seq == 0
+            deadline = time.monotonic() + 5
+            while sampler.status.version != 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sampler.status.version == 4
+        finally:
+            sampler.close()
+    finally:
+        trainer.close()
+
+
+def test_missing_keys_are_a_clear_error(keys, tmp_path):
+    cfg = _cfg(curve_dir=str(keys))
+    with pytest.raises(ValueError, match="sampler sampler-7's secret key"):
+        SamplerChannel(cfg, "sampler-7")
+    with pytest.raises(ValueError, match="the trainer's secret key"):
+        TrainerChannel(_cfg(curve_dir=str(tmp_path / "nowhere")))
+
+
+def test_keys_command_writes_pairs_and_never_overwrites(tmp_path):
+    run = [PYTHON, "-m", "grpo", "keys", str(tmp_path / "k"), "--samplers", "2"]
+    first = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    names = sorted(p.name for p in (tmp_path / "k").iterdir())
+    assert names == ["authorized", "sampler-0.key", "sampler-0.key_secret", "sampler-1.key",
+                     "sampler-1.key_secret", "trainer.key", "trainer.key_secret"]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "k/authorized").iterdir()) == [
+        "sampler-0.key",
+        "sampler-1.key",
+    ]
+    again = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "exists" in again.stderr
