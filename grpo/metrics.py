@@ -11,6 +11,7 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 PLOT_FILE = "plot.png"
+SAMPLERS_FILE = "samplers.json"  # per-sampler summary, written by the trainer at the end
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
@@ -43,6 +44,21 @@ def info_rates(infos: list[dict[str, Any]]) -> dict[str, float]:
         "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
         "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
     }
+
+
+def per_sampler(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each sampler's share of a run: batches, mean reward, accuracy, generation speed."""
+    out: dict[str, dict[str, float]] = {}
+    for sid in sorted({r["sampler_id"] for r in rows}):
+        mine = [r for r in rows if r["sampler_id"] == sid]
+        out[sid] = {
+            "batches": len(mine),
+            "reward_mean": mean([r["reward_mean"] for r in mine]),
+            "accuracy": mean([r["accuracy"] for r in mine]),
+            "gen_tokens_per_s": mean([r["sampler_gen_tokens_per_s"] for r in mine]),
+            "staleness_max": max(r["staleness"] for r in mine),
+        }
+    return out
 
 
 def plot_run(run_dir: Path) -> Path | None:

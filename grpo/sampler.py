@@ -130,13 +130,15 @@ class Sampler:
         self.tokenizer = load_tokenizer(model_path)
         train_rows = self.task.load(cfg.data.train or self.task.default_train)
         r = cfg.rollout
-        self.prompts = encode_prompts(
+        prompts = encode_prompts(
             self.task,
             train_rows,
             self.tokenizer,
             cfg.data.system_prompt,
             cfg.data.max_prompt_tokens,
-        )[r.sampler_index :: r.num_samplers]  # disjoint shards, one per sampler
+        )
+        # Disjoint shards by row index (rows i, i + n, ...), whatever prompts were skipped.
+        self.prompts = [p for p in prompts if p.index % r.num_samplers == r.sampler_index]
         if not self.prompts:
             raise ValueError(f"sampler {r.sampler_index} of {r.num_samplers} has no train rows")
         self.spool = Spool(cfg.spool_path, r.spool_max_batches)

@@ -39,7 +39,7 @@ from grpo.algos import (
 )
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
 from grpo.batching import length_mask, pad_right
-from grpo.checkpoint import discard_versions_after, publish_version
+from grpo.checkpoint import discard_versions_after, publish_version, write_text_atomic
 from grpo.config import Config, save_config
 from grpo.critic import Critic
 from grpo.distributed import accumulate_backward, comm_device, micro_batches, sum_across_ranks
@@ -53,7 +53,16 @@ from grpo.episode import (
 )
 from grpo.ledger import Ledger
 from grpo.logprobs import Truncation, pairs_logprobs, score_for_training
-from grpo.metrics import METRICS_FILE, append_jsonl, info_rates, mean, plot_run
+from grpo.metrics import (
+    METRICS_FILE,
+    SAMPLERS_FILE,
+    append_jsonl,
+    info_rates,
+    mean,
+    per_sampler,
+    plot_run,
+    read_jsonl,
+)
 from grpo.models import (
     apply_lora,
     load_causal_lm,
@@ -797,6 +806,14 @@ class Trainer:
                 self.channel.close()
         if self.rank == 0:
             plot = plot_run(self.run_dir)
+            samplers = per_sampler(read_jsonl(self.run_dir / METRICS_FILE))
+            write_text_atomic(self.run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
+            for sid, n in samplers.items():
+                log.info(
+                    "%s: %d batches, reward %.3f, accuracy %.3f, %.0f tokens/s, staleness <= %d",
+                    sid, n["batches"], n["reward_mean"], n["accuracy"], n["gen_tokens_per_s"],
+                    n["staleness_max"],
+                )  # fmt: skip
             print(
                 f"\nrun finished: {cfg.train.total_steps} steps, final version {self.version}\n"
                 f"  metrics:     {self.run_dir / METRICS_FILE}\n"
