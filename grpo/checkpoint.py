@@ -51,11 +51,11 @@ def publish_version(
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     write_text_atomic(run_dir / "LATEST", f"{version}\n")
-    _prune(run_dir, keep)
+    prune_versions(run_dir, keep)
     return final
 
 
-def _prune(run_dir: Path, keep: int) -> None:
+def prune_versions(run_dir: Path, keep: int) -> None:
     versions = sorted(p for p in (run_dir / "versions").glob("v*") if p.is_dir())
     for old in versions[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -270,6 +270,11 @@ class TransportConfig:
     control_addr: str = _f(
         "tcp://127.0.0.1:5556", "trainer binds, samplers connect: heartbeats, done, stop"
     )
+    weights_addr: str = _f(
+        "",
+        "trainer binds, samplers fetch each new version over ZeroMQ (chunked, CRC-checked) into "
+        "their own output_dir: no shared filesystem needed; '' = samplers read the trainer's",
+    )
     heartbeat_s: float = _f(2.0, "seconds between heartbeats")
     peer_timeout_s: float = _f(120.0, "a silent peer for this long is taken for dead")
     startup_timeout_s: float = _f(900.0, "how long to wait for the peer's first message")
@@ -483,8 +488,9 @@ def _check_transport(t: TransportConfig) -> None:
             f"transport.peer_timeout_s ({t.peer_timeout_s}) must be at least twice "
             f"transport.heartbeat_s ({t.heartbeat_s}), or live peers look dead"
         )
-    if t.episodes_addr == t.control_addr:
-        raise ConfigError("transport.episodes_addr and transport.control_addr must differ")
+    addrs = [a for a in (t.episodes_addr, t.control_addr, t.weights_addr) if a]
+    if len(set(addrs)) < len(addrs):
+        raise ConfigError("transport.episodes_addr, control_addr and weights_addr must differ")
     if t.max_frame_bytes < 1 << 20:
         raise ConfigError(f"transport.max_frame_bytes must be >= 1 MiB, got {t.max_frame_bytes}")
 

@@ -236,6 +236,8 @@ class Sampler:
         keeps its current weights, says why, and tries again at the next announced version."""
         vdir = version_dir(self.run_dir, version)
         try:
+            if self.channel is not None and self.channel.weights is not None:
+                self.channel.weights.fetch(self.run_dir, version, self.cfg.train.keep_versions)
             verify_version(vdir)
         except ValueError as e:
             self.failed_reloads.add(version)
@@ -494,6 +496,7 @@ class Sampler:
             self.loop(rollout)
             if channel.status.done:
                 self.finish(rollout)
+                channel.send_bye()
                 channel.close()
                 return 0
             reason = channel.status.stop_reason or "stopped"

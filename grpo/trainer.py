@@ -763,7 +763,9 @@ class Trainer:
         if self.rank == 0:
             # First: a busy port moves nothing. A resumed trainer announces its own version
             # and acknowledgements from its very first heartbeat.
-            self.channel = TrainerChannel(cfg.transport, self.version, self.ledger.acks())
+            self.channel = TrainerChannel(
+                cfg.transport, self.version, self.ledger.acks(), run_dir=self.run_dir
+            )
             self.open_run_dir()
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
@@ -795,6 +797,8 @@ class Trainer:
                 self.save_state(cfg.train.total_steps)
             if self.channel is not None:
                 self.channel.announce("done", version=self.version)
+                if cfg.transport.weights_addr:
+                    self.channel.wait_for_byes()
         except BaseException as e:
             if self.rank == 0 and self.channel is not None:
                 reason = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)

@@ -31,6 +31,8 @@ from grpo.config import TransportConfig
 from grpo.episode import EpisodeBatch, FrameError, Message, decode, encode_batch, encode_message
 from grpo.keys import ClientKeys, secure_server
 from grpo.ledger import SeqSet
+from grpo.weight_stream import WeightFetcher
+from grpo.weight_stream import serve as serve_weights
 
 log = logging.getLogger("grpo.transport")
 
@@ -72,16 +74,25 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
 class TrainerChannel:
     """Rank 0 of the trainer: receives episode batches, publishes heartbeats and done/stop."""
 
-    def __init__(self, cfg: TransportConfig, version: int = 0, acks: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        cfg: TransportConfig,
+        version: int = 0,
+        acks: dict[str, Any] | None = None,
+        run_dir: Path | None = None,
+    ):
+        """`run_dir`: whose version dirs to serve on transport.weights_addr, if that is set."""
         self.cfg = cfg
         self.ctx = zmq.Context()
         self.pull = _socket(self.ctx, zmq.PULL, linger_ms=0)
         pub = _socket(self.ctx, zmq.PUB)
+        router = _socket(self.ctx, zmq.ROUTER, linger_ms=0) if cfg.weights_addr else None
+        servers = [s for s in (self.pull, pub, router) if s is not None]
         self._auth = None
         self.refused_handshakes = 0
         try:
             if cfg.curve_dir:
-                self._auth = secure_server(self.ctx, [self.pull, pub], Path(cfg.curve_dir))
+                self._auth = secure_server(self.ctx, servers, Path(cfg.curve_dir))
             elif not _is_loopback(cfg.episodes_addr):
                 log.warning(
                     "listening on %s without transport.curve_dir: anyone who reaches this port "
@@ -90,15 +101,18 @@ class TrainerChannel:
                 )
             _bind(self.pull, cfg.episodes_addr, "episodes")
             _bind(pub, cfg.control_addr, "control")
+            if router is not None:
+                _bind(router, cfg.weights_addr, "weights")
         except (PeerError, ValueError):
-            self.pull.close()
-            pub.close()
+            for sock in servers:
+                sock.close()
             if self._auth is not None:
                 self._auth.stop()
             self.ctx.term()
             raise
         self.rejected_frames = 0
         self.last_peer_seen: float | None = None
+        self.samplers_seen: dict[str, float] = {}  # sampler id -> when last heard
         self.published_version = version
         self.incarnation = uuid.uuid4().hex[:12]
         self.acks: dict[str, Any] = acks or {}  # replaced whole by the trainer at each save
@@ -106,6 +120,13 @@ class TrainerChannel:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
         self._thread.start()
+        self._weights: threading.Thread | None = None
+        if router is not None:
+            assert run_dir is not None, "transport.weights_addr needs the run dir to serve"
+            self._weights = threading.Thread(
+                target=serve_weights, args=(router, run_dir, self._closing), daemon=True
+            )
+            self._weights.start()
         self._monitor: threading.Thread | None = None
         if self._auth is not None:  # peers speaking no CURVE never reach the key check
             monitor = self.pull.get_monitor_socket(_HANDSHAKE_FAILURES)
@@ -188,8 +209,28 @@ class TrainerChannel:
             self.rejected_frames += 1
             log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
             return None
-        self.last_peer_seen = time.monotonic()
+        self.last_peer_seen = now = time.monotonic()
+        sampler_id = (
+            item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
+        )
+        if isinstance(sampler_id, str):
+            self.samplers_seen[sampler_id] = now
         return item
+
+    def wait_for_byes(self) -> None:
+        """After done, with weights served from here: samplers fetch the final version for
+        their last evaluation, so serve until each has said bye or gone silent."""
+        waiting = set(self.samplers_seen)
+        while waiting:
+            if self.pull.poll(timeout=500):
+                item = self._decode(self.pull.recv_multipart(copy=False))
+                if isinstance(item, Message) and item.kind in ("bye", "stop"):
+                    waiting.discard(item.body.get("sampler_id"))
+            now = time.monotonic()
+            silent = {s for s in waiting if now - self.samplers_seen[s] > self.cfg.peer_timeout_s}
+            for sid in silent:
+                log.warning("sampler %s went silent before saying bye", sid)
+            waiting -= silent
 
     def _check_silence(self, started: float) -> None:
         if self.last_peer_seen is None:
@@ -210,6 +251,8 @@ class TrainerChannel:
         self._closing.set()
         self._outbox.put(Message("heartbeat", self._body()))
         self._thread.join(timeout=5)
+        if self._weights is not None:
+            self._weights.join(timeout=5)
         if self._monitor is not None:
             self._monitor.join(timeout=5)
             self.pull.disable_monitor()
@@ -244,6 +287,11 @@ class SamplerChannel:
         self.keys = ClientKeys.load(Path(cfg.curve_dir), sampler_id) if cfg.curve_dir else None
         self.ctx = zmq.Context()
         self.push = self._socket(zmq.PUSH)
+        self.weights = (
+            WeightFetcher(self.ctx, cfg.weights_addr, cfg.peer_timeout_s, self._secure)
+            if cfg.weights_addr
+            else None
+        )
         self.push.setsockopt(zmq.SNDTIMEO, int(cfg.peer_timeout_s * 1000))
         self.push.connect(cfg.episodes_addr)
         self.status = TrainerStatus()
@@ -255,9 +303,12 @@ class SamplerChannel:
 
     def _socket(self, kind: int, linger_ms: int = 1000) -> zmq.Socket:
         sock = _socket(self.ctx, kind, linger_ms)
+        self._secure(sock)
+        return sock
+
+    def _secure(self, sock: zmq.Socket) -> None:
         if self.keys is not None:
             self.keys.apply(sock)
-        return sock
 
     def _watch_loop(self) -> None:
         sub = self._socket(zmq.SUB, linger_ms=0)
@@ -366,8 +417,16 @@ class SamplerChannel:
             ) from None
 
     def send_stop(self, reason: str) -> None:
+        self._send_control("stop", reason=reason)
+
+    def send_bye(self) -> None:
+        """Done with the trainer (final version fetched and evaluated)."""
+        self._send_control("bye")
+
+    def _send_control(self, kind: str, **body: Any) -> None:
+        message = Message(kind, {"sampler_id": self.sampler_id, **body})
         with contextlib.suppress(zmq.Again):
-            self.push.send_multipart(encode_message(Message("stop", {"reason": reason})))
+            self.push.send_multipart(encode_message(message))
 
     def close(self) -> None:
         if self.ctx.closed:
@@ -375,4 +434,6 @@ class SamplerChannel:
         self._closing.set()
         self._thread.join(timeout=self.cfg.heartbeat_s + 5)
         self.push.close()
+        if self.weights is not None:
+            self.weights.close()
         self.ctx.term()
