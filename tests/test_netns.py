@@ -1,6 +1,7 @@
 """Sampler and trainer in two network namespaces joined by a veth pair, as on two nodes:
-TCP with CURVE on. The run completes, and a third process without an authorised key is refused.
-Needs root (ip netns); skipped with the reason otherwise."""
+TCP with CURVE on, weights streamed (the sampler writes only to its own output_dir). The run
+completes, and a third process without an authorised key is refused. Needs root (ip netns);
+skipped with the reason otherwise."""
 
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ def test_two_namespaces_with_curve(tmp_path, tiny_model_dir, namespaces):
     overrides = [
         f"transport.episodes_addr=tcp://{TRAINER_IP}:5555",
         f"transport.control_addr=tcp://{TRAINER_IP}:5556",
+        f"transport.weights_addr=tcp://{TRAINER_IP}:5557",
         f"transport.curve_dir={keys}",
         "transport.heartbeat_s=0.5",
         "transport.peer_timeout_s=60",
@@ -111,7 +113,8 @@ def test_two_namespaces_with_curve(tmp_path, tiny_model_dir, namespaces):
         )
         assert intruder.wait(timeout=60) == 0, logs["intruder"].read_text()
         time.sleep(1)
-        sampler = _in_ns(sampler_ns, launch, logs["sampler"], "sampler")
+        own_dir = [*launch, f"output_dir={tmp_path / 'sampler_node'}"]
+        sampler = _in_ns(sampler_ns, own_dir, logs["sampler"], "sampler")
         procs.append(sampler)
         finish(procs, timeout=400)
     finally:
@@ -120,6 +123,8 @@ def test_two_namespaces_with_curve(tmp_path, tiny_model_dir, namespaces):
     assert trainer.returncode == 0 and sampler.returncode == 0, text["trainer"][-3000:]
     assert "refused a peer with an unauthorised CURVE key" in text["trainer"]
     assert "security handshake failed" in text["trainer"]
+    assert "fetched version 1 from" in text["sampler"]
+    assert (tmp_path / "sampler_node/tiny/versions/v000002/model.safetensors").is_file()
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert {r["sampler_id"] for r in rows} == {"sampler-0"}
