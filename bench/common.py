@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import time
@@ -113,6 +115,44 @@ def launch_run(config: Path, out_dir: Path, name: str, overrides: list[str],
         raise RuntimeError(f"launch.sh {name} exited {done.returncode}:\n{done.stderr[-3000:]}")
     path = out_dir / name / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def start_role(
+    role: str, config: Path, overrides: list[str], log: Path, env: dict | None = None
+) -> subprocess.Popen:
+    """One launch.sh role (ROLE=trainer | sampler | both) in a session of its own, as on its
+    own node; output appended to `log`."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ROLE": role, **(env or {})}
+    return subprocess.Popen(
+        ["bash", str(REPO / "launch.sh"), str(config), *overrides],
+        cwd=REPO, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a role and everything it started at once, as a node crash would (torchrun puts
+    its ranks in sessions of their own, so the process group is not enough)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def steps_per_hour(rows: list[dict]) -> float:

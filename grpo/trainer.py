@@ -709,9 +709,11 @@ class Trainer:
         last = step == self.cfg.train.total_steps
         if self.rank == 0 and (step % self.cfg.train.sync_interval == 0 or last):
             publish_s = self.publish(step)
-        interval = self.cfg.train.state_interval
+        interval, state_s = self.cfg.train.state_interval, 0.0
         if interval and step % interval == 0 and not last:
+            t_state = time.monotonic()
             self.save_state(step)
+            state_s = time.monotonic() - t_state
         row: dict[str, Any] = {
             "step": step,
             "sampler_id": batch.sampler_id,
@@ -735,6 +737,7 @@ class Trainer:
                 "score_s": score_s,
                 "train_s": train_s,
                 "publish_s": publish_s,
+                "state_s": state_s,
                 "rank_group_ids": groups,
                 "time": time.time(),  # when the step ended: steps per hour between any two rows
             }

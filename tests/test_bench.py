@@ -15,7 +15,7 @@ def test_benchmarks_run_quick(tmp_path):
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(tmp_path.glob("*.json"))
-    assert len(files) == 15 + 2 * (importlib.util.find_spec("vllm") is not None)
+    assert len(files) == 16 + 2 * (importlib.util.find_spec("vllm") is not None)
     keys = {"name", "unit", "baseline", "ours", "ratio", "target", "met", "machine"}
     for f in files:
         row = json.loads(f.read_text())

@@ -5,11 +5,8 @@ no repeat and no gap."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -19,7 +16,8 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import PYTHON, REPO, transport_overrides
+from bench.common import kill_tree, start_role
+from tests.conftest import PYTHON, transport_overrides
 from tests.test_integration import _assert_no_stray_processes, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -28,38 +26,7 @@ TOTAL = 8
 
 
 def start(role: str, config: Path, overrides: list[str], log: Path) -> subprocess.Popen:
-    """One role in a session of its own, so SIGKILL to its group is a whole-node crash."""
-    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1", "ROLE": role}
-    return subprocess.Popen(
-        ["bash", str(REPO / "launch.sh"), str(config), *overrides],
-        cwd=REPO, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a role and everything it started at once, as a node crash would (torchrun puts
-    its ranks in sessions of their own, so the process group is not enough)."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    return start_role(role, config, overrides, log, env={"PYTHON": PYTHON})
 
 
 def rows_of(run_dir: Path) -> list[dict]:
