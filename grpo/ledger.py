@@ -36,6 +36,10 @@ class SeqSet:
             self.low += 1
             self.extra.remove(self.low)
 
+    def highest(self) -> int:
+        """The largest member (-1 when empty)."""
+        return max(self.extra, default=self.low)
+
     def to_json(self) -> dict[str, Any]:
         return {"low": self.low, "extra": sorted(self.extra)}
 
@@ -52,6 +56,13 @@ class SeqSet:
         if not ok:
             raise ValueError(f"not a sequence set: {d!r:.200}")
         return cls(d["low"], set(d["extra"]))
+
+
+def overtaken(pending: list[int], consumed: SeqSet) -> list[int]:
+    """Spooled batches the trainer passed over: not consumed although a later batch of the same
+    sampler was. One connection delivers in order, so such a batch was lost on the way (dropped
+    as malformed, or sent into a connection that died) and must be sent again."""
+    return [seq for seq in pending if seq < consumed.highest() and seq not in consumed]
 
 
 class Ledger:
@@ -71,6 +82,9 @@ class Ledger:
 
     def acks(self) -> dict[str, dict[str, Any]]:
         return {sid: s.to_json() for sid, s in self.durable.items()}
+
+    def consumed_json(self) -> dict[str, dict[str, Any]]:
+        return {sid: s.to_json() for sid, s in self.consumed.items()}
 
     @classmethod
     def from_acks(cls, acks: Any) -> Ledger:

@@ -28,6 +28,7 @@ from grpo.checkpoint import (
 )
 from grpo.config import Config
 from grpo.episode import Episode, EpisodeBatch, encode_batch
+from grpo.ledger import overtaken
 from grpo.logprobs import Truncation, score_for_training
 from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, plot_run
 from grpo.models import (
@@ -177,6 +178,7 @@ class Sampler:
         self.channel: SamplerChannel | None = None
         self.signalled = threading.Event()
         self.restarts_handled = 0
+        self.resent_at: dict[int, float] = {}  # seq -> when last resent
         self.failed_reloads: set[int] = set()  # versions whose files failed their checksums
 
     # ------------------------------------------------------------------ resume
@@ -306,21 +308,31 @@ class Sampler:
     # ------------------------------------------------------------------ delivery
 
     def sync_with_trainer(self) -> None:
-        """Drop acknowledged batches from the spool; resend the rest after a trainer restart."""
+        """Drop acknowledged batches from the spool; resend the rest after a trainer restart,
+        and any batch the trainer passed over (lost on the way)."""
         assert self.channel is not None
         status = self.channel.status
         self.spool.acknowledge(status.acked)
         if status.restarts != self.restarts_handled:
             self.restarts_handled = status.restarts
-            self.resend_spool()
+            self.resend(self.spool.pending())
+            return
+        # A resend needs a few heartbeats to show up as consumed: do not repeat it before.
+        patience = 10 * self.cfg.transport.heartbeat_s
+        now = time.monotonic()
+        lost = [s for s in overtaken(self.spool.pending(), status.consumed)
+                if now - self.resent_at.get(s, 0.0) > patience]  # fmt: skip
+        if lost:
+            log.warning("the trainer passed over batches %s (lost on the way): resending", lost)
+            self.resend(lost)
 
-    def resend_spool(self) -> None:
+    def resend(self, seqs: list[int]) -> None:
         assert self.channel is not None
-        pending = self.spool.pending()
-        for seq in pending:
+        for seq in seqs:
             self.channel.send_frames(self.spool.frames(seq), seq)
-        if pending:
-            log.info("resent %d unacknowledged batches: %s", len(pending), pending)
+            self.resent_at[seq] = time.monotonic()
+        if seqs:
+            log.info("resent %d unacknowledged batches: %s", len(seqs), seqs)
 
     def send_new(self, batch: EpisodeBatch) -> None:
         """Spool, then record the position, then send: a crash anywhere loses nothing."""
@@ -525,7 +537,7 @@ class Sampler:
         assert channel is not None
         log.info("waiting for the trainer on %s", cfg.transport.control_addr)
         self.wait_until(lambda: channel.status.seen, "the trainer")
-        self.resend_spool()  # left by an earlier run of this sampler; duplicates are dropped
+        self.resend(self.spool.pending())  # left by an earlier run; duplicates are dropped
         r = cfg.rollout
         stream = question_stream(
             self.prompts, r.questions_per_step, r.seed, cfg.data.shuffle, start=self.position

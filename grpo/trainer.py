@@ -705,6 +705,8 @@ class Trainer:
         groups = gather_group_ids(mine)
         train_s = time.monotonic() - t0
         self.ledger.consume(batch.sampler_id, batch.seq)
+        if self.channel is not None:
+            self.channel.consumed = self.ledger.consumed_json()
         publish_s = 0.0
         last = step == self.cfg.train.total_steps
         if self.rank == 0 and (step % self.cfg.train.sync_interval == 0 or last):

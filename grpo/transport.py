@@ -116,6 +116,7 @@ class TrainerChannel:
         self.published_version = version
         self.incarnation = uuid.uuid4().hex[:12]
         self.acks: dict[str, Any] = acks or {}  # replaced whole by the trainer at each save
+        self.consumed: dict[str, Any] = {}  # replaced whole after each step
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
@@ -174,6 +175,7 @@ class TrainerChannel:
             "version": self.published_version,
             "incarnation": self.incarnation,
             "acks": self.acks,
+            "consumed": self.consumed,
             **extra,
         }
 
@@ -276,6 +278,7 @@ class TrainerStatus:
     incarnation: str | None = None  # changes when the trainer restarts
     restarts: int = 0  # trainer restarts seen
     acked: SeqSet = field(default_factory=SeqSet)  # this sampler's batches the trainer saved
+    consumed: SeqSet = field(default_factory=SeqSet)  # ... it trained on (saved or not)
 
 
 class SamplerChannel:
@@ -379,12 +382,13 @@ class SamplerChannel:
             status.incarnation = incarnation
         if isinstance(version, int) and version > status.version:
             status.version = version
-        acks = body.get("acks")
-        if isinstance(acks, dict) and self.sampler_id in acks:
-            try:
-                status.acked = SeqSet.from_json(acks[self.sampler_id])
-            except ValueError as e:
-                log.warning("ignored malformed acknowledgements from the trainer: %s", e)
+        for key in ("acked", "consumed"):
+            sets = body.get("acks" if key == "acked" else key)
+            if isinstance(sets, dict) and self.sampler_id in sets:
+                try:
+                    setattr(status, key, SeqSet.from_json(sets[self.sampler_id]))
+                except ValueError as e:
+                    log.warning("ignored a malformed %s set from the trainer: %s", key, e)
         if msg.kind == "done":
             self.status.done = True
             self.stopped.set()

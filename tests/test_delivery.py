@@ -20,7 +20,7 @@ from grpo.checkpoint import (
     version_dir,
 )
 from grpo.episode import FrameError, encode_batch, frames_to_bytes
-from grpo.ledger import Ledger, SeqSet
+from grpo.ledger import Ledger, SeqSet, overtaken
 from grpo.sampler import Prompt, question_stream
 from grpo.spool import Spool
 from grpo.train_state import truncate_metrics
@@ -52,6 +52,14 @@ def test_seqset_is_a_set_of_ints(seqs: list[int]) -> None:
 def test_seqset_from_json_rejects_malformed_acks(bad) -> None:
     with pytest.raises(ValueError, match="not a sequence set"):
         SeqSet.from_json(bad)
+
+
+def test_overtaken_batches_are_the_lost_ones() -> None:
+    consumed = SeqSet(low=2, extra={5})
+    assert consumed.highest() == 5 and SeqSet().highest() == -1
+    # 3 and 4 were passed over (5 was trained); 6 and 7 may still be on their way.
+    assert overtaken([3, 4, 6, 7], consumed) == [3, 4]
+    assert overtaken([0, 1], SeqSet()) == []
 
 
 def test_ledger_acknowledges_only_what_is_durable() -> None:
@@ -178,7 +186,8 @@ def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
     try:
         assert _wait(lambda: sampler.status.version == 5)
         trainer.acks = {"s0": SeqSet(low=3).to_json(), "other": SeqSet(low=9).to_json()}
-        assert _wait(lambda: 3 in sampler.status.acked)
+        trainer.consumed = {"s0": SeqSet(low=3, extra={6}).to_json()}
+        assert _wait(lambda: 3 in sampler.status.acked and 6 in sampler.status.consumed)
         assert 4 not in sampler.status.acked and sampler.status.restarts == 0
         trainer.close()
         # Resumed from an older state: version 2, fewer acknowledgements. The sampler follows.
