@@ -5,7 +5,7 @@ Layout under a run dir:
     LATEST                  "3\n", replaced atomically after the version dir is complete
 A version dir appears only by rename of a finished temporary dir, and LATEST only ever names a
 complete one, so a reader never sees half-written weights. version.json also lists each file's
-size and CRC-32: a reader checks them (verify_version) and keeps its weights on a mismatch.
+size and checksum: a reader checks them (verify_version) and keeps its weights on a mismatch.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import json
 import os
 import shutil
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
+
+from grpo.checksum import file_digest
 
 VERSION_MARKER = "version.json"
 
@@ -59,14 +60,6 @@ def prune_versions(run_dir: Path, keep: int) -> None:
     versions = sorted(p for p in (run_dir / "versions").glob("v*") if p.is_dir())
     for old in versions[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def file_digest(path: Path) -> dict[str, int]:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return {"bytes": path.stat().st_size, "crc32": crc}
 
 
 def verify_version(vdir: Path) -> None:

@@ -272,7 +272,7 @@ class TransportConfig:
     )
     weights_addr: str = _f(
         "",
-        "trainer binds, samplers fetch each new version over ZeroMQ (chunked, CRC-checked) into "
+        "trainer binds, samplers fetch each new version over ZeroMQ (chunked, checksummed) into "
         "their own output_dir: no shared filesystem needed; '' = samplers read the trainer's",
     )
     heartbeat_s: float = _f(2.0, "seconds between heartbeats")

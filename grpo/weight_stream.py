@@ -1,10 +1,10 @@
 """Weights over ZeroMQ, for samplers with no shared filesystem (transport.weights_addr).
 
 The trainer serves its published version dirs (the durable copy) from a ROUTER socket; a
-sampler's DEALER asks for a version's manifest (its version.json: each file's size and CRC-32),
+sampler's DEALER asks for a version's manifest (its version.json: each file's size and checksum),
 then each file in chunks of CHUNK_BYTES, writes them into a temporary dir of its own run dir,
 checks every file against the manifest, and renames the dir into place. Every message is a
-CRC-checked control message (grpo.episode), so a corrupted chunk is refused, not written.
+checksummed control message (grpo.episode), so a corrupted chunk is refused, not written.
 
     sampler DEALER ── manifest v / chunk v file offset ──▶ ROUTER trainer
                    ◀── manifest / chunk data / missing ──
@@ -130,7 +130,7 @@ def fetch_version(
                 f.write(body["data"])
                 total += len(body["data"])
     (tmp / VERSION_MARKER).write_text(json.dumps(manifest))
-    verify_version(tmp)  # every file against its CRC-32 before the dir becomes visible
+    verify_version(tmp)  # every file against its checksum before the dir becomes visible
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     prune_versions(run_dir, keep)

@@ -74,7 +74,7 @@ def received(frames: list[Any]) -> list[bytes]:
 
 
 def header_of(frames: list[Any]) -> dict[str, Any]:
-    return msgpack.unpackb(bytes(frames[0])[4:], raw=False)
+    return msgpack.unpackb(bytes(frames[0])[8:], raw=False)  # after the 8-byte checksum
 
 
 def with_header(frames: list[Any], **changes: Any) -> list[bytes]:
@@ -375,7 +375,7 @@ def test_rejects_truncated_buffer() -> None:
         decode(frames)
     # Even with a checksum that matches, the size check catches it.
     with pytest.raises(FrameError, match="bytes for"):
-        decode(seal(bytes(GOOD_FRAMES[0])[4:], frames[1:]))
+        decode(seal(bytes(GOOD_FRAMES[0])[8:], frames[1:]))
 
 
 def test_rejects_extra_and_missing_frames() -> None:

@@ -1,4 +1,4 @@
-"""Weights over ZeroMQ: chunked, CRC-checked, versioned copies into the sampler's own run dir."""
+"""Weights over ZeroMQ: chunked, checksummed, versioned copies into the sampler's own run dir."""
 
 from __future__ import annotations
 
