@@ -535,7 +535,7 @@ class Trainer:
             "step": step,
             "version": self.version,
             "kl_reward_coef": self.kl_reward_coef,
-            "ledger": {sid: s.to_json() for sid, s in self.ledger.consumed.items()},
+            "ledger": self.ledger.consumed_json(),
         }
         state_dir = self.run_dir / "train_state"
         train_state.save(state_dir, step, self.engines, client_state, self.state_fingerprint())
@@ -768,9 +768,7 @@ class Trainer:
         if self.rank == 0:
             # First: a busy port moves nothing. A resumed trainer announces its own version
             # and acknowledgements from its very first heartbeat.
-            self.channel = TrainerChannel(
-                cfg.transport, self.version, self.ledger.acks(), run_dir=self.run_dir
-            )
+            self.channel = TrainerChannel(cfg.transport, self.version, self.ledger, self.run_dir)
             self.open_run_dir()
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr

@@ -30,7 +30,7 @@ from zmq.utils.monitor import recv_monitor_message
 from grpo.config import TransportConfig
 from grpo.episode import EpisodeBatch, FrameError, Message, decode, encode_batch, encode_message
 from grpo.keys import ClientKeys, secure_server
-from grpo.ledger import SeqSet
+from grpo.ledger import Ledger, SeqSet
 from grpo.weight_stream import WeightFetcher
 from grpo.weight_stream import serve as serve_weights
 
@@ -78,10 +78,11 @@ class TrainerChannel:
         self,
         cfg: TransportConfig,
         version: int = 0,
-        acks: dict[str, Any] | None = None,
+        ledger: Ledger | None = None,
         run_dir: Path | None = None,
     ):
-        """`run_dir`: whose version dirs to serve on transport.weights_addr, if that is set."""
+        """`version`, `ledger`: a resumed trainer's, announced from the first heartbeat on.
+        `run_dir`: whose version dirs to serve on transport.weights_addr, if that is set."""
         self.cfg = cfg
         self.ctx = zmq.Context()
         self.pull = _socket(self.ctx, zmq.PULL, linger_ms=0)
@@ -115,8 +116,9 @@ class TrainerChannel:
         self.samplers_seen: dict[str, float] = {}  # sampler id -> when last heard
         self.published_version = version
         self.incarnation = uuid.uuid4().hex[:12]
-        self.acks: dict[str, Any] = acks or {}  # replaced whole by the trainer at each save
-        self.consumed: dict[str, Any] = {}  # replaced whole after each step
+        # Replaced whole by the trainer: acks at each state save, consumed after each step.
+        self.acks: dict[str, Any] = ledger.acks() if ledger else {}
+        self.consumed: dict[str, Any] = ledger.consumed_json() if ledger else {}
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
@@ -374,19 +376,21 @@ class SamplerChannel:
         incarnation = body.get("incarnation")
         if isinstance(incarnation, str) and incarnation != status.incarnation:
             if status.incarnation is not None:
-                # A resumed trainer may be behind the version this sampler had: follow it.
+                # A resumed trainer may be behind the version this sampler had: follow it, and
+                # forget what the old one said it trained (the new one may not have all of it).
                 status.restarts += 1
                 if isinstance(version, int):
                     status.version = version
+                status.acked, status.consumed = SeqSet(), SeqSet()
                 log.warning("the trainer restarted (version %s): resending the spool", version)
             status.incarnation = incarnation
         if isinstance(version, int) and version > status.version:
             status.version = version
-        for key in ("acked", "consumed"):
-            sets = body.get("acks" if key == "acked" else key)
-            if isinstance(sets, dict) and self.sampler_id in sets:
+        for attr, key in (("acked", "acks"), ("consumed", "consumed")):
+            per_sampler = body.get(key)
+            if isinstance(per_sampler, dict) and self.sampler_id in per_sampler:
                 try:
-                    setattr(status, key, SeqSet.from_json(sets[self.sampler_id]))
+                    setattr(status, attr, SeqSet.from_json(per_sampler[self.sampler_id]))
                 except ValueError as e:
                     log.warning("ignored a malformed %s set from the trainer: %s", key, e)
         if msg.kind == "done":

@@ -191,9 +191,13 @@ def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
         assert 4 not in sampler.status.acked and sampler.status.restarts == 0
         trainer.close()
         # Resumed from an older state: version 2, fewer acknowledgements. The sampler follows.
-        trainer = TrainerChannel(cfg, version=2, acks={"s0": SeqSet(low=1).to_json()})
+        resumed = Ledger({"s0": SeqSet(low=1)})
+        trainer = TrainerChannel(cfg, version=2, ledger=resumed)
         assert _wait(lambda: sampler.status.restarts == 1)
         assert sampler.status.version == 2
+        # What the old trainer said it trained (up to 6) is forgotten: the new one has only 0, 1.
+        assert _wait(lambda: sampler.status.consumed.highest() == 1)
+        assert 1 in sampler.status.acked and 2 not in sampler.status.acked
     finally:
         sampler.close()
         trainer.close()
