@@ -83,71 +83,60 @@ def setup(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, list[str], Path, 
     return config, overrides, tmp_path / "runs" / "tiny", tmp_path / "runs/spool/tiny/sampler-0"
 
 
-def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(tmp_path, tiny_model_dir):
+def crash_and_recover(
+    tmp_path: Path, tiny_model_dir: Path, victim: str, restart_overrides: list[str]
+) -> tuple[dict[str, str], list[dict], int, float]:
+    """Both roles; after step 3, SIGKILL `victim` and start it again. Checks the run finished
+    with every batch trained exactly once; returns the logs, the metrics rows, the steps done
+    before the kill, and the seconds from the kill to the next step."""
     config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
-    trainer = start("trainer", config, overrides, logs["trainer"])
-    sampler = start("sampler", config, overrides, logs["sampler"])
+    procs = {role: start(role, config, overrides, logs[role]) for role in logs}
     try:
         # Step 3 done: the state of step 2 is saved, batch 2 is trained but not durable.
-        wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", [trainer, sampler])
-        kill_tree(trainer)
+        wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", list(procs.values()))
+        kill_tree(procs[victim])
         killed_at, steps_before = time.time(), len(rows_of(run_dir))
-        trainer = start("trainer", config, overrides, logs["trainer"])
+        procs[victim] = start(victim, config, [*overrides, *restart_overrides], logs[victim])
         recover_s = wait_for(
             lambda: any(r["time"] > killed_at for r in rows_of(run_dir)),
             "a step after the restart",
-            [trainer, sampler],
+            list(procs.values()),
         )
-        finish([trainer, sampler])
+        finish(list(procs.values()))
     finally:
-        finish([trainer, sampler], timeout=1)
+        finish(list(procs.values()), timeout=1)
     text = {r: p.read_text() for r, p in logs.items()}
-    assert trainer.returncode == 0 and sampler.returncode == 0, text["trainer"][-3000:]
+    assert all(p.returncode == 0 for p in procs.values()), text[victim][-3000:]
+    rows = assert_exactly_once(run_dir, spool, text["sampler"])
+    _assert_no_stray_processes(config)
+    return text, rows, steps_before, recover_s
+
+
+def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(tmp_path, tiny_model_dir):
+    text, rows, steps_before, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "trainer", [])
     m = re.search(r"resumed from .* at step (\d+)", text["trainer"])
     assert m and int(m[1]) % 2 == 0 and int(m[1]) < steps_before, text["trainer"][-3000:]
     assert "the trainer restarted" in text["sampler"]
-    rows = assert_exactly_once(run_dir, spool, text["sampler"])
     print(
         f"\nchaos/trainer: produced {TOTAL}, trained {len(rows)}, killed after step "
         f"{steps_before}, resumed at step {m[1]}, duplicates dropped "
         f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in "
         f"{recover_s:.0f} s"
     )
-    _assert_no_stray_processes(config)
 
 
 def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_dir):
-    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
-    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
-    trainer = start("trainer", config, overrides, logs["trainer"])
-    sampler = start("sampler", config, overrides, logs["sampler"])
-    try:
-        wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", [trainer, sampler])
-        kill_tree(sampler)
-        killed_at = time.time()
-        sampler = start("sampler", config, [*overrides, "--resume"], logs["sampler"])
-        recover_s = wait_for(
-            lambda: any(r["time"] > killed_at for r in rows_of(run_dir)),
-            "a step after the restart",
-            [trainer, sampler],
-        )
-        finish([trainer, sampler])
-    finally:
-        finish([trainer, sampler], timeout=1)
-    text = {r: p.read_text() for r, p in logs.items()}
-    assert trainer.returncode == 0 and sampler.returncode == 0, text["sampler"][-3000:]
+    text, rows, _, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "sampler", ["--resume"])
     assert "resuming at batch" in text["sampler"]
     # A batch the killed sampler was generating is made by its successor (same questions);
     # spooled ones are resent, not regenerated.
     sent = [int(s) for s in re.findall(r"sent batch (\d+)", text["sampler"])]
     assert len(sent) == len(set(sent)) == TOTAL, sent
-    rows = assert_exactly_once(run_dir, spool, text["sampler"])
     print(
         f"\nchaos/sampler: produced {TOTAL}, trained {len(rows)}, duplicates dropped "
         f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in {recover_s:.0f} s"
     )
-    _assert_no_stray_processes(config)
 
 
 def _hostile_peer(addr: str, stop: threading.Event, sent: list[int]) -> None:
