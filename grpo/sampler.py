@@ -495,11 +495,15 @@ class Sampler:
 
     # ------------------------------------------------------------------ loop
 
+    @property
+    def share(self) -> int:
+        """How many batches this sampler makes in the whole run."""
+        return self.cfg.train.total_steps // self.cfg.rollout.num_samplers
+
     def run(self) -> int:
         cfg = self.cfg
-        share = cfg.train.total_steps // cfg.rollout.num_samplers
-        if self.next_seq >= share and not self.spool.pending():
-            log.info("all %d batches of this sampler were trained on: nothing left to do", share)
+        if self.next_seq >= self.share and not self.spool.pending():
+            log.info("all %d batches of this sampler were trained on: nothing left", self.share)
             return 0
         self.channel = channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
         self.rollout = rollout = self.make_rollout(channel.stopped)
@@ -542,7 +546,7 @@ class Sampler:
         stream = question_stream(
             self.prompts, r.questions_per_step, r.seed, cfg.data.shuffle, start=self.position
         )
-        while self.next_seq < cfg.train.total_steps // r.num_samplers:
+        while self.next_seq < self.share:
             # With several samplers, batch seq of this one is about the trainer's step below.
             step_estimate = self.next_seq * r.num_samplers + r.sampler_index
             self.wait_for_version(
