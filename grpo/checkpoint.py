@@ -30,9 +30,13 @@ def version_dir(run_dir: Path, version: int) -> Path:
     return run_dir / "versions" / f"v{version:06d}"
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write, fsync and rename: `path` holds the old content or the new, never a part."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -51,7 +55,7 @@ def publish_version(
     )
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    write_text_atomic(run_dir / "LATEST", f"{version}\n")
+    write_atomic(run_dir / "LATEST", f"{version}\n")
     prune_versions(run_dir, keep)
     return final
 

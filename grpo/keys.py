@@ -30,17 +30,17 @@ TRAINER = "trainer"
 AUTHORIZED = "authorized"
 
 
-def _load(path: Path, what: str) -> tuple[bytes, bytes]:
+def _load(path: Path, what: str, secret: bool = True) -> tuple[bytes, bytes | None]:
     try:
-        public, secret = zmq.auth.load_certificate(path)
+        public, secret_key = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as e:
         raise ValueError(
             f"transport.curve_dir: cannot read {what} from {path} ({e}); "
             "make keys with `python -m grpo keys DIR`"
         ) from None
-    if secret is None:
+    if secret and secret_key is None:
         raise ValueError(f"transport.curve_dir: {path} holds no secret key ({what})")
-    return public, secret
+    return public, secret_key
 
 
 def generate(directory: Path, samplers: int) -> list[Path]:
@@ -89,6 +89,7 @@ def secure_server(
     """Make `sockets` (before bind) CURVE servers that accept authorized/ keys only; returns
     the authenticator thread, to be stopped before the context is terminated."""
     public, secret = _load(curve_dir / f"{TRAINER}.key_secret", "the trainer's secret key")
+    assert secret is not None
     keys = _AuthorizedKeys(curve_dir / AUTHORIZED)
     auth = ThreadAuthenticator(ctx)
     auth.start()
@@ -113,10 +114,8 @@ class ClientKeys:
         path = curve_dir / f"{sampler_id}.key_secret"
         public, secret = _load(path, f"sampler {sampler_id}'s secret key")
         trainer = curve_dir / f"{TRAINER}.key"
-        try:
-            server_public, _ = zmq.auth.load_certificate(trainer)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"transport.curve_dir: cannot read {trainer} ({e})") from None
+        server_public, _ = _load(trainer, "the trainer's public key", secret=False)
+        assert secret is not None
         return cls(public, secret, server_public)
 
     def apply(self, sock: zmq.Socket) -> None:

@@ -65,6 +65,10 @@ def overtaken(pending: list[int], consumed: SeqSet) -> list[int]:
     return [seq for seq in pending if seq < consumed.highest() and seq not in consumed]
 
 
+def _to_json(sets: dict[str, SeqSet]) -> dict[str, dict[str, Any]]:
+    return {sid: s.to_json() for sid, s in sets.items()}
+
+
 class Ledger:
     def __init__(self, durable: dict[str, SeqSet] | None = None):
         self.durable: dict[str, SeqSet] = durable or {}
@@ -81,10 +85,10 @@ class Ledger:
         self.durable = copy.deepcopy(self.consumed)
 
     def acks(self) -> dict[str, dict[str, Any]]:
-        return {sid: s.to_json() for sid, s in self.durable.items()}
+        return _to_json(self.durable)
 
     def consumed_json(self) -> dict[str, dict[str, Any]]:
-        return {sid: s.to_json() for sid, s in self.consumed.items()}
+        return _to_json(self.consumed)
 
     @classmethod
     def from_acks(cls, acks: Any) -> Ledger:

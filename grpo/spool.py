@@ -12,11 +12,11 @@ for acknowledgements instead of growing it.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
+from grpo.checkpoint import write_atomic
 from grpo.episode import EpisodeBatch, FrameError, bytes_to_frames, decode, frames_to_bytes
 from grpo.ledger import SeqSet
 
@@ -24,22 +24,12 @@ STATE_FILE = "state.json"
 _BATCH_FILE = re.compile(r"b(\d{9})\.frames")
 
 
-def write_durable(path: Path, data: bytes) -> None:
-    """Write, fsync and rename: `path` holds the old bytes or the new ones, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class Spool:
     def __init__(self, directory: Path, max_batches: int):
         self.dir = directory
         self.max_batches = max_batches
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.dir.glob(".*.tmp"):  # a write that a crash interrupted
+        for stale in self.dir.glob(".*.tmp*"):  # a write that a crash interrupted
             stale.unlink()
 
     def _path(self, seq: int) -> Path:
@@ -53,7 +43,7 @@ class Spool:
         return len(self.pending()) >= self.max_batches
 
     def put(self, seq: int, frames: list[Any]) -> None:
-        write_durable(self._path(seq), frames_to_bytes(frames))
+        write_atomic(self._path(seq), frames_to_bytes(frames))
 
     def frames(self, seq: int) -> list[memoryview]:
         return bytes_to_frames(self._path(seq).read_bytes())
@@ -79,7 +69,7 @@ class Spool:
             return None
 
     def write_state(self, state: dict[str, Any]) -> None:
-        write_durable(self.dir / STATE_FILE, json.dumps(state).encode())
+        write_atomic(self.dir / STATE_FILE, json.dumps(state).encode())
 
     def clear(self) -> None:
         for seq in self.pending():

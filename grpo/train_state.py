@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo.checkpoint import require_same, write_text_atomic
+from grpo.checkpoint import require_same, write_atomic
 from grpo.ledger import Ledger
 from grpo.metrics import read_jsonl
 
@@ -71,7 +71,7 @@ def save(
     dist.barrier()  # every rank's shards are written before the state is declared complete
     if rank == 0:
         marker = {"tag": tag, "step": step, **fingerprint}
-        write_text_atomic(state_dir / MARKER, json.dumps(marker) + "\n")
+        write_atomic(state_dir / MARKER, json.dumps(marker) + "\n")
         for old in [*state_dir.glob("step*"), *state_dir.glob("*/step*")]:
             if old.name != tag:
                 shutil.rmtree(old, ignore_errors=True)
@@ -117,5 +117,5 @@ def truncate_metrics(path: Path, step: int) -> int:
     rows = read_jsonl(path)
     kept = [r for r in rows if r.get("step", 0) <= step]
     if len(kept) < len(rows):
-        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)

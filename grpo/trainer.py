@@ -39,7 +39,7 @@ from grpo.algos import (
 )
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
 from grpo.batching import length_mask, pad_right
-from grpo.checkpoint import discard_versions_after, publish_version, write_text_atomic
+from grpo.checkpoint import discard_versions_after, publish_version, write_atomic
 from grpo.config import Config, save_config
 from grpo.critic import Critic
 from grpo.distributed import accumulate_backward, comm_device, micro_batches, sum_across_ranks
@@ -814,7 +814,7 @@ class Trainer:
         if self.rank == 0:
             plot = plot_run(self.run_dir)
             samplers = per_sampler(read_jsonl(self.run_dir / METRICS_FILE))
-            write_text_atomic(self.run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
+            write_atomic(self.run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
             for sid, n in samplers.items():
                 log.info(
                     "%s: %d batches, reward %.3f, accuracy %.3f, %.0f tokens/s, staleness <= %d",
