@@ -68,13 +68,16 @@ def run(quick: bool = False) -> list[Result]:
     quiet_hf()
     lengths, source = demo_lengths()
     base = ensure_embedded_base()
+    path = base
     if quick:
         import tempfile
 
-        path = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", base)
+        with tempfile.TemporaryDirectory() as tmp_dir:  # once loaded, it needs no files
+            path = build_tiny_model(Path(tmp_dir) / "tiny", base)
+            model = load_causal_lm(str(path), "float32")
     else:
-        path = base
-    model = load_causal_lm(str(path), "float32").train()  # sdpa, the default kernel
+        model = load_causal_lm(str(path), "float32")
+    model.train()  # sdpa, the default kernel
     vocab = model.config.vocab_size
     micro = 8  # the demo's micro-batch
     arrival = lengths[: 16 if quick else 32]  # one rank's mini-batch
