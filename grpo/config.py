@@ -98,6 +98,11 @@ class VllmConfig:
         "new weights: load them into the running engine, or start a new engine "
         "(restart is the fallback when in-place loading fails, and a baseline for bench/)",
     )
+    reload_timeout_s: float = _f(
+        300.0,
+        "an in-place load that has not finished by then counts as failed: the engine is "
+        "restarted on the new weights instead",
+    )
 
 
 @dataclass

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -183,26 +185,29 @@ def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir,
     assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
 
 
-def test_failed_in_place_reload_falls_back_to_a_restart(base_model_dir, tmp_path, monkeypatch):
+def test_hung_in_place_reload_falls_back_to_a_restart(
+    base_model_dir, tmp_path, monkeypatch, caplog
+):
     from grpo.rollout.vllm import VllmRollout
 
     tok = load_tokenizer(base_model_dir)
     prompt = prompts(tok, QUESTIONS[:1])[0]
     completion = np.asarray(tok("Sure: #### 7").input_ids, np.int32)
     new_model = perturbed_version(base_model_dir, tmp_path / "v000001", seed=2)
-    rollout = VllmRollout(vllm_config(), base_model_dir)
+    rollout = VllmRollout(vllm_config("rollout.vllm.reload_timeout_s=2"), base_model_dir)
+    release = threading.Event()
     try:
-
-        def broken(*args):
-            raise RuntimeError("simulated worker failure")
-
-        monkeypatch.setattr(rollout, "_reload_in_place", broken)
+        # An engine that never answers the reload: the timeout counts it as failed.
+        monkeypatch.setattr(rollout.llm, "collective_rpc", lambda *a, **k: release.wait(600))
         assert rollout.load_version(tmp_path / "v000001", 1) == "restart (fallback)"
+        why = "TimeoutError: loading version 1 into the running engine took over 2 s"
+        assert why in caplog.text
         (new_hf,), _ = score_pairs(new_model, [prompt], [completion], pad_id=2,
                                    temperature=1.0, packed=False)  # fmt: skip
         served = engine_logprobs_of(rollout, prompt, completion)
         assert np.abs(served - new_hf).mean() < MEAN_TOL
     finally:
+        release.set()
         rollout.close()
 
 
@@ -243,3 +248,15 @@ def test_lora_adapter_per_version_without_restart(base_model_dir, tmp_path):
         assert rollout.llm is engine_start  # no restart
     finally:
         rollout.close()
+
+
+def test_within_returns_raises_or_times_out():
+    from grpo.rollout.vllm import within
+
+    assert within(5, lambda: 7, "slow") == 7
+    with pytest.raises(ZeroDivisionError):
+        within(5, lambda: 1 / 0, "slow")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="took too long"):
+        within(0.2, lambda: time.sleep(30), "took too long")
+    assert time.monotonic() - started < 5

@@ -15,8 +15,9 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from grpo.config import Config
 from grpo.rollout.hf import Generation
 
 log = logging.getLogger("grpo.vllm")
+T = TypeVar("T")
 
 WORKER_EXTENSION = "grpo.rollout.vllm_worker.WeightReloader"
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's LoRA kernels accept
@@ -156,7 +158,13 @@ class VllmRollout:
         return how
 
     def _reload_in_place(self, weights: Path, version: int) -> None:
-        results = self.llm.collective_rpc("grpo_reload", args=(str(weights), version))
+        llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
+        results = within(
+            timeout_s,
+            lambda: llm.collective_rpc("grpo_reload", args=(str(weights), version)),
+            f"loading version {version} into the running engine took over {timeout_s:.0f} s "
+            "(rollout.vllm.reload_timeout_s)",
+        )
         for result in results:
             if result.get("version") != version or result.get("tensors", 0) < 1:
                 raise RuntimeError(f"a worker reports {result} after loading version {version}")
@@ -177,6 +185,28 @@ class VllmRollout:
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
         return "adapter"
+
+
+def within(timeout_s: float, call: Callable[[], T], timeout_message: str) -> T:
+    """call()'s result, or TimeoutError(timeout_message) after timeout_s. vLLM's client waits
+    on its engine process without a limit, so the call runs in a daemon thread, abandoned on
+    a timeout: the caller then restarts the engine it was waiting on."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="vllm-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(timeout_message)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _generation(prompt: np.ndarray, answer) -> Generation:
