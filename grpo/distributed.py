@@ -11,6 +11,36 @@ from grpo.batching import length_order, micro_batch_ranges, split_to_count
 from grpo.config import Config
 from grpo.episode import Episode
 
+# How gloo reports a peer rank that hung past the timeout or went away; nccl raises
+# torch.distributed.DistError subclasses.
+_GLOO_FAILURES = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer")
+
+
+def collective_timeout_s(cfg: Config) -> float:
+    """How long a trainer rank waits in a collective: rank 0 may first wait that long for a
+    sampler, while the others wait for rank 0."""
+    return cfg.transport.startup_timeout_s + cfg.transport.peer_timeout_s
+
+
+def collective_failure(error: BaseException, rank: int, timeout_s: float) -> str | None:
+    """Our one-line account of a failed collective among the trainer ranks, or None when
+    `error` is something else. Torch's own text names a C++ source line, not the cause."""
+    if not isinstance(error, RuntimeError):
+        return None
+    text = str(error)
+    if not (isinstance(error, dist.DistError) or any(s in text for s in _GLOO_FAILURES)):
+        return None
+    detail = text.splitlines()[0].split("] ", 1)[-1].split(". ")[0] if text else "no text"
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        cause = (
+            f"the limit is transport.startup_timeout_s + peer_timeout_s = {timeout_s:.0f} s. "
+            "Another rank hung or died: its log says why. If one step legitimately takes "
+            "longer, raise transport.peer_timeout_s"
+        )
+    else:
+        cause = "another rank went away: its log says why"
+    return f"rank {rank} gave up waiting for the other trainer ranks ({detail}); {cause}"
+
 
 def comm_device() -> torch.device:
     """Where collective tensors live: nccl only moves CUDA tensors, gloo CPU ones."""

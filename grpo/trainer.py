@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from grpo import train_state
+from grpo.admission import Expected, misfit
 from grpo.algos import (
     adaptive_kl_coef,
     agg_loss,
@@ -42,7 +43,14 @@ from grpo.batching import length_mask, pad_right
 from grpo.checkpoint import discard_versions_after, publish_version, write_atomic
 from grpo.config import Config, save_config
 from grpo.critic import Critic
-from grpo.distributed import accumulate_backward, comm_device, micro_batches, sum_across_ranks
+from grpo.distributed import (
+    accumulate_backward,
+    collective_failure,
+    collective_timeout_s,
+    comm_device,
+    micro_batches,
+    sum_across_ranks,
+)
 from grpo.episode import (
     Episode,
     EpisodeBatch,
@@ -461,6 +469,12 @@ class Trainer:
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
         model = load_causal_lm(self.model_path, cfg.model.dtype, cfg.model.attn_implementation)
+        self.expected = Expected(
+            groups=cfg.rollout.questions_per_step,
+            group_size=cfg.rollout.group_size,
+            with_logprobs=cfg.train.logprobs_on == "sampler",
+            vocab_size=model.get_input_embeddings().num_embeddings,
+        )
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if cfg.model.lora.enabled:
@@ -490,6 +504,7 @@ class Trainer:
         self.kl_reward_coef = cfg.algo.kl_reward_coef  # adapted each step with kl_ctrl adaptive
         self.ledger = Ledger()
         self.duplicates_dropped = 0
+        self.rejected_batches = 0
         self.start_step = 0
         if cfg.train.resume != "never":
             self.resume()
@@ -598,6 +613,15 @@ class Trainer:
             metrics[key] /= passes
         return metrics
 
+    def reject(self, batch: EpisodeBatch, why: str) -> None:
+        """Drop a batch this trainer cannot train on, and tell its sampler, which stops with
+        the reason: the run goes on for any other sampler, and a peer cannot end it this way."""
+        assert self.channel is not None
+        self.rejected_batches += 1
+        log.warning("dropped batch %d from %s (%d so far): %s", batch.seq, batch.sampler_id,
+                    self.rejected_batches, why)  # fmt: skip
+        self.channel.announce("rejected", sampler_id=batch.sampler_id, seq=batch.seq, reason=why)
+
     def receive(self) -> tuple[EpisodeBatch | None, float]:
         """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive; if that
         fails, the other ranks are told to stop."""
@@ -614,24 +638,14 @@ class Trainer:
                     self.duplicates_dropped += 1  # a resend of a batch already trained on
                     log.info("dropped batch %d from %s: already trained on", batch.seq,
                              batch.sampler_id)  # fmt: skip
+                elif (why := misfit(batch, self.expected)) is not None:
+                    self.reject(batch, why)
                 else:
                     break
         except BaseException:
             broadcast_batch(None, 0, self.cfg.transport.max_frame_bytes)
             raise
         return batch, time.monotonic() - t0
-
-    def check_shape(self, batch: EpisodeBatch) -> None:
-        """DeepSpeed's accumulation steps were fixed at start-up from the config's batch shape."""
-        want = (self.cfg.rollout.questions_per_step, self.cfg.rollout.group_size)
-        got = (batch.num_groups, batch.group_size)
-        if got != want:
-            raise ValueError(
-                f"batch {batch.seq} from {batch.sampler_id} has {got[0]} groups of {got[1]}, "
-                f"but the trainer expects {want[0]} groups of {want[1]} "
-                f"({self.world} ranks x {self.groups_per_rank} whole groups): start the sampler "
-                "and the trainer with the same rollout.questions_per_step and group_size"
-            )
 
     def score_on_ranks(self, batch: EpisodeBatch) -> EpisodeBatch:
         """train.logprobs_on: trainer: old (current weights, before this step's first update)
@@ -665,15 +679,6 @@ class Trainer:
         return batch.with_arrays(**arrays)
 
     def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
-        self.check_shape(batch)
-        scored_by_sampler = batch.columns.old_logp is not None
-        if scored_by_sampler != (self.cfg.train.logprobs_on == "sampler"):
-            raise ValueError(
-                f"batch {batch.seq} from {batch.sampler_id} "
-                f"{'has' if scored_by_sampler else 'lacks'} old-policy log-probs but "
-                f"train.logprobs_on is {self.cfg.train.logprobs_on}: start both roles with the "
-                "same config"
-            )
         t_score = time.monotonic()
         if self.reference is not None:
             batch = self.score_on_ranks(batch)
@@ -728,6 +733,7 @@ class Trainer:
             "published_version": self.version,
             "duplicates_dropped": self.duplicates_dropped,
             "rejected_frames": self.channel.rejected_frames if self.channel else 0,
+            "rejected_batches": self.rejected_batches,
         }
         row.update(batch_metrics(batch))
         row.update({"rollout_kl_to_ref": rollout_kl, "kl_reward_coef": kl_coef_used})
@@ -804,7 +810,8 @@ class Trainer:
                     self.channel.wait_for_byes()
         except BaseException as e:
             if self.rank == 0 and self.channel is not None:
-                reason = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+                failure = collective_failure(e, self.rank, collective_timeout_s(cfg))
+                reason = "interrupted" if isinstance(e, KeyboardInterrupt) else failure or str(e)
                 self.channel.announce("stop", reason=reason, version=self.version)
             raise
         finally:
@@ -842,8 +849,8 @@ def run_trainer(cfg: Config) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    timeout = timedelta(seconds=cfg.transport.startup_timeout_s + cfg.transport.peer_timeout_s)
-    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    timeout_s = collective_timeout_s(cfg)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     try:
         Trainer(cfg).run()
         return 0
@@ -852,6 +859,12 @@ def run_trainer(cfg: Config) -> int:
         return 130
     except PeerError as e:
         log.error("trainer stopping: %s", e)
+        return 1
+    except RuntimeError as e:
+        failure = collective_failure(e, dist.get_rank(), timeout_s)
+        if failure is None:
+            raise
+        log.error("trainer stopping: %s", failure)
         return 1
     finally:
         dist.destroy_process_group()

@@ -398,6 +398,8 @@ class SamplerChannel:
             self.stopped.set()
         elif msg.kind == "stop":
             self._stop(f"trainer stopped: {msg.body.get('reason', 'no reason')}")
+        elif msg.kind == "rejected" and body.get("sampler_id") == self.sampler_id:
+            self._stop(f"the trainer rejected batch {body.get('seq')}: {body.get('reason')}")
         self._news.set()
 
     def check_size(self, frames: list[Any], seq: int) -> None:

@@ -140,8 +140,10 @@ def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_
 
 
 def _hostile_peer(addr: str, stop: threading.Event, sent: list[int]) -> None:
-    """Garbage, truncated and oversized frames at the trainer's episode port."""
-    from grpo.episode import Message, encode_message
+    """Garbage, truncated and oversized frames at the trainer's episode port, and a
+    well-formed batch of a shape the trainer does not train on."""
+    from grpo.episode import Message, encode_batch, encode_message
+    from tests.test_episode import make_batch
 
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
@@ -155,6 +157,7 @@ def _hostile_peer(addr: str, stop: threading.Event, sent: list[int]) -> None:
         lambda: [real[: int(rng.integers(1, len(real)))]],  # truncated
         lambda: [real, rng.bytes(64)],  # an extra frame
         lambda: [bytes(2 << 20)],  # over transport.max_frame_bytes (1 MiB here)
+        lambda: encode_batch(make_batch(num_groups=3)),  # the run's batches hold 4 groups
     ]
     try:
         while not stop.is_set():
@@ -186,10 +189,13 @@ def test_garbage_truncated_and_oversized_frames_during_a_run(tmp_path, tiny_mode
     assert launch.returncode == 0, log.read_text()[-3000:]
     rows = rows_of(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert rows[-1]["rejected_frames"] > 0
-    assert "dropped a malformed frame" in log.read_text()
-    print(f"\nchaos/garbage: {sent[0]} hostile frames sent, "
-          f"{rows[-1]['rejected_frames']} rejected by the last step, run completed")  # fmt: skip
+    assert rows[-1]["rejected_frames"] > 0 and rows[-1]["rejected_batches"] > 0
+    text = log.read_text()
+    assert "dropped a malformed frame" in text
+    assert "dropped batch 17 from sampler-3" in text and "rollout.questions_per_step" in text
+    print(f"\nchaos/garbage: {sent[0]} hostile messages sent, {rows[-1]['rejected_frames']} "
+          f"malformed and {rows[-1]['rejected_batches']} misfit batches rejected by the last "
+          "step, run completed")  # fmt: skip
     _assert_no_stray_processes(config)
 
 
@@ -214,3 +220,22 @@ def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir):
     assert again.returncode == 0
     assert "resumed from" in (tmp_path / "again.log").read_text()
     assert [r["step"] for r in rows_of(run_dir)] == [1, 2]
+
+
+def test_a_sampler_with_another_batch_shape_is_stopped_by_name(tmp_path, tiny_model_dir):
+    """The trainer drops the misfit batch and tells the sampler, which stops saying why; its
+    stop then ends the trainer, the only way the run could go on being a silent wait."""
+    config, _, run_dir, _ = setup(tmp_path, tiny_model_dir)
+    overrides = transport_overrides(timeout_s=60)
+    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
+    trainer = start("trainer", config, overrides, logs["trainer"])
+    fewer = [*overrides, "rollout.questions_per_step=2"]
+    sampler = start("sampler", config, fewer, logs["sampler"])
+    finish([trainer, sampler], timeout=300)
+    text = {r: p.read_text() for r, p in logs.items()}
+    assert sampler.returncode != 0 and trainer.returncode != 0, text
+    why = "it has 2 groups of 4, but the trainer expects 4 groups of 4"
+    assert f"the trainer rejected batch 0: {why}" in text["sampler"]
+    assert f"dropped batch 0 from sampler-0 (1 so far): {why}" in text["trainer"]
+    assert "sampler stopped" in text["trainer"]
+    assert not rows_of(run_dir)

@@ -149,3 +149,15 @@ def test_oversized_batch_is_refused_by_the_sender():
         pytest.raises(PeerError, match="over transport.max_frame_bytes"),
     ):
         sampler.send_batch(EpisodeBatch(eps, 2, policy_version=0, seq=0))
+
+
+def test_a_rejected_batch_stops_only_the_sampler_that_sent_it():
+    with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
+        deadline = time.monotonic() + 5
+        while not sampler.status.seen and time.monotonic() < deadline:  # subscribed by now
+            time.sleep(0.05)
+        trainer.announce("rejected", sampler_id="another", seq=3, reason="wrong shape")
+        trainer.announce("rejected", sampler_id="s0", seq=4, reason="it has 2 groups of 2")
+        assert sampler.stopped.wait(5)
+        assert sampler.status.stop_reason == "the trainer rejected batch 4: it has 2 groups of 2"
+        assert not sampler.status.done

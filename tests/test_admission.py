@@ -1,0 +1,57 @@
+"""A well-formed batch the trainer cannot train on is named, with the config key to align."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from grpo.admission import Expected, misfit
+from grpo.episode import EpisodeBatch
+from tests.test_episode import make_batch
+
+FITS = Expected(groups=3, group_size=4, with_logprobs=True, vocab_size=50_000)
+
+
+def _with_columns(batch: EpisodeBatch, **columns: np.ndarray | None) -> EpisodeBatch:
+    return EpisodeBatch.from_columns(
+        replace(batch.columns, **columns), batch.group_size, batch.policy_version, batch.seq
+    )
+
+
+def test_a_batch_of_the_configured_shape_fits():
+    assert misfit(make_batch(), FITS) is None
+
+
+@pytest.mark.parametrize(
+    ("want", "key"),
+    [
+        (replace(FITS, groups=2), "rollout.questions_per_step"),
+        (replace(FITS, group_size=2), "rollout.group_size"),
+        (replace(FITS, with_logprobs=False), "train.logprobs_on is trainer"),
+        (replace(FITS, vocab_size=100), "model.path"),
+    ],
+)
+def test_a_batch_that_does_not_fit_names_the_key(want, key):
+    why = misfit(make_batch(), want)
+    assert why is not None and key in why
+
+
+def test_a_batch_without_logprobs_does_not_fit_a_trainer_expecting_them():
+    batch = _with_columns(make_batch(), old_logp=None, ref_logp=None)
+    assert "lacks old-policy log-probs" in misfit(batch, FITS)
+    assert misfit(batch, replace(FITS, with_logprobs=False)) is None
+
+
+def test_the_largest_token_id_must_index_an_embedding():
+    batch = make_batch()
+    top = int(max(batch.columns.prompt_ids.max(), batch.columns.completion_ids.max()))
+    assert misfit(batch, replace(FITS, vocab_size=top + 1)) is None
+    assert f"token id {top}" in misfit(batch, replace(FITS, vocab_size=top))
+
+
+@pytest.mark.parametrize("name", ["old_logp", "ref_logp", "rollout_logp"])
+def test_a_log_prob_that_is_not_finite_does_not_fit(name):
+    batch = make_batch()
+    values = getattr(batch.columns, name).copy()
+    values[len(values) // 2] = np.nan
+    assert name in misfit(_with_columns(batch, **{name: values}), FITS)
