@@ -15,7 +15,7 @@ from grpo.episode import EpisodeBatch
 class Expected:
     groups: int  # rollout.questions_per_step: DeepSpeed's accumulation steps depend on it
     group_size: int
-    with_logprobs: bool  # train.logprobs_on == "sampler": the batch carries old-policy log-probs
+    logprobs_on: str  # train.logprobs_on: "sampler" batches carry old-policy log-probs
     vocab_size: int  # token ids at or above it would index past the embedding table
 
 
@@ -30,11 +30,10 @@ def misfit(batch: EpisodeBatch, want: Expected) -> str | None:
             "rollout.questions_per_step and rollout.group_size"
         )
     has_logprobs = batch.columns.old_logp is not None
-    if has_logprobs != want.with_logprobs:
+    if has_logprobs != (want.logprobs_on == "sampler"):
         return (
             f"it {'has' if has_logprobs else 'lacks'} old-policy log-probs, but the trainer's "
-            f"train.logprobs_on is {'sampler' if want.with_logprobs else 'trainer'}: start "
-            "both roles with the same config"
+            f"train.logprobs_on is {want.logprobs_on}: start both roles with the same config"
         )
     c = batch.columns
     top = max((int(ids.max()) for ids in (c.prompt_ids, c.completion_ids) if ids.size), default=0)

@@ -30,17 +30,22 @@ TRAINER = "trainer"
 AUTHORIZED = "authorized"
 
 
-def _load(path: Path, what: str, secret: bool = True) -> tuple[bytes, bytes | None]:
+def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
+    """(public, secret or None) from a key file ZeroMQ wrote."""
     try:
-        public, secret_key = zmq.auth.load_certificate(path)
+        return zmq.auth.load_certificate(path)
     except (OSError, ValueError) as e:
         raise ValueError(
             f"transport.curve_dir: cannot read {what} from {path} ({e}); "
             "make keys with `python -m grpo keys DIR`"
         ) from None
-    if secret and secret_key is None:
+
+
+def _load_pair(path: Path, what: str) -> tuple[bytes, bytes]:
+    public, secret = _load(path, what)
+    if secret is None:
         raise ValueError(f"transport.curve_dir: {path} holds no secret key ({what})")
-    return public, secret_key
+    return public, secret
 
 
 def generate(directory: Path, samplers: int) -> list[Path]:
@@ -88,8 +93,7 @@ def secure_server(
 ) -> ThreadAuthenticator:
     """Make `sockets` (before bind) CURVE servers that accept authorized/ keys only; returns
     the authenticator thread, to be stopped before the context is terminated."""
-    public, secret = _load(curve_dir / f"{TRAINER}.key_secret", "the trainer's secret key")
-    assert secret is not None
+    public, secret = _load_pair(curve_dir / f"{TRAINER}.key_secret", "the trainer's secret key")
     keys = _AuthorizedKeys(curve_dir / AUTHORIZED)
     auth = ThreadAuthenticator(ctx)
     auth.start()
@@ -112,10 +116,8 @@ class ClientKeys:
     @classmethod
     def load(cls, curve_dir: Path, sampler_id: str) -> ClientKeys:
         path = curve_dir / f"{sampler_id}.key_secret"
-        public, secret = _load(path, f"sampler {sampler_id}'s secret key")
-        trainer = curve_dir / f"{TRAINER}.key"
-        server_public, _ = _load(trainer, "the trainer's public key", secret=False)
-        assert secret is not None
+        public, secret = _load_pair(path, f"sampler {sampler_id}'s secret key")
+        server_public, _ = _load(curve_dir / f"{TRAINER}.key", "the trainer's public key")
         return cls(public, secret, server_public)
 
     def apply(self, sock: zmq.Socket) -> None:

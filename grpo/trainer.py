@@ -472,7 +472,7 @@ class Trainer:
         self.expected = Expected(
             groups=cfg.rollout.questions_per_step,
             group_size=cfg.rollout.group_size,
-            with_logprobs=cfg.train.logprobs_on == "sampler",
+            logprobs_on=cfg.train.logprobs_on,
             vocab_size=model.get_input_embeddings().num_embeddings,
         )
         if cfg.model.gradient_checkpointing:

@@ -9,7 +9,7 @@ from grpo.admission import Expected, misfit
 from grpo.episode import EpisodeBatch
 from tests.test_episode import make_batch
 
-FITS = Expected(groups=3, group_size=4, with_logprobs=True, vocab_size=50_000)
+FITS = Expected(groups=3, group_size=4, logprobs_on="sampler", vocab_size=50_000)
 
 
 def _with_columns(batch: EpisodeBatch, **columns: np.ndarray | None) -> EpisodeBatch:
@@ -27,7 +27,7 @@ def test_a_batch_of_the_configured_shape_fits():
     [
         (replace(FITS, groups=2), "rollout.questions_per_step"),
         (replace(FITS, group_size=2), "rollout.group_size"),
-        (replace(FITS, with_logprobs=False), "train.logprobs_on is trainer"),
+        (replace(FITS, logprobs_on="trainer"), "train.logprobs_on is trainer"),
         (replace(FITS, vocab_size=100), "model.path"),
     ],
 )
@@ -39,7 +39,7 @@ def test_a_batch_that_does_not_fit_names_the_key(want, key):
 def test_a_batch_without_logprobs_does_not_fit_a_trainer_expecting_them():
     batch = _with_columns(make_batch(), old_logp=None, ref_logp=None)
     assert "lacks old-policy log-probs" in misfit(batch, FITS)
-    assert misfit(batch, replace(FITS, with_logprobs=False)) is None
+    assert misfit(batch, replace(FITS, logprobs_on="trainer")) is None
 
 
 def test_the_largest_token_id_must_index_an_embedding():
