@@ -5,8 +5,9 @@
 #   ROLE=trainer bash launch.sh CONFIG.yaml ...                     the trainer only (its node)
 #   ROLE=sampler bash launch.sh CONFIG.yaml ...                     the sampler only (its node)
 #
-# The trainer runs train.num_ranks processes: the DeepSpeed launcher on GPU, torchrun on CPU.
-# Addresses come from the config (transport.*). If one role fails, the other is stopped and
+# The trainer runs train.num_ranks processes on this node (torchrun, on CPU and GPU alike; a
+# trainer over several nodes: ROLE=trainer with train.node_rank on each). Each role gets its
+# GPUs in CUDA_VISIBLE_DEVICES (grpo/placement.py). Addresses come from the config (transport.*). If one role fails, the other is stopped and
 # this script exits non-zero; Ctrl-C stops both. Relative paths in the config are relative to
 # the repository root.
 set -uo pipefail
@@ -24,8 +25,6 @@ case $ROLE in both|sampler|trainer) ;; *) echo "launch.sh: ROLE must be sampler,
 # Validate the config once, up front: a typo stops here with one line naming the key.
 "$PY" -m grpo.config "$@" --get name >/dev/null || exit 2
 get() { "$PY" -m grpo.config "$@" 2>/dev/null; }
-num_ranks=$(get "$@" --get train.num_ranks)
-master_port=$(get "$@" --get train.master_port)
 model_path=$(get "$@" --get model.path)
 run_dir="$(get "$@" --get output_dir)/$(get "$@" --get name)"
 
@@ -34,18 +33,19 @@ if [[ $model_path == embedded ]]; then
   "$PY" -m grpo.models >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
 fi
 
+# Each role's GPUs (none on a CPU node): TRAINER_GPUS, SAMPLER_GPUS, SHARED.
+placement=$(ROLE=$ROLE "$PY" -m grpo.placement "$@") || exit 2
+eval "$placement"
+gpus() { [[ -z $1 ]] || export CUDA_VISIBLE_DEVICES=$1; }
+
 # Each role execs its process, so the pid launch.sh holds is the worker's and a signal reaches it.
-start_trainer() {
-  if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    exec "$PY" -m deepspeed.launcher.runner --num_gpus "$num_ranks" --master_port "$master_port" \
-      training_worker.py "$@"
-  else
-    export DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-    exec "$PY" -m grpo.launch_ranks \
-      --nproc_per_node "$num_ranks" --master_port "$master_port" training_worker.py "$@"
-  fi
+# The trainer's command is the same on CPU and GPU.
+start_trainer() { gpus "$TRAINER_GPUS"; exec "$PY" -m grpo.launch_ranks "$@"; }
+start_sampler() {
+  gpus "$SAMPLER_GPUS"
+  export GRPO_SHARED_GPU=$SHARED  # one GPU for both roles: the sampler caps its memory
+  exec "$PY" sampling_worker.py "$@"
 }
-start_sampler() { exec "$PY" sampling_worker.py "$@"; }
 
 case $ROLE in
   trainer) start_trainer "$@" ;;

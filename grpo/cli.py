@@ -32,7 +32,22 @@ def setup_logging(role: str) -> None:
     hf_logging.disable_progress_bar()
 
 
+def without_launcher_args(argv: list[str]) -> list[str]:
+    """`argv` minus a `--local_rank=N` / `--local-rank N` that a launcher put in front of ours
+    (DeepSpeed's does; torchrun, which launch.sh uses, passes LOCAL_RANK in the environment)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--local_rank", "--local-rank"):
+            skip = True
+        elif not arg.startswith(("--local_rank=", "--local-rank=")):
+            out.append(arg)
+    return out
+
+
 def main(role: str, argv: list[str]) -> int:
+    argv = without_launcher_args(argv)
     prog = "sampling_worker.py" if role == "sampler" else "training_worker.py"
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE.format(prog=prog))

@@ -19,6 +19,9 @@ from typing import Any, Literal
 
 import yaml
 
+# Attention kernels that keep packed sequences apart without a square mask over the whole row.
+VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message names the key."""
@@ -55,10 +58,13 @@ class ModelConfig:
     )
     dtype: Literal["float32", "bfloat16"] = _f("float32", "parameter dtype (float32 on CPU)")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = _f(
+    attn_implementation: Literal[
+        "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
+    ] = _f(
         "sdpa",
         "attention kernel for transformers; the flash_attention ones need the flash-attn "
-        "package and a GPU, and make train.packing=auto pack",
+        "package and a GPU; flex_attention (PyTorch's, no extra package) masks packed "
+        "sequences by document. Those three make train.packing=auto pack",
     )
     lora: LoraConfig = _section(LoraConfig, "LoRA adapter training")
 
@@ -120,6 +126,21 @@ class RolloutConfig:
     max_new_tokens: int = _f(256, "longest answer; longer ones end with finish_reason 'length'")
     seed: int = _f(0, "sampling seed; batch k uses seed + k")
     generation_batch_size: int = _f(16, "sequences per generate() call")
+    hf_cache: Literal["dynamic", "static"] = _f(
+        "dynamic",
+        "HF backend's KV cache: static preallocates it for the longest answer, which lets "
+        "transformers compile the decoding step on GPU (first batch slower, later ones faster)",
+    )
+    gpus: list[int] = _f(
+        [],
+        "GPU indices (of those visible) the sampler uses; [] = automatic: the GPUs the "
+        "trainer does not use, or the trainer's when there are no others (see docs/gpus.md)",
+    )
+    gpu_memory_fraction: float = _f(
+        0.0,
+        "cap on the share of its GPU the sampler's HF models may allocate; 0 = automatic: 0.35 "
+        "when it shares the GPU with the trainer under ROLE=both, no cap otherwise",
+    )
     sampler_id: str = _f("sampler-0", "name of this sampler in batches, logs and metrics")
     num_samplers: int = _f(
         1, "samplers feeding the trainer; each makes total_steps / num_samplers batches"
@@ -224,7 +245,17 @@ class TrainConfig:
         0, "sequences per optimizer step, all ranks together; 0 = the whole received batch"
     )
     ppo_epochs: int = _f(1, "passes over each received batch (each pass: one step per mini-batch)")
-    num_ranks: int = _f(1, "trainer processes (GPUs on GPU, CPU processes on CPU)")
+    num_ranks: int = _f(1, "trainer processes per node (one per GPU on GPU, CPU processes on CPU)")
+    nnodes: int = _f(1, "nodes the trainer spans (torchrun's --nnodes); world = nnodes * num_ranks")
+    node_rank: int = _f(0, "this node's index among the trainer's nodes; node 0 hosts rank 0")
+    master_addr: str = _f(
+        "127.0.0.1", "address of trainer node 0, where the ranks meet (torchrun's --master_addr)"
+    )
+    gpus: list[int] = _f(
+        [],
+        "GPU indices (of those visible) the trainer's ranks use, one per rank; [] = the first "
+        "num_ranks (see docs/gpus.md)",
+    )
     deepspeed_config: str = _f("configs/deepspeed/zero2.json", "DeepSpeed JSON (ZeRO-2)")
     master_port: int = _f(29500, "port of the trainer ranks' rendezvous")
     sync_interval: int = _f(1, "publish weights for the sampler every N steps")
@@ -319,8 +350,13 @@ class Config:
     def packed(self) -> bool:
         """Whether the trainer's and sampler's scoring forwards pack sequences (train.packing)."""
         if self.train.packing == "auto":
-            return self.model.attn_implementation.startswith("flash_attention")
+            return self.model.attn_implementation in VARLEN_ATTENTION
         return self.train.packing == "packed"
+
+    @property
+    def world(self) -> int:
+        """Trainer ranks over all its nodes."""
+        return self.train.nnodes * self.train.num_ranks
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -339,6 +375,7 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
         ("train.micro_batch_size", cfg.train.micro_batch_size),
         ("train.ppo_epochs", cfg.train.ppo_epochs),
         ("train.num_ranks", cfg.train.num_ranks),
+        ("train.nnodes", cfg.train.nnodes),
         ("train.sync_interval", cfg.train.sync_interval),
         ("train.keep_versions", cfg.train.keep_versions),
         ("rollout.num_samplers", cfg.rollout.num_samplers),
@@ -405,10 +442,10 @@ def _check_values(cfg: Config) -> None:
             raise ConfigError(f"{key} must be >= 0, got {value!r}")
     batch_seqs = cfg.rollout.questions_per_step * cfg.rollout.group_size
     mini = cfg.train.mini_batch_size
-    if mini and (mini < 0 or batch_seqs % mini or mini % cfg.train.num_ranks):
+    if mini and (mini < 0 or batch_seqs % mini or mini % cfg.world):
         raise ConfigError(
             f"train.mini_batch_size ({mini}) must divide the batch ({batch_seqs} sequences) and "
-            f"be a multiple of train.num_ranks ({cfg.train.num_ranks}); 0 = the whole batch"
+            f"be a multiple of the trainer's ranks ({cfg.world}); 0 = the whole batch"
         )
     if cfg.algo.kl_reward_coef < 0 or cfg.algo.kl_target <= 0 or cfg.algo.kl_horizon <= 0:
         raise ConfigError("algo.kl_reward_coef must be >= 0, kl_target and kl_horizon > 0")
@@ -430,11 +467,13 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {cfg.train.max_grad_norm!r}")
     if cfg.algo.entropy_coef < 0:
         raise ConfigError(f"algo.entropy_coef must be >= 0, got {cfg.algo.entropy_coef!r}")
-    if cfg.rollout.questions_per_step % cfg.train.num_ranks:
+    if cfg.rollout.questions_per_step % cfg.world:
         raise ConfigError(
             f"rollout.questions_per_step ({cfg.rollout.questions_per_step}) must be a multiple "
-            f"of train.num_ranks ({cfg.train.num_ranks}): each rank trains on whole groups"
+            f"of the trainer's ranks, train.nnodes x train.num_ranks ({cfg.world}): each rank "
+            "trains on whole groups"
         )
+    _check_devices(cfg)
     if cfg.data.reward and ":" not in cfg.data.reward:
         raise ConfigError(
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
@@ -462,6 +501,27 @@ def _check_rollout(cfg: Config) -> None:
                 "algo.rollout_correction_threshold must be > 1, got "
                 f"{cfg.algo.rollout_correction_threshold!r}"
             )
+
+
+def _check_devices(cfg: Config) -> None:
+    t, r = cfg.train, cfg.rollout
+    if not 0 <= t.node_rank < t.nnodes:
+        raise ConfigError(
+            f"train.node_rank must be in [0, train.nnodes={t.nnodes}), got {t.node_rank}"
+        )
+    for key, gpus in (("train.gpus", t.gpus), ("rollout.gpus", r.gpus)):
+        if any(g < 0 for g in gpus) or len(set(gpus)) < len(gpus):
+            raise ConfigError(f"{key} must list distinct GPU indices >= 0, got {gpus}")
+    if t.gpus and len(t.gpus) != t.num_ranks:
+        raise ConfigError(
+            f"train.gpus lists {len(t.gpus)} GPUs for train.num_ranks={t.num_ranks} ranks: "
+            "give one per rank, or [] for the first num_ranks"
+        )
+    if not 0 <= r.gpu_memory_fraction <= 1:
+        raise ConfigError(
+            f"rollout.gpu_memory_fraction must be in [0, 1] (0 = automatic), got "
+            f"{r.gpu_memory_fraction!r}"
+        )
 
 
 def _check_delivery(cfg: Config) -> None:

@@ -1,18 +1,65 @@
-"""`torchrun` for launch.sh, minus the traceback it prints when it is stopped on purpose.
+"""Start this node's trainer ranks: `python -m grpo.launch_ranks CONFIG [overrides]`.
+
+One command line on CPU and GPU: torchrun with the config's nodes, ranks and rendezvous
+address runs `training_worker.py CONFIG [overrides]` once per rank. Only the device differs,
+and the ranks find it themselves (DS_ACCELERATOR from torch.cuda.is_available(), nccl or gloo
+in grpo.trainer). torchrun passes each rank its place in environment variables (RANK,
+LOCAL_RANK, WORLD_SIZE), never as arguments, so the worker's own arguments stay as given
+(the DeepSpeed launcher's `--local_rank=N` in front of them is what broke the GPU path once).
 
 When the sampler fails or the user presses Ctrl-C, launch.sh sends SIGTERM to the trainer's
 process group; torchrun then raises SignalException and prints a long traceback that buries
-the one line saying why the run stopped.
+the one line saying why the run stopped, so that one is turned into a line.
 """
 
+from __future__ import annotations
+
+import os
 import sys
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.run import main
+from grpo.config import Config, ConfigError, load_config
 
-if __name__ == "__main__":
+WORKER = "training_worker.py"
+
+
+def torchrun_argv(cfg: Config, worker_args: list[str]) -> list[str]:
+    """torchrun's arguments for this node's ranks; the same whatever the device."""
+    t = cfg.train
+    return [
+        "--nnodes", str(t.nnodes), "--node_rank", str(t.node_rank),
+        "--nproc_per_node", str(t.num_ranks),
+        "--master_addr", t.master_addr, "--master_port", str(t.master_port),
+        WORKER, *worker_args,
+    ]  # fmt: skip
+
+
+def rank_env(cuda: bool, env: dict[str, str]) -> dict[str, str]:
+    """What the ranks need in their environment beyond `env`: DeepSpeed's accelerator named
+    (it guesses otherwise, with a warning on CPU) and one OpenMP thread per rank unless set."""
+    return {
+        "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cuda" if cuda else "cpu"),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def main(argv: list[str]) -> int:
+    import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun
+
     try:
-        main()
+        cfg = load_config(argv[0] if argv else None, argv[1:])
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    os.environ.update(rank_env(torch.cuda.is_available(), dict(os.environ)))
+    try:
+        torchrun(torchrun_argv(cfg, argv))
     except SignalException as e:
         print(f"trainer: stopped by {e.sigval.name}", file=sys.stderr)
-        sys.exit(128 + int(e.sigval))
+        return 128 + int(e.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

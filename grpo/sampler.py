@@ -30,7 +30,7 @@ from grpo.config import Config
 from grpo.episode import Episode, EpisodeBatch, encode_batch
 from grpo.ledger import overtaken
 from grpo.logprobs import Truncation, score_for_training
-from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, plot_run
+from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, peak_memory_gib, plot_run
 from grpo.models import (
     apply_lora,
     load_causal_lm,
@@ -38,6 +38,7 @@ from grpo.models import (
     load_tokenizer,
     resolve_model_path,
 )
+from grpo.placement import sampler_memory_fraction
 from grpo.rollout.hf import Generation, HFRollout
 from grpo.rollout.vllm import VllmRollout
 from grpo.spool import Spool
@@ -156,6 +157,11 @@ class Sampler:
             )
         self.model_path = model_path
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and (cap := sampler_memory_fraction(cfg)):
+            # Sharing the GPU with the trainer: past the cap our allocations fail here,
+            # with a message, instead of the trainer running out of memory mid-step.
+            torch.cuda.set_per_process_memory_fraction(cap)
+            log.info("sampler: HF models capped at %.0f%% of the GPU's memory", 100 * cap)
         # HF models only where they are used: to generate (hf backend) and to score the
         # answers (train.logprobs_on: sampler). vLLM with trainer-side scoring needs neither.
         self.scores = cfg.train.logprobs_on == "sampler"
@@ -410,6 +416,7 @@ class Sampler:
             # Which prompts of this sampler's shard the batch drew: [data_start, data_end).
             "data_start": float(data_start),
             "data_end": float(self.position),
+            "peak_mem_gib": peak_memory_gib(),
         }
         return EpisodeBatch(episodes, cfg.group_size, self.version, seq, cfg.sampler_id, stats)
 
@@ -533,7 +540,9 @@ class Sampler:
         if self.cfg.rollout.backend == "vllm":
             return VllmRollout(self.cfg, self.model_path, stop_event)
         assert self.policy is not None
-        return HFRollout(self.policy, self.tokenizer, stop_event=stop_event)
+        return HFRollout(
+            self.policy, self.tokenizer, stop_event=stop_event, cache=self.cfg.rollout.hf_cache
+        )
 
     def loop(self, rollout: Rollout) -> None:
         """Batches until this sampler's share is sent, then wait for the trainer's done."""

@@ -1,0 +1,116 @@
+"""One launch path for CPU and GPU: the trainer's command line, each role's GPUs, the workers'
+arguments. The integration tests run this same path end to end on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from grpo.cli import without_launcher_args
+from grpo.config import ConfigError, load_config
+from grpo.launch_ranks import rank_env, torchrun_argv
+from grpo.placement import SHARED_SAMPLER_FRACTION, place, sampler_memory_fraction
+from tests.conftest import PYTHON, REPO
+
+DEMO = str(REPO / "configs" / "cpu_demo.yaml")
+
+
+def test_trainer_command_is_the_same_on_cpu_and_gpu():
+    """launch.sh has one trainer command (no device branch), and what it runs depends on the
+    config alone; only DeepSpeed's accelerator name differs with the device."""
+    script = (REPO / "launch.sh").read_text()
+    assert script.count("grpo.launch_ranks") == 1 and "deepspeed.launcher" not in script
+    args = [DEMO, "train.lr=1e-5", "--resume"]
+    argv = torchrun_argv(load_config(DEMO, args[1:]), args)
+    assert argv == ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "2",
+                    "--master_addr", "127.0.0.1", "--master_port", "29500",
+                    "training_worker.py", *args]  # fmt: skip
+    assert rank_env(True, {}) == {"DS_ACCELERATOR": "cuda", "OMP_NUM_THREADS": "1"}
+    assert rank_env(False, {"OMP_NUM_THREADS": "4"}) == {
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "4",
+    }
+
+
+def test_trainer_over_nodes_in_the_command_line():
+    cfg = load_config(DEMO, ["train.nnodes=2", "train.node_rank=1", "train.master_addr=10.0.0.1"])
+    argv = torchrun_argv(cfg, [DEMO])
+    assert argv[:8] == ["--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2",
+                        "--master_addr", "10.0.0.1"]  # fmt: skip
+    assert cfg.world == 4
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--local_rank=3", "c.yaml", "train.lr=1"],
+        ["--local-rank", "3", "c.yaml", "train.lr=1"],
+        ["c.yaml", "--local_rank=0", "train.lr=1"],
+        ["c.yaml", "train.lr=1"],
+    ],
+)
+def test_workers_ignore_a_launchers_local_rank(argv):
+    """The DeepSpeed launcher's `--local_rank=N` in front of the config was the first GPU
+    failure ("config file not found: --local_rank=0")."""
+    assert without_launcher_args(argv) == ["c.yaml", "train.lr=1"]
+
+
+def test_worker_started_the_deepspeed_launcher_way_reads_its_config():
+    done = subprocess.run([PYTHON, "training_worker.py", "--local_rank=0", "--help-keys"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "num_ranks" in done.stdout, done.stderr
+
+
+# ----------------------------------------------------------------------------- placement
+
+
+@pytest.mark.parametrize(
+    ("visible", "role", "ranks", "tp", "want_trainer", "want_sampler", "shared"),
+    [
+        (0, "both", 2, 1, (), (), False),  # CPU node: no GPUs for anyone
+        (1, "both", 1, 1, (0,), (0,), True),  # one GPU: shared
+        (2, "both", 1, 1, (0,), (1,), False),
+        (8, "both", 4, 4, (0, 1, 2, 3), (4, 5, 6, 7), False),  # vLLM TP over the other four
+        (8, "both", 7, 1, tuple(range(7)), (7,), False),
+        (8, "both", 8, 1, tuple(range(8)), (0,), True),  # all for training: sampler shares
+        (8, "trainer", 8, 1, tuple(range(8)), (), False),  # trainer node of a two-node run
+        (8, "sampler", 8, 2, (), tuple(range(8)), False),  # sampler node
+    ],
+)
+def test_automatic_placement(visible, role, ranks, tp, want_trainer, want_sampler, shared):
+    p = place(visible, role, ranks, tp, [], [])
+    assert (p.trainer, p.sampler, p.shared) == (want_trainer, want_sampler, shared)
+
+
+def test_explicit_placement_and_its_errors():
+    p = place(4, "both", 2, 1, [2, 3], [0])
+    assert (p.trainer, p.sampler, p.shared) == ((2, 3), (0,), False)
+    with pytest.raises(ConfigError, match=r"train.gpus=\[4\]: only 4 GPU\(s\) are visible"):
+        place(4, "both", 1, 1, [4], [])
+    with pytest.raises(ConfigError, match="train.num_ranks=4 needs one GPU per rank, 2 visible"):
+        place(2, "both", 4, 1, [], [])
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 needs that many GPUs"):
+        place(4, "both", 2, 2, [], [3])
+
+
+def test_sampler_memory_cap(monkeypatch):
+    cfg = load_config(DEMO)
+    monkeypatch.delenv("GRPO_SHARED_GPU", raising=False)
+    assert sampler_memory_fraction(cfg) == 0.0
+    monkeypatch.setenv("GRPO_SHARED_GPU", "1")
+    assert sampler_memory_fraction(cfg) == SHARED_SAMPLER_FRACTION
+    assert sampler_memory_fraction(load_config(DEMO, ["rollout.gpu_memory_fraction=0.2"])) == 0.2
+
+
+def test_placement_command_for_launch_sh():
+    """What launch.sh evals; on this CPU machine no role gets a GPU."""
+    env = {**os.environ, "ROLE": "both"}
+    done = subprocess.run([PYTHON, "-m", "grpo.placement", DEMO], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["TRAINER_GPUS=", "SAMPLER_GPUS=", "SHARED=0"]
+    bad = subprocess.run([PYTHON, "-m", "grpo.placement", DEMO, "train.gpus=[0]"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "train.gpus lists 1 GPUs" in bad.stderr
