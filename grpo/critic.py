@@ -100,7 +100,7 @@ class Critic:
         # a token mean over all ranks' tokens, as for the policy (DeepSpeed averages the ranks)
         world = dist.get_world_size()
         all_tokens = max(1.0, float(sum_across_ranks(torch.tensor([float(n_tokens)]))))
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         for i, part in enumerate(parts):
             values, mask = self._values([eps[j] for j in part], pad_id)
             width = mask.shape[1]
@@ -113,10 +113,10 @@ class Critic:
             accumulate_backward(
                 self.engine, loss * tokens / all_tokens * world, last=i == len(parts) - 1
             )
-            metrics["vf_loss"] = float(loss)
+            metrics["vf_loss"] = loss.detach()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * tokens / n_tokens
-        return sums
+        return {key: float(value) for key, value in sums.items()}  # one transfer per update
 
 
 def _with_lr(ds_config: dict[str, Any], lr: float) -> dict[str, Any]:

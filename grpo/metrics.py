@@ -14,6 +14,18 @@ PLOT_FILE = "plot.png"
 SAMPLERS_FILE = "samplers.json"  # per-sampler summary, written by the trainer at the end
 
 
+def peak_memory_gib() -> float:
+    """This process's peak memory in GiB: allocated on its GPU when it has one (what limits
+    a GPU role), else its peak resident set on the CPU."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     """One line per call, flushed, so a crash loses at most the row being written."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +73,13 @@ def per_sampler(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def series(rows: list[dict[str, Any]], key: str, x: str = "step") -> tuple[list, list]:
+    """(x, y) of the rows that have `key`: a metric not computed at some step (the policy's
+    during a critic warm-up, say) is left out of its row, not written as NaN."""
+    kept = [r for r in rows if key in r]
+    return [r[x] for r in kept], [r[key] for r in kept]
+
+
 def plot_run(run_dir: Path) -> Path | None:
     """Reward, accuracy and KL against step (plus eval accuracy), written atomically as PNG."""
     rows = read_jsonl(run_dir / METRICS_FILE)
@@ -72,19 +91,17 @@ def plot_run(run_dir: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     evals = read_jsonl(run_dir / EVAL_FILE)
-    steps = [r["step"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    axes[0].plot(steps, [r["reward_mean"] for r in rows], marker="o")
+    axes[0].plot(*series(rows, "reward_mean"), marker="o")
     axes[0].set_title("mean reward (train batch)")
-    axes[1].plot(steps, [r["accuracy"] for r in rows], marker="o", label="train accuracy")
-    axes[1].plot(steps, [r["format_rate"] for r in rows], marker=".", label="train format")
+    axes[1].plot(*series(rows, "accuracy"), marker="o", label="train accuracy")
+    axes[1].plot(*series(rows, "format_rate"), marker=".", label="train format")
     if evals:  # version v = the weights after step v, so it shares the step axis
-        versions = [e["version"] for e in evals]
-        axes[1].plot(versions, [e["accuracy"] for e in evals], marker="s", label="eval pass@1")
-        axes[1].plot(versions, [e["format_rate"] for e in evals], marker="^", label="eval format")
+        axes[1].plot(*series(evals, "accuracy", "version"), marker="s", label="eval pass@1")
+        axes[1].plot(*series(evals, "format_rate", "version"), marker="^", label="eval format")
     axes[1].set_title("accuracy and format rate")
     axes[1].legend(fontsize=8)
-    axes[2].plot(steps, [r["kl"] for r in rows], marker="o")
+    axes[2].plot(*series(rows, "kl"), marker="o")
     axes[2].set_title("KL to reference")
     for ax in axes:
         ax.set_xlabel("step")

@@ -48,6 +48,7 @@ from grpo.distributed import (
     collective_failure,
     collective_timeout_s,
     comm_device,
+    max_across_ranks,
     micro_batches,
     sum_across_ranks,
 )
@@ -67,6 +68,7 @@ from grpo.metrics import (
     append_jsonl,
     info_rates,
     mean,
+    peak_memory_gib,
     per_sampler,
     plot_run,
     read_jsonl,
@@ -231,9 +233,6 @@ def gae_across_ranks(
     return (raw - mean) / (std + 1e-8) * mask, returns
 
 
-POLICY_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "grad_norm")
-
-
 def mini_batch_seqs(cfg: Config, world: int) -> int:
     """Sequences per optimizer step on one rank."""
     if cfg.train.mini_batch_size:
@@ -253,7 +252,8 @@ def train_on_batch(
 
     `advantages` holds the token advantages of this rank's episodes, in order, and `weights`
     their rollout-correction weights (or None). The ratio's old log-probs are those recorded
-    before the first update (by the sampler or the trainer), in every pass.
+    before the first update (by the sampler or the trainer), in every pass. Metrics stay on
+    the device until the end: one transfer per batch, not one per micro-batch.
     """
     size = mini_batch_seqs(cfg, dist.get_world_size())
     eps, sums, total = batch.episodes, {}, 0.0
@@ -271,10 +271,88 @@ def train_on_batch(
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + tokens * value
             total += tokens
-    out = {key: value / max(total, 1.0) for key, value in sums.items()}
-    grad_norm = engine.get_global_grad_norm()  # of the last step
-    out["grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
+    out = {key: float(value) / max(total, 1.0) for key, value in sums.items()}
+    grad_norm = engine.get_global_grad_norm()  # of the last step; None or inf when skipped
+    if grad_norm is not None and math.isfinite(float(grad_norm)):
+        out["grad_norm"] = float(grad_norm)
     return out
+
+
+def resolved_loss_options(cfg: Config) -> tuple[str, float, float]:
+    """(agg, clip_low, clip_high): null in the config = the chosen loss's own default (e.g.
+    GSPO's 3e-4 / 4e-4 and seq-mean-token-mean)."""
+    algo = cfg.algo
+    agg, clip_low, clip_high = (
+        loss_default(algo.loss, key) if value is None else value
+        for key, value in (("agg", algo.agg), ("clip_low", algo.clip_low),
+                           ("clip_high", algo.clip_high))
+    )  # fmt: skip
+    return agg, clip_low, clip_high
+
+
+def micro_batch_loss(
+    model,
+    chunk: list[Episode],
+    advantages: list[torch.Tensor],
+    weights: list[torch.Tensor] | None,
+    cfg: Config,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of one micro-batch, its (B, C) loss mask and its metrics (0-d tensors), all on
+    the model's device: the per-episode inputs arrive on the CPU and are moved here, once."""
+    algo = cfg.algo
+    agg, clip_low, clip_high = resolved_loss_options(cfg)
+    logp, entropy, mask, _ = pairs_logprobs(
+        model,
+        [e.prompt_ids for e in chunk],
+        [e.completion_ids for e in chunk],
+        packed=cfg.packed,
+        pad_id=pad_id,
+        temperature=cfg.rollout.temperature,
+        with_entropy=True,
+        entropy_grad=algo.entropy_coef > 0,
+    )
+    device = logp.device
+    mask[[not in_loss(e, cfg) for e in chunk]] = 0.0  # DAPO: truncated answers get no loss
+    width = mask.shape[1]
+    old = pad_right([e.old_logp for e in chunk], width).to(device)
+    ref = pad_right([e.ref_logp for e in chunk], width).to(device)
+    adv = pad_right(advantages, width).to(device)
+    is_w = None if weights is None else pad_right(weights, width).to(device)
+    if agg == "seq-mean-token-sum-norm":
+        # Dr. GRPO divides by a constant, the longest possible answer, not by this
+        # micro-batch's longest: widen the loss inputs (not the forward) to it.
+        width = max(width, cfg.rollout.max_new_tokens)
+        old, ref, adv, mask, logp, entropy = (
+            widen(t, width) for t in (old, ref, adv, mask, logp, entropy)
+        )
+        is_w = None if is_w is None else widen(is_w, width)
+    pg_loss, pg_metrics = policy_loss(
+        algo.loss,
+        old,
+        logp,
+        adv,
+        mask,
+        agg=agg,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=algo.clip_c,
+        weights=is_w,  # rollout correction
+    )
+    kl = kl_penalty(logp, ref, algo.kl_kind)
+    loss = pg_loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
+    if algo.entropy_coef:
+        loss = loss - algo.entropy_coef * agg_loss(entropy, mask, agg)
+    with torch.no_grad():
+        metrics = {
+            "loss": loss.detach(),
+            "pg_loss": pg_loss.detach(),
+            "kl": masked_mean(kl, mask),
+            "entropy": masked_mean(entropy, mask),
+            "clip_frac": pg_metrics["clip_frac"],
+            "approx_kl": pg_metrics["approx_kl"],
+        }
+    return loss, mask, metrics
 
 
 def optimizer_step(
@@ -284,67 +362,31 @@ def optimizer_step(
     cfg: Config,
     pad_id: int,
     weights: list[torch.Tensor] | None = None,
-) -> tuple[dict[str, float], float]:
+) -> tuple[dict[str, torch.Tensor], float]:
     """Forward/backward every micro-batch of one mini-batch, then one optimizer step.
 
-    Returns token-weighted mean metrics and this rank's token count."""
-    algo, micro = cfg.algo, engine.train_micro_batch_size_per_gpu()
-    # null in the config = the chosen loss's own default (e.g. GSPO's 3e-4 / 4e-4)
-    agg, clip_low, clip_high = (
-        loss_default(algo.loss, key) if value is None else value
-        for key, value in (("agg", algo.agg), ("clip_low", algo.clip_low),
-                           ("clip_high", algo.clip_high))
-    )  # fmt: skip
-    device = engine.device
+    Returns token-weighted mean metrics (0-d tensors on the device) and this rank's token
+    count."""
+    agg = resolved_loss_options(cfg)[0]
     n_tokens = max(1, sum(len(e.completion_ids) for e in eps if in_loss(e, cfg)))
     # token-mean is over the tokens of all ranks: each rank's gradient gets its token share
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
     world = dist.get_world_size()
     all_tokens = float(sum_across_ranks(torch.tensor([float(n_tokens)])))
-    parts = micro_batches(eps, cfg, micro)
-    sums: dict[str, float] = {}
+    parts = micro_batches(eps, cfg, engine.train_micro_batch_size_per_gpu())
+    sums: dict[str, torch.Tensor] = {}
     for i, part in enumerate(parts):
         chunk = [eps[j] for j in part]
-        logp, entropy, mask, _ = pairs_logprobs(
+        loss, mask, metrics = micro_batch_loss(
             engine,
-            [e.prompt_ids for e in chunk],
-            [e.completion_ids for e in chunk],
-            packed=cfg.packed,
-            pad_id=pad_id,
-            temperature=cfg.rollout.temperature,
-            with_entropy=True,
-            entropy_grad=algo.entropy_coef > 0,
+            chunk,
+            [advantages[j] for j in part],
+            None if weights is None else [weights[j] for j in part],
+            cfg,
+            pad_id,
         )
-        mask[[not in_loss(e, cfg) for e in chunk]] = 0.0  # DAPO: truncated answers get no loss
-        width = mask.shape[1]
-        old = pad_right([e.old_logp for e in chunk], width).to(device)
-        ref = pad_right([e.ref_logp for e in chunk], width).to(device)
-        adv = pad_right([advantages[j] for j in part], width).to(device)
-        is_w = None if weights is None else pad_right([weights[j] for j in part], width)
-        if agg == "seq-mean-token-sum-norm":
-            # Dr. GRPO divides by a constant, the longest possible answer, not by this
-            # micro-batch's longest: widen the loss inputs (not the forward) to it.
-            width = max(width, cfg.rollout.max_new_tokens)
-            old, ref, adv, mask, logp, entropy = (
-                widen(t, width) for t in (old, ref, adv, mask, logp, entropy)
-            )
-            is_w = None if is_w is None else widen(is_w, width)
-        pg_loss, pg_metrics = policy_loss(
-            algo.loss,
-            old,
-            logp,
-            adv,
-            mask,
-            agg=agg,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            clip_c=algo.clip_c,
-            weights=None if is_w is None else is_w.to(device),  # rollout correction
-        )
-        kl = kl_penalty(logp, ref, algo.kl_kind)
-        loss = pg_loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
-        if algo.entropy_coef:
-            loss = loss - algo.entropy_coef * agg_loss(entropy, mask, agg)
+        # The one sync per micro-batch, and a needed one: a non-finite loss stops the run
+        # before the optimizer applies it.
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"non-finite loss ({float(loss)}): lower train.lr or check the rewards; "
@@ -353,23 +395,14 @@ def optimizer_step(
         # Weight each micro-batch by its share of the mini-batch's tokens (or of the rank's
         # sequences): the sum is the aggregate over the mini-batch, not a mean of micro-batch
         # means.
-        tokens = float(mask.sum())
+        tokens = mask.sum()
         if agg == "token-mean":
             share = tokens / max(all_tokens, 1.0) * world
         else:
             share = len(chunk) / len(eps)
         accumulate_backward(engine, loss * share, last=i == len(parts) - 1)
-        with torch.no_grad():
-            w = tokens / n_tokens
-            for key, value in (
-                ("loss", float(loss)),
-                ("pg_loss", float(pg_loss)),
-                ("kl", float(masked_mean(kl, mask))),
-                ("entropy", float(masked_mean(entropy, mask))),
-                ("clip_frac", pg_metrics["clip_frac"]),
-                ("approx_kl", pg_metrics["approx_kl"]),
-            ):
-                sums[key] = sums.get(key, 0.0) + w * value
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + tokens / n_tokens * value
     return sums, float(n_tokens)
 
 
@@ -466,6 +499,11 @@ class Trainer:
             )
         self.groups_per_rank = cfg.rollout.questions_per_step // self.world
         torch.manual_seed(cfg.train.seed)
+        if cfg.model.attn_implementation == "flex_attention" and not torch.cuda.is_available():
+            raise ValueError(
+                "model.attn_implementation=flex_attention trains on GPU only (PyTorch has no "
+                "CPU backward for it): use sdpa on CPU"
+            )
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
         model = load_causal_lm(self.model_path, cfg.model.dtype, cfg.model.attn_implementation)
@@ -544,6 +582,11 @@ class Trainer:
                 sum(len(s) for s in self.ledger.durable.values()),
             )
 
+    def skipped_steps(self) -> dict[str, int]:
+        """Optimizer steps each engine has skipped so far (DeepSpeed skips a step whose
+        gradients are not finite, as bf16 overflows make them, and only counts it)."""
+        return {name: engine.skipped_steps for name, engine in self.engines.items()}
+
     def save_state(self, step: int) -> None:
         """All ranks: the training state of `step` on disk, then its batches acknowledged."""
         client_state = {
@@ -591,10 +634,9 @@ class Trainer:
         old_values = pad_right(self.critic.values(mine.episodes, pad), mask.shape[1])
         adv, returns = gae_across_ranks(rewards, mask, old_values, cfg.algo.gamma, cfg.algo.lam)
         advantages = per_episode(mask_truncated(adv, mine, cfg), mine)
-        if step > cfg.critic.warmup_steps:
+        metrics: dict[str, float] = {}
+        if step > cfg.critic.warmup_steps:  # during the critic's warm-up the policy waits
             metrics = train_on_batch(self.engine, mine, advantages, cfg, pad, weights)
-        else:  # critic warm-up: the policy waits, its metrics are undefined this step
-            metrics = dict.fromkeys(POLICY_METRICS, math.nan)
         size = mini_batch_seqs(cfg, self.world)
         eps, targets, olds = (
             mine.episodes,
@@ -691,6 +733,7 @@ class Trainer:
         weights, correction_metrics = rollout_correction(batch, self.cfg)
         weights = None if weights is None else weights[lo:hi]
         pad = self.tokenizer.pad_token_id
+        skipped_before = self.skipped_steps()
         if self.critic is None:
             advantages = advantages_from_rewards(batch, rewards, mask, self.cfg)[lo:hi]
             local = train_on_batch(self.engine, mine, advantages, self.cfg, pad, weights)
@@ -708,7 +751,16 @@ class Trainer:
                 len(batch.episodes),
             )
         groups = gather_group_ids(mine)
+        skipped = {k: n - skipped_before[k] for k, n in self.skipped_steps().items()}
+        for engine, n in skipped.items():
+            if n:  # DeepSpeed found non-finite gradients (bf16 overflow) and did not step
+                log.warning("step %d: %d %s optimizer step(s) skipped: non-finite gradients",
+                            step, n, engine)  # fmt: skip
         train_s = time.monotonic() - t0
+        c = batch.columns  # the ranks train their shares at once: the batch's tokens / train_s
+        batch_tokens = int(c.prompt_len.sum() + c.completion_len.sum())
+        trained_tokens = self.cfg.train.ppo_epochs * batch_tokens
+        peak_mem = float(max_across_ranks(torch.tensor([peak_memory_gib()])))
         self.ledger.consume(batch.sampler_id, batch.seq)
         if self.channel is not None:
             self.channel.consumed = self.ledger.consumed_json()
@@ -734,6 +786,7 @@ class Trainer:
             "duplicates_dropped": self.duplicates_dropped,
             "rejected_frames": self.channel.rejected_frames if self.channel else 0,
             "rejected_batches": self.rejected_batches,
+            **{f"{engine}_steps_skipped": n for engine, n in skipped.items()},
         }
         row.update(batch_metrics(batch))
         row.update({"rollout_kl_to_ref": rollout_kl, "kl_reward_coef": kl_coef_used})
@@ -744,6 +797,8 @@ class Trainer:
                 "recv_s": recv_s,
                 "score_s": score_s,
                 "train_s": train_s,
+                "trainer_tokens_per_s": trained_tokens / max(train_s, 1e-9),
+                "trainer_peak_mem_gib": peak_mem,
                 "publish_s": publish_s,
                 "state_s": state_s,
                 "rank_group_ids": groups,
@@ -798,7 +853,7 @@ class Trainer:
                     append_jsonl(self.run_dir / METRICS_FILE, row)
                     bar.set_postfix(
                         reward=f"{row['reward_mean']:.3f}",
-                        kl=f"{row['kl']:.4f}",
+                        kl=f"{row.get('kl', 0.0):.4f}",
                         acc=f"{row['accuracy']:.2f}",
                     )
                     bar.update()

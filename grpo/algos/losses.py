@@ -2,9 +2,11 @@
 clipped value loss for a critic.
 
 All tensors are (B, T) and aligned with `mask` (1.0 on real response tokens, 0 on padding).
-Every policy loss returns `(loss, metrics)`: a scalar tensor to backprop and a dict of python
-floats computed without grad. Metrics are always plain token means over valid tokens,
-whatever aggregation the loss itself uses, so runs with different `agg` stay comparable.
+Every policy loss returns `(loss, metrics)`: a scalar tensor to backprop and a dict of 0-d
+tensors computed without grad, on the inputs' device (the caller turns them into numbers once
+per step: a `.item()` here would wait for the GPU after every micro-batch). Metrics are always
+plain token means over valid tokens, whatever aggregation the loss itself uses, so runs with
+different `agg` stay comparable.
 """
 
 import torch
@@ -85,7 +87,7 @@ def _clipped_surrogate(
     clip_high: float,
     clip_c: float | None,
     weights: Tensor | None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO pessimistic surrogate on an importance ratio (B, T), shared by PPO and GSPO.
 
     `weights` (B, T), without gradient, scale each token's loss before aggregation: the
@@ -113,12 +115,12 @@ def _clipped_surrogate(
     with torch.no_grad():
         m = mask.to(ratio.dtype)
         metrics = {
-            "clip_frac": masked_mean((pg_clipped > pg).to(m.dtype), m).item(),
-            "dual_clip_frac": masked_mean(dual_clipped.to(m.dtype), m).item(),
+            "clip_frac": masked_mean((pg_clipped > pg).to(m.dtype), m),
+            "dual_clip_frac": masked_mean(dual_clipped.to(m.dtype), m),
             # k3 estimate of KL(pi_old || pi) between rollout and current policy, on tokens
             # sampled from pi_old: exp(logp - old) - (logp - old) - 1. >= 0, low variance.
-            "approx_kl": masked_mean(kl_penalty(old_logp, logp, "k3"), m).item(),
-            "ratio_mean": masked_mean(ratio, m).item(),
+            "approx_kl": masked_mean(kl_penalty(old_logp, logp, "k3"), m),
+            "ratio_mean": masked_mean(ratio, m),
         }
     return loss, metrics
 
@@ -136,7 +138,7 @@ def ppo_policy_loss(
     clip_high: float = 0.2,
     clip_c: float | None = None,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Token-level clipped surrogate (PPO, as used by GRPO/DAPO).
 
     ratio_t = pi(y_t) / pi_old(y_t); clip_high > clip_low is DAPO's "clip-higher", which lets
@@ -162,7 +164,7 @@ def gspo_policy_loss(
     clip_high: float = 4e-4,
     clip_c: float | None = None,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): clip a sequence-level ratio instead of token ratios.
 
     s_i = exp(mean_t (logp_t - old_logp_t)), the geometric mean of the token ratios: length
@@ -196,7 +198,7 @@ def policy_loss(
     clip_high: float = 0.2,
     clip_c: float | None = None,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Dispatch to the registered policy loss `name` ("ppo"/"grpo", "gspo", ...).
 
     The options are passed as given; the GSPO paper's own values (seq-mean-token-mean,
@@ -218,7 +220,7 @@ def value_loss(
     mask: Tensor,
     clip: float | None = 0.2,
     agg: str = "token-mean",
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped value loss for a critic; all inputs (B, T).
 
     v_clipped = old_values + clamp(values - old_values, -clip, clip) and
@@ -250,10 +252,10 @@ def value_loss(
             return masked_mean((x - masked_mean(x, m)).square(), m)
 
         metrics = {
-            "vf_clip_frac": masked_mean(clipped.to(m.dtype), m).item(),
+            "vf_clip_frac": masked_mean(clipped.to(m.dtype), m),
             # share of the returns' variance the critic accounts for: 1 is perfect, 0 is no
             # better than predicting the mean, negative is worse than that
-            "vf_explained_var": (1.0 - masked_var(ret - v) / (masked_var(ret) + 1e-8)).item(),
-            "value_mean": masked_mean(v, m).item(),
+            "vf_explained_var": (1.0 - masked_var(ret - v) / (masked_var(ret) + 1e-8)),
+            "value_mean": masked_mean(v, m),
         }
     return loss, metrics

@@ -28,7 +28,11 @@ class _StopWhenSet(StoppingCriteria):
         self.event = event
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+        # On the ids' device: generate() combines it with its own flags there (a CPU tensor
+        # here stopped the first GPU run).
+        return torch.full(
+            (input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device
+        )
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -72,9 +76,16 @@ def _cut_at_stop(
 class HFRollout:
     """Samples with `model.generate`; groups are contiguous (n copies of each prompt in a row)."""
 
-    def __init__(self, model, tokenizer, stop_event: threading.Event | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        stop_event: threading.Event | None = None,
+        cache: str = "dynamic",
+    ):
         self.model = model
         self.tokenizer = tokenizer
+        self.cache = cache  # rollout.hf_cache
         self.stop_event = stop_event or threading.Event()
         self.eos = eos_ids(model, tokenizer)
         # generate() fills every option we leave unset from the model's generation_config;
@@ -110,6 +121,7 @@ class HFRollout:
             max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.eos,
+            cache_implementation=None if self.cache == "dynamic" else self.cache,
         )
         torch.manual_seed(seed)
         rows = [p for p in prompts for _ in range(n)]
