@@ -30,3 +30,6 @@ def test_gpu_benchmark_code_runs_on_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     row = json.loads((tmp_path / "gpu_smoke_trainer_mfu.json").read_text())
     assert 0 < row["ratio"] < 1  # a model FLOPs utilisation
+    assert "padded sdpa" in row["notes"] and "packed sdpa" in row["notes"]
+    gen = json.loads((tmp_path / "gpu_smoke_hf_generate_static_vs_dynamic_cache.json").read_text())
+    assert gen["baseline"] > 0 and gen["ours"] > 0  # tokens/s of both KV caches

@@ -1,0 +1,75 @@
+"""The GPU check (`python -m bench.gpu_check`) run on CPU: every shipped config and the GPU
+recipe through launch.sh, shrunk to the tiny model, with the table it prints."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+
+import pytest
+
+from bench import gpu_check
+from tests.conftest import PYTHON, REPO
+
+
+@pytest.mark.slow
+def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_dir):
+    """Each config for 2 steps on both trainer ranks (the check's own code path), then what
+    each one must show in its metrics."""
+    shrink = [
+        f"model.path={tiny_model_dir}", "model.dtype=float32",
+        "data.reward=tests.rewards_for_tests:text_length", "data.max_prompt_tokens=256",
+        "rollout.questions_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
+        "rollout.generation_batch_size=16", "train.num_ranks=2", "train.micro_batch_size=4",
+        "train.lr=1e-3", "train.mini_batch_size=8", "critic.warmup_steps=0",
+    ]  # fmt: skip
+    configs = [*gpu_check.shipped_configs(), gpu_check.RECIPE]
+    rows = [  # DAPO's overlong buffer must fit the 12 tokens
+        gpu_check.run([c], 2, False, shrink + ["algo.overlong_buffer=4"] * ("dapo" in c), tmp_path)[
+            0
+        ]
+        for c in configs
+    ]
+    table = gpu_check.table(rows)
+    assert [r.config for r in rows] == configs, table
+    for r in rows:
+        assert r.exit_code == 0 and r.steps == 2, f"{r.config}:\n{r.log_tail}"
+        assert r.s_per_step > 0 and r.gen_tokens_per_s > 0 and r.trainer_tokens_per_s > 0
+        assert r.trainer_peak_gib > 0 and r.sampler_peak_gib > 0  # peak RSS on CPU
+        assert f"| {r.config} | 0 | 2 |" in table
+        metrics = gpu_check.read_rows(tmp_path / r.config / "metrics.jsonl")
+        assert [m["policy_version"] for m in metrics] == [0, 1]
+        assert all(math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in metrics)
+        assert all(m["policy_steps_skipped"] == 0 for m in metrics)
+        if "ppo" in r.config:  # the critic trained too, and KL was charged in the reward
+            assert all(math.isfinite(m["vf_loss"]) and "vf_explained_var" in m for m in metrics)
+            assert metrics[1]["kl_reward_coef"] != metrics[0]["kl_reward_coef"]  # adaptive
+            assert all(m["critic_steps_skipped"] == 0 for m in metrics)
+
+
+def test_summary_and_table_from_a_run_dir(tmp_path):
+    now = time.time()
+    rows = [
+        {"time": now + 10 * k, "sampler_gen_tokens_per_s": 100.0 * k,
+         "trainer_tokens_per_s": 1000.0, "trainer_peak_mem_gib": 1.0 + k,
+         "sampler_peak_mem_gib": 0.5} for k in (1, 2, 3)
+    ]  # fmt: skip
+    evals = [{"version": v, "format_rate": f, "accuracy": a, "n": 128}
+             for v, f, a in ((0, 0.39, 0.0), (25, 0.95, 0.04))]  # fmt: skip
+    for name, items in (("metrics.jsonl", rows), ("eval.jsonl", evals)):
+        (tmp_path / name).write_text("".join(json.dumps(x) + "\n" for x in items))
+    r = gpu_check.summarise("gpu_smollm2", 0, 99.0, tmp_path, "")
+    assert (r.steps, r.s_per_step, r.gen_tokens_per_s, r.trainer_peak_gib) == (3, 10.0, 200.0, 4.0)
+    line = gpu_check.table([r]).splitlines()[-1]
+    assert line == ("| gpu_smollm2 | 0 | 3 | 10.0 | 200 | 1,000 | 4.00 | 0.50 "
+                    "| v0 0.39 / 0.000 -> v25 0.95 / 0.040 |")  # fmt: skip
+    failed = gpu_check.summarise("gsm8k_grpo", 1, 5.0, tmp_path / "none", "boom")
+    assert gpu_check.table([failed]).splitlines()[-1].startswith("| gsm8k_grpo | 1 | 0 | - |")
+
+
+def test_unknown_config_is_refused():
+    done = subprocess.run([PYTHON, "-m", "bench.gpu_check", "--only", "gsm8k_nope"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "no configs/gsm8k_nope.yaml" in done.stderr
