@@ -23,7 +23,7 @@ ROLE=${ROLE:-both}
 case $ROLE in both|sampler|trainer) ;; *) echo "launch.sh: ROLE must be sampler, trainer or both, got '$ROLE'" >&2; exit 2;; esac
 
 # Validate the config once, up front: a typo stops here with one line naming the key.
-"$PY" -m grpo.config "$@" --get name >/dev/null || exit 2
+"$PY" -m grpo.config "$@" --check >/dev/null || exit 2
 get() { "$PY" -m grpo.config "$@" 2>/dev/null; }
 model_path=$(get "$@" --get model.path)
 run_dir="$(get "$@" --get output_dir)/$(get "$@" --get name)"
@@ -40,7 +40,7 @@ gpus() { [[ -z $1 ]] || export CUDA_VISIBLE_DEVICES=$1; }
 
 # Each role execs its process, so the pid launch.sh holds is the worker's and a signal reaches it.
 # The trainer's command is the same on CPU and GPU.
-start_trainer() { gpus "$TRAINER_GPUS"; exec "$PY" -m grpo.launch_ranks "$@"; }
+start_trainer() { gpus "$TRAINER_GPUS"; exec "$PY" -m grpo.trainer.launch "$@"; }
 start_sampler() {
   gpus "$SAMPLER_GPUS"
   export GRPO_SHARED_GPU=$SHARED  # one GPU for both roles: the sampler caps its memory

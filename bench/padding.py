@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import REPO, Result, machine, quiet_hf, report
-from grpo.batching import micro_batch_tokens
+from grpo.core.batching import micro_batch_tokens
 from grpo.logprobs import pairs_logprobs
 
 DEMO_METRICS = REPO / "checkpoints" / "cpu_demo" / "metrics.jsonl"
@@ -62,7 +62,7 @@ def computed_tokens(sizes: list[tuple[int, int]], micro: int, packed: bool) -> i
 
 
 def run(quick: bool = False) -> list[Result]:
-    from grpo.batching import length_order
+    from grpo.core.batching import length_order
     from grpo.models import build_tiny_model, ensure_embedded_base, load_causal_lm
 
     quiet_hf()

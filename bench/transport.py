@@ -14,7 +14,8 @@ import numpy as np
 import zmq
 
 from bench.common import Result, interleaved_best_times, machine, report
-from grpo.episode import Episode, EpisodeBatch, decode, encode_batch
+from grpo.core.episode import Episode, EpisodeBatch
+from grpo.wire.codec import decode, encode_batch
 
 
 def make_batch(n_episodes: int, tokens: int, prompt: int = 128, seed: int = 0) -> EpisodeBatch:

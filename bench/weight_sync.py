@@ -41,7 +41,7 @@ def _disk_limit(directory: Path, nbytes: int) -> float:
 def _announce_latency(version: int) -> float:
     """Seconds from TrainerChannel.announce to SamplerChannel seeing the version."""
     from grpo.config import TransportConfig
-    from grpo.transport import SamplerChannel, TrainerChannel
+    from grpo.wire.channels import SamplerChannel, TrainerChannel
 
     cfg = TransportConfig(
         episodes_addr=f"tcp://127.0.0.1:{free_port()}",
@@ -64,7 +64,7 @@ def _announce_latency(version: int) -> float:
 
 
 def run(quick: bool = False) -> list[Result]:
-    from grpo.checkpoint import load_state_dict, publish_version
+    from grpo.delivery.versions import load_state_dict, publish_version
     from grpo.models import build_tiny_model, ensure_embedded_base, load_causal_lm
 
     quiet_hf()

@@ -2,7 +2,7 @@
 
 import sys
 
-from grpo import keys
+from grpo.wire import keys
 
 TOOLS = {"keys": keys.main}
 

@@ -7,6 +7,7 @@ import os
 import warnings
 
 from grpo.config import ConfigError, describe, load_config
+from grpo.config.names import check_names
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
   e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64
@@ -59,15 +60,16 @@ def main(role: str, argv: list[str]) -> int:
     log = logging.getLogger(f"grpo.{role}")
     try:
         cfg = load_config(argv[0], argv[1:])
+        check_names(cfg)
     except ConfigError as e:
         log.error("config error: %s", e)
         return 2
     try:
         if role == "sampler":
-            from grpo.sampler import run_sampler
+            from grpo.sampler.loop import run_sampler
 
             return run_sampler(cfg)
-        from grpo.trainer import run_trainer
+        from grpo.trainer.loop import run_trainer
 
         return run_trainer(cfg)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

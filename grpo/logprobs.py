@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grpo.batching import PackedPairs, pack_pairs, pad_pairs
+from grpo.core.batching import PackedPairs, pack_pairs, pad_pairs
 
 
 def _chunks(logits: Tensor, chunk_size: int):

@@ -5,8 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from grpo.admission import Expected, misfit
-from grpo.episode import EpisodeBatch
+from grpo.core.episode import EpisodeBatch
+from grpo.delivery.admission import Expected, misfit
 from tests.test_episode import make_batch
 
 FITS = Expected(groups=3, group_size=4, logprobs_on="sampler", vocab_size=50_000)

@@ -244,9 +244,13 @@ def test_gspo_defaults_and_agg():
     # i.e. the clipped case above
     loss, _ = gspo_policy_loss(old, logp, adv, mask)
     assert close(loss, (-1.0004 - 0.5 * math.exp(-0.2)) / 2)
-    # the dispatcher's documented defaults are token-mean and 0.2 / 0.2: s0 = e^0.1 < 1.2 is
-    # inside the range, so (3 * -s0 + 2 * -0.5 s1) / 5
+    # the dispatcher adds no defaults of its own: the same numbers by name
     loss, _ = policy_loss("gspo", old, logp, adv, mask)
+    assert close(loss, (-1.0004 - 0.5 * math.exp(-0.2)) / 2)
+    # ... and with token-mean and 0.2 / 0.2 asked for: s0 = e^0.1 < 1.2 is inside the range,
+    # so (3 * -s0 + 2 * -0.5 s1) / 5
+    loss, _ = policy_loss("gspo", old, logp, adv, mask, agg="token-mean", clip_low=0.2,
+                          clip_high=0.2)  # fmt: skip
     assert close(loss, (3 * -math.exp(0.1) - 2 * 0.5 * math.exp(-0.2)) / 5)
     # token-mean is obeyed when asked for: (3 * -1.0004 + 2 * -0.5 s1) / 5
     loss, _ = policy_loss("gspo", old, logp, adv, mask, agg="token-mean", clip_low=3e-4,
@@ -296,7 +300,7 @@ def test_registry_custom_loss():
 
     try:
         old, logp, adv, mask = _ppo_case()
-        _, m = policy_loss("_test_const", old, logp, adv, mask)
-        assert m == {"kw": 4.0}  # agg, clip_low, clip_high and clip_c are always forwarded
+        _, m = policy_loss("_test_const", old, logp, adv, mask, agg="token-mean", clip_c=None)
+        assert m == {"kw": 1.0}  # only the options given (not None) are forwarded
     finally:
         POLICY_LOSSES.pop("_test_const")

@@ -1,4 +1,4 @@
-"""Tests for grpo.batching: packing pairs into one row and planning micro-batches."""
+"""Tests for grpo.core.batching: packing pairs into one row and planning micro-batches."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo.batching import micro_batch_ranges, pack_pairs, split_to_count
+from grpo.core.batching import micro_batch_ranges, pack_pairs, split_to_count
 
 
 def test_pack_pairs_layout() -> None:

@@ -142,7 +142,7 @@ def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_
 def _hostile_peer(addr: str, stop: threading.Event, sent: list[int]) -> None:
     """Garbage, truncated and oversized frames at the trainer's episode port, and a
     well-formed batch of a shape the trainer does not train on."""
-    from grpo.episode import Message, encode_batch, encode_message
+    from grpo.wire.codec import Message, encode_batch, encode_message
     from tests.test_episode import make_batch
 
     ctx = zmq.Context()

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from grpo.distributed import collective_failure
+from grpo.trainer.ranks import collective_failure
 
 # Two real gloo ranks: rank 0 stalls past the timeout while rank 1 waits in a broadcast.
 _STALLED_RANK = textwrap.dedent(
@@ -18,7 +18,7 @@ _STALLED_RANK = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    from grpo.distributed import collective_failure
+    from grpo.trainer.ranks import collective_failure
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=2))
     rank = dist.get_rank()

@@ -12,9 +12,9 @@ import pytest
 import zmq
 import zmq.auth
 
-from grpo.episode import Message, encode_message
-from grpo.keys import generate
-from grpo.transport import SamplerChannel, TrainerChannel
+from grpo.wire.channels import SamplerChannel, TrainerChannel
+from grpo.wire.codec import Message, encode_message
+from grpo.wire.keys import generate
 from tests.conftest import PYTHON, REPO
 from tests.test_transport import _batch, _cfg
 

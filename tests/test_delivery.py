@@ -12,19 +12,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo.checkpoint import (
+from grpo.delivery.ledger import Ledger, SeqSet, overtaken
+from grpo.delivery.spool import Spool
+from grpo.delivery.versions import (
     discard_versions_after,
     publish_version,
     require_same,
     verify_version,
     version_dir,
 )
-from grpo.episode import FrameError, encode_batch, frames_to_bytes
-from grpo.ledger import Ledger, SeqSet, overtaken
-from grpo.sampler import Prompt, question_stream
-from grpo.spool import Spool
-from grpo.train_state import truncate_metrics
-from grpo.transport import SamplerChannel, TrainerChannel
+from grpo.sampler.loop import Prompt, question_stream
+from grpo.trainer.state import truncate_metrics
+from grpo.wire.channels import SamplerChannel, TrainerChannel
+from grpo.wire.codec import FrameError, encode_batch, frames_to_bytes
 from tests.test_episode import assert_batches_identical, make_batch
 from tests.test_transport import _cfg
 
@@ -207,7 +207,7 @@ def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_mode
     import torch
 
     from grpo.config import load_config
-    from grpo.sampler import Sampler
+    from grpo.sampler.loop import Sampler
     from tests.test_integration import tiny_config
 
     sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))

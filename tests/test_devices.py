@@ -19,13 +19,13 @@ import torch
 
 from grpo.algos import get_policy_loss, value_loss
 from grpo.algos.registry import POLICY_LOSSES
-from grpo.batching import pack_pairs, pad_pairs
 from grpo.config import load_config
-from grpo.critic import completion_values
-from grpo.episode import Episode
+from grpo.core.batching import pack_pairs, pad_pairs
+from grpo.core.episode import Episode
 from grpo.logprobs import Truncation, pairs_logprobs
 from grpo.rollout.hf import _StopWhenSet
-from grpo.trainer import micro_batch_loss
+from grpo.trainer.critic import completion_values
+from grpo.trainer.loop import micro_batch_loss
 
 META = torch.device("meta")
 V = 50

@@ -1,4 +1,4 @@
-"""Tests for grpo.episode: batch validation and the pickle-free wire codec."""
+"""grpo.core.episode and grpo.wire.codec: batch validation and the pickle-free wire codec."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo.episode import (
+from grpo.core.episode import Episode, EpisodeBatch
+from grpo.wire.codec import (
     MAGIC,
     SCHEMA_VERSION,
-    Episode,
-    EpisodeBatch,
     FrameError,
     Message,
     bytes_to_frames,

@@ -10,8 +10,8 @@ import pytest
 
 from grpo.cli import without_launcher_args
 from grpo.config import ConfigError, load_config
-from grpo.launch_ranks import rank_env, torchrun_argv
 from grpo.placement import SHARED_SAMPLER_FRACTION, place, sampler_memory_fraction
+from grpo.trainer.launch import rank_env, torchrun_argv
 from tests.conftest import PYTHON, REPO
 
 DEMO = str(REPO / "configs" / "cpu_demo.yaml")
@@ -21,7 +21,7 @@ def test_trainer_command_is_the_same_on_cpu_and_gpu():
     """launch.sh has one trainer command (no device branch), and what it runs depends on the
     config alone; only DeepSpeed's accelerator name differs with the device."""
     script = (REPO / "launch.sh").read_text()
-    assert script.count("grpo.launch_ranks") == 1 and "deepspeed.launcher" not in script
+    assert script.count("grpo.trainer.launch") == 1 and "deepspeed.launcher" not in script
     args = [DEMO, "train.lr=1e-5", "--resume"]
     argv = torchrun_argv(load_config(DEMO, args[1:]), args)
     assert argv == ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "2",

@@ -206,7 +206,7 @@ def test_entropy_with_grad_matches_the_naive_formula_and_its_gradient():
 def test_packed_logprobs_equal_padded_ones_with_gradients(tiny_llama, entropy_grad):
     import numpy as np
 
-    from grpo.batching import pack_pairs, pad_pairs
+    from grpo.core.batching import pack_pairs, pad_pairs
 
     prompts = [np.array(p) for p in ([11, 12, 13], [21, 22, 23, 24, 25], [7])]
     completions = [np.array(c) for c in ([31, 32, 33], [41, 42, 43, 44], [])]
@@ -240,7 +240,7 @@ def test_packed_logprobs_equal_padded_ones_with_gradients(tiny_llama, entropy_gr
 def test_packed_logprobs_all_empty_completions_still_backpropagate(tiny_llama):
     import numpy as np
 
-    from grpo.batching import pack_pairs
+    from grpo.core.batching import pack_pairs
 
     packed = pack_pairs([np.array([1, 2]), np.array([3])], [np.array([]), np.array([])])
     logp, _ = packed_completion_logprobs(tiny_llama, packed)
@@ -255,7 +255,7 @@ def test_packed_logprobs_through_a_lora_model(tiny_llama):
     import numpy as np
     from peft import LoraConfig, get_peft_model
 
-    from grpo.batching import pack_pairs, pad_pairs
+    from grpo.core.batching import pack_pairs, pad_pairs
 
     model = get_peft_model(
         copy.deepcopy(tiny_llama), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])

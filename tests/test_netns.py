@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.keys import generate
+from grpo.wire.keys import generate
 from tests.conftest import PYTHON, REPO
 from tests.test_chaos import finish, wait_for
 from tests.test_integration import tiny_config
@@ -25,7 +25,7 @@ TRAINER_IP, SAMPLER_IP = "10.77.0.1", "10.77.0.2"
 
 INTRUDER = """
 import sys, time, zmq, zmq.auth
-from grpo.episode import Message, encode_message
+from grpo.wire.codec import Message, encode_message
 addr, trainer_key = sys.argv[1], sys.argv[2]
 ctx = zmq.Context()
 for curve in (True, False):  # an unauthorised key that knows the trainer's, then no CURVE

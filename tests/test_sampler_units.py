@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from grpo.sampler import Prompt, question_stream, required_version
+from grpo.sampler.loop import Prompt, question_stream, required_version
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,9 @@ _SCRIPT = textwrap.dedent(
     import torch
     import deepspeed
     from grpo.config import load_config
-    from grpo.episode import Episode, EpisodeBatch
+    from grpo.core.episode import Episode, EpisodeBatch
     from grpo.models import load_causal_lm
-    from grpo.trainer import deepspeed_config, train_on_batch
+    from grpo.trainer.loop import deepspeed_config, train_on_batch
 
     deepspeed.init_distributed(dist_backend="gloo")
     cfg = load_config(None, ["train.num_ranks=1", "rollout.questions_per_step=1",

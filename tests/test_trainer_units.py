@@ -12,8 +12,8 @@ from grpo.algos import (
     rloo_advantages,
 )
 from grpo.config import load_config
-from grpo.episode import Episode, EpisodeBatch
-from grpo.trainer import compute_advantages, shaped_rewards, token_rewards
+from grpo.core.episode import Episode, EpisodeBatch
+from grpo.trainer.loop import compute_advantages, shaped_rewards, token_rewards
 
 
 def _batch(rewards, lengths, reasons=None, group_size=2) -> EpisodeBatch:
@@ -111,7 +111,7 @@ def test_gae_across_one_rank_equals_the_pure_gae():
     import torch.distributed as dist
 
     from grpo.algos import gae
-    from grpo.trainer import gae_across_ranks
+    from grpo.trainer.loop import gae_across_ranks
     from tests.conftest import free_port
 
     dist.init_process_group(
@@ -130,7 +130,7 @@ def test_gae_across_one_rank_equals_the_pure_gae():
 
 
 def test_mask_truncated_takes_cut_answers_out_of_the_loss():
-    from grpo.trainer import in_loss
+    from grpo.trainer.loop import in_loss
 
     batch = _batch([1.0, 0.0], [2, 8], ["stop", "length"])
     on = load_config(None, ["algo.mask_truncated=true"])

@@ -9,8 +9,8 @@ import pytest
 import zmq
 
 from grpo.config import TransportConfig
-from grpo.episode import Episode, EpisodeBatch
-from grpo.transport import PeerError, SamplerChannel, TrainerChannel
+from grpo.core.episode import Episode, EpisodeBatch
+from grpo.wire.channels import PeerError, SamplerChannel, TrainerChannel
 from tests.conftest import free_port
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo.checkpoint import publish_version, verify_version, version_dir
-from grpo.episode import Message
-from grpo.transport import SamplerChannel, TrainerChannel
-from grpo.weight_stream import CHUNK_BYTES, _reply
+from grpo.delivery.versions import publish_version, verify_version, version_dir
+from grpo.wire.channels import SamplerChannel, TrainerChannel
+from grpo.wire.codec import Message
+from grpo.wire.weight_stream import CHUNK_BYTES, _reply
 from tests.conftest import free_port, transport_overrides
 from tests.test_transport import _cfg
 

@@ -192,25 +192,16 @@ def policy_loss(
     logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    agg: str = "token-mean",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_c: float | None = None,
-    weights: Tensor | None = None,
+    **options: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Dispatch to the registered policy loss `name` ("ppo"/"grpo", "gspo", ...).
+    """Dispatch to the policy loss `name` (registered, or `package.module:function`).
 
-    The options are passed as given; the GSPO paper's own values (seq-mean-token-mean,
-    3e-4 / 4e-4) are the defaults of `gspo_policy_loss` when it is called directly.
+    `options` (agg, clip_low, clip_high, clip_c, weights) are passed only when not None, so
+    that the loss's own defaults apply otherwise (GSPO's 3e-4 / 4e-4, seq-mean-token-mean); a
+    user's loss need not take the ones it has no use for.
     """
-    fn = get_policy_loss(name)
-    return fn(
-        old_logp, logp, advantages, mask,
-        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c,
-        # only when given: a user-registered loss need not take importance weights
-        **({} if weights is None else {"weights": weights}),
-    )  # fmt: skip
+    given = {k: v for k, v in options.items() if v is not None}
+    return get_policy_loss(name)(old_logp, logp, advantages, mask, **given)
 
 
 def value_loss(

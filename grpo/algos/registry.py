@@ -13,6 +13,8 @@ values and also returns value targets) is exported as a plain function instead.
 from collections.abc import Callable
 from typing import TypeVar
 
+from grpo.plugins import resolve
+
 F = TypeVar("F", bound=Callable)
 
 POLICY_LOSSES: dict[str, Callable] = {}
@@ -31,17 +33,20 @@ def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[F],
 
 
 def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
-    try:
-        return table[name]
-    except KeyError:
-        raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(table)}") from None
+    """A registered name, or a user's own function as `package.module:function`."""
+    fn = resolve(table, kind, name)
+    if not callable(fn):
+        raise ValueError(f"{kind} {name!r} is a {type(fn).__name__}, not a function")
+    return fn
 
 
 def register_policy_loss(name: str) -> Callable[[F], F]:
     """Decorator: register a policy loss under `name` (ValueError if taken).
 
     A policy loss has the signature
-    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c) -> (loss, metrics)`.
+    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c) -> (loss, metrics)`
+    and its keyword defaults are the loss's own defaults: the one place they are written (the
+    config's `null` means them; docs/configuration.md lists them, read from here).
     """
     return _register(POLICY_LOSSES, "policy loss", name)
 
@@ -73,3 +78,13 @@ def register_token_advantage_estimator(name: str) -> Callable[[F], F]:
 
 def get_token_advantage_estimator(name: str) -> Callable:
     return _get(TOKEN_ADVANTAGE_ESTIMATORS, "token advantage estimator", name)
+
+
+def advantage_kind(name: str) -> tuple[str, Callable]:
+    """("token" | "outcome", the estimator) for `name`: a registered estimator, or a user's
+    `package.module:function`, an outcome estimator unless its module registered it as a token
+    one."""
+    if name in TOKEN_ADVANTAGE_ESTIMATORS:
+        return "token", TOKEN_ADVANTAGE_ESTIMATORS[name]
+    fn = _get(ADVANTAGE_ESTIMATORS | TOKEN_ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+    return ("token" if fn in TOKEN_ADVANTAGE_ESTIMATORS.values() else "outcome"), fn

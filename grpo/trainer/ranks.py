@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from grpo.batching import length_order, micro_batch_ranges, split_to_count
 from grpo.config import Config
-from grpo.episode import Episode
+from grpo.core.batching import length_order, micro_batch_ranges, split_to_count
+from grpo.core.episode import Episode
 
 # How gloo reports a peer rank that hung past the timeout or went away; nccl raises
 # torch.distributed.DistError subclasses.

@@ -1,4 +1,4 @@
-"""Start this node's trainer ranks: `python -m grpo.launch_ranks CONFIG [overrides]`.
+"""Start this node's trainer ranks: `python -m grpo.trainer.launch CONFIG [overrides]`.
 
 One command line on CPU and GPU: torchrun with the config's nodes, ranks and rendezvous
 address runs `training_worker.py CONFIG [overrides]` once per rank. Only the device differs,

@@ -22,45 +22,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo import train_state
-from grpo.admission import Expected, misfit
 from grpo.algos import (
     adaptive_kl_coef,
     agg_loss,
     broadcast_to_tokens,
     gae,
-    get_advantage_estimator,
     get_policy_loss,
     kl_penalty,
     masked_mean,
     overlong_penalty,
     policy_loss,
-    reinforce_pp_advantages,
     token_level_rewards,
 )
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
-from grpo.batching import length_mask, pad_right
-from grpo.checkpoint import discard_versions_after, publish_version, write_atomic
+from grpo.algos.registry import advantage_kind
 from grpo.config import Config, save_config
-from grpo.critic import Critic
-from grpo.distributed import (
-    accumulate_backward,
-    collective_failure,
-    collective_timeout_s,
-    comm_device,
-    max_across_ranks,
-    micro_batches,
-    sum_across_ranks,
-)
-from grpo.episode import (
-    Episode,
-    EpisodeBatch,
-    bytes_to_frames,
-    decode,
-    encode_batch,
-    frames_to_bytes,
-)
-from grpo.ledger import Ledger
+from grpo.core.batching import length_mask, pad_right
+from grpo.core.episode import Episode, EpisodeBatch
+from grpo.delivery.admission import Expected, misfit
+from grpo.delivery.ledger import Ledger
+from grpo.delivery.versions import discard_versions_after, publish_version, write_atomic
 from grpo.logprobs import Truncation, pairs_logprobs, score_for_training
 from grpo.metrics import (
     METRICS_FILE,
@@ -80,7 +61,20 @@ from grpo.models import (
     load_tokenizer,
     resolve_model_path,
 )
-from grpo.transport import PeerError, TrainerChannel
+from grpo.trainer import state as train_state
+from grpo.trainer.critic import Critic
+from grpo.trainer.ranks import (
+    accumulate_backward,
+    collective_failure,
+    collective_timeout_s,
+    comm_device,
+    max_across_ranks,
+    micro_batches,
+    sum_across_ranks,
+)
+from grpo.wire import messages
+from grpo.wire.channels import PeerError, TrainerChannel
+from grpo.wire.codec import bytes_to_frames, decode, encode_batch, frames_to_bytes
 
 log = logging.getLogger("grpo.trainer")
 
@@ -168,11 +162,11 @@ def compute_advantages(
 def advantages_from_rewards(
     batch: EpisodeBatch, rewards: torch.Tensor, mask: torch.Tensor, cfg: Config
 ) -> list[torch.Tensor]:
-    name = cfg.algo.advantage
-    if name == "reinforce_pp":
-        token_adv = reinforce_pp_advantages(rewards, mask, gamma=cfg.algo.gamma)
+    kind, estimator = advantage_kind(cfg.algo.advantage)
+    if kind == "token":
+        token_adv = estimator(rewards, mask, gamma=cfg.algo.gamma)
     else:  # outcome estimators see each answer's total reward
-        outcome = get_advantage_estimator(name)(rewards.sum(dim=-1), batch.group_size)
+        outcome = estimator(rewards.sum(dim=-1), batch.group_size)
         token_adv = broadcast_to_tokens(outcome, mask)
     return per_episode(mask_truncated(token_adv, batch, cfg), batch)
 
@@ -617,7 +611,7 @@ class Trainer:
         self.version = step
         assert self.channel is not None
         self.channel.published_version = step
-        self.channel.announce("version", version=step)
+        self.channel.announce(messages.VERSION, version=step)
         return time.monotonic() - t0
 
     def ppo_step(
@@ -662,7 +656,9 @@ class Trainer:
         self.rejected_batches += 1
         log.warning("dropped batch %d from %s (%d so far): %s", batch.seq, batch.sampler_id,
                     self.rejected_batches, why)  # fmt: skip
-        self.channel.announce("rejected", sampler_id=batch.sampler_id, seq=batch.seq, reason=why)
+        self.channel.announce(
+            messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq, reason=why
+        )
 
     def receive(self) -> tuple[EpisodeBatch | None, float]:
         """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive; if that
@@ -860,14 +856,16 @@ class Trainer:
             if self.start_step < cfg.train.total_steps:
                 self.save_state(cfg.train.total_steps)
             if self.channel is not None:
-                self.channel.announce("done", version=self.version)
+                self.channel.announce(messages.DONE, version=self.version)
                 if cfg.transport.weights_addr:
                     self.channel.wait_for_byes()
         except BaseException as e:
             if self.rank == 0 and self.channel is not None:
                 failure = collective_failure(e, self.rank, collective_timeout_s(cfg))
-                reason = "interrupted" if isinstance(e, KeyboardInterrupt) else failure or str(e)
-                self.channel.announce("stop", reason=reason, version=self.version)
+                reason = (
+                    messages.INTERRUPTED if isinstance(e, KeyboardInterrupt) else failure or str(e)
+                )
+                self.channel.announce(messages.STOP, reason=reason, version=self.version)
             raise
         finally:
             bar.close()

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo.checkpoint import require_same, write_atomic
-from grpo.ledger import Ledger
+from grpo.delivery.ledger import Ledger
+from grpo.delivery.versions import require_same, write_atomic
 from grpo.metrics import read_jsonl
 
 log = logging.getLogger("grpo.trainer")

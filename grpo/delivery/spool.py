@@ -16,9 +16,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from grpo.checkpoint import write_atomic
-from grpo.episode import EpisodeBatch, FrameError, bytes_to_frames, decode, frames_to_bytes
-from grpo.ledger import SeqSet
+from grpo.core.episode import EpisodeBatch
+from grpo.delivery.ledger import SeqSet
+from grpo.delivery.versions import write_atomic
+from grpo.wire.codec import FrameError, bytes_to_frames, decode, frames_to_bytes
 
 STATE_FILE = "state.json"
 _BATCH_FILE = re.compile(r"b(\d{9})\.frames")

@@ -28,11 +28,13 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from grpo.config import TransportConfig
-from grpo.episode import EpisodeBatch, FrameError, Message, decode, encode_batch, encode_message
-from grpo.keys import ClientKeys, secure_server
-from grpo.ledger import Ledger, SeqSet
-from grpo.weight_stream import WeightFetcher
-from grpo.weight_stream import serve as serve_weights
+from grpo.core.episode import EpisodeBatch
+from grpo.delivery.ledger import Ledger, SeqSet
+from grpo.wire import messages
+from grpo.wire.codec import FrameError, Message, decode, encode_batch, encode_message
+from grpo.wire.keys import ClientKeys, secure_server
+from grpo.wire.weight_stream import WeightFetcher
+from grpo.wire.weight_stream import serve as serve_weights
 
 log = logging.getLogger("grpo.transport")
 
@@ -163,7 +165,7 @@ class TrainerChannel:
                 try:
                     msg = self._outbox.get(timeout=self.cfg.heartbeat_s)
                 except queue.Empty:
-                    msg = Message("heartbeat", self._body())
+                    msg = Message(messages.HEARTBEAT, self._body())
                 pub.send_multipart(encode_message(msg))
                 if self._closing.is_set() and self._outbox.empty():
                     break
@@ -198,7 +200,7 @@ class TrainerChannel:
                 item = self._decode(self.pull.recv_multipart(copy=False))
                 if isinstance(item, EpisodeBatch):
                     return item
-                if item is not None and item.kind == "stop":
+                if item is not None and item.kind == messages.STOP:
                     reason = item.body.get("reason", "no reason given")
                     raise PeerError(f"sampler stopped: {reason}")
             else:
@@ -228,7 +230,7 @@ class TrainerChannel:
         while waiting:
             if self.pull.poll(timeout=500):
                 item = self._decode(self.pull.recv_multipart(copy=False))
-                if isinstance(item, Message) and item.kind in ("bye", "stop"):
+                if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
                     waiting.discard(item.body.get("sampler_id"))
             now = time.monotonic()
             silent = {s for s in waiting if now - self.samplers_seen[s] > self.cfg.peer_timeout_s}
@@ -253,7 +255,7 @@ class TrainerChannel:
         if self.ctx.closed:
             return
         self._closing.set()
-        self._outbox.put(Message("heartbeat", self._body()))
+        self._outbox.put(Message(messages.HEARTBEAT, self._body()))
         self._thread.join(timeout=5)
         if self._weights is not None:
             self._weights.join(timeout=5)
@@ -333,7 +335,7 @@ class SamplerChannel:
 
     def _watch(self, sub: zmq.Socket, beat: zmq.Socket) -> None:
         started, last_seen = time.monotonic(), None
-        heartbeat = encode_message(Message("heartbeat", {"sampler_id": self.sampler_id}))
+        heartbeat = encode_message(Message(messages.HEARTBEAT, {"sampler_id": self.sampler_id}))
         while not self._closing.is_set():
             with contextlib.suppress(zmq.Again):  # trainer not there yet: the timeouts decide
                 beat.send_multipart(heartbeat)
@@ -344,7 +346,7 @@ class SamplerChannel:
             waited = time.monotonic() - (started if last_seen is None else last_seen)
             if waited > limit and not self.stopped.is_set():
                 self._stop(
-                    f"no heartbeat from the trainer on {self.cfg.control_addr} for {waited:.0f} s "
+                    f"{messages.TRAINER_SILENT} on {self.cfg.control_addr} for {waited:.0f} s "
                     f"(limit {limit:.0f} s): is the trainer running? Check its log."
                 )
 
@@ -393,12 +395,12 @@ class SamplerChannel:
                     setattr(status, attr, SeqSet.from_json(per_sampler[self.sampler_id]))
                 except ValueError as e:
                     log.warning("ignored a malformed %s set from the trainer: %s", key, e)
-        if msg.kind == "done":
+        if msg.kind == messages.DONE:
             self.status.done = True
             self.stopped.set()
-        elif msg.kind == "stop":
-            self._stop(f"trainer stopped: {msg.body.get('reason', 'no reason')}")
-        elif msg.kind == "rejected" and body.get("sampler_id") == self.sampler_id:
+        elif msg.kind == messages.STOP:
+            self._stop(f"{messages.TRAINER_STOPPED}: {msg.body.get('reason', 'no reason')}")
+        elif msg.kind == messages.REJECTED and body.get("sampler_id") == self.sampler_id:
             self._stop(f"the trainer rejected batch {body.get('seq')}: {body.get('reason')}")
         self._news.set()
 
@@ -427,11 +429,11 @@ class SamplerChannel:
             ) from None
 
     def send_stop(self, reason: str) -> None:
-        self._send_control("stop", reason=reason)
+        self._send_control(messages.STOP, reason=reason)
 
     def send_bye(self) -> None:
         """Done with the trainer (final version fetched and evaluated)."""
-        self._send_control("bye")
+        self._send_control(messages.BYE)
 
     def _send_control(self, kind: str, **body: Any) -> None:
         message = Message(kind, {"sampler_id": self.sampler_id, **body})

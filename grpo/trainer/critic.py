@@ -13,12 +13,12 @@ import torch
 import torch.distributed as dist
 
 from grpo.algos import value_loss
-from grpo.batching import pack_pairs, pad_pairs, pad_right
 from grpo.config import Config
-from grpo.distributed import accumulate_backward, micro_batches, sum_across_ranks
-from grpo.episode import Episode
+from grpo.core.batching import pack_pairs, pad_pairs, pad_right
+from grpo.core.episode import Episode
 from grpo.logprobs import device_of
 from grpo.models import resolve_model_path, torch_dtype
+from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ranks
 
 
 def completion_values(

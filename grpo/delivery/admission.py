@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo.episode import EpisodeBatch
+from grpo.core.episode import EpisodeBatch
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,6 @@ def main(argv: list[str]) -> int:
         print(f"keys: {e}", file=sys.stderr)
         return 2
     print("\n".join(str(p) for p in written))
-    print(f"set transport.curve_dir={args.directory} on every node (see grpo/keys.py for which "
-          "files each node needs)")  # fmt: skip
+    print(f"set transport.curve_dir={args.directory} on every node (see grpo/wire/keys.py for "
+          "which files each node needs)")  # fmt: skip
     return 0

@@ -1,0 +1,51 @@
+"""One typed config tree for both workers: YAML overrides the defaults, `a.b=c` overrides YAML.
+
+Every knob is a dataclass field with a default and a one-line `help`; YAML files only override.
+Unknown keys and bad values stop the run with one line naming the key and what is allowed.
+"""
+
+from grpo.config.checks import ConfigError
+from grpo.config.loading import (
+    describe,
+    get_value,
+    load_config,
+    parse_override,
+    save_config,
+    to_dict,
+)
+from grpo.config.sections import (
+    VARLEN_ATTENTION,
+    AlgoConfig,
+    Config,
+    CriticConfig,
+    DataConfig,
+    EvalConfig,
+    LoraConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainConfig,
+    TransportConfig,
+    VllmConfig,
+)
+
+__all__ = [
+    "VARLEN_ATTENTION",
+    "AlgoConfig",
+    "Config",
+    "ConfigError",
+    "CriticConfig",
+    "DataConfig",
+    "EvalConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "RolloutConfig",
+    "TrainConfig",
+    "TransportConfig",
+    "VllmConfig",
+    "describe",
+    "get_value",
+    "load_config",
+    "parse_override",
+    "save_config",
+    "to_dict",
+]

@@ -1,0 +1,211 @@
+"""Values that are well-typed but unusable are refused here, each with one line naming the key
+and how to fix it (types and unknown keys are grpo.config.loading's job)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo.config.sections import Config, TransportConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key."""
+
+
+def _positive(cfg: Config) -> list[tuple[str, Any]]:
+    return [
+        ("rollout.questions_per_step", cfg.rollout.questions_per_step),
+        ("rollout.group_size", cfg.rollout.group_size),
+        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens),
+        ("rollout.generation_batch_size", cfg.rollout.generation_batch_size),
+        ("rollout.max_sampling_rounds", cfg.rollout.max_sampling_rounds),
+        ("rollout.temperature", cfg.rollout.temperature),
+        ("train.total_steps", cfg.train.total_steps),
+        ("train.lr", cfg.train.lr),
+        ("train.micro_batch_size", cfg.train.micro_batch_size),
+        ("train.ppo_epochs", cfg.train.ppo_epochs),
+        ("train.num_ranks", cfg.train.num_ranks),
+        ("train.nnodes", cfg.train.nnodes),
+        ("train.sync_interval", cfg.train.sync_interval),
+        ("train.keep_versions", cfg.train.keep_versions),
+        ("rollout.num_samplers", cfg.rollout.num_samplers),
+        ("rollout.spool_max_batches", cfg.rollout.spool_max_batches),
+        ("transport.heartbeat_s", cfg.transport.heartbeat_s),
+        ("transport.peer_timeout_s", cfg.transport.peer_timeout_s),
+        ("transport.startup_timeout_s", cfg.transport.startup_timeout_s),
+        ("eval.max_new_tokens", cfg.eval.max_new_tokens),
+        ("data.max_prompt_tokens", cfg.data.max_prompt_tokens),
+    ]
+
+
+def check_values(cfg: Config) -> None:
+    """Reject values that are well-typed but unusable, saying how to fix them."""
+    for key, value in _positive(cfg):
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value!r}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p!r}")
+    _check_rollout(cfg)
+    _check_delivery(cfg)
+    if cfg.rollout.group_size < 2:
+        raise ConfigError(
+            "rollout.group_size must be >= 2: group-normalised advantages need several answers"
+        )
+    for key in ("clip_low", "clip_high"):
+        value = getattr(cfg.algo, key)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"algo.{key} must be in [0, 1) or null, got {value!r}")
+    if not 0 <= cfg.algo.overlong_buffer <= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}"
+        )
+    if not 0 < cfg.algo.gamma <= 1 or not 0 <= cfg.algo.lam <= 1:
+        raise ConfigError(
+            f"algo.gamma must be in (0, 1] and algo.lam in [0, 1], got {cfg.algo.gamma!r}, "
+            f"{cfg.algo.lam!r}"
+        )
+    if cfg.critic.lr <= 0 or cfg.critic.value_clip <= 0 or cfg.critic.warmup_steps < 0:
+        raise ConfigError("critic.lr and critic.value_clip must be > 0, warmup_steps >= 0")
+    if cfg.algo.clip_c is not None and cfg.algo.clip_c <= 1:
+        raise ConfigError(f"algo.clip_c must be > 1 or null, got {cfg.algo.clip_c!r}")
+    if cfg.algo.kl_loss_coef < 0:
+        raise ConfigError(f"algo.kl_loss_coef must be >= 0, got {cfg.algo.kl_loss_coef!r}")
+    _check_transport(cfg.transport)
+    # The sampler loads the newest announced version while the trainer may publish up to
+    # max_staleness + 1 more; the one being loaded must not be pruned meanwhile.
+    needed = cfg.train.max_staleness // cfg.train.sync_interval + 2
+    if cfg.train.keep_versions < needed:
+        raise ConfigError(
+            f"train.keep_versions must be >= {needed} with max_staleness "
+            f"{cfg.train.max_staleness} and sync_interval {cfg.train.sync_interval}, got "
+            f"{cfg.train.keep_versions}: a version could be deleted while the sampler loads it"
+        )
+    for key, value in (
+        ("train.max_staleness", cfg.train.max_staleness),
+        ("train.max_tokens_per_micro_batch", cfg.train.max_tokens_per_micro_batch),
+        ("train.state_interval", cfg.train.state_interval),
+        ("eval.interval", cfg.eval.interval),
+        ("eval.num_questions", cfg.eval.num_questions),
+    ):
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value!r}")
+    batch_seqs = cfg.rollout.questions_per_step * cfg.rollout.group_size
+    mini = cfg.train.mini_batch_size
+    if mini and (mini < 0 or batch_seqs % mini or mini % cfg.world):
+        raise ConfigError(
+            f"train.mini_batch_size ({mini}) must divide the batch ({batch_seqs} sequences) and "
+            f"be a multiple of the trainer's ranks ({cfg.world}); 0 = the whole batch"
+        )
+    if cfg.algo.kl_reward_coef < 0 or cfg.algo.kl_target <= 0 or cfg.algo.kl_horizon <= 0:
+        raise ConfigError("algo.kl_reward_coef must be >= 0, kl_target and kl_horizon > 0")
+    if cfg.algo.kl_ctrl == "adaptive" and not (cfg.algo.kl_in_reward and cfg.algo.kl_reward_coef):
+        raise ConfigError(
+            "algo.kl_ctrl=adaptive adapts the in-reward KL coefficient: it needs "
+            "algo.kl_in_reward=true and algo.kl_reward_coef > 0"
+        )
+    if cfg.algo.advantage == "gae" and cfg.critic.warmup_steps >= cfg.train.total_steps:
+        raise ConfigError(
+            f"critic.warmup_steps ({cfg.critic.warmup_steps}) >= train.total_steps "
+            f"({cfg.train.total_steps}): the policy would never train"
+        )
+    for key, value in (("algo.overlong_factor", cfg.algo.overlong_factor),
+                       ("train.weight_decay", cfg.train.weight_decay)):  # fmt: skip
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value!r}")
+    if cfg.train.max_grad_norm <= 0:
+        raise ConfigError(f"train.max_grad_norm must be > 0, got {cfg.train.max_grad_norm!r}")
+    if cfg.algo.entropy_coef < 0:
+        raise ConfigError(f"algo.entropy_coef must be >= 0, got {cfg.algo.entropy_coef!r}")
+    if cfg.rollout.questions_per_step % cfg.world:
+        raise ConfigError(
+            f"rollout.questions_per_step ({cfg.rollout.questions_per_step}) must be a multiple "
+            f"of the trainer's ranks, train.nnodes x train.num_ranks ({cfg.world}): each rank "
+            "trains on whole groups"
+        )
+    _check_devices(cfg)
+    if cfg.data.reward and ":" not in cfg.data.reward:
+        raise ConfigError(
+            f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
+        )
+
+
+def _check_rollout(cfg: Config) -> None:
+    r, v = cfg.rollout, cfg.rollout.vllm
+    if r.top_k < 0 or v.max_model_len < 0 or v.kv_cache_gib < 0:
+        raise ConfigError("rollout.top_k, rollout.vllm.max_model_len and kv_cache_gib must be >= 0")
+    if v.tensor_parallel_size < 1 or not 0 < v.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            "rollout.vllm.tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]"
+        )
+    if any(not s for s in r.stop):
+        raise ConfigError("rollout.stop holds an empty string, which would end every answer")
+    if cfg.algo.rollout_correction != "none":
+        if r.backend != "vllm":
+            raise ConfigError(
+                f"algo.rollout_correction={cfg.algo.rollout_correction} needs the rollout "
+                "engine's log-probs: set rollout.backend=vllm (the hf backend reports none)"
+            )
+        if cfg.algo.rollout_correction_threshold <= 1:
+            raise ConfigError(
+                "algo.rollout_correction_threshold must be > 1, got "
+                f"{cfg.algo.rollout_correction_threshold!r}"
+            )
+
+
+def _check_devices(cfg: Config) -> None:
+    t, r = cfg.train, cfg.rollout
+    if not 0 <= t.node_rank < t.nnodes:
+        raise ConfigError(
+            f"train.node_rank must be in [0, train.nnodes={t.nnodes}), got {t.node_rank}"
+        )
+    for key, gpus in (("train.gpus", t.gpus), ("rollout.gpus", r.gpus)):
+        if any(g < 0 for g in gpus) or len(set(gpus)) < len(gpus):
+            raise ConfigError(f"{key} must list distinct GPU indices >= 0, got {gpus}")
+    if t.gpus and len(t.gpus) != t.num_ranks:
+        raise ConfigError(
+            f"train.gpus lists {len(t.gpus)} GPUs for train.num_ranks={t.num_ranks} ranks: "
+            "give one per rank, or [] for the first num_ranks"
+        )
+    if not 0 <= r.gpu_memory_fraction <= 1:
+        raise ConfigError(
+            f"rollout.gpu_memory_fraction must be in [0, 1] (0 = automatic), got "
+            f"{r.gpu_memory_fraction!r}"
+        )
+
+
+def _check_delivery(cfg: Config) -> None:
+    r, t = cfg.rollout, cfg.train
+    if not 0 <= r.sampler_index < r.num_samplers:
+        raise ConfigError(
+            f"rollout.sampler_index must be in [0, rollout.num_samplers={r.num_samplers}), "
+            f"got {r.sampler_index}"
+        )
+    if t.total_steps % r.num_samplers:
+        raise ConfigError(
+            f"train.total_steps ({t.total_steps}) must be a multiple of rollout.num_samplers "
+            f"({r.num_samplers}): each sampler makes an equal share of the batches"
+        )
+    # Batches are acknowledged when a training state is saved; until then they stay spooled.
+    unacked = (t.state_interval or t.total_steps) + t.max_staleness + 1
+    if r.spool_max_batches < unacked:
+        raise ConfigError(
+            f"rollout.spool_max_batches ({r.spool_max_batches}) must be at least "
+            f"train.state_interval + train.max_staleness + 1 = {unacked}, or the sampler would "
+            "wait for acknowledgements that only a state save sends: raise it or save the state "
+            "more often"
+        )
+
+
+def _check_transport(t: TransportConfig) -> None:
+    if t.heartbeat_s * 2 > t.peer_timeout_s:
+        raise ConfigError(
+            f"transport.peer_timeout_s ({t.peer_timeout_s}) must be at least twice "
+            f"transport.heartbeat_s ({t.heartbeat_s}), or live peers look dead"
+        )
+    addrs = [a for a in (t.episodes_addr, t.control_addr, t.weights_addr) if a]
+    if len(set(addrs)) < len(addrs):
+        raise ConfigError("transport.episodes_addr, control_addr and weights_addr must differ")
+    if t.max_frame_bytes < 1 << 20:
+        raise ConfigError(f"transport.max_frame_bytes must be >= 1 MiB, got {t.max_frame_bytes}")

@@ -1,0 +1,1 @@
+"""Plain data both roles share: episodes and batches, and their tensor layout."""

@@ -1,0 +1,403 @@
+"""Episodes and episode batches: the plain data the sampler produces and the trainer consumes.
+
+An :class:`EpisodeBatch` is stored as columns (one array per field, concatenated over the
+batch), which is also its wire layout (grpo.wire.codec), so sending it gathers nothing.
+Constructors validate every field: a malformed batch raises ValueError before it is used.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+
+FINISH_REASONS = frozenset({"stop", "length"})
+
+# (array name, wire dtype name, which per-episode length it follows), in frame order.
+ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
+    ("prompt_ids", "int32", "prompt_len"),
+    ("completion_ids", "int32", "completion_len"),
+    ("old_logp", "float32", "completion_len"),
+    ("ref_logp", "float32", "completion_len"),
+    ("rollout_logp", "float32", "completion_len"),
+)
+# Per-token log-probs a batch may leave out (None for the whole batch): the old-policy and
+# reference ones when the trainer computes them (train.logprobs_on: trainer), the rollout
+# engine's when the backend reports none.
+OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp")
+# Wire dtypes are explicit little-endian so sender and receiver agree on any host.
+WIRE_DTYPES: dict[str, np.dtype] = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4")}
+ARRAY_DTYPES = {name: dtype for name, dtype, _ in ARRAY_SPECS}
+ARRAYS_BY_LENGTH = {
+    lens: tuple(name for name, _, by in ARRAY_SPECS if by == lens)
+    for lens in ("prompt_len", "completion_len")
+}
+LEN_DTYPE = np.dtype(np.int64)  # per-episode lengths and group ids
+REWARD_DTYPE = np.dtype(np.float64)
+JSON_SCALARS = (str, int, float, bool, type(None))
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True, eq=False)
+class Episode:
+    """One sampled answer to one question.
+
+    ``eq=False`` because dataclass equality on numpy arrays is ambiguous.
+    """
+
+    prompt_ids: np.ndarray  # int32 [P]
+    completion_ids: np.ndarray  # int32 [C], C >= 0
+    old_logp: np.ndarray | None  # float32 [C], under the sampling policy (None: trainer's job)
+    ref_logp: np.ndarray | None  # float32 [C], under the frozen reference model (idem)
+    reward: float
+    reward_info: dict[str, Any]  # JSON-able scalars
+    finish_reason: str  # "stop" | "length"
+    group_id: int  # dataset row index; shared by the episodes of one group
+    rollout_logp: np.ndarray | None = None  # float32 [C], as the rollout engine computed it
+
+
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """The arrays of a batch, each per-token array concatenated over its episodes.
+
+    This is the wire layout, so a batch held as columns is sent without gathering
+    and received as zero-copy views.
+    """
+
+    prompt_ids: np.ndarray  # int32, all prompts back to back
+    completion_ids: np.ndarray  # int32, all completions back to back
+    old_logp: np.ndarray | None  # float32, aligned with completion_ids, or None (whole batch)
+    ref_logp: np.ndarray | None  # idem
+    rollout_logp: np.ndarray | None  # idem
+    prompt_len: np.ndarray  # int64 [N]
+    completion_len: np.ndarray  # int64 [N]
+    reward: np.ndarray  # float64 [N]
+    group_id: np.ndarray  # int64 [N]
+    reward_info: tuple[dict[str, Any], ...]
+    finish_reason: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.reward)
+
+
+class EpisodeBatch:
+    """Whole groups of episodes sampled with one policy version, stored as :class:`Columns`.
+
+    Groups are contiguous: ``episodes[g * group_size:(g + 1) * group_size]`` is group g.
+    Build one from episodes (``EpisodeBatch(episodes, ...)``, which gathers their arrays
+    once) or from columns (:meth:`from_columns`, what the decoder does); ``episodes``
+    are then made on first use as views of the columns.
+    """
+
+    def __init__(
+        self,
+        episodes: Sequence[Episode],
+        group_size: int,
+        policy_version: int,
+        seq: int,
+        sampler_id: str = "sampler-0",
+        stats: dict[str, float] | None = None,
+    ) -> None:
+        episodes = tuple(episodes)
+        for i, ep in enumerate(episodes):
+            _check_episode(ep, i)
+        self._init(_gather(episodes), group_size, policy_version, seq, sampler_id, stats or {})
+        self._episodes: tuple[Episode, ...] | None = episodes
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: Columns,
+        group_size: int,
+        policy_version: int,
+        seq: int,
+        sampler_id: str = "sampler-0",
+        stats: dict[str, float] | None = None,
+    ) -> EpisodeBatch:
+        _check_columns(columns)
+        batch = cls.__new__(cls)
+        batch._init(columns, group_size, policy_version, seq, sampler_id, stats or {})
+        batch._episodes = None
+        return batch
+
+    def _init(
+        self,
+        columns: Columns,
+        group_size: int,
+        policy_version: int,
+        seq: int,
+        sampler_id: str,
+        stats: dict[str, float],
+    ) -> None:
+        self.columns = columns
+        self.group_size = group_size
+        self.policy_version = policy_version
+        self.seq = seq
+        self.sampler_id = sampler_id
+        self.stats = stats
+        check_batch(self)
+
+    @property
+    def episodes(self) -> tuple[Episode, ...]:
+        if self._episodes is None:
+            self._episodes = _scatter(self.columns)
+        return self._episodes
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self) // self.group_size
+
+    def groups(self) -> list[tuple[Episode, ...]]:
+        """The episodes split into their groups, in order."""
+        g, eps = self.group_size, self.episodes
+        return [eps[i * g : (i + 1) * g] for i in range(self.num_groups)]
+
+    def with_arrays(self, **per_episode: Sequence[np.ndarray]) -> EpisodeBatch:
+        """A new batch with optional per-token arrays (old_logp, ref_logp, rollout_logp) set
+        from one array per episode, e.g. the log-probs the trainer computed itself."""
+        unknown = set(per_episode) - set(OPTIONAL_ARRAYS)
+        if unknown:
+            raise ValueError(f"with_arrays sets only {OPTIONAL_ARRAYS}, not {sorted(unknown)}")
+        columns = self.columns
+        for name, parts in per_episode.items():
+            if len(parts) != len(self):
+                raise ValueError(f"{name}: {len(parts)} arrays for {len(self)} episodes")
+            wire = WIRE_DTYPES[ARRAY_DTYPES[name]]
+            flat = np.concatenate([np.asarray(p, wire) for p in parts]) if parts else None
+            columns = replace(columns, **{name: flat})
+        return EpisodeBatch.from_columns(
+            columns, self.group_size, self.policy_version, self.seq, self.sampler_id, self.stats
+        )
+
+    def select_groups(self, start: int, stop: int) -> EpisodeBatch:
+        """A new batch holding groups ``[start, stop)``; the arrays are shared, not copied."""
+        if not 0 <= start < stop <= self.num_groups:
+            raise ValueError(
+                f"select_groups({start}, {stop}) needs 0 <= start < stop <= {self.num_groups}"
+            )
+        g = self.group_size
+        columns = _slice_columns(self.columns, start * g, stop * g)
+        return EpisodeBatch.from_columns(
+            columns, g, self.policy_version, self.seq, self.sampler_id, dict(self.stats)
+        )
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def is_int(x: object) -> bool:
+    # bool is an int subclass, but True is never a sensible count or id.
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _check_1d(arr: object, kinds: str, what: str) -> int:
+    """Length of ``arr`` if it is a 1-D array of a dtype kind in ``kinds``."""
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"{what} must be a numpy array, got {type(arr).__name__}")
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind not in kinds:
+        raise ValueError(f"{what} has dtype {arr.dtype}, expected kind in {kinds!r}")
+    return arr.shape[0]
+
+
+def _check_episode(ep: object, i: int) -> None:
+    """Shape/type checks of one episode; reads only metadata, never copies arrays."""
+    if not isinstance(ep, Episode):
+        raise ValueError(f"episodes[{i}] is {type(ep).__name__}, not Episode")
+    _check_1d(ep.prompt_ids, "iu", f"episodes[{i}].prompt_ids")
+    n = _check_1d(ep.completion_ids, "iu", f"episodes[{i}].completion_ids")
+    for name in OPTIONAL_ARRAYS:
+        if getattr(ep, name) is None:
+            continue
+        m = _check_1d(getattr(ep, name), "f", f"episodes[{i}].{name}")
+        if m != n:
+            raise ValueError(f"episodes[{i}].{name} has length {m}, completion_ids has {n}")
+    if ep.finish_reason not in FINISH_REASONS:
+        raise ValueError(
+            f"episodes[{i}].finish_reason={ep.finish_reason!r}, expected one of "
+            f"{sorted(FINISH_REASONS)}"
+        )
+    if not is_int(ep.group_id):
+        raise ValueError(f"episodes[{i}].group_id must be an int, got {ep.group_id!r}")
+    if not is_real(ep.reward):
+        raise ValueError(f"episodes[{i}].reward must be a real number, got {ep.reward!r}")
+    if not isinstance(ep.reward_info, dict):
+        raise ValueError(f"episodes[{i}].reward_info must be a dict")
+
+
+def _check_columns(c: Columns) -> None:
+    """Vectorised checks of a batch's columns: cheap enough for every received batch."""
+    n = len(c.reward)
+    for name, dtype, shape in (
+        ("prompt_len", LEN_DTYPE, (n,)),
+        ("completion_len", LEN_DTYPE, (n,)),
+        ("group_id", LEN_DTYPE, (n,)),
+        ("reward", REWARD_DTYPE, (n,)),
+    ):
+        arr = getattr(c, name)
+        if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
+            raise ValueError(f"{name} must be a {dtype} array of shape {shape}")
+    if not np.isfinite(c.reward).all():
+        raise ValueError("reward holds a value that is not finite")
+    for lens_name, names in ARRAYS_BY_LENGTH.items():
+        lens = getattr(c, lens_name)
+        if (lens < 0).any():
+            raise ValueError(f"{lens_name} holds a value < 0")
+        total = int(lens.sum())
+        for name in names:
+            arr = getattr(c, name)
+            if arr is None and name in OPTIONAL_ARRAYS:
+                continue
+            dtype = WIRE_DTYPES[ARRAY_DTYPES[name]]
+            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1:
+                raise ValueError(f"{name} must be a 1-D {dtype} array")
+            if arr.shape[0] != total:
+                raise ValueError(f"{name}: {lens_name} does not sum to its {arr.shape[0]} values")
+    if len(c.finish_reason) != n or not FINISH_REASONS.issuperset(c.finish_reason):
+        raise ValueError(f"finish_reason must list {n} of {sorted(FINISH_REASONS)}")
+    if len(c.reward_info) != n:
+        raise ValueError(f"reward_info must list {n} maps")
+    for info in c.reward_info:
+        if not isinstance(info, dict):
+            raise ValueError("reward_info entry is not a map")
+        for k, v in info.items():
+            if not isinstance(k, str) or not isinstance(v, JSON_SCALARS):
+                raise ValueError(f"reward_info[{k!r}] is not a str key with a JSON scalar")
+
+
+def check_batch(batch: EpisodeBatch) -> None:
+    g = batch.group_size
+    if not is_int(g) or g < 1:
+        raise ValueError(f"group_size must be a positive int, got {g!r}")
+    n = len(batch.columns)
+    if n == 0 or n % g:
+        raise ValueError(f"len(episodes)={n} is not a positive multiple of group_size={g}")
+    for name in ("policy_version", "seq"):
+        if not is_int(getattr(batch, name)):
+            raise ValueError(f"{name} must be an int, got {getattr(batch, name)!r}")
+    if not isinstance(batch.sampler_id, str):
+        raise ValueError(f"sampler_id must be a str, got {batch.sampler_id!r}")
+    if not isinstance(batch.stats, dict) or not all(
+        isinstance(k, str) and is_real(v) for k, v in batch.stats.items()
+    ):
+        raise ValueError("stats must be a dict[str, float]")
+    ids = batch.columns.group_id.reshape(-1, g)
+    mixed = np.flatnonzero((ids != ids[:, :1]).any(axis=1))
+    if mixed.size:
+        gi = int(mixed[0])
+        raise ValueError(
+            f"group {gi} (episodes {gi * g}..{(gi + 1) * g - 1}) mixes group_ids "
+            f"{sorted(set(ids[gi].tolist()))}"
+        )
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def _gather(eps: tuple[Episode, ...]) -> Columns:
+    """Columns of checked episodes: one copy of each array, cast to its wire dtype.
+
+    An optional array (old_logp, ref_logp, rollout_logp) is kept only when every episode
+    has one; otherwise it is dropped for the whole batch (the receiver sees None everywhere).
+    """
+    arrays: dict[str, np.ndarray | None] = {}
+    for name, dtype_name in ARRAY_DTYPES.items():
+        if name in OPTIONAL_ARRAYS and any(getattr(ep, name) is None for ep in eps):
+            arrays[name] = None
+            continue
+        # same_kind casting refuses e.g. float -> int, which would be silent garbage.
+        # Arrays already in the wire dtype skip the casting path, which is ~10x slower.
+        parts, wire = [getattr(ep, name) for ep in eps], WIRE_DTYPES[dtype_name]
+        if not parts:
+            arrays[name] = np.zeros(0, wire)
+        elif all(p.dtype == wire for p in parts):
+            arrays[name] = np.concatenate(parts)
+        else:
+            arrays[name] = np.concatenate(parts, dtype=wire, casting="same_kind")
+    return Columns(
+        **arrays,
+        prompt_len=np.array([len(ep.prompt_ids) for ep in eps], LEN_DTYPE),
+        completion_len=np.array([len(ep.completion_ids) for ep in eps], LEN_DTYPE),
+        reward=np.array([float(ep.reward) for ep in eps], REWARD_DTYPE),
+        group_id=np.array([int(ep.group_id) for ep in eps], LEN_DTYPE),
+        reward_info=tuple(plain_info(ep.reward_info, i) for i, ep in enumerate(eps)),
+        finish_reason=tuple(ep.finish_reason for ep in eps),
+    )
+
+
+def _offsets(lens: np.ndarray) -> list[int]:
+    return [0, *accumulate(lens.tolist())]
+
+
+def _scatter(c: Columns) -> tuple[Episode, ...]:
+    """Episodes whose arrays are views of the columns."""
+    p, k = _offsets(c.prompt_len), _offsets(c.completion_len)
+    rewards, group_ids = c.reward.tolist(), c.group_id.tolist()
+    return tuple(
+        Episode(
+            prompt_ids=c.prompt_ids[p[i] : p[i + 1]],
+            completion_ids=c.completion_ids[k[i] : k[i + 1]],
+            old_logp=_part(c.old_logp, k[i], k[i + 1]),
+            ref_logp=_part(c.ref_logp, k[i], k[i + 1]),
+            reward=rewards[i],
+            reward_info=c.reward_info[i],
+            finish_reason=c.finish_reason[i],
+            group_id=group_ids[i],
+            rollout_logp=_part(c.rollout_logp, k[i], k[i + 1]),
+        )
+        for i in range(len(c))
+    )
+
+
+def _part(arr: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
+    return None if arr is None else arr[start:stop]
+
+
+def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
+    """Episodes ``[start, stop)`` of ``c`` as views."""
+    p, k = _offsets(c.prompt_len), _offsets(c.completion_len)
+    ps, pe, ks, ke = p[start], p[stop], k[start], k[stop]
+    return Columns(
+        prompt_ids=c.prompt_ids[ps:pe],
+        completion_ids=c.completion_ids[ks:ke],
+        old_logp=_part(c.old_logp, ks, ke),
+        ref_logp=_part(c.ref_logp, ks, ke),
+        rollout_logp=_part(c.rollout_logp, ks, ke),
+        prompt_len=c.prompt_len[start:stop],
+        completion_len=c.completion_len[start:stop],
+        reward=c.reward[start:stop],
+        group_id=c.group_id[start:stop],
+        reward_info=c.reward_info[start:stop],
+        finish_reason=c.finish_reason[start:stop],
+    )
+
+
+def plain_scalar(v: Any, where: str) -> Any:
+    """``v`` as a JSON-able Python scalar (numpy scalars unwrapped), else ValueError."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if not isinstance(v, JSON_SCALARS):
+        raise ValueError(f"{where} must be a JSON scalar, got {type(v).__name__}")
+    return v
+
+
+def plain_info(info: dict[str, Any], i: int) -> dict[str, Any]:
+    out = {}
+    for k, v in info.items():
+        if not isinstance(k, str):
+            raise ValueError(f"episodes[{i}].reward_info key {k!r} is not a str")
+        out[k] = plain_scalar(v, f"episodes[{i}].reward_info[{k!r}]")
+    return out

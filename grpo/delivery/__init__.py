@@ -1,0 +1,1 @@
+"""Exactly-once delivery: the spool, the ledger and admission, published versions."""

@@ -1,0 +1,77 @@
+"""The rollout-engine interface: what the sampler needs from whatever generates the answers.
+
+An engine is built by a factory from an :class:`EngineContext` and then only used through
+:class:`RolloutEngine`; the sampler never asks which engine it has. A new engine is one module
+with a factory, named in the config as `rollout.backend: package.module:factory` or registered
+under a short name (grpo.rollout.registry).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.config import Config
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt_ids: np.ndarray  # int32 (P,)
+    completion_ids: np.ndarray  # int32 (C,), ends with EOS when finish_reason == "stop"
+    finish_reason: str  # "stop" | "length"
+    rollout_logp: np.ndarray | None = None  # float32 (C,), the engine's log-probs, if it has them
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What a factory may use to build an engine."""
+
+    cfg: Config
+    model_path: Path  # the initial weights (an HF model dir)
+    tokenizer: object  # the model's tokenizer (transformers)
+    stop_event: threading.Event  # set when the run is stopping: end generate() early
+    # The sampler's HF policy, loaded on first call. An engine that samples with it shares the
+    # weights the sampler reloads, so its load_version has nothing to do.
+    policy: Callable[[], torch.nn.Module]
+
+
+class RolloutEngine(Protocol):
+    stop_event: threading.Event  # the sampler swaps it (e.g. to let the final eval run)
+
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop: Sequence[str] = (),
+        greedy: bool = False,
+        seed: int = 0,
+        batch_size: int = 16,
+    ) -> list[Generation]:
+        """`n` answers per prompt, contiguous (prompt 0's n answers first). Returns early,
+        with whatever it has, once `stop_event` is set."""
+        ...
+
+    def load_version(self, vdir: Path, version: int) -> None:
+        """Serve the weights of published version `version` (a dir of grpo.delivery.versions)
+        from the next generate() on; raise if they cannot be loaded."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, GPU memory)."""
+        ...
+
+
+EngineFactory = Callable[[EngineContext], RolloutEngine]

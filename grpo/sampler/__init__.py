@@ -1,0 +1,1 @@
+"""The sampling role: questions, groups of answers, rewards, log-probs, delivery, eval."""

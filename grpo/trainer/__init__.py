@@ -1,0 +1,1 @@
+"""The training role: launch, receive and broadcast, experience, objective, update, publish."""

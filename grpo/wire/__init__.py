@@ -1,0 +1,1 @@
+"""Between processes: the frame codec, ZeroMQ channels, weight streaming, CURVE keys."""

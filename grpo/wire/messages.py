@@ -1,0 +1,30 @@
+"""The kinds of control message, and the stop reasons a role acts on, as names.
+
+Control channel (trainer PUB -> samplers; samplers PUSH -> trainer):
+    HEARTBEAT  either way, every transport.heartbeat_s: liveness, the published version,
+               acknowledgements and the batches trained so far
+    VERSION    trainer: version v is published (sent at once, not only in the next heartbeat)
+    DONE       trainer: the run is complete
+    STOP       either way: the sender is stopping, with a reason
+    REJECTED   trainer: a batch was dropped as unfit, with the reason (only its sampler stops)
+    BYE        sampler: it has everything it needs (the trainer may stop serving weights)
+Weight stream (sampler REQ -> trainer ROUTER): MANIFEST, CHUNK requests and their replies,
+MISSING when a version or file cannot be served.
+"""
+
+HEARTBEAT = "heartbeat"
+VERSION = "version"
+DONE = "done"
+STOP = "stop"
+REJECTED = "rejected"
+BYE = "bye"
+
+MANIFEST = "manifest"
+CHUNK = "chunk"
+MISSING = "missing"
+
+# Stop reasons that mean the trainer is the one that went away: a sampler stopping for one of
+# them does not send its own stop back.
+TRAINER_STOPPED = "trainer stopped"
+TRAINER_SILENT = "no heartbeat from the trainer"
+INTERRUPTED = "interrupted"
