@@ -11,6 +11,7 @@ another device.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,11 +22,12 @@ from grpo.algos import get_policy_loss, value_loss
 from grpo.algos.registry import POLICY_LOSSES
 from grpo.config import load_config
 from grpo.core.batching import pack_pairs, pad_pairs
-from grpo.core.episode import Episode
+from grpo.core.episode import Episode, EpisodeBatch
 from grpo.logprobs import Truncation, pairs_logprobs
 from grpo.rollout.hf import _StopWhenSet
 from grpo.trainer.critic import completion_values
-from grpo.trainer.loop import micro_batch_loss
+from grpo.trainer.experience import build_experience
+from grpo.trainer.objective import micro_batch_loss
 
 META = torch.device("meta")
 V = 50
@@ -124,13 +126,13 @@ def _episode(i: int) -> Episode:
     ],
 )
 def test_micro_batch_loss_stays_on_the_model_device(loss, extra):
-    """Episodes arrive as numpy arrays (from the wire) and advantages and rollout-correction
-    weights as CPU tensors; the loss, the mask and every metric must be on the model's."""
+    """The step's experience is on the CPU (advantages, log-probs, rollout-correction
+    weights); the loss, the mask and every metric must be on the model's device."""
     cfg = load_config(None, [f"algo.loss={loss}", "rollout.max_new_tokens=8", *extra])
-    eps = [_episode(0), _episode(1)]
-    advantages = [torch.full((len(e.completion_ids),), 0.5) for e in eps]
-    weights = [torch.ones(len(e.completion_ids)) for e in eps]
-    loss_t, mask, metrics = micro_batch_loss(StandInLM(META), eps, advantages, weights, cfg, 0)
+    batch = EpisodeBatch((_episode(0), _episode(1)), group_size=2, policy_version=0, seq=0)
+    exp, _ = build_experience(batch, cfg, kl_coef=0.0)  # CPU tensors, as a step builds them
+    exp = replace(exp, weights=torch.ones_like(exp.mask))  # as with a rollout correction
+    loss_t, mask, metrics = micro_batch_loss(StandInLM(META), exp.rows([1, 0]), cfg, 0)
     assert loss_t.device == META and loss_t.dim() == 0 and mask.device == META
     assert metrics and all(m.device == META and m.dim() == 0 for m in metrics.values())
 

@@ -22,7 +22,9 @@ _SCRIPT = textwrap.dedent(
     from grpo.config import load_config
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.models import load_causal_lm
-    from grpo.trainer.loop import deepspeed_config, train_on_batch
+    from grpo.trainer.engines import deepspeed_config
+    from grpo.trainer.experience import build_experience
+    from grpo.trainer.update import train_on_batch
 
     deepspeed.init_distributed(dist_backend="gloo")
     cfg = load_config(None, ["train.num_ranks=1", "rollout.questions_per_step=1",
@@ -37,13 +39,13 @@ _SCRIPT = textwrap.dedent(
                         np.full(2, -1.0, np.float32), np.full(2, -1.0, np.float32),
                         float(i), {}, "stop", 0) for i in range(2))
     batch = EpisodeBatch(eps, 2, policy_version=0, seq=0)
-    adv = [torch.full((2,), a) for a in (-1.0, 1.0)]
+    exp, _ = build_experience(batch, cfg, 0.0)
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-    first = train_on_batch(engine, batch, adv, cfg, pad_id=0)
+    first = train_on_batch(engine, exp, cfg, pad_id=0)
     unchanged = all(torch.equal(before[n], p) for n, p in engine.module.named_parameters())
     skipped_first = engine.skipped_steps
     poisoned["on"] = False
-    second = train_on_batch(engine, batch, adv, cfg, pad_id=0)
+    second = train_on_batch(engine, exp, cfg, pad_id=0)
     print("RESULT " + json.dumps({"skipped_first": skipped_first, "unchanged": unchanged,
                                   "first": first, "second": second,
                                   "skipped_after": engine.skipped_steps}))

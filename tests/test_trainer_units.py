@@ -13,7 +13,14 @@ from grpo.algos import (
 )
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.trainer.loop import compute_advantages, shaped_rewards, token_rewards
+from grpo.trainer.experience import build_experience, shaped_rewards
+
+
+def compute_advantages(batch, cfg, kl_coef: float = 0.0):
+    """Each episode's (C_i,) advantages from the step's experience, and its metrics."""
+    exp, metrics = build_experience(batch, cfg, kl_coef)
+    lens = [len(e.completion_ids) for e in batch.episodes]
+    return [exp.advantages[i, :n] for i, n in enumerate(lens)], metrics
 
 
 def _batch(rewards, lengths, reasons=None, group_size=2) -> EpisodeBatch:
@@ -97,9 +104,10 @@ def test_kl_in_reward_is_charged_per_token_and_summed_for_outcome_estimators():
     eps = batch.episodes
     eps[0].old_logp.flags.writeable = True
     eps[0].old_logp[:] = 0.5
-    rewards, mask, mean_kl = token_rewards(batch, cfg, kl_coef=0.2)
-    assert torch.allclose(rewards[0, :2], torch.tensor([-0.1, 0.9]))  # score on the last token
-    assert mean_kl == pytest.approx(1.0 / 5)  # (0.5 + 0.5) / 5 tokens
+    exp, metrics = build_experience(batch, cfg, kl_coef=0.2)
+    # the score on the last token
+    assert torch.allclose(exp.token_rewards[0, :2], torch.tensor([-0.1, 0.9]))
+    assert metrics["rollout_kl_to_ref"] == pytest.approx(1.0 / 5)  # (0.5 + 0.5) / 5 tokens
     adv, _ = compute_advantages(batch, cfg, kl_coef=0.2)
     # outcome totals 0.8 and 1.0 -> Dr. GRPO: -0.1 and +0.1 on every token
     assert torch.allclose(adv[0], torch.full((2,), -0.1)) and torch.allclose(
@@ -111,7 +119,7 @@ def test_gae_across_one_rank_equals_the_pure_gae():
     import torch.distributed as dist
 
     from grpo.algos import gae
-    from grpo.trainer.loop import gae_across_ranks
+    from grpo.trainer.update import gae_across_ranks
     from tests.conftest import free_port
 
     dist.init_process_group(
@@ -130,10 +138,8 @@ def test_gae_across_one_rank_equals_the_pure_gae():
 
 
 def test_mask_truncated_takes_cut_answers_out_of_the_loss():
-    from grpo.trainer.loop import in_loss
-
     batch = _batch([1.0, 0.0], [2, 8], ["stop", "length"])
-    on = load_config(None, ["algo.mask_truncated=true"])
-    off = load_config(None, [])
-    assert [in_loss(e, on) for e in batch.episodes] == [True, False]
-    assert all(in_loss(e, off) for e in batch.episodes)
+    on, _ = build_experience(batch, load_config(None, ["algo.mask_truncated=true"]), 0.0)
+    off, _ = build_experience(batch, load_config(None, []), 0.0)
+    assert on.loss_mask.sum(dim=-1).tolist() == [2.0, 0.0]
+    assert torch.equal(off.loss_mask, off.mask) and off.mask.sum(dim=-1).tolist() == [2.0, 8.0]

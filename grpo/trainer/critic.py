@@ -14,10 +14,10 @@ import torch.distributed as dist
 
 from grpo.algos import value_loss
 from grpo.config import Config
-from grpo.core.batching import pack_pairs, pad_pairs, pad_right
-from grpo.core.episode import Episode
+from grpo.core.batching import pack_pairs, pad_pairs
 from grpo.logprobs import device_of
 from grpo.models import resolve_model_path, torch_dtype
+from grpo.trainer.experience import Experience
 from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ranks
 
 
@@ -72,40 +72,35 @@ class Critic:
         )
         self.engine.train()
 
-    def _values(self, eps: tuple[Episode, ...], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        prompts, completions = [e.prompt_ids for e in eps], [e.completion_ids for e in eps]
-        return completion_values(self.engine, prompts, completions, self.cfg.packed, pad_id)
+    def _values(self, part: Experience, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return completion_values(self.engine, part.prompts, part.completions, self.cfg.packed,
+                                 pad_id)  # fmt: skip
 
     @torch.no_grad()
-    def values(self, eps: tuple[Episode, ...], pad_id: int) -> list[torch.Tensor]:
-        """Values before any update, one (C_i,) per episode (micro-batched)."""
-        out: list[torch.Tensor] = []
+    def values(self, exp: Experience, pad_id: int) -> torch.Tensor:
+        """(N, C) values before any update, on the CPU like the experience (micro-batched)."""
+        out = torch.zeros_like(exp.mask)
         micro = self.engine.train_micro_batch_size_per_gpu()
-        for start in range(0, len(eps), micro):
-            chunk = eps[start : start + micro]
-            values = self._values(chunk, pad_id)[0].cpu()
-            out += [values[i, : len(e.completion_ids)] for i, e in enumerate(chunk)]
+        for start in range(0, len(exp), micro):
+            part = exp.rows(slice(start, start + micro))
+            values = self._values(part, pad_id)[0].float().cpu()
+            out[start : start + len(part), : values.shape[1]] = values * part.mask
         return out
 
-    def update(
-        self,
-        eps: tuple[Episode, ...],
-        returns: list[torch.Tensor],
-        old_values: list[torch.Tensor],
-        pad_id: int,
-    ) -> dict[str, float]:
-        """One optimizer step of the clipped value loss over `eps` (micro-batched)."""
-        parts = micro_batches(eps, self.cfg, self.engine.train_micro_batch_size_per_gpu())
-        n_tokens = max(1, sum(len(e.completion_ids) for e in eps))
+    def update(self, mini: Experience, pad_id: int) -> dict[str, float]:
+        """One optimizer step of the clipped value loss towards `mini.returns`, centred on
+        `mini.old_values` (micro-batched)."""
+        assert mini.returns is not None and mini.old_values is not None
+        parts = micro_batches(mini.sizes, self.cfg, self.engine.train_micro_batch_size_per_gpu())
+        n_tokens = max(1, int(mini.mask.sum()))
         # a token mean over all ranks' tokens, as for the policy (DeepSpeed averages the ranks)
         world = dist.get_world_size()
         all_tokens = max(1.0, float(sum_across_ranks(torch.tensor([float(n_tokens)]))))
         sums: dict[str, torch.Tensor] = {}
-        for i, part in enumerate(parts):
-            values, mask = self._values([eps[j] for j in part], pad_id)
-            width = mask.shape[1]
-            target = pad_right([returns[j] for j in part], width).to(mask.device)
-            old = pad_right([old_values[j] for j in part], width).to(mask.device)
+        for i, index in enumerate(parts):
+            part = mini.rows(index)
+            values, mask = self._values(part, pad_id)
+            target, old = (t.to(mask.device) for t in (part.returns, part.old_values))
             loss, metrics = value_loss(
                 values, target, old, mask, clip=self.cfg.critic.value_clip, agg="token-mean"
             )

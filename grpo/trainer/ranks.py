@@ -1,4 +1,5 @@
-"""Small collective helpers shared by the policy and the critic."""
+"""What the trainer ranks do together: broadcast each received batch, sum and gather across
+ranks, plan micro-batches every rank can run, and name a failed collective in our words."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch.distributed as dist
 
 from grpo.config import Config
 from grpo.core.batching import length_order, micro_batch_ranges, split_to_count
-from grpo.core.episode import Episode
+from grpo.core.episode import EpisodeBatch
+from grpo.wire.codec import bytes_to_frames, decode, encode_batch, frames_to_bytes
 
 # How gloo reports a peer rank that hung past the timeout or went away; nccl raises
 # torch.distributed.DistError subclasses.
@@ -61,11 +63,11 @@ def max_across_ranks(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 
 
-def micro_batches(eps: Sequence[Episode], cfg: Config, micro: int) -> list[list[int]]:
-    """Micro-batches of `eps` as lists of indices: sequences of similar length together, `micro`
-    of them each or filled up to train.max_tokens_per_micro_batch; every rank gets as many
-    micro-batches as the rank with the most."""
-    sizes = [(len(e.prompt_ids), len(e.completion_ids)) for e in eps]
+def micro_batches(sizes: Sequence[tuple[int, int]], cfg: Config, micro: int) -> list[list[int]]:
+    """Micro-batches of the episodes with (prompt, completion) `sizes`, as lists of indices:
+    sequences of similar length together, `micro` of them each or filled up to
+    train.max_tokens_per_micro_batch; every rank gets as many micro-batches as the rank with
+    the most."""
     order = length_order(sizes)
     ranges = micro_batch_ranges(
         [sizes[i] for i in order], micro, cfg.train.max_tokens_per_micro_batch, cfg.packed
@@ -83,3 +85,53 @@ def accumulate_backward(engine, loss: torch.Tensor, last: bool) -> None:
     engine.set_gradient_accumulation_boundary(last)
     engine.backward(loss * engine.gradient_accumulation_steps())
     engine.step()
+
+
+# Broadcast in place of a blob length: rank 0 is ending the run / is still waiting.
+STOP, KEEPALIVE = -1, -2
+
+
+def broadcast_size(value: int) -> int:
+    size = torch.tensor([value], dtype=torch.long, device=comm_device())
+    dist.broadcast(size, src=0)
+    return int(size)
+
+
+def broadcast_batch(
+    batch: EpisodeBatch | None, rank: int, max_frame_bytes: int
+) -> EpisodeBatch | None:
+    """Rank 0's batch to every rank as one uint8 tensor; None (from rank 0) means stop.
+
+    The other ranks wait here while rank 0 waits for the sampler; rank 0 sends KEEPALIVE now
+    and then so that their collective does not time out during a long generation.
+    """
+    if rank != 0:
+        size = KEEPALIVE
+        while size == KEEPALIVE:
+            size = broadcast_size(0)
+        if size == STOP:
+            return None
+        buf = torch.empty(size, dtype=torch.uint8, device=comm_device())
+        dist.broadcast(buf, src=0)
+        return decode(bytes_to_frames(buf.cpu().numpy()), max_frame_bytes=max_frame_bytes)  # type: ignore[return-value]
+    if batch is None:
+        broadcast_size(STOP)
+        return None
+    blob = frames_to_bytes(encode_batch(batch))
+    broadcast_size(len(blob))
+    dist.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(comm_device()), src=0)
+    return batch
+
+
+def average_across_ranks(values: dict[str, float]) -> dict[str, float]:
+    keys = sorted(values)
+    total = sum_across_ranks(torch.tensor([values[k] for k in keys], dtype=torch.float64))
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, total, strict=True)}
+
+
+def gather_group_ids(batch: EpisodeBatch) -> list[list[int]]:
+    ids = torch.tensor([g[0].group_id for g in batch.groups()], dtype=torch.long)
+    ids = ids.to(comm_device())
+    out = [torch.empty_like(ids) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, ids)
+    return [t.tolist() for t in out]

@@ -1,0 +1,60 @@
+"""The trainer's DeepSpeed engines: their configuration (the JSON file's ZeRO settings with the
+batch geometry and optimiser values of our config) and the policy's."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo.config import Config
+from grpo.models import apply_lora, load_causal_lm
+
+
+def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, Any]:
+    """The JSON file's settings with the batch geometry and optimiser values from our config;
+    `seqs_per_step` is one rank's sequences per optimizer step (its mini-batch)."""
+    path = Path(cfg.train.deepspeed_config)
+    try:
+        ds = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"train.deepspeed_config: no file {path}") from None
+    micro = min(cfg.train.micro_batch_size, seqs_per_step)
+    gas = math.ceil(seqs_per_step / micro)
+    ds["train_micro_batch_size_per_gpu"] = micro
+    ds["gradient_accumulation_steps"] = gas
+    ds["train_batch_size"] = micro * gas * world
+    ds["gradient_clipping"] = cfg.train.max_grad_norm
+    ds["bf16"] = {"enabled": cfg.model.dtype == "bfloat16"}  # fp32 master weights either way
+    params = ds.setdefault("optimizer", {"type": "AdamW"}).setdefault("params", {})
+    params.update(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    return ds
+
+
+def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
+    """The policy as a DeepSpeed engine in train mode, and its embedding's vocabulary size."""
+    import deepspeed
+
+    from grpo.trainer.update import mini_batch_seqs
+
+    if cfg.model.attn_implementation == "flex_attention" and not torch.cuda.is_available():
+        raise ValueError(
+            "model.attn_implementation=flex_attention trains on GPU only (PyTorch has no "
+            "CPU backward for it): use sdpa on CPU"
+        )
+    model = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
+    vocab_size = model.get_input_embeddings().num_embeddings
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if cfg.model.lora.enabled:
+        model = apply_lora(model, cfg.model.lora)
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=deepspeed_config(cfg, world, mini_batch_seqs(cfg, world)),
+    )
+    engine.train()  # from_pretrained returns eval mode: no checkpointing, no dropout
+    return engine, vocab_size

@@ -1,0 +1,160 @@
+"""The experience stage: a received batch becomes, once per step, one padded tensor batch that
+every later stage reads (reward shaping, KL in the reward, advantages, rollout correction,
+micro-batches, the critic and the loss). Nothing downstream pads per-token data again.
+
+Every tensor is on the CPU, (N, C) with C the longest answer of the batch, aligned with `mask`;
+a micro-batch takes its rows with :meth:`Experience.rows` and moves them to its device once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpo.algos import (
+    broadcast_to_tokens,
+    kl_penalty,
+    masked_mean,
+    overlong_penalty,
+    token_level_rewards,
+)
+from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
+from grpo.algos.registry import advantage_kind
+from grpo.config import Config
+from grpo.core.batching import length_mask, pad_right
+from grpo.core.episode import EpisodeBatch
+
+
+@dataclass(frozen=True)
+class Experience:
+    prompts: tuple[np.ndarray, ...]  # int32 (P_i,) per episode: the forwards' inputs
+    completions: tuple[np.ndarray, ...]  # int32 (C_i,)
+    group_size: int
+    mask: torch.Tensor  # (N, C) 1.0 on answer tokens
+    loss_mask: torch.Tensor  # (N, C) mask, 0 for answers that get no loss (mask_truncated)
+    old_logp: torch.Tensor  # (N, C) under the sampling policy
+    ref_logp: torch.Tensor  # (N, C) under the reference
+    token_rewards: torch.Tensor  # (N, C) the shaped score on the last token, minus KL in reward
+    rollout_logp: torch.Tensor | None = None  # (N, C) the engine's, when it reports them
+    weights: torch.Tensor | None = None  # (N, C) rollout-correction weights, when on
+    advantages: torch.Tensor | None = None  # (N, C), once computed
+    returns: torch.Tensor | None = None  # (N, C) value targets (PPO)
+    old_values: torch.Tensor | None = None  # (N, C) the critic's before its update (PPO)
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """(prompt, completion) length of each episode."""
+        return [(len(p), len(c)) for p, c in zip(self.prompts, self.completions, strict=True)]
+
+    def rows(self, index: Sequence[int] | slice) -> Experience:
+        """The episodes at `index` (in that order), trimmed to their longest answer."""
+        ids = list(range(len(self))[index]) if isinstance(index, slice) else list(index)
+        width = max([1, *(len(self.completions[i]) for i in ids)])
+        pick = torch.as_tensor(ids, dtype=torch.long)
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[pick, :width]
+
+        tensors = {name: take(getattr(self, name)) for name in _ROW_TENSORS}
+        return replace(
+            self,
+            prompts=tuple(self.prompts[i] for i in ids),
+            completions=tuple(self.completions[i] for i in ids),
+            **tensors,
+        )
+
+    def loss_tokens(self) -> int:
+        """Answer tokens that count in the loss (at least 1)."""
+        return max(1, int(self.loss_mask.sum()))
+
+
+_ROW_TENSORS = (
+    "mask", "loss_mask", "old_logp", "ref_logp", "token_rewards", "rollout_logp", "weights",
+    "advantages", "returns", "old_values",
+)  # fmt: skip
+
+
+def shaped_rewards(batch: EpisodeBatch, cfg: Config) -> torch.Tensor:
+    """Per-episode rewards (N,), with DAPO's overlong penalty when algo.overlong_buffer > 0."""
+    rewards = torch.as_tensor(batch.columns.reward, dtype=torch.float32)
+    if cfg.algo.overlong_buffer:
+        lengths = torch.as_tensor(batch.columns.completion_len)
+        rewards = rewards + overlong_penalty(
+            lengths, cfg.rollout.max_new_tokens, cfg.algo.overlong_buffer, cfg.algo.overlong_factor
+        )
+    return rewards
+
+
+def build_experience(
+    batch: EpisodeBatch, cfg: Config, kl_coef: float
+) -> tuple[Experience, dict[str, float]]:
+    """The whole batch as an Experience with advantages (all but GAE, which needs the critic:
+    see grpo.trainer.update), and the batch-level metrics computed on the way: the mean
+    per-token KL(old || ref) of the sampling policy, and the engine-vs-old log-prob comparison
+    and rollout correction when the engine reported log-probs.
+
+    Every rank builds the whole batch's experience, so group baselines and batch whitening see
+    every group; each then trains on its own rows."""
+    eps = batch.episodes
+    mask = length_mask([len(e.completion_ids) for e in eps])  # (N, C)
+    width = mask.shape[1]
+    old = pad_right([e.old_logp for e in eps], width)
+    ref = pad_right([e.ref_logp for e in eps], width)
+    # The (shaped) score sits on each answer's last token; with algo.kl_in_reward every token
+    # also pays kl_coef * KL between the sampling policy and the reference (PPO-RLHF style).
+    kl = kl_penalty(old, ref, cfg.algo.kl_reward_kind) * mask  # (N, C)
+    rewards = token_level_rewards(shaped_rewards(batch, cfg), mask)  # (N, C)
+    if cfg.algo.kl_in_reward:
+        rewards = rewards - kl_coef * kl
+    # DAPO: an answer cut at max_new_tokens says nothing about its ending
+    no_loss = [cfg.algo.mask_truncated and e.finish_reason == "length" for e in eps]
+    loss_mask = mask.clone()
+    loss_mask[no_loss] = 0.0
+    metrics: dict[str, Any] = {"rollout_kl_to_ref": float(masked_mean(kl, mask))}
+    rollout = weights = None
+    if batch.columns.rollout_logp is not None:
+        rollout = pad_right([e.rollout_logp for e in eps], width)
+    if rollout is not None and batch.columns.old_logp is not None:
+        # rollout_logp is already on the full vocabulary (grpo.logprobs.score_for_training),
+        # so the ratio compares like with like under top-p / top-k too.
+        metrics["rollout_vs_old_logp_abs_diff"] = logp_abs_diff(old, rollout, mask)
+        if cfg.algo.rollout_correction != "none":
+            algo = cfg.algo
+            weights, more = rollout_correction_weights(
+                old, rollout, mask, algo.rollout_correction, algo.rollout_correction_threshold
+            )
+            metrics |= more
+    exp = Experience(
+        prompts=tuple(e.prompt_ids for e in eps),
+        completions=tuple(e.completion_ids for e in eps),
+        group_size=batch.group_size,
+        mask=mask,
+        loss_mask=loss_mask,
+        old_logp=old,
+        ref_logp=ref,
+        token_rewards=rewards,
+        rollout_logp=rollout,
+        weights=weights,
+    )
+    if cfg.algo.advantage != "gae":
+        exp = replace(exp, advantages=estimate_advantages(exp, cfg))
+    return exp, metrics
+
+
+def estimate_advantages(exp: Experience, cfg: Config) -> torch.Tensor:
+    """(N, C) token advantages from algo.advantage: a token estimator on the per-token
+    rewards, or an outcome estimator on each answer's total, given to every token."""
+    kind, estimator = advantage_kind(cfg.algo.advantage)
+    if kind == "token":
+        token_adv = estimator(exp.token_rewards, exp.mask, gamma=cfg.algo.gamma)
+    else:
+        outcome = estimator(exp.token_rewards.sum(dim=-1), exp.group_size)
+        token_adv = broadcast_to_tokens(outcome, exp.mask)
+    return token_adv * (exp.loss_mask.sum(dim=-1, keepdim=True) > 0)  # no loss, no advantage

@@ -1,0 +1,83 @@
+"""What the trainer writes besides weights: the run dir itself and one metrics row per step."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from grpo.config import Config
+from grpo.core.episode import EpisodeBatch
+from grpo.metrics import info_rates, mean
+
+log = logging.getLogger("grpo.trainer")
+
+
+def rotate_run_dir(run_dir: Path) -> None:
+    """A new run never mixes with an old one: the previous run moves to <name>.prev."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        prev = run_dir.with_name(run_dir.name + ".prev")
+        shutil.rmtree(prev, ignore_errors=True)
+        os.replace(run_dir, prev)
+        log.info("previous run moved to %s", prev)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
+    """Sampler-side numbers of the whole batch: reward, accuracy, format, lengths, timings.
+
+    The per-episode prompt and completion lengths are kept too (bench/padding.py replays them)."""
+    c = batch.columns
+    infos = list(c.reward_info)
+    row = {
+        "reward_mean": float(c.reward.mean()),
+        "reward_std": float(c.reward.std(ddof=1)) if len(c) > 1 else 0.0,
+        **info_rates(infos),
+        "reward_errors": sum("reward_error" in i for i in infos),
+        "response_len_mean": float(c.completion_len.mean()),
+        "truncated_frac": mean([float(r == "length") for r in c.finish_reason]),
+        "prompt_lens": c.prompt_len.tolist(),
+        "completion_lens": c.completion_len.tolist(),
+    }
+    row.update({f"sampler_{k}": v for k, v in batch.stats.items()})
+    return row
+
+
+def step_row(
+    step: int,
+    batch: EpisodeBatch,
+    cfg: Config,
+    world: int,
+    *,
+    counters: dict[str, Any],
+    numbers: dict[str, Any],
+    seconds: dict[str, float],
+    peak_mem_gib: float,
+    rank_group_ids: list[list[int]],
+) -> dict[str, Any]:
+    """The metrics row of one step (docs/outputs.md lists the keys): which batch, the
+    trainer's counters, the batch's own numbers, the update's, and where the time went.
+    A number that was not computed this step is absent, never NaN."""
+    c = batch.columns  # the ranks train their shares at once: the batch's tokens / train_s
+    trained_tokens = cfg.train.ppo_epochs * int(c.prompt_len.sum() + c.completion_len.sum())
+    per_rank = cfg.rollout.questions_per_step * cfg.rollout.group_size // world
+    mini = cfg.train.mini_batch_size // world if cfg.train.mini_batch_size else per_rank
+    return {
+        "step": step,
+        "sampler_id": batch.sampler_id,
+        "batch_seq": batch.seq,
+        "policy_version": batch.policy_version,
+        "staleness": (step - 1) - batch.policy_version,
+        "optimizer_steps": cfg.train.ppo_epochs * per_rank // mini,
+        **counters,
+        **batch_metrics(batch),
+        **numbers,
+        **seconds,
+        "trainer_tokens_per_s": trained_tokens / max(seconds["train_s"], 1e-9),
+        "trainer_peak_mem_gib": peak_mem_gib,
+        "rank_group_ids": rank_group_ids,
+        "time": time.time(),  # when the step ended: steps per hour between any two rows
+    }

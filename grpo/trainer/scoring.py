@@ -1,0 +1,50 @@
+"""train.logprobs_on: trainer: the old-policy and reference log-probs computed by the trainer
+ranks before the step's first update, each rank scoring its own groups, then gathered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from grpo.config import Config
+from grpo.core.episode import EpisodeBatch
+from grpo.logprobs import Truncation, score_for_training
+
+
+def score_on_ranks(
+    policy: torch.nn.Module,
+    reference: torch.nn.Module,
+    batch: EpisodeBatch,
+    cfg: Config,
+    groups_per_rank: int,
+    pad_id: int,
+) -> EpisodeBatch:
+    """`batch` with old (the current weights, before this step's first update) and reference
+    log-probs of every answer. The engine's log-probs are put on the full vocabulary here, as
+    the sampler does when it scores (grpo.logprobs.score_for_training)."""
+    r = cfg.rollout
+    g0 = dist.get_rank() * groups_per_rank
+    mine = batch.select_groups(g0, g0 + groups_per_rank).episodes
+    scored = score_for_training(
+        policy,
+        reference,
+        [e.prompt_ids for e in mine],
+        [e.completion_ids for e in mine],
+        [e.rollout_logp for e in mine],
+        truncation=Truncation(r.top_p, r.top_k),
+        pad_id=pad_id,
+        temperature=r.temperature,
+        packed=cfg.packed,
+        batch_size=cfg.train.micro_batch_size,
+    )
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, scored)  # among the trainer ranks, never on the wire
+    arrays = {
+        name: [a for rank in gathered for a in rank[i]]
+        for i, name in enumerate(("old_logp", "ref_logp", "rollout_logp"))
+    }
+    if batch.columns.rollout_logp is None:
+        del arrays["rollout_logp"]
+    return batch.with_arrays(**arrays)

@@ -1,0 +1,50 @@
+"""A newcomer's policy loss and task, each one file outside grpo/ (tests/plugins/), selected by
+`package.module:name` in the config with nothing in grpo/ naming them. The rollout engine is
+tests/test_rollout_plugin.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpo.algos import policy_loss
+from grpo.config import load_config
+from grpo.config.names import check_names
+from grpo.tasks import get_task
+from tests.conftest import run_launch, transport_overrides
+from tests.plugins import toy_task
+from tests.test_integration import tiny_config
+
+LOSS, TASK = "tests.plugins.toy_loss:reinforce", "tests.plugins.toy_task:TASK"
+
+
+def test_toy_loss_by_hand():
+    old = torch.tensor([[-1.0, -2.0, 0.0]])
+    logp = torch.tensor([[-0.5, -1.0, 0.0]])
+    adv = torch.tensor([[1.0, -2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = policy_loss(LOSS, old, logp, adv, mask, agg="token-mean")
+    assert float(loss) == pytest.approx((0.5 - 2.0) / 2)  # mean of -A * logp over 2 tokens
+    assert float(metrics["approx_kl"]) == pytest.approx((-0.5 - 1.0) / 2)
+
+
+def test_toy_task_is_found_and_scores():
+    task = get_task(TASK)
+    assert task is toy_task.TASK and len(task.load(task.default_train)) == 64
+    assert task.reward("it is 7", {"answer": "7"})[0] == 1.0
+    check_names(load_config(None, [f"algo.loss={LOSS}", f"data.task={TASK}"]))  # no error
+
+
+@pytest.mark.slow
+def test_a_run_with_the_toy_loss_and_task(tmp_path, tiny_model_dir):
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1},
+                         data={"task": TASK},  # its loader and prompts; rewards by length
+                         algo={"loss": LOSS})  # fmt: skip
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["clip_frac"] == 0.0 and "loss" in r for r in rows)  # the toy loss's metrics
+    assert all(r["grad_norm"] > 0 for r in rows)
