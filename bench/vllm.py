@@ -37,7 +37,7 @@ def run(quick: bool = False) -> list[Result]:
     from grpo.models import ensure_embedded_base, load_causal_lm, load_tokenizer
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.vllm import VllmRollout
-    from grpo.sampler.loop import encode_prompts
+    from grpo.sampler.data import encode_prompts
     from grpo.tasks import get_task
 
     quiet_hf()

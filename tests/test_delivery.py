@@ -21,10 +21,11 @@ from grpo.delivery.versions import (
     verify_version,
     version_dir,
 )
-from grpo.sampler.loop import Prompt, question_stream
+from grpo.sampler.data import Prompt, question_stream
 from grpo.trainer.state import truncate_metrics
-from grpo.wire.channels import SamplerChannel, TrainerChannel
 from grpo.wire.codec import FrameError, encode_batch, frames_to_bytes
+from grpo.wire.sampler_channel import SamplerChannel
+from grpo.wire.trainer_channel import TrainerChannel
 from tests.test_episode import assert_batches_identical, make_batch
 from tests.test_transport import _cfg
 
@@ -211,7 +212,7 @@ def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_mode
     from tests.test_integration import tiny_config
 
     sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))
-    policy = sampler.policy
+    policy = sampler.weights.policy
     before = {k: v.clone() for k, v in policy.state_dict().items()}
 
     def save_shifted(tmp: Path) -> None:
@@ -225,12 +226,12 @@ def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_mode
     data[len(data) // 2] ^= 0x40  # a flipped bit in some weight
     weights.write_bytes(bytes(data))
 
-    sampler.reload(1)
-    assert sampler.version == 0 and 1 in sampler.failed_reloads
+    sampler.weights.reload(1)
+    assert sampler.weights.version == 0 and 1 in sampler.weights.failed_reloads
     assert "keeping version 0, not loading version 1" in caplog.text and "corrupt" in caplog.text
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
-    sampler.reload(2)
-    assert sampler.version == 2
+    sampler.weights.reload(2)
+    assert sampler.weights.version == 2
     assert torch.allclose(
         policy.state_dict()["model.norm.weight"], before["model.norm.weight"] + 0.5
     )

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from grpo.sampler.loop import Prompt, question_stream, required_version
+from grpo.sampler.data import Prompt, question_stream
+from grpo.sampler.weights import required_version
 
 
 @pytest.mark.parametrize(

@@ -1,1 +1,2 @@
-"""The sampling role: questions, groups of answers, rewards, log-probs, delivery, eval."""
+"""The sampling role, one job per module: data (the questions), weights (the versions),
+episodes (the batches), outbox (their delivery), evaluation (eval.jsonl), loop (the run)."""

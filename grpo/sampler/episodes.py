@@ -1,0 +1,154 @@
+"""Batches of episodes: G answers per question from the rollout engine, their rewards, DAPO's
+dynamic sampling, and the old-policy, reference and engine log-probs of every answer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from grpo.config import Config
+from grpo.core.episode import Episode, EpisodeBatch
+from grpo.logprobs import Truncation, score_for_training
+from grpo.metrics import peak_memory_gib
+from grpo.models import load_reference
+from grpo.rollout.base import Generation, RolloutEngine
+from grpo.sampler.data import Prompt, Shard
+from grpo.sampler.weights import Weights
+from grpo.tasks import score
+from grpo.wire.channels import PeerError
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """One question's G answers with their (reward, info)."""
+
+    prompt: Prompt
+    gens: list[Generation]
+    scored: list[tuple[float, dict]]
+
+    def is_flat(self) -> bool:
+        return len({reward for reward, _ in self.scored}) == 1
+
+
+def raise_if_stopped(engine: RolloutEngine) -> None:
+    """generate() returns early when told to stop; its partial output must not be used.
+
+    The run's stop reason, when there is one, is the channel's: the loop reports that one."""
+    if engine.stop_event.is_set():
+        raise PeerError("stopped during generation")
+
+
+class BatchMaker:
+    """Makes batch `seq` from the shard's next questions with the sampler's current weights.
+
+    Scores the answers with the HF policy and a reference model when the sampler computes the
+    log-probs (train.logprobs_on: sampler); else the trainer does, and neither is loaded."""
+
+    def __init__(self, cfg: Config, tokenizer, reward_fn: Callable, shard: Shard, weights: Weights):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.reward_fn = reward_fn
+        self.shard = shard
+        self.weights = weights
+        self.scores = cfg.train.logprobs_on == "sampler"
+        self.reference = None
+        if self.scores:
+            weights.hf_policy()
+            self.reference = load_reference(
+                weights.model_path, cfg.model.dtype, cfg.model.attn_implementation
+            ).to(weights.device)
+
+    def make(self, seq: int, engine: RolloutEngine) -> EpisodeBatch:
+        cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
+        t0, data_start = time.monotonic(), self.shard.position
+        kept, flat, rounds, n_tokens = [], [], 0, 0
+        # DAPO's dynamic sampling: a group whose answers all score the same has zero advantage
+        # and teaches nothing; sample more questions instead, up to max_sampling_rounds.
+        while len(kept) < Q and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            prompts = self.shard.draw()
+            groups = self.sample_groups(prompts, engine, cfg.seed + seq + rounds * 1_000_003)
+            rounds += 1
+            n_tokens += sum(len(g.completion_ids) for group in groups for g in group.gens)
+            for g in groups:
+                (flat if cfg.dynamic_sampling and g.is_flat() else kept).append(g)
+        chosen = (kept + flat)[:Q]  # past the cap, flat groups fill the batch (zero advantage)
+        t1 = time.monotonic()
+        episodes = self.attach_logprobs(chosen)
+        t2 = time.monotonic()
+        stats = {
+            "gen_s": t1 - t0,
+            "logprob_s": t2 - t1,
+            "gen_tokens": float(n_tokens),
+            "gen_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
+            "reload_s": self.weights.reload_s,
+            "sampling_rounds": float(rounds),
+            "groups_generated": float(len(kept) + len(flat)),
+            "flat_groups_dropped": float(len(flat) - sum(g in chosen for g in flat)),
+            "flat_groups_kept": float(sum(g in chosen for g in flat)),
+            # Which prompts of this sampler's shard the batch drew: [data_start, data_end).
+            "data_start": float(data_start),
+            "data_end": float(self.shard.position),
+            "peak_mem_gib": peak_memory_gib(),
+        }
+        version = self.weights.version
+        return EpisodeBatch(episodes, cfg.group_size, version, seq, cfg.sampler_id, stats)
+
+    def sample_groups(self, prompts: list[Prompt], engine: RolloutEngine, seed: int) -> list[Group]:
+        """G answers per prompt, decoded and scored."""
+        cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
+        gens = engine.generate(
+            [p.ids for p in prompts],
+            n=G,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop=cfg.stop,
+            seed=seed,
+            batch_size=cfg.generation_batch_size,
+        )
+        raise_if_stopped(engine)
+        texts = self.tokenizer.batch_decode(
+            [g.completion_ids for g in gens], skip_special_tokens=True
+        )
+        groups = []
+        for k, prompt in enumerate(prompts):
+            members = range(k * G, (k + 1) * G)
+            scored = [score(self.reward_fn, texts[i], prompt.row) for i in members]
+            groups.append(Group(prompt, [gens[i] for i in members], scored))
+        return groups
+
+    def attach_logprobs(self, groups: list[Group]) -> tuple[Episode, ...]:
+        """Every answer as an episode, with its old-policy and reference log-probs when the
+        sampler computes them (train.logprobs_on: sampler), else without."""
+        gens = [g for group in groups for g in group.gens]
+        scored = [s for group in groups for s in group.scored]
+        index = [group.prompt.index for group in groups for _ in group.gens]
+        old, ref, rollout = self.score(gens)
+        return tuple(
+            Episode(g.prompt_ids, g.completion_ids, o, r, reward, info, g.finish_reason, i, lp)
+            for g, o, r, lp, (reward, info), i in zip(
+                gens, old, ref, rollout, scored, index, strict=True
+            )
+        )
+
+    def score(self, gens: list[Generation]) -> tuple[list, list, list]:
+        """(old, reference, rollout) log-probs per answer; None where not computed here
+        (see grpo.logprobs.score_for_training)."""
+        rollout = [g.rollout_logp for g in gens]
+        if not self.scores:
+            return [None] * len(gens), [None] * len(gens), rollout
+        cfg = self.cfg.rollout
+        return score_for_training(
+            self.weights.policy,
+            self.reference,
+            [g.prompt_ids for g in gens],
+            [g.completion_ids for g in gens],
+            rollout,
+            truncation=Truncation(cfg.top_p, cfg.top_k),
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=cfg.temperature,
+            batch_size=cfg.generation_batch_size,
+            packed=self.cfg.packed,
+        )

@@ -1,0 +1,138 @@
+"""The sampler's weights: which published version it samples with, loaded into its HF policy
+and its rollout engine, and the wait for the version a batch may be sampled with."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from grpo.config import Config
+from grpo.delivery.versions import is_adapter, load_state_dict, verify_version, version_dir
+from grpo.models import apply_lora, load_causal_lm
+from grpo.placement import sampler_memory_fraction
+from grpo.rollout.base import RolloutEngine
+from grpo.wire.sampler_channel import SamplerChannel
+
+if TYPE_CHECKING:
+    from grpo.sampler.outbox import Outbox
+
+log = logging.getLogger("grpo.sampler")
+
+
+def required_version(seq: int, max_staleness: int, sync_interval: int) -> int:
+    """The oldest weights batch `seq` may be sampled with.
+
+    Batch k is trained at step k + 1, so with no lag it needs version k; `max_staleness` allows
+    that many versions of lag, and only multiples of `sync_interval` are ever published.
+    """
+    return max(0, (seq - max_staleness) // sync_interval * sync_interval)
+
+
+def hf_device(cfg: Config) -> str:
+    """Where the sampler's HF models go; on a GPU shared with the trainer, their memory is
+    capped."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and (cap := sampler_memory_fraction(cfg)):
+        # Sharing the GPU with the trainer: past the cap our allocations fail here,
+        # with a message, instead of the trainer running out of memory mid-step.
+        torch.cuda.set_per_process_memory_fraction(cap)
+        log.info("sampler: HF models capped at %.0f%% of the GPU's memory", 100 * cap)
+    return device
+
+
+class Weights:
+    """The version the sampler has (0: the initial weights), in the HF policy and the engine.
+
+    The HF policy is loaded on first use: to score the answers (train.logprobs_on: sampler) and
+    for an engine that samples with it. vLLM with trainer-side scoring needs none."""
+
+    def __init__(self, cfg: Config, model_path: Path):
+        self.cfg = cfg
+        self.run_dir = cfg.run_dir
+        self.model_path = model_path
+        self.device = hf_device(cfg)
+        self.policy: torch.nn.Module | None = None
+        self.engine: RolloutEngine | None = None
+        self.channel: SamplerChannel | None = None
+        self.version = 0
+        self.reload_s = 0.0
+        self.failed_reloads: set[int] = set()  # versions whose files failed their checksums
+
+    def hf_policy(self) -> torch.nn.Module:
+        """The HF policy (loaded on first use), which the sampler keeps at its version."""
+        if self.policy is None:
+            cfg = self.cfg
+            attn = cfg.model.attn_implementation
+            policy = load_causal_lm(self.model_path, cfg.model.dtype, attn).eval()
+            if cfg.model.lora.enabled:
+                policy = apply_lora(policy, cfg.model.lora).eval()
+            self.policy = policy.to(self.device)
+        return self.policy
+
+    def connect(self, channel: SamplerChannel, engine: RolloutEngine) -> None:
+        """From now on, fetch versions over `channel` (when it streams weights) and load them
+        into `engine` too."""
+        self.channel, self.engine = channel, engine
+
+    def reload(self, version: int) -> None:
+        """Load published version `version` into the HF policy and the engine (if any).
+
+        A version whose files fail their checksums (or are gone) is not loaded: the sampler
+        keeps its current weights, says why, and tries again at the next announced version."""
+        vdir = version_dir(self.run_dir, version)
+        try:
+            if self.channel is not None and self.channel.weights is not None:
+                self.channel.weights.fetch(self.run_dir, version, self.cfg.train.keep_versions)
+            verify_version(vdir)
+        except ValueError as e:
+            self.failed_reloads.add(version)
+            log.warning("keeping version %d, not loading version %d: %s", self.version, version, e)
+            return
+        t0 = time.monotonic()
+        if self.policy is not None:
+            self.load_into_policy(vdir)
+        if self.engine is not None:
+            self.engine.load_version(vdir, version)
+        self.reload_s = time.monotonic() - t0
+        log.info(
+            "reloaded weights: version %d -> %d in %.1f s", self.version, version, self.reload_s
+        )
+        self.version = version
+
+    def load_into_policy(self, vdir: Path) -> None:
+        assert self.policy is not None
+        state = load_state_dict(vdir)
+        if is_adapter(vdir):
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.policy, state)
+            if result.unexpected_keys:
+                raise RuntimeError(
+                    f"{vdir} holds adapter weights this sampler's LoRA does not have "
+                    f"({result.unexpected_keys[:3]}...): use the same model.lora on both roles"
+                )
+        else:
+            missing, unexpected = self.policy.load_state_dict(state, strict=False)
+            tied = set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
+            if unexpected or set(missing) - tied:
+                raise RuntimeError(
+                    f"{vdir} does not match the policy: missing {missing}, unexpected {unexpected}"
+                )
+
+    def wait_for_version(self, needed: int, outbox: Outbox) -> None:
+        """Wait until the trainer published `needed` (the staleness bound), then load the newest
+        (after a trainer restart that may be older than the one this sampler had)."""
+        assert self.channel is not None
+        status = self.channel.status
+        outbox.wait_until(lambda: status.version >= needed, f"version {needed}")
+        newest = status.version
+        if (
+            newest != self.version
+            and newest not in self.failed_reloads
+            and not self.channel.stopped.is_set()
+        ):
+            self.reload(newest)
