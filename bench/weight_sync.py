@@ -41,7 +41,8 @@ def _disk_limit(directory: Path, nbytes: int) -> float:
 def _announce_latency(version: int) -> float:
     """Seconds from TrainerChannel.announce to SamplerChannel seeing the version."""
     from grpo.config import TransportConfig
-    from grpo.wire.channels import SamplerChannel, TrainerChannel
+    from grpo.wire.sampler_channel import SamplerChannel
+    from grpo.wire.trainer_channel import TrainerChannel
 
     cfg = TransportConfig(
         episodes_addr=f"tcp://127.0.0.1:{free_port()}",

@@ -12,9 +12,10 @@ import pytest
 import zmq
 import zmq.auth
 
-from grpo.wire.channels import SamplerChannel, TrainerChannel
 from grpo.wire.codec import Message, encode_message
 from grpo.wire.keys import generate
+from grpo.wire.sampler_channel import SamplerChannel
+from grpo.wire.trainer_channel import TrainerChannel
 from tests.conftest import PYTHON, REPO
 from tests.test_transport import _batch, _cfg
 

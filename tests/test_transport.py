@@ -10,7 +10,9 @@ import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.wire.channels import PeerError, SamplerChannel, TrainerChannel
+from grpo.wire.channels import PeerError
+from grpo.wire.sampler_channel import SamplerChannel
+from grpo.wire.trainer_channel import TrainerChannel
 from tests.conftest import free_port
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from grpo.delivery.versions import publish_version, verify_version, version_dir
-from grpo.wire.channels import SamplerChannel, TrainerChannel
 from grpo.wire.codec import Message
+from grpo.wire.sampler_channel import SamplerChannel
+from grpo.wire.trainer_channel import TrainerChannel
 from grpo.wire.weight_stream import CHUNK_BYTES, _reply
 from tests.conftest import free_port, transport_overrides
 from tests.test_transport import _cfg

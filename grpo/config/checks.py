@@ -41,89 +41,12 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
 
 def check_values(cfg: Config) -> None:
     """Reject values that are well-typed but unusable, saying how to fix them."""
-    for key, value in _positive(cfg):
-        if value <= 0:
-            raise ConfigError(f"{key} must be > 0, got {value!r}")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p!r}")
+    _check_signs(cfg)
     _check_rollout(cfg)
+    _check_algo(cfg)
+    _check_train(cfg)
     _check_delivery(cfg)
-    if cfg.rollout.group_size < 2:
-        raise ConfigError(
-            "rollout.group_size must be >= 2: group-normalised advantages need several answers"
-        )
-    for key in ("clip_low", "clip_high"):
-        value = getattr(cfg.algo, key)
-        if value is not None and not 0 <= value < 1:
-            raise ConfigError(f"algo.{key} must be in [0, 1) or null, got {value!r}")
-    if not 0 <= cfg.algo.overlong_buffer <= cfg.rollout.max_new_tokens:
-        raise ConfigError(
-            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens="
-            f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}"
-        )
-    if not 0 < cfg.algo.gamma <= 1 or not 0 <= cfg.algo.lam <= 1:
-        raise ConfigError(
-            f"algo.gamma must be in (0, 1] and algo.lam in [0, 1], got {cfg.algo.gamma!r}, "
-            f"{cfg.algo.lam!r}"
-        )
-    if cfg.critic.lr <= 0 or cfg.critic.value_clip <= 0 or cfg.critic.warmup_steps < 0:
-        raise ConfigError("critic.lr and critic.value_clip must be > 0, warmup_steps >= 0")
-    if cfg.algo.clip_c is not None and cfg.algo.clip_c <= 1:
-        raise ConfigError(f"algo.clip_c must be > 1 or null, got {cfg.algo.clip_c!r}")
-    if cfg.algo.kl_loss_coef < 0:
-        raise ConfigError(f"algo.kl_loss_coef must be >= 0, got {cfg.algo.kl_loss_coef!r}")
     _check_transport(cfg.transport)
-    # The sampler loads the newest announced version while the trainer may publish up to
-    # max_staleness + 1 more; the one being loaded must not be pruned meanwhile.
-    needed = cfg.train.max_staleness // cfg.train.sync_interval + 2
-    if cfg.train.keep_versions < needed:
-        raise ConfigError(
-            f"train.keep_versions must be >= {needed} with max_staleness "
-            f"{cfg.train.max_staleness} and sync_interval {cfg.train.sync_interval}, got "
-            f"{cfg.train.keep_versions}: a version could be deleted while the sampler loads it"
-        )
-    for key, value in (
-        ("train.max_staleness", cfg.train.max_staleness),
-        ("train.max_tokens_per_micro_batch", cfg.train.max_tokens_per_micro_batch),
-        ("train.state_interval", cfg.train.state_interval),
-        ("eval.interval", cfg.eval.interval),
-        ("eval.num_questions", cfg.eval.num_questions),
-    ):
-        if value < 0:
-            raise ConfigError(f"{key} must be >= 0, got {value!r}")
-    batch_seqs = cfg.rollout.questions_per_step * cfg.rollout.group_size
-    mini = cfg.train.mini_batch_size
-    if mini and (mini < 0 or batch_seqs % mini or mini % cfg.world):
-        raise ConfigError(
-            f"train.mini_batch_size ({mini}) must divide the batch ({batch_seqs} sequences) and "
-            f"be a multiple of the trainer's ranks ({cfg.world}); 0 = the whole batch"
-        )
-    if cfg.algo.kl_reward_coef < 0 or cfg.algo.kl_target <= 0 or cfg.algo.kl_horizon <= 0:
-        raise ConfigError("algo.kl_reward_coef must be >= 0, kl_target and kl_horizon > 0")
-    if cfg.algo.kl_ctrl == "adaptive" and not (cfg.algo.kl_in_reward and cfg.algo.kl_reward_coef):
-        raise ConfigError(
-            "algo.kl_ctrl=adaptive adapts the in-reward KL coefficient: it needs "
-            "algo.kl_in_reward=true and algo.kl_reward_coef > 0"
-        )
-    if cfg.algo.advantage == "gae" and cfg.critic.warmup_steps >= cfg.train.total_steps:
-        raise ConfigError(
-            f"critic.warmup_steps ({cfg.critic.warmup_steps}) >= train.total_steps "
-            f"({cfg.train.total_steps}): the policy would never train"
-        )
-    for key, value in (("algo.overlong_factor", cfg.algo.overlong_factor),
-                       ("train.weight_decay", cfg.train.weight_decay)):  # fmt: skip
-        if value < 0:
-            raise ConfigError(f"{key} must be >= 0, got {value!r}")
-    if cfg.train.max_grad_norm <= 0:
-        raise ConfigError(f"train.max_grad_norm must be > 0, got {cfg.train.max_grad_norm!r}")
-    if cfg.algo.entropy_coef < 0:
-        raise ConfigError(f"algo.entropy_coef must be >= 0, got {cfg.algo.entropy_coef!r}")
-    if cfg.rollout.questions_per_step % cfg.world:
-        raise ConfigError(
-            f"rollout.questions_per_step ({cfg.rollout.questions_per_step}) must be a multiple "
-            f"of the trainer's ranks, train.nnodes x train.num_ranks ({cfg.world}): each rank "
-            "trains on whole groups"
-        )
     _check_devices(cfg)
     if cfg.data.reward and ":" not in cfg.data.reward:
         raise ConfigError(
@@ -131,8 +54,95 @@ def check_values(cfg: Config) -> None:
         )
 
 
+def _check_signs(cfg: Config) -> None:
+    for key, value in _positive(cfg):
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value!r}")
+    for key, value in (
+        ("train.max_staleness", cfg.train.max_staleness),
+        ("train.max_tokens_per_micro_batch", cfg.train.max_tokens_per_micro_batch),
+        ("train.state_interval", cfg.train.state_interval),
+        ("eval.interval", cfg.eval.interval),
+        ("eval.num_questions", cfg.eval.num_questions),
+        ("algo.overlong_factor", cfg.algo.overlong_factor),
+        ("train.weight_decay", cfg.train.weight_decay),
+        ("algo.kl_loss_coef", cfg.algo.kl_loss_coef),
+        ("algo.entropy_coef", cfg.algo.entropy_coef),
+    ):
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value!r}")
+
+
+def _check_algo(cfg: Config) -> None:
+    algo = cfg.algo
+    for key in ("clip_low", "clip_high"):
+        value = getattr(algo, key)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"algo.{key} must be in [0, 1) or null, got {value!r}")
+    if algo.clip_c is not None and algo.clip_c <= 1:
+        raise ConfigError(f"algo.clip_c must be > 1 or null, got {algo.clip_c!r}")
+    if not 0 <= algo.overlong_buffer <= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens}], got {algo.overlong_buffer}"
+        )
+    if not 0 < algo.gamma <= 1 or not 0 <= algo.lam <= 1:
+        raise ConfigError(
+            f"algo.gamma must be in (0, 1] and algo.lam in [0, 1], got {algo.gamma!r}, {algo.lam!r}"
+        )
+    if algo.kl_reward_coef < 0 or algo.kl_target <= 0 or algo.kl_horizon <= 0:
+        raise ConfigError("algo.kl_reward_coef must be >= 0, kl_target and kl_horizon > 0")
+    if algo.kl_ctrl == "adaptive" and not (algo.kl_in_reward and algo.kl_reward_coef):
+        raise ConfigError(
+            "algo.kl_ctrl=adaptive adapts the in-reward KL coefficient: it needs "
+            "algo.kl_in_reward=true and algo.kl_reward_coef > 0"
+        )
+    critic = cfg.critic
+    if critic.lr <= 0 or critic.value_clip <= 0 or critic.warmup_steps < 0:
+        raise ConfigError("critic.lr and critic.value_clip must be > 0, warmup_steps >= 0")
+    if algo.advantage == "gae" and critic.warmup_steps >= cfg.train.total_steps:
+        raise ConfigError(
+            f"critic.warmup_steps ({critic.warmup_steps}) >= train.total_steps "
+            f"({cfg.train.total_steps}): the policy would never train"
+        )
+
+
+def _check_train(cfg: Config) -> None:
+    t = cfg.train
+    if t.max_grad_norm <= 0:
+        raise ConfigError(f"train.max_grad_norm must be > 0, got {t.max_grad_norm!r}")
+    # The sampler loads the newest announced version while the trainer may publish up to
+    # max_staleness + 1 more; the one being loaded must not be pruned meanwhile.
+    needed = t.max_staleness // t.sync_interval + 2
+    if t.keep_versions < needed:
+        raise ConfigError(
+            f"train.keep_versions must be >= {needed} with max_staleness "
+            f"{t.max_staleness} and sync_interval {t.sync_interval}, got "
+            f"{t.keep_versions}: a version could be deleted while the sampler loads it"
+        )
+    batch_seqs = cfg.rollout.questions_per_step * cfg.rollout.group_size
+    mini = t.mini_batch_size
+    if mini and (mini < 0 or batch_seqs % mini or mini % cfg.world):
+        raise ConfigError(
+            f"train.mini_batch_size ({mini}) must divide the batch ({batch_seqs} sequences) and "
+            f"be a multiple of the trainer's ranks ({cfg.world}); 0 = the whole batch"
+        )
+    if cfg.rollout.questions_per_step % cfg.world:
+        raise ConfigError(
+            f"rollout.questions_per_step ({cfg.rollout.questions_per_step}) must be a multiple "
+            f"of the trainer's ranks, train.nnodes x train.num_ranks ({cfg.world}): each rank "
+            "trains on whole groups"
+        )
+
+
 def _check_rollout(cfg: Config) -> None:
     r, v = cfg.rollout, cfg.rollout.vllm
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p!r}")
+    if r.group_size < 2:
+        raise ConfigError(
+            "rollout.group_size must be >= 2: group-normalised advantages need several answers"
+        )
     if r.top_k < 0 or v.max_model_len < 0 or v.kv_cache_gib < 0:
         raise ConfigError("rollout.top_k, rollout.vllm.max_model_len and kv_cache_gib must be >= 0")
     if v.tensor_parallel_size < 1 or not 0 < v.gpu_memory_utilization <= 1:

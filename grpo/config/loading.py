@@ -130,7 +130,7 @@ def save_config(cfg: Config, path: Path) -> None:
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[str]:
-    """Every key with its default and help, for README and `python -m grpo.config --help-keys`."""
+    """Every key with its default and help, for `python -m grpo.config --help-keys`."""
     lines = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

@@ -7,7 +7,6 @@ Weights after step s are version s; every `train.sync_interval` steps rank 0 pub
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -25,15 +24,11 @@ from grpo.config.names import GAE
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected, misfit
 from grpo.delivery.ledger import Ledger
-from grpo.delivery.versions import discard_versions_after, publish_version, write_atomic
+from grpo.delivery.versions import discard_versions_after, publish_version
 from grpo.metrics import (
     METRICS_FILE,
-    SAMPLERS_FILE,
     append_jsonl,
     peak_memory_gib,
-    per_sampler,
-    plot_run,
-    read_jsonl,
 )
 from grpo.models import (
     load_reference,
@@ -44,7 +39,7 @@ from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine
 from grpo.trainer.experience import build_experience
-from grpo.trainer.outputs import rotate_run_dir, step_row
+from grpo.trainer.outputs import rotate_run_dir, step_row, summarise_run
 from grpo.trainer.ranks import (
     KEEPALIVE,
     average_across_ranks,
@@ -58,7 +53,8 @@ from grpo.trainer.ranks import (
 from grpo.trainer.scoring import score_on_ranks
 from grpo.trainer.update import mini_batch_seqs, ppo_update, train_on_batch
 from grpo.wire import messages
-from grpo.wire.channels import PeerError, TrainerChannel
+from grpo.wire.channels import PeerError
+from grpo.wire.trainer_channel import TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
 
@@ -343,23 +339,7 @@ class Trainer:
             if self.channel is not None:
                 self.channel.close()
         if self.rank == 0:
-            plot = plot_run(self.run_dir)
-            samplers = per_sampler(read_jsonl(self.run_dir / METRICS_FILE))
-            write_atomic(self.run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
-            for sid, n in samplers.items():
-                log.info(
-                    "%s: %d batches, reward %.3f, accuracy %.3f, %.0f tokens/s, staleness <= %d",
-                    sid, n["batches"], n["reward_mean"], n["accuracy"], n["gen_tokens_per_s"],
-                    n["staleness_max"],
-                )  # fmt: skip
-            print(
-                f"\nrun finished: {cfg.train.total_steps} steps, final version {self.version}\n"
-                f"  metrics:     {self.run_dir / METRICS_FILE}\n"
-                f"  checkpoints: {self.run_dir / 'versions'} (weights), "
-                f"{self.run_dir / 'train_state'} (optimizer, step)\n"
-                f"  plot:        {plot}",
-                flush=True,
-            )
+            summarise_run(self.run_dir, cfg.train.total_steps, self.version)
 
 
 def _sigterm_as_interrupt(signum, frame):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -11,7 +12,16 @@ from typing import Any
 
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
-from grpo.metrics import info_rates, mean
+from grpo.delivery.versions import write_atomic
+from grpo.metrics import (
+    METRICS_FILE,
+    SAMPLERS_FILE,
+    info_rates,
+    mean,
+    per_sampler,
+    plot_run,
+    read_jsonl,
+)
 
 log = logging.getLogger("grpo.trainer")
 
@@ -81,3 +91,25 @@ def step_row(
         "rank_group_ids": rank_group_ids,
         "time": time.time(),  # when the step ended: steps per hour between any two rows
     }
+
+
+def summarise_run(run_dir: Path, steps: int, version: int) -> None:
+    """At the end of a run: the plot, the per-sampler summary (log and samplers.json), and
+    where everything went."""
+    plot = plot_run(run_dir)
+    samplers = per_sampler(read_jsonl(run_dir / METRICS_FILE))
+    write_atomic(run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
+    for sid, n in samplers.items():
+        log.info(
+            "%s: %d batches, reward %.3f, accuracy %.3f, %.0f tokens/s, staleness <= %d",
+            sid, n["batches"], n["reward_mean"], n["accuracy"], n["gen_tokens_per_s"],
+            n["staleness_max"],
+        )  # fmt: skip
+    print(
+        f"\nrun finished: {steps} steps, final version {version}\n"
+        f"  metrics:     {run_dir / METRICS_FILE}\n"
+        f"  checkpoints: {run_dir / 'versions'} (weights), "
+        f"{run_dir / 'train_state'} (optimizer, step)\n"
+        f"  plot:        {plot}",
+        flush=True,
+    )

@@ -1,0 +1,221 @@
+"""The trainer's end of the channels: binds, receives batches, announces versions, done, stop
+and acknowledgements in heartbeats, serves weights, and notices silent samplers."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from grpo.config import TransportConfig
+from grpo.core.episode import EpisodeBatch
+from grpo.delivery.ledger import Ledger
+from grpo.wire import messages
+from grpo.wire.channels import HANDSHAKE_FAILURES, PeerError, bind, is_loopback, new_socket
+from grpo.wire.codec import FrameError, Message, decode, encode_message
+from grpo.wire.keys import secure_server
+from grpo.wire.weight_stream import serve as serve_weights
+
+log = logging.getLogger("grpo.transport")
+
+
+class TrainerChannel:
+    """Rank 0 of the trainer: receives episode batches, publishes heartbeats and done/stop."""
+
+    def __init__(
+        self,
+        cfg: TransportConfig,
+        version: int = 0,
+        ledger: Ledger | None = None,
+        run_dir: Path | None = None,
+    ):
+        """`version`, `ledger`: a resumed trainer's, announced from the first heartbeat on.
+        `run_dir`: whose version dirs to serve on transport.weights_addr, if that is set."""
+        self.cfg = cfg
+        self.ctx = zmq.Context()
+        self.pull = new_socket(self.ctx, zmq.PULL, linger_ms=0)
+        pub = new_socket(self.ctx, zmq.PUB)
+        router = new_socket(self.ctx, zmq.ROUTER, linger_ms=0) if cfg.weights_addr else None
+        servers = [s for s in (self.pull, pub, router) if s is not None]
+        self._auth = None
+        self.refused_handshakes = 0
+        try:
+            if cfg.curve_dir:
+                self._auth = secure_server(self.ctx, servers, Path(cfg.curve_dir))
+            elif not is_loopback(cfg.episodes_addr):
+                log.warning(
+                    "listening on %s without transport.curve_dir: anyone who reaches this port "
+                    "can send batches; make keys with `python -m grpo keys DIR`",
+                    cfg.episodes_addr,
+                )
+            bind(self.pull, cfg.episodes_addr, "episodes")
+            bind(pub, cfg.control_addr, "control")
+            if router is not None:
+                bind(router, cfg.weights_addr, "weights")
+        except (PeerError, ValueError):
+            for sock in servers:
+                sock.close()
+            if self._auth is not None:
+                self._auth.stop()
+            self.ctx.term()
+            raise
+        self.rejected_frames = 0
+        self.last_peer_seen: float | None = None
+        self.samplers_seen: dict[str, float] = {}  # sampler id -> when last heard
+        self.published_version = version
+        self.incarnation = uuid.uuid4().hex[:12]
+        # Replaced whole by the trainer: acks at each state save, consumed after each step.
+        self.acks: dict[str, Any] = ledger.acks() if ledger else {}
+        self.consumed: dict[str, Any] = ledger.consumed_json() if ledger else {}
+        self._outbox: queue.Queue[Message] = queue.Queue()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
+        self._thread.start()
+        self._weights: threading.Thread | None = None
+        if router is not None:
+            assert run_dir is not None, "transport.weights_addr needs the run dir to serve"
+            self._weights = threading.Thread(
+                target=serve_weights, args=(router, run_dir, self._closing), daemon=True
+            )
+            self._weights.start()
+        self._monitor: threading.Thread | None = None
+        if self._auth is not None:  # peers speaking no CURVE never reach the key check
+            monitor = self.pull.get_monitor_socket(HANDSHAKE_FAILURES)
+            self._monitor = threading.Thread(
+                target=self._monitor_loop, args=(monitor,), daemon=True
+            )
+            self._monitor.start()
+
+    def _monitor_loop(self, monitor: zmq.Socket) -> None:
+        try:
+            while not self._closing.is_set():
+                if not monitor.poll(timeout=200):
+                    continue
+                event = recv_monitor_message(monitor)
+                if event["event"] & HANDSHAKE_FAILURES:
+                    self.refused_handshakes += 1
+                    log.warning(
+                        "refused a connection to %s: security handshake failed (no or wrong "
+                        "CURVE keys; %d refused so far)",
+                        self.cfg.episodes_addr,
+                        self.refused_handshakes,
+                    )
+        except zmq.ZMQError:
+            pass  # the socket closed under us at shutdown
+        finally:
+            monitor.close()
+
+    def _heartbeat_loop(self, pub: zmq.Socket) -> None:
+        try:
+            while True:
+                try:
+                    msg = self._outbox.get(timeout=self.cfg.heartbeat_s)
+                except queue.Empty:
+                    msg = Message(messages.HEARTBEAT, self._body())
+                pub.send_multipart(encode_message(msg))
+                if self._closing.is_set() and self._outbox.empty():
+                    break
+        except Exception:
+            log.exception("the trainer's heartbeat thread failed; samplers will time out")
+        finally:
+            pub.close()
+
+    def _body(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "version": self.published_version,
+            "incarnation": self.incarnation,
+            "acks": self.acks,
+            "consumed": self.consumed,
+            **extra,
+        }
+
+    def announce(self, kind: str, **extra: Any) -> None:
+        """Queue a control message (done, stop, version) for every sampler."""
+        self._outbox.put(Message(kind, self._body(**extra)))
+
+    def recv_batch(self, wait_s: float | None = None) -> EpisodeBatch | None:
+        """Next episode batch, or None if `wait_s` passed without one (the caller keeps other
+        ranks alive meanwhile). Raises PeerError when the sampler stops or is silent too long."""
+        started = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        while True:
+            # Drain what is queued before judging silence: after a long training step the
+            # sampler's heartbeats (and its next batch) are waiting here, not missing.
+            if poller.poll(timeout=500):
+                item = self._decode(self.pull.recv_multipart(copy=False))
+                if isinstance(item, EpisodeBatch):
+                    return item
+                if item is not None and item.kind == messages.STOP:
+                    reason = item.body.get("reason", "no reason given")
+                    raise PeerError(f"sampler stopped: {reason}")
+            else:
+                self._check_silence(started)
+            if wait_s is not None and time.monotonic() - started > wait_s:
+                return None
+
+    def _decode(self, frames: list) -> EpisodeBatch | Message | None:
+        try:
+            item = decode(frames, max_frame_bytes=self.cfg.max_frame_bytes)
+        except FrameError as e:
+            self.rejected_frames += 1
+            log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
+            return None
+        self.last_peer_seen = now = time.monotonic()
+        sampler_id = (
+            item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
+        )
+        if isinstance(sampler_id, str):
+            self.samplers_seen[sampler_id] = now
+        return item
+
+    def wait_for_byes(self) -> None:
+        """After done, with weights served from here: samplers fetch the final version for
+        their last evaluation, so serve until each has said bye or gone silent."""
+        waiting = set(self.samplers_seen)
+        while waiting:
+            if self.pull.poll(timeout=500):
+                item = self._decode(self.pull.recv_multipart(copy=False))
+                if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
+                    waiting.discard(item.body.get("sampler_id"))
+            now = time.monotonic()
+            silent = {s for s in waiting if now - self.samplers_seen[s] > self.cfg.peer_timeout_s}
+            for sid in silent:
+                log.warning("sampler %s went silent before saying bye", sid)
+            waiting -= silent
+
+    def _check_silence(self, started: float) -> None:
+        if self.last_peer_seen is None:
+            limit, since, what = self.cfg.startup_timeout_s, started, "message yet"
+        else:
+            limit, since, what = self.cfg.peer_timeout_s, self.last_peer_seen, "heartbeat"
+        waited = time.monotonic() - since
+        if waited > limit:
+            raise PeerError(
+                f"no {what} from any sampler on {self.cfg.episodes_addr} for {waited:.0f} s "
+                f"(limit {limit:.0f} s): is the sampler running and connecting to this "
+                "address? Check its log."
+            )
+
+    def close(self) -> None:
+        if self.ctx.closed:
+            return
+        self._closing.set()
+        self._outbox.put(Message(messages.HEARTBEAT, self._body()))
+        self._thread.join(timeout=5)
+        if self._weights is not None:
+            self._weights.join(timeout=5)
+        if self._monitor is not None:
+            self._monitor.join(timeout=5)
+            self.pull.disable_monitor()
+        self.pull.close()
+        if self._auth is not None:
+            self._auth.stop()
+        self.ctx.term()
