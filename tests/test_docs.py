@@ -1,0 +1,144 @@
+"""The docs stay true to the code: the generated configuration reference is current, the README
+keeps its shape (the two commands first, at most 200 lines, no dates) and no relative link in
+README.md or docs/ points to a missing file."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo.config import reference
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+CONFIGURATION = DOCS / "configuration.md"
+
+# CI (.ci/run) and users run exactly these; the README opens with them.
+COMMANDS = [
+    "bash scripts/setup.sh && bash launch.sh configs/cpu_demo.yaml",
+    "bash scripts/setup.sh --dev && .venv/bin/python -m pytest -q",
+]
+MAX_README_LINES = 200
+
+_FENCE = re.compile(r"^```.*?^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_DATE = re.compile(r"\b(?:19|20)\d\d-\d\d-\d\d\b")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", text, re.MULTILINE):
+        slug = _slug(heading)
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _pages() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _relative_links(page: Path) -> list[str]:
+    """The targets of the page's markdown links that are paths, code blocks and spans aside."""
+    text = _CODE_SPAN.sub("", _FENCE.sub("", page.read_text(encoding="utf-8")))
+    targets = _LINK.findall(text)
+    return [t for t in targets if not re.match(r"^(?:[a-z][a-z0-9+.-]*:|#)", t, re.IGNORECASE)]
+
+
+def test_configuration_reference_is_generated_from_the_code():
+    expected = reference.markdown()
+    actual = CONFIGURATION.read_text(encoding="utf-8") if CONFIGURATION.exists() else ""
+    if actual != expected:
+        diff = difflib.unified_diff(
+            actual.splitlines(), expected.splitlines(),
+            "docs/configuration.md", "grpo.config.reference.markdown()", lineterm="", n=1,
+        )  # fmt: skip
+        pytest.fail(
+            "docs/configuration.md is out of date with the config dataclasses or the registries; "
+            f"regenerate it with\n    {reference.REGENERATE}\n" + "\n".join(list(diff)[:60])
+        )
+
+
+def test_the_reference_module_prints_the_page():
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo.config.reference"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert out.stdout == reference.markdown()
+
+
+def test_the_reference_lists_every_key_and_the_loss_defaults():
+    page = reference.markdown()
+    for key in ("name", "model.lora.target_modules", "rollout.vllm.reload", "transport.curve_dir"):
+        assert f"| `{key}` |" in page, key
+    # The signature defaults, as the losses declare them (GSPO's paper values).
+    assert "| `gspo` | `grpo.algos.losses.gspo_policy_loss` | `seq-mean-token-mean` |" in page
+    assert "## Advantage estimators" in page and "| `gae` |" in page
+    assert "| `gsm8k` |" in page and "| `vllm` | `grpo.rollout.vllm:build` |" in page
+
+
+def test_readme_opens_with_the_two_commands_and_stays_short():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MAX_README_LINES, (
+        f"README.md has {len(lines)} lines (at most {MAX_README_LINES}): move detail to docs/"
+    )
+    assert lines[0].startswith("# ") and lines[1] == "", "README.md opens with its title line"
+    assert lines[2].startswith("```"), "the title is followed by the fenced block of commands"
+    end = lines.index("```", 3)
+    block = lines[3:end]
+    commands = [line.partition("#")[0].strip() for line in block]
+    assert commands == COMMANDS, (
+        "README.md's first code block must hold exactly the two commands CI and users run:\n"
+        + "\n".join(COMMANDS)
+    )
+
+
+def test_readme_has_no_dates():
+    dates = _DATE.findall(README.read_text(encoding="utf-8"))
+    assert not dates, f"README.md holds dates {dates}: dated numbers go to docs/benchmarks.md"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_point_to_existing_files(page):
+    missing = []
+    for target in _relative_links(page):
+        path = target.split("#", 1)[0]
+        if path and not (page.parent / path).exists():
+            missing.append(target)
+    assert not missing, f"{page.relative_to(REPO)} links to missing files: {missing}"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_anchors_name_existing_headings(page):
+    broken = []
+    for target in _relative_links(page):
+        path, sep, anchor = target.partition("#")
+        linked = page.parent / path if path else page
+        if sep and linked.suffix == ".md" and linked.exists() and anchor not in _anchors(linked):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(REPO)} links to headings that do not exist: {broken}"
+
+
+def test_readme_links_every_docs_page():
+    linked = {
+        (README.parent / t.split("#", 1)[0]).resolve()
+        for t in _relative_links(README)
+        if t.split("#", 1)[0]
+    }
+    unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
+    assert not unlinked, f"README.md links to no docs/ page named {unlinked}"
