@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from grpo.rollout.base import EngineContext
-from grpo.rollout.registry import get_engine
+from grpo.rollout.registry import ENGINES, get_engine, register_engine
 from tests.conftest import run_launch, transport_overrides
 from tests.test_integration import tiny_config
 
@@ -56,6 +56,17 @@ def test_toy_engine_built_by_name_answers_in_contiguous_groups():
     engine.load_version(None, 3)
     assert engine.version == 3
     engine.close()
+
+
+def test_an_engine_registered_under_a_short_name():
+    from tests.plugins.toy_engine import build
+
+    try:
+        assert register_engine("toy", build) is build and get_engine("toy") is build
+        with pytest.raises(ValueError, match="already registered"):
+            register_engine("hf", build)
+    finally:
+        ENGINES.pop("toy", None)
 
 
 def test_toy_engine_stops_when_told():

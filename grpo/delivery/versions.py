@@ -104,17 +104,6 @@ def discard_versions_after(run_dir: Path, version: int) -> list[int]:
     return removed
 
 
-def latest_version(run_dir: Path) -> int | None:
-    """The newest complete version, or None before the first publish."""
-    try:
-        version = int((run_dir / "LATEST").read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-    if not (version_dir(run_dir, version) / VERSION_MARKER).is_file():
-        return None
-    return version
-
-
 def load_state_dict(vdir: Path) -> dict[str, torch.Tensor]:
     """Full weights or a LoRA adapter, whichever the version dir holds."""
     for name in ("model.safetensors", "adapter_model.safetensors"):

@@ -25,6 +25,7 @@ from grpo.algos import (
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
 from grpo.algos.registry import advantage_kind
 from grpo.config import Config
+from grpo.config.names import GAE
 from grpo.core.batching import length_mask, pad_right
 from grpo.core.episode import EpisodeBatch
 
@@ -143,7 +144,7 @@ def build_experience(
         rollout_logp=rollout,
         weights=weights,
     )
-    if cfg.algo.advantage != "gae":
+    if cfg.algo.advantage != GAE:
         exp = replace(exp, advantages=estimate_advantages(exp, cfg))
     return exp, metrics
 

@@ -218,8 +218,8 @@ class Trainer:
                                    self.groups_per_rank, pad)  # fmt: skip
         score_s, t0 = time.monotonic() - t_score, time.monotonic()
         exp, batch_numbers = build_experience(batch, cfg, self.kl_reward_coef)
-        n = self.groups_per_rank * batch.group_size  # this rank's whole groups
-        mine = exp.rows(range(self.rank * n, (self.rank + 1) * n))
+        per_rank = self.groups_per_rank * batch.group_size  # this rank's whole groups
+        mine = exp.rows(range(self.rank * per_rank, (self.rank + 1) * per_rank))
         skipped_before = self.skipped_steps()
         if self.critic is None:
             local = train_on_batch(self.engine, mine, cfg, pad)
