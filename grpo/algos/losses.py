@@ -168,12 +168,13 @@ def gspo_policy_loss(
     """GSPO (Zheng et al. 2025): clip a sequence-level ratio instead of token ratios.
 
     s_i = exp(mean_t (logp_t - old_logp_t)), the geometric mean of the token ratios: length
-    normalised, so its scale does not depend on response length and ranges are tiny (3e-4/4e-4).
+    normalised, so its scale does not depend on response length and its clip range is tiny.
     Applied per token as s_it = sg[s_i] * exp(logp_t - sg[logp_t]): its value is s_i but
     d s_it / d logp_t = s_i, so each token gets the sequence's weight with its own gradient
     path. With seq-mean-token-mean this reproduces the paper's gradient exactly
     (d s_i / d logp_t = s_i / |y_i|). The token form also allows token-level advantages.
-    Defaults follow the paper; callers (the trainer) pass their own values explicitly.
+    The keyword defaults are the paper's, and the only place GSPO's defaults are written (a
+    null clip or agg in the config means them).
     """
     mask_f = mask.to(logp.dtype)
     log_ratio = (logp - old_logp) * mask_f  # (B, T), zero on padding
@@ -197,7 +198,7 @@ def policy_loss(
     """Dispatch to the policy loss `name` (registered, or `package.module:function`).
 
     `options` (agg, clip_low, clip_high, clip_c, weights) are passed only when not None, so
-    that the loss's own defaults apply otherwise (GSPO's 3e-4 / 4e-4, seq-mean-token-mean); a
+    that the loss's own defaults (its signature's) apply otherwise; a
     user's loss need not take the ones it has no use for.
     """
     given = {k: v for k, v in options.items() if v is not None}
