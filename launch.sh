@@ -7,12 +7,12 @@
 #
 # The trainer runs train.num_ranks processes on this node (torchrun, on CPU and GPU alike; a
 # trainer over several nodes: ROLE=trainer with train.node_rank on each). Each role gets its
-# GPUs in CUDA_VISIBLE_DEVICES (grpo/placement.py). Addresses come from the config (transport.*). If one role fails, the other is stopped and
-# this script exits non-zero; Ctrl-C stops both. Relative paths in the config are relative to
-# the repository root.
+# GPUs in CUDA_VISIBLE_DEVICES (grpo/placement.py). Addresses come from the config. If one
+# role fails, the other is stopped and this script exits non-zero; Ctrl-C stops both.
+# Relative paths in the config are relative to the repository root.
 set -uo pipefail
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 # The config path is taken from where you stand; paths inside it from the repository root.
@@ -22,8 +22,11 @@ PY=${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python
 ROLE=${ROLE:-both}
 case $ROLE in both|sampler|trainer) ;; *) echo "launch.sh: ROLE must be sampler, trainer or both, got '$ROLE'" >&2; exit 2;; esac
 
-# Validate the config once, up front: a typo stops here with one line naming the key.
-"$PY" -m grpo.config "$@" --check >/dev/null || exit 2
+# Validate the config once, up front (values, and the names of the loss, estimator, task and
+# engine), and place each role on this node's GPUs (none on a CPU node): a typo stops here with
+# one line naming the key. Sets TRAINER_GPUS, SAMPLER_GPUS, SHARED.
+placement=$(ROLE=$ROLE "$PY" -m grpo.placement "$@") || exit 2
+eval "$placement"
 get() { "$PY" -m grpo.config "$@" 2>/dev/null; }
 model_path=$(get "$@" --get model.path)
 run_dir="$(get "$@" --get output_dir)/$(get "$@" --get name)"
@@ -33,9 +36,6 @@ if [[ $model_path == embedded ]]; then
   "$PY" -m grpo.models >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
 fi
 
-# Each role's GPUs (none on a CPU node): TRAINER_GPUS, SAMPLER_GPUS, SHARED.
-placement=$(ROLE=$ROLE "$PY" -m grpo.placement "$@") || exit 2
-eval "$placement"
 gpus() { [[ -z $1 ]] || export CUDA_VISIBLE_DEVICES=$1; }
 
 # Each role execs its process, so the pid launch.sh holds is the worker's and a signal reaches it.

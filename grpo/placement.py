@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from grpo.config import Config, ConfigError, load_config
+from grpo.config.names import check_names
 
 # What the sampler's HF models may allocate of a GPU they share with the trainer: the
 # embedded model's policy and reference plus a KV cache for 128 answers fit in far less.
@@ -97,10 +98,12 @@ def sampler_memory_fraction(cfg: Config) -> float:
 
 
 def main(argv: list[str]) -> int:
-    """Print shell assignments for launch.sh: each role's CUDA_VISIBLE_DEVICES value."""
+    """Check the config and print shell assignments for launch.sh: each role's
+    CUDA_VISIBLE_DEVICES value."""
     role = os.environ.get("ROLE", "both")
     try:
         cfg = load_config(argv[0], argv[1:])
+        check_names(cfg)  # launch.sh's one up-front check, in the process that imports torch
         ids = visible_gpus()
         p = placement_for(cfg, role, len(ids))
     except ConfigError as e:

@@ -42,8 +42,8 @@ A run's config is built in three layers: the defaults below, then the YAML file,
 `sampling_worker.py` and `training_worker.py`. An unknown key is an error naming the closest
 valid one; a value of the wrong type, or outside what the key allows, is an error naming the key.
 Names of a loss, an advantage estimator, a task or a rollout engine are checked against the
-registries before a run starts (`python -m grpo.config CONFIG --check`, which `launch.sh` runs,
-and again at worker start-up). `python training_worker.py --help-keys` prints the same keys as
+registries before a run starts (by `launch.sh`, by `python -m grpo.config CONFIG --check`, and
+again at worker start-up). `python training_worker.py --help-keys` prints the same keys as
 YAML with their defaults.
 
 `null` in the YAML is Python's `None`.

@@ -71,6 +71,14 @@ class Experience:
             **tensors,
         )
 
+    @property
+    def no_loss_rows(self) -> torch.Tensor:
+        """(N, 1) True for answers that have tokens but no loss (mask_truncated): their
+        advantages are zeroed, whichever estimator made them."""
+        return (self.loss_mask.sum(dim=-1, keepdim=True) == 0) & (
+            self.mask.sum(dim=-1, keepdim=True) > 0
+        )
+
     def loss_tokens(self) -> int:
         """Answer tokens that count in the loss (at least 1)."""
         return max(1, int(self.loss_mask.sum()))
@@ -158,4 +166,4 @@ def estimate_advantages(exp: Experience, cfg: Config) -> torch.Tensor:
     else:
         outcome = estimator(exp.token_rewards.sum(dim=-1), exp.group_size)
         token_adv = broadcast_to_tokens(outcome, exp.mask)
-    return token_adv * (exp.loss_mask.sum(dim=-1, keepdim=True) > 0)  # no loss, no advantage
+    return token_adv.masked_fill(exp.no_loss_rows, 0.0)

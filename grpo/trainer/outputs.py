@@ -22,6 +22,7 @@ from grpo.metrics import (
     plot_run,
     read_jsonl,
 )
+from grpo.trainer.update import mini_batch_seqs
 
 log = logging.getLogger("grpo.trainer")
 
@@ -74,14 +75,13 @@ def step_row(
     c = batch.columns  # the ranks train their shares at once: the batch's tokens / train_s
     trained_tokens = cfg.train.ppo_epochs * int(c.prompt_len.sum() + c.completion_len.sum())
     per_rank = cfg.rollout.questions_per_step * cfg.rollout.group_size // world
-    mini = cfg.train.mini_batch_size // world if cfg.train.mini_batch_size else per_rank
     return {
         "step": step,
         "sampler_id": batch.sampler_id,
         "batch_seq": batch.seq,
         "policy_version": batch.policy_version,
         "staleness": (step - 1) - batch.policy_version,
-        "optimizer_steps": cfg.train.ppo_epochs * per_rank // mini,
+        "optimizer_steps": cfg.train.ppo_epochs * per_rank // mini_batch_seqs(cfg, world),
         **counters,
         **batch_metrics(batch),
         **numbers,

@@ -112,8 +112,7 @@ def ppo_update(
     old_values = critic.values(mine, pad_id)
     adv, returns = gae_across_ranks(mine.token_rewards, mine.mask, old_values, cfg.algo.gamma,
                                     cfg.algo.lam)  # fmt: skip
-    no_loss = (mine.loss_mask.sum(dim=-1, keepdim=True) == 0) & (mine.mask.sum(-1, True) > 0)
-    mine = replace(mine, advantages=adv.masked_fill(no_loss, 0.0), returns=returns,
+    mine = replace(mine, advantages=adv.masked_fill(mine.no_loss_rows, 0.0), returns=returns,
                    old_values=old_values)  # fmt: skip
     metrics = train_on_batch(engine, mine, cfg, pad_id) if train_policy else {}
     size, passes, sums = mini_batch_seqs(cfg, dist.get_world_size()), 0, {}
