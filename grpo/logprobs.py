@@ -380,21 +380,26 @@ def score_for_training(
     *,
     truncation: Truncation,
     **score_args,
-) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None]]:
+) -> tuple[list, list, list[np.ndarray | None]]:
     """Old-policy and reference log-probs of each completion, and the rollout engine's
     log-probs (None where there are none) put on the full vocabulary.
 
-    The engine reports log-probs over the tokens top-p / top-k kept; adding the log of the
-    kept mass, measured with the policy's logits, makes them comparable with the old ones.
-    Shared by the sampler and the trainer (train.logprobs_on); `score_args` go to
-    :func:`score_pairs`."""
-    has_rollout = all(r is not None for r in rollout)
-    kept_by = truncation if has_rollout else None
-    old, kept = score_pairs(policy, prompts, completions, truncation=kept_by, **score_args)
-    ref, _ = score_pairs(reference, prompts, completions, **score_args)
-    if kept is not None:
-        rollout = [r + m for r, m in zip(rollout, kept, strict=True)]
-    return old, ref, list(rollout)
+    A model given as None is not run and its log-probs are all None (grpo.config.passes says
+    which passes a run needs). The engine reports log-probs over the tokens top-p / top-k kept;
+    adding the log of the kept mass, measured with the policy's logits, makes them comparable
+    with the old ones, the only log-probs they are compared with. Shared by the sampler and the
+    trainer (train.logprobs_on); `score_args` go to :func:`score_pairs`."""
+    absent: list = [None] * len(completions)
+    old, ref, rollout = absent, absent, list(rollout)
+    if policy is not None:
+        has_rollout = all(r is not None for r in rollout)
+        kept_by = truncation if has_rollout else None
+        old, kept = score_pairs(policy, prompts, completions, truncation=kept_by, **score_args)
+        if kept is not None:
+            rollout = [r + m for r, m in zip(rollout, kept, strict=True)]
+    if reference is not None:
+        ref, _ = score_pairs(reference, prompts, completions, **score_args)
+    return old, ref, rollout
 
 
 @torch.no_grad()

@@ -81,7 +81,8 @@ def series(rows: list[dict[str, Any]], key: str, x: str = "step") -> tuple[list,
 
 
 def plot_run(run_dir: Path) -> Path | None:
-    """Reward, accuracy and KL against step (plus eval accuracy), written atomically as PNG."""
+    """Reward, accuracy and KL (or entropy) against step (plus eval accuracy), written
+    atomically as PNG."""
     rows = read_jsonl(run_dir / METRICS_FILE)
     if not rows:
         return None
@@ -101,8 +102,11 @@ def plot_run(run_dir: Path) -> Path | None:
         axes[1].plot(*series(evals, "format_rate", "version"), marker="^", label="eval format")
     axes[1].set_title("accuracy and format rate")
     axes[1].legend(fontsize=8)
-    axes[2].plot(*series(rows, "kl"), marker="o")
-    axes[2].set_title("KL to reference")
+    # Without a KL term there is no reference pass (grpo.config.passes), hence no KL: then
+    # the policy's entropy, the other sign of how far it moved.
+    third = "kl" if any("kl" in r for r in rows) else "entropy"
+    axes[2].plot(*series(rows, third), marker="o")
+    axes[2].set_title({"kl": "KL to reference", "entropy": "entropy (train batch)"}[third])
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

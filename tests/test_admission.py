@@ -9,7 +9,8 @@ from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected, misfit
 from tests.test_episode import make_batch
 
-FITS = Expected(groups=3, group_size=4, logprobs_on="sampler", vocab_size=50_000)
+SCORED = frozenset({"old_logp", "ref_logp"})
+FITS = Expected(groups=3, group_size=4, arrays=SCORED, vocab_size=50_000)
 
 
 def _with_columns(batch: EpisodeBatch, **columns: np.ndarray | None) -> EpisodeBatch:
@@ -27,7 +28,7 @@ def test_a_batch_of_the_configured_shape_fits():
     [
         (replace(FITS, groups=2), "rollout.questions_per_step"),
         (replace(FITS, group_size=2), "rollout.group_size"),
-        (replace(FITS, logprobs_on="trainer"), "train.logprobs_on is trainer"),
+        (replace(FITS, arrays=frozenset()), "has old_logp, but this trainer expects none"),
         (replace(FITS, vocab_size=100), "model.path"),
     ],
 )
@@ -38,8 +39,17 @@ def test_a_batch_that_does_not_fit_names_the_key(want, key):
 
 def test_a_batch_without_logprobs_does_not_fit_a_trainer_expecting_them():
     batch = _with_columns(make_batch(), old_logp=None, ref_logp=None)
-    assert "lacks old-policy log-probs" in misfit(batch, FITS)
-    assert misfit(batch, replace(FITS, logprobs_on="trainer")) is None
+    assert "lacks old_logp" in misfit(batch, FITS)
+    assert misfit(batch, replace(FITS, arrays=frozenset())) is None
+
+
+def test_each_skipped_pass_is_expected_on_its_own():
+    """No reference pass (no KL term): old-policy log-probs only, and the reverse."""
+    only_old = _with_columns(make_batch(), ref_logp=None)
+    assert misfit(only_old, replace(FITS, arrays=frozenset({"old_logp"}))) is None
+    assert "lacks ref_logp" in misfit(only_old, FITS)
+    only_ref = _with_columns(make_batch(), old_logp=None)
+    assert misfit(only_ref, replace(FITS, arrays=frozenset({"ref_logp"}))) is None
 
 
 def test_the_largest_token_id_must_index_an_embedding():

@@ -212,7 +212,7 @@ def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_mode
     from tests.test_integration import tiny_config
 
     sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))
-    policy = sampler.weights.policy
+    policy = sampler.weights.hf_policy()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
 
     def save_shifted(tmp: Path) -> None:

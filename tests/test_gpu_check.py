@@ -11,6 +11,8 @@ import time
 import pytest
 
 from bench import gpu_check
+from grpo.config import load_config
+from grpo.sampler.weights import required_version
 from tests.conftest import PYTHON, REPO
 
 
@@ -26,12 +28,11 @@ def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_di
         "train.lr=1e-3", "train.mini_batch_size=8", "critic.warmup_steps=0",
     ]  # fmt: skip
     configs = [*gpu_check.shipped_configs(), gpu_check.RECIPE]
-    rows = [  # DAPO's overlong buffer must fit the 12 tokens
-        gpu_check.run([c], 2, False, shrink + ["algo.overlong_buffer=4"] * ("dapo" in c), tmp_path)[
-            0
-        ]
-        for c in configs
-    ]
+
+    def overrides(config: str) -> list[str]:  # DAPO's overlong buffer must fit the 12 tokens
+        return shrink + ["algo.overlong_buffer=4"] * ("dapo" in config)
+
+    rows = [gpu_check.run([c], 2, False, overrides(c), tmp_path)[0] for c in configs]
     table = gpu_check.table(rows)
     assert [r.config for r in rows] == configs, table
     for r in rows:
@@ -40,7 +41,10 @@ def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_di
         assert r.trainer_peak_gib > 0 and r.sampler_peak_gib > 0  # peak RSS on CPU
         assert f"| {r.config} | 0 | 2 |" in table
         metrics = gpu_check.read_rows(tmp_path / r.config / "metrics.jsonl")
-        assert [m["policy_version"] for m in metrics] == [0, 1]
+        cfg = load_config(REPO / "configs" / f"{r.config}.yaml", overrides(r.config))
+        t = cfg.train  # the shipped configs overlap (the default) unless they say otherwise
+        want = [required_version(k, t.max_staleness, t.sync_interval) for k in (0, 1)]
+        assert [m["policy_version"] for m in metrics] == want, r.config
         assert all(math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in metrics)
         assert all(m["policy_steps_skipped"] == 0 for m in metrics)
         if "ppo" in r.config:  # the critic trained too, and KL was charged in the reward

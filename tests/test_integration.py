@@ -32,6 +32,9 @@ def tiny_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
             "micro_batch_size": 4,
             "num_ranks": 2,
             "sync_interval": 1,
+            # Synchronous, so the tests can name the reloads (0 -> 1 -> 2); the default
+            # overlap has a test of its own.
+            "max_staleness": 0,
         },
     }
     for key, value in sections.items():
@@ -58,6 +61,9 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
     assert [r["policy_version"] for r in rows] == [0, 1, 2]
     assert [r["batch_seq"] for r in rows] == [0, 1, 2]
     assert all(r["staleness"] == 0 for r in rows)
+    # On-policy with one optimizer step per batch: no old-policy pass (the training forward
+    # gave the old log-probs), so no KL(old || ref) of the sampling policy either.
+    assert all("rollout_kl_to_ref" not in r and r["clip_frac"] == 0 for r in rows)
     sent = re.findall(r"sent batch (\d+) \(version (\d+)\)", log)
     assert sent == [("0", "0"), ("1", "1"), ("2", "2")]
 
@@ -185,17 +191,36 @@ def _assert_no_stray_processes(config: Path) -> None:
     assert str(config) not in ps, ps
 
 
-def test_overlapped_sampling_with_staleness_one(tmp_path, tiny_model_dir):
-    """max_staleness 1: the sampler runs one batch ahead, and the metrics say how stale."""
-    config = tiny_config(tmp_path, tiny_model_dir, train={"max_staleness": 1, "total_steps": 4})
+def test_overlap_dynamic_sampling_and_several_optimizer_steps_per_batch(tmp_path, tiny_model_dir):
+    """One run, three features whose checks do not interfere:
+
+    - max_staleness 1 (the default): the sampler runs one batch ahead, sampling batch k with
+      exactly version k - 1 however quick the trainer is, so the run repeats exactly;
+    - dynamic sampling drops flat groups (every answer to an odd-length question scores the
+      same);
+    - one received batch, several optimizer steps: 2 epochs x 2 mini-batches of 8 sequences,
+      with an entropy bonus and the dual clip."""
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        data={"reward": "tests.rewards_for_tests:flat_on_odd_questions"},
+        rollout={"dynamic_sampling": True, "max_sampling_rounds": 4},
+        train={"total_steps": 4, "ppo_epochs": 2, "mini_batch_size": 8, "max_staleness": None},
+        algo={"entropy_coef": 0.01, "clip_c": 3.0},
+    )  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
-    versions = [r["policy_version"] for r in rows]
-    # Batch k needs version >= k - 1; it may be newer if the trainer was quick.
-    assert all(k - 1 <= v <= k for k, v in enumerate(versions)), versions
-    assert versions[0] == 0 and versions[1] == 0
-    assert [r["staleness"] for r in rows] == [k - v for k, v in enumerate(versions)]
+    assert [r["policy_version"] for r in rows] == [0, 0, 1, 2]
+    assert [r["staleness"] for r in rows] == [0, 1, 1, 1]
+
+    dropped = sum(r["sampler_flat_groups_dropped"] for r in rows)
+    assert dropped > 0 and all(r["sampler_sampling_rounds"] >= 1 for r in rows)
+    for r in rows:  # a flat group only stays when the rounds ran out
+        assert r["sampler_flat_groups_kept"] == 0 or r["sampler_sampling_rounds"] == 4
+
+    assert [r["optimizer_steps"] for r in rows] == [4] * 4
+    # the first mini-batch of the first epoch is on-policy; later ones moved the weights
+    assert rows[0]["approx_kl"] > 0 and all(math.isfinite(r["loss"]) for r in rows)
 
 
 def test_lora_adapter_is_published_and_reloaded(tmp_path, tiny_model_dir):
@@ -216,37 +241,6 @@ def test_lora_adapter_is_published_and_reloaded(tmp_path, tiny_model_dir):
     assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at 0: it was trained
 
 
-def test_ppo_epochs_mini_batches_and_entropy_bonus(tmp_path, tiny_model_dir):
-    """One received batch, several optimizer steps: 2 epochs x 2 mini-batches of 8 sequences."""
-    config = tiny_config(
-        tmp_path, tiny_model_dir,
-        train={"total_steps": 2, "ppo_epochs": 2, "mini_batch_size": 8},
-        algo={"entropy_coef": 0.01, "clip_c": 3.0},
-    )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
-    assert [r["optimizer_steps"] for r in rows] == [4, 4]
-    # the first mini-batch of the first epoch is on-policy; later ones moved the weights
-    assert rows[0]["approx_kl"] > 0 and math.isfinite(rows[0]["loss"])
-
-
-def test_dynamic_sampling_drops_flat_groups(tmp_path, tiny_model_dir):
-    config = tiny_config(
-        tmp_path, tiny_model_dir,
-        data={"reward": "tests.rewards_for_tests:flat_on_odd_questions"},
-        rollout={"dynamic_sampling": True, "max_sampling_rounds": 4},
-        train={"total_steps": 2},
-    )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
-    dropped = sum(r["sampler_flat_groups_dropped"] for r in rows)
-    assert dropped > 0 and all(r["sampler_sampling_rounds"] >= 1 for r in rows)
-    for r in rows:  # a flat group only stays when the rounds ran out
-        assert r["sampler_flat_groups_kept"] == 0 or r["sampler_sampling_rounds"] == 4
-
-
 def test_ppo_critic_warmup_holds_the_policy(tmp_path, tiny_model_dir):
     config = tiny_config(
         tmp_path, tiny_model_dir,
@@ -263,18 +257,20 @@ def test_ppo_critic_warmup_holds_the_policy(tmp_path, tiny_model_dir):
 
 
 def test_packing_token_budget_and_checkpointing_give_the_same_gradient(tmp_path, tiny_model_dir):
-    """One step on the same sampled batch five ways: padded micro-batches of 4, packed ones,
-    packed or padded micro-batches filled to a token budget (a varying number per rank), and
-    with gradient checkpointing. The loss and the gradient norm over all ranks must agree:
-    only the padding, or what backward recomputes, changes."""
+    """One step on the same sampled batch three ways: padded micro-batches of 4 (the
+    reference); packed micro-batches filled to a token budget (a varying number per rank);
+    padded ones filled to another budget, with gradient checkpointing. The loss and the
+    gradient norm over all ranks must agree: only the padding, the split, or what backward
+    recomputes changes. Each feature had a run of its own before; combined, they agree only
+    if each does, and runs are what the suite's time goes to."""
     rows = {}
     variants = {
         "padded": ["train.packing=padded"],
-        "packed": ["train.packing=packed"],
-        "budget": ["train.packing=packed", "train.max_tokens_per_micro_batch=200"],
-        "budget_padded": ["train.packing=padded", "train.max_tokens_per_micro_batch=300"],
-        "checkpointed": ["train.packing=padded", "model.gradient_checkpointing=true"],
-    }
+        "packed_budget": ["train.packing=packed", "train.max_tokens_per_micro_batch=200"],
+        "padded_budget_checkpointed": ["train.packing=padded",
+                                       "train.max_tokens_per_micro_batch=300",
+                                       "model.gradient_checkpointing=true"],
+    }  # fmt: skip
     for name, overrides in variants.items():
         (tmp_path / name).mkdir()
         config = tiny_config(tmp_path / name, tiny_model_dir, train={"total_steps": 1})
@@ -284,7 +280,7 @@ def test_packing_token_budget_and_checkpointing_give_the_same_gradient(tmp_path,
         rows[name] = json.loads(text.splitlines()[0])
     lens = rows["padded"]["completion_lens"]
     assert all(rows[n]["completion_lens"] == lens for n in rows)  # the same batch each time
-    for name in ("packed", "budget", "budget_padded", "checkpointed"):
+    for name in ("packed_budget", "padded_budget_checkpointed"):
         for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
             assert math.isclose(rows[name][key], rows["padded"][key], rel_tol=1e-3, abs_tol=1e-5), (
                 name, key, rows[name][key], rows["padded"][key]

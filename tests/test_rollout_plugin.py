@@ -83,7 +83,8 @@ def test_toy_engine_runs_the_pipeline(tmp_path, tiny_model_dir):
         tmp_path,
         tiny_model_dir,
         rollout={"backend": TOY},
-        train={"total_steps": 2, "num_ranks": 1},
+        # two passes over each batch: the old-policy pass runs (grpo.config.passes)
+        train={"total_steps": 2, "num_ranks": 1, "ppo_epochs": 2},
     )
     proc = run_launch(config, transport_overrides(), timeout=600)
     log = proc.stdout + proc.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpo.config.checks import check_values
+from grpo.config.passes import ScoringPasses, default_staleness, scoring_passes
 
 # Attention kernels that keep packed sequences apart without a square mask over the whole row.
 VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
@@ -247,8 +248,12 @@ class TrainConfig:
     deepspeed_config: str = _f("configs/deepspeed/zero2.json", "DeepSpeed JSON (ZeRO-2)")
     master_port: int = _f(29500, "port of the trainer ranks' rendezvous")
     sync_interval: int = _f(1, "publish weights for the sampler every N steps")
-    max_staleness: int = _f(
-        0, "sampler waits until the published version >= batch seq - this (0 = on-policy)"
+    max_staleness: int | None = _f(
+        None,
+        "batch k is sampled with version k - this (0 = on-policy, 1 = sampling overlaps "
+        "training); null = 1 where that is safe: the sampler scores the old log-probs with "
+        "the weights that sampled (logprobs_on: sampler), so the ratio corrects the lag; "
+        "else 0",
     )
     keep_versions: int = _f(3, "published weight versions kept on disk")
     state_interval: int = _f(
@@ -342,9 +347,16 @@ class Config:
         return self.train.packing == "packed"
 
     @property
+    def passes(self) -> ScoringPasses:
+        """The scoring forwards this run needs besides the training forward (passes.py)."""
+        return scoring_passes(self)
+
+    @property
     def world(self) -> int:
         """Trainer ranks over all its nodes."""
         return self.train.nnodes * self.train.num_ranks
 
     def __post_init__(self) -> None:
+        if self.train.max_staleness is None:
+            self.train.max_staleness = default_staleness(self)
         check_values(self)

@@ -8,14 +8,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
+
+SCORED_ARRAYS = ("old_logp", "ref_logp")
+
+
+def sampler_arrays(cfg: Config) -> frozenset[str]:
+    """The scored log-probs a batch carries: those of the passes the run needs
+    (grpo.config.passes), when the sampler computes them."""
+    if cfg.train.logprobs_on != "sampler":
+        return frozenset()
+    passes = cfg.passes
+    return frozenset(name for name, needed in zip(SCORED_ARRAYS, (passes.old, passes.reference),
+                                                  strict=True) if needed)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Expected:
     groups: int  # rollout.questions_per_step: DeepSpeed's accumulation steps depend on it
     group_size: int
-    logprobs_on: str  # train.logprobs_on: "sampler" batches carry old-policy log-probs
+    arrays: frozenset[str]  # the log-probs the sampler computes: sampler_arrays()
     vocab_size: int  # token ids at or above it would index past the embedding table
 
 
@@ -29,12 +42,14 @@ def misfit(batch: EpisodeBatch, want: Expected) -> str | None:
             f"of {want.group_size}: start the sampler and the trainer with the same "
             "rollout.questions_per_step and rollout.group_size"
         )
-    has_logprobs = batch.columns.old_logp is not None
-    if has_logprobs != (want.logprobs_on == "sampler"):
-        return (
-            f"it {'has' if has_logprobs else 'lacks'} old-policy log-probs, but the trainer's "
-            f"train.logprobs_on is {want.logprobs_on}: start both roles with the same config"
-        )
+    for name in SCORED_ARRAYS:
+        has = getattr(batch.columns, name) is not None
+        if has != (name in want.arrays):
+            return (
+                f"it {'has' if has else 'lacks'} {name}, but this trainer expects "
+                f"{'it' if name in want.arrays else 'none'} (train.logprobs_on and the passes "
+                "the algo section needs): start both roles with the same config"
+            )
     c = batch.columns
     top = max((int(ids.max()) for ids in (c.prompt_ids, c.completion_ids) if ids.size), default=0)
     if top >= want.vocab_size:

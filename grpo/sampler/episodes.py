@@ -42,8 +42,9 @@ def raise_if_stopped(engine: RolloutEngine) -> None:
 class BatchMaker:
     """Makes batch `seq` from the shard's next questions with the sampler's current weights.
 
-    Scores the answers with the HF policy and a reference model when the sampler computes the
-    log-probs (train.logprobs_on: sampler); else the trainer does, and neither is loaded."""
+    When the sampler computes the log-probs (train.logprobs_on: sampler), scores the answers
+    with the HF policy and the reference model, each only if the run needs that pass
+    (grpo.config.passes); else the trainer does, and neither is loaded for scoring."""
 
     def __init__(self, cfg: Config, tokenizer, reward_fn: Callable, shard: Shard, weights: Weights):
         self.cfg = cfg
@@ -51,10 +52,12 @@ class BatchMaker:
         self.reward_fn = reward_fn
         self.shard = shard
         self.weights = weights
-        self.scores = cfg.train.logprobs_on == "sampler"
+        on_sampler = cfg.train.logprobs_on == "sampler"
+        self.old_pass = on_sampler and cfg.passes.old
         self.reference = None
-        if self.scores:
+        if self.old_pass:
             weights.hf_policy()
+        if on_sampler and cfg.passes.reference:
             self.reference = load_reference(
                 weights.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(weights.device)
@@ -120,8 +123,8 @@ class BatchMaker:
         return groups
 
     def attach_logprobs(self, groups: list[Group]) -> tuple[Episode, ...]:
-        """Every answer as an episode, with its old-policy and reference log-probs when the
-        sampler computes them (train.logprobs_on: sampler), else without."""
+        """Every answer as an episode, with the old-policy and reference log-probs the sampler
+        computes (see the class), the others None."""
         gens = [g for group in groups for g in group.gens]
         scored = [s for group in groups for s in group.scored]
         index = [group.prompt.index for group in groups for _ in group.gens]
@@ -136,16 +139,13 @@ class BatchMaker:
     def score(self, gens: list[Generation]) -> tuple[list, list, list]:
         """(old, reference, rollout) log-probs per answer; None where not computed here
         (see grpo.logprobs.score_for_training)."""
-        rollout = [g.rollout_logp for g in gens]
-        if not self.scores:
-            return [None] * len(gens), [None] * len(gens), rollout
         cfg = self.cfg.rollout
         return score_for_training(
-            self.weights.policy,
+            self.weights.policy if self.old_pass else None,
             self.reference,
             [g.prompt_ids for g in gens],
             [g.completion_ids for g in gens],
-            rollout,
+            [g.rollout_logp for g in gens],
             truncation=Truncation(cfg.top_p, cfg.top_k),
             pad_id=self.tokenizer.pad_token_id,
             temperature=cfg.temperature,

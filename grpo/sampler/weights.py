@@ -124,15 +124,19 @@ class Weights:
                 )
 
     def wait_for_version(self, needed: int, outbox: Outbox) -> None:
-        """Wait until the trainer published `needed` (the staleness bound), then load the newest
-        (after a trainer restart that may be older than the one this sampler had)."""
+        """Wait until the trainer published `needed` (the staleness bound), then load it.
+
+        A lone sampler loads exactly `needed`, even when a newer version is out: which version
+        samples a batch then never depends on timing, so a run with overlap repeats exactly.
+        Several samplers load the newest (the trainer is further ahead of each of them).
+        Either may be older than the one this sampler had, after a trainer restart."""
         assert self.channel is not None
         status = self.channel.status
         outbox.wait_until(lambda: status.version >= needed, f"version {needed}")
-        newest = status.version
+        target = needed if self.cfg.rollout.num_samplers == 1 else status.version
         if (
-            newest != self.version
-            and newest not in self.failed_reloads
+            target != self.version
+            and target not in self.failed_reloads
             and not self.channel.stopped.is_set()
         ):
-            self.reload(newest)
+            self.reload(target)

@@ -37,8 +37,9 @@ class Experience:
     group_size: int
     mask: torch.Tensor  # (N, C) 1.0 on answer tokens
     loss_mask: torch.Tensor  # (N, C) mask, 0 for answers that get no loss (mask_truncated)
-    old_logp: torch.Tensor  # (N, C) under the sampling policy
-    ref_logp: torch.Tensor  # (N, C) under the reference
+    old_logp: torch.Tensor | None  # (N, C) under the sampling policy; None: the training
+    # forward's own, detached (grpo.config.passes)
+    ref_logp: torch.Tensor | None  # (N, C) under the reference; None: no KL term uses it
     token_rewards: torch.Tensor  # (N, C) the shaped score on the last token, minus KL in reward
     rollout_logp: torch.Tensor | None = None  # (N, C) the engine's, when it reports them
     weights: torch.Tensor | None = None  # (N, C) rollout-correction weights, when on
@@ -106,31 +107,34 @@ def build_experience(
 ) -> tuple[Experience, dict[str, float]]:
     """The whole batch as an Experience with advantages (all but GAE, which needs the critic:
     see grpo.trainer.update), and the batch-level metrics computed on the way: the mean
-    per-token KL(old || ref) of the sampling policy, and the engine-vs-old log-prob comparison
-    and rollout correction when the engine reported log-probs.
+    per-token KL(old || ref) of the sampling policy when both were scored, and the
+    engine-vs-old log-prob comparison and rollout correction when the engine reported
+    log-probs.
 
     Every rank builds the whole batch's experience, so group baselines and batch whitening see
     every group; each then trains on its own rows."""
-    eps = batch.episodes
+    eps, c = batch.episodes, batch.columns
     mask = length_mask([len(e.completion_ids) for e in eps])  # (N, C)
     width = mask.shape[1]
-    old = pad_right([e.old_logp for e in eps], width)
-    ref = pad_right([e.ref_logp for e in eps], width)
-    # The (shaped) score sits on each answer's last token; with algo.kl_in_reward every token
-    # also pays kl_coef * KL between the sampling policy and the reference (PPO-RLHF style).
-    kl = kl_penalty(old, ref, cfg.algo.kl_reward_kind) * mask  # (N, C)
+    old = None if c.old_logp is None else pad_right([e.old_logp for e in eps], width)
+    ref = None if c.ref_logp is None else pad_right([e.ref_logp for e in eps], width)
     rewards = token_level_rewards(shaped_rewards(batch, cfg), mask)  # (N, C)
-    if cfg.algo.kl_in_reward:
-        rewards = rewards - kl_coef * kl
+    metrics: dict[str, Any] = {}
+    if old is not None and ref is not None:
+        # With algo.kl_in_reward every token also pays kl_coef * KL between the sampling
+        # policy and the reference (PPO-RLHF style); the score sits on the last token.
+        kl = kl_penalty(old, ref, cfg.algo.kl_reward_kind) * mask  # (N, C)
+        metrics["rollout_kl_to_ref"] = float(masked_mean(kl, mask))
+        if cfg.algo.kl_in_reward:
+            rewards = rewards - kl_coef * kl
     # DAPO: an answer cut at max_new_tokens says nothing about its ending
     no_loss = [cfg.algo.mask_truncated and e.finish_reason == "length" for e in eps]
     loss_mask = mask.clone()
     loss_mask[no_loss] = 0.0
-    metrics: dict[str, Any] = {"rollout_kl_to_ref": float(masked_mean(kl, mask))}
     rollout = weights = None
-    if batch.columns.rollout_logp is not None:
+    if c.rollout_logp is not None:
         rollout = pad_right([e.rollout_logp for e in eps], width)
-    if rollout is not None and batch.columns.old_logp is not None:
+    if rollout is not None and old is not None:
         # rollout_logp is already on the full vocabulary (grpo.logprobs.score_for_training),
         # so the ratio compares like with like under top-p / top-k too.
         metrics["rollout_vs_old_logp_abs_diff"] = logp_abs_diff(old, rollout, mask)

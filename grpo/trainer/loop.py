@@ -22,7 +22,7 @@ from grpo.algos import adaptive_kl_coef
 from grpo.config import Config, save_config
 from grpo.config.names import GAE
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.admission import Expected, misfit
+from grpo.delivery.admission import Expected, misfit, sampler_arrays
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.versions import discard_versions_after, publish_version
 from grpo.metrics import (
@@ -78,14 +78,18 @@ class Trainer:
         self.expected = Expected(
             groups=cfg.rollout.questions_per_step,
             group_size=cfg.rollout.group_size,
-            logprobs_on=cfg.train.logprobs_on,
+            arrays=sampler_arrays(cfg),
             vocab_size=vocab_size,
         )
         ds_config = deepspeed_config(cfg, self.world, mini_batch_seqs(cfg, self.world))
         self.critic = Critic(cfg, ds_config) if cfg.algo.advantage == GAE else None
-        # train.logprobs_on: trainer: the old and reference log-probs are computed here.
+        # train.logprobs_on: trainer: the old and reference log-probs the run needs
+        # (grpo.config.passes) are computed here.
+        self.scores_here = cfg.train.logprobs_on == "trainer" and (
+            cfg.passes.old or cfg.passes.reference
+        )
         self.reference = None
-        if cfg.train.logprobs_on == "trainer":
+        if cfg.train.logprobs_on == "trainer" and cfg.passes.reference:
             self.reference = load_reference(
                 self.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(self.engine.device)
@@ -213,9 +217,9 @@ class Trainer:
         """Train on `batch` (every rank), publish and save as due; the step's metrics row."""
         cfg, pad = self.cfg, self.tokenizer.pad_token_id
         t_score = time.monotonic()
-        if self.reference is not None:
-            batch = score_on_ranks(self.engine.module, self.reference, batch, cfg,
-                                   self.groups_per_rank, pad)  # fmt: skip
+        if self.scores_here:
+            policy = self.engine.module if cfg.passes.old else None
+            batch = score_on_ranks(policy, self.reference, batch, cfg, self.groups_per_rank, pad)
         score_s, t0 = time.monotonic() - t_score, time.monotonic()
         exp, batch_numbers = build_experience(batch, cfg, self.kl_reward_coef)
         per_rank = self.groups_per_rank * batch.group_size  # this rank's whole groups

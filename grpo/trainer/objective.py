@@ -66,18 +66,17 @@ def micro_batch_loss(
     )
     device = logp.device
     assert part.advantages is not None, "advantages are computed before the update"
-    mask, old, ref, adv = (
-        t.to(device) for t in (part.loss_mask, part.old_logp, part.ref_logp, part.advantages)
-    )
-    is_w = None if part.weights is None else part.weights.to(device)
+    mask, adv = part.loss_mask.to(device), part.advantages.to(device)
+    # No old-policy pass (grpo.config.passes): these weights sampled the batch and have not
+    # been updated on it yet, so this forward's log-probs are the old ones.
+    old = logp.detach() if part.old_logp is None else part.old_logp.to(device)
+    ref, is_w = (None if t is None else t.to(device) for t in (part.ref_logp, part.weights))
     if agg == "seq-mean-token-sum-norm":
         # Dr. GRPO divides by a constant, the longest possible answer, not by this
         # micro-batch's longest: widen the loss inputs (not the forward) to it.
         width = max(mask.shape[1], cfg.rollout.max_new_tokens)
-        old, ref, adv, mask, logp, entropy = (
-            widen(t, width) for t in (old, ref, adv, mask, logp, entropy)
-        )
-        is_w = None if is_w is None else widen(is_w, width)
+        old, adv, mask, logp, entropy = (widen(t, width) for t in (old, adv, mask, logp, entropy))
+        ref, is_w = (None if t is None else widen(t, width) for t in (ref, is_w))
     pg_loss, pg_metrics = policy_loss(
         algo.loss,
         old,
@@ -90,16 +89,19 @@ def micro_batch_loss(
         clip_c=algo.clip_c,
         weights=is_w,  # rollout correction
     )
-    kl = kl_penalty(logp, ref, algo.kl_kind)
-    loss = pg_loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
+    loss = pg_loss
+    kl = None if ref is None else kl_penalty(logp, ref, algo.kl_kind)
+    if kl is not None and algo.kl_loss_coef:
+        loss = loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * agg_loss(entropy, mask, agg)
     with torch.no_grad():
         metrics = {
             "loss": loss.detach(),
             "pg_loss": pg_loss.detach(),
-            "kl": masked_mean(kl, mask),
             "entropy": masked_mean(entropy, mask),
             **pg_metrics,  # the loss's own (clip_frac, approx_kl, ... for the built-in ones)
         }
+        if kl is not None:
+            metrics["kl"] = masked_mean(kl, mask)
     return loss, mask, metrics

@@ -14,16 +14,17 @@ from grpo.logprobs import Truncation, score_for_training
 
 
 def score_on_ranks(
-    policy: torch.nn.Module,
-    reference: torch.nn.Module,
+    policy: torch.nn.Module | None,
+    reference: torch.nn.Module | None,
     batch: EpisodeBatch,
     cfg: Config,
     groups_per_rank: int,
     pad_id: int,
 ) -> EpisodeBatch:
     """`batch` with old (the current weights, before this step's first update) and reference
-    log-probs of every answer. The engine's log-probs are put on the full vocabulary here, as
-    the sampler does when it scores (grpo.logprobs.score_for_training)."""
+    log-probs of every answer, each unless its model is None. The engine's log-probs are put
+    on the full vocabulary here, as the sampler does when it scores
+    (grpo.logprobs.score_for_training)."""
     r = cfg.rollout
     g0 = dist.get_rank() * groups_per_rank
     mine = batch.select_groups(g0, g0 + groups_per_rank).episodes
@@ -45,6 +46,6 @@ def score_on_ranks(
         name: [a for rank in gathered for a in rank[i]]
         for i, name in enumerate(("old_logp", "ref_logp", "rollout_logp"))
     }
-    if batch.columns.rollout_logp is None:
-        del arrays["rollout_logp"]
-    return batch.with_arrays(**arrays)
+    # None: a pass the run skips (policy or reference not given), or an engine without
+    # log-probs.
+    return batch.with_arrays(**{k: v for k, v in arrays.items() if v and v[0] is not None})
