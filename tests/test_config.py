@@ -31,7 +31,7 @@ def test_yaml_then_overrides():
     assert cfg.algo.loss == "gspo"
     assert cfg.model.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.name == "x"
-    assert cfg.train.total_steps == 6  # from the YAML
+    assert cfg.train.total_steps == 8  # from the YAML
 
 
 def test_int_is_accepted_for_float():
@@ -123,7 +123,7 @@ def test_saved_config_round_trips(tmp_path):
 
 def test_critic_warmup_must_leave_policy_steps():
     with pytest.raises(ConfigError, match="the policy would never train"):
-        load_config(DEMO, ["algo.advantage=gae", "critic.warmup_steps=6"])
+        load_config(DEMO, ["algo.advantage=gae", "critic.warmup_steps=8"])
 
 
 @pytest.mark.parametrize(

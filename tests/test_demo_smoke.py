@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import run_launch, transport_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("embedded_model")]  # pyproject.toml
 
 
 def short_demo(tmp_path, name: str) -> list[str]:
@@ -35,6 +35,9 @@ def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
     rows = [json.loads(x) for x in (tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [0, 1]
     assert all(0.0 <= r["format_rate"] <= 1.0 and r["response_len_mean"] > 0 for r in rows)
+    # On-policy, one optimizer step per batch, no KL term: neither role ran a scoring pass.
+    assert all(r["sampler_logprob_s"] < 0.05 and r["score_s"] < 0.05 for r in rows), rows
+    assert all("kl" not in r and r["clip_frac"] == 0 for r in rows)
     assert "reloaded weights: version 0 -> 1" in log
     evals = [json.loads(x) for x in (tmp_path / "smoke" / "eval.jsonl").read_text().splitlines()]
     assert [e["version"] for e in evals] == [0, 2]
