@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Any
 
 import numpy as np
@@ -270,12 +270,26 @@ def _check_columns(c: Columns) -> None:
         raise ValueError(f"finish_reason must list {n} of {sorted(FINISH_REASONS)}")
     if len(c.reward_info) != n:
         raise ValueError(f"reward_info must list {n} maps")
-    for info in c.reward_info:
-        if not isinstance(info, dict):
-            raise ValueError("reward_info entry is not a map")
-        for k, v in info.items():
-            if not isinstance(k, str) or not isinstance(v, JSON_SCALARS):
-                raise ValueError(f"reward_info[{k!r}] is not a str key with a JSON scalar")
+    if not _plain_infos(c.reward_info):  # the common case, checked in C; else say what is wrong
+        for info in c.reward_info:
+            if not isinstance(info, dict):
+                raise ValueError("reward_info entry is not a map")
+            for k, v in info.items():
+                if not isinstance(k, str) or not isinstance(v, JSON_SCALARS):
+                    raise ValueError(f"reward_info[{k!r}] is not a str key with a JSON scalar")
+
+
+_PLAIN_SCALARS = frozenset(JSON_SCALARS)
+
+
+def _plain_infos(infos: Sequence[Any]) -> bool:
+    """Whether every entry is a dict of str keys to scalars of exactly the JSON types (what
+    a decoded frame holds), without a Python-level loop per entry."""
+    if set(map(type, infos)) - {dict}:
+        return False
+    keys = chain.from_iterable(infos)
+    values = chain.from_iterable(map(dict.values, infos))
+    return set(map(type, keys)) <= {str} and set(map(type, values)) <= _PLAIN_SCALARS
 
 
 def check_batch(batch: EpisodeBatch) -> None:

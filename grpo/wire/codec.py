@@ -234,8 +234,9 @@ def _check_keys(d: dict[str, Any], expected: frozenset[str], what: str) -> None:
 def _int_array(header: dict[str, Any], key: str, n: int) -> np.ndarray:
     v = header[key]
     _require(isinstance(v, list) and len(v) == n, f"{key} must be a list of {n} ints")
-    # msgpack yields exact ints; this refuses floats, bools and strings in one pass.
-    _require(all(type(x) is int for x in v), f"{key} holds a non-int")
+    # msgpack yields exact ints; this refuses floats, bools and strings in one pass (the
+    # types are gathered in C: per-element Python was a fifth of decoding 64 episodes).
+    _require(set(map(type, v)) <= {int}, f"{key} holds a non-int")
     try:
         return np.array(v, dtype=LEN_DTYPE)
     except OverflowError as e:
@@ -304,11 +305,11 @@ def _decode_batch(header: dict[str, Any], frames: list[memoryview]) -> EpisodeBa
     rewards = header["reward"]
     _require(isinstance(rewards, list) and len(rewards) > 0, "reward must be a non-empty list")
     n = len(rewards)
-    _require(all(type(r) in (int, float) for r in rewards), "reward holds a non-finite number")
+    _require(set(map(type, rewards)) <= {int, float}, "reward holds a non-finite number")
     infos, reasons = header["reward_info"], header["finish_reason"]
     _require(isinstance(infos, list) and len(infos) == n, f"reward_info must list {n} maps")
     _require(
-        isinstance(reasons, list) and all(isinstance(r, str) for r in reasons),
+        isinstance(reasons, list) and set(map(type, reasons)) <= {str},
         f"finish_reason must list {n} strs",
     )
     lens = {key: _int_array(header, key, n) for key in ("prompt_len", "completion_len")}
