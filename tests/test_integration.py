@@ -156,7 +156,10 @@ def test_ctrl_c_stops_both_roles(tmp_path, tiny_model_dir):
             assert time.monotonic() < deadline and launch.poll() is None, "no step finished"
             time.sleep(0.5)
         launch.send_signal(signal.SIGINT)
-        out, _ = launch.communicate(timeout=90)
+        # Up to 30 s of launch.sh's grace, then torchrun's own to its ranks (they run in
+        # sessions of their own and hold the output pipe until they exit): 90 s was once too
+        # short with two test workers on 2 cores.
+        out, _ = launch.communicate(timeout=180)
     finally:
         if launch.poll() is None:
             launch.kill()
