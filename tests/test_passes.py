@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grpo.config import load_config
+from grpo.config.passes import scored_by, scoring_passes
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.delivery.admission import sampler_arrays
 from grpo.logprobs import pairs_logprobs
 from grpo.trainer.experience import build_experience
 from grpo.trainer.objective import micro_batch_loss
@@ -36,7 +36,8 @@ from tests.test_devices import COMPLETIONS, PROMPTS, StandInLM
 )  # fmt: skip
 def test_passes_follow_the_config(overrides, old, reference):
     cfg = load_config(None, ["rollout.questions_per_step=4", "rollout.group_size=4", *overrides])
-    assert (cfg.passes.old, cfg.passes.reference) == (old, reference)
+    passes = scoring_passes(cfg)
+    assert (passes.old, passes.reference) == (old, reference)
 
 
 def test_overlap_is_the_default_only_where_the_ratio_sees_the_lag():
@@ -46,15 +47,18 @@ def test_overlap_is_the_default_only_where_the_ratio_sees_the_lag():
     assert load_config(None, explicit).train.max_staleness == 2
 
 
-def test_the_sampler_sends_what_the_trainer_expects():
+def test_each_role_scores_what_the_other_does_not():
+    """(sampler's arrays, trainer's arrays): the sampler's are what the trainer admits."""
     expect = {
-        ("train.max_staleness=0",): {"ref_logp"},  # on-policy: no old-policy pass
-        (): {"old_logp", "ref_logp"},
-        ("algo.kl_loss_coef=0",): {"old_logp"},
-        ("train.logprobs_on=trainer",): set(),
+        ("train.max_staleness=0",): ({"ref_logp"}, set()),  # on-policy: no old-policy pass
+        (): ({"old_logp", "ref_logp"}, set()),
+        ("algo.kl_loss_coef=0",): ({"old_logp"}, set()),
+        ("train.logprobs_on=trainer",): (set(), {"ref_logp"}),  # on-policy there by default
+        ("train.logprobs_on=trainer", "train.ppo_epochs=2"): (set(), {"old_logp", "ref_logp"}),
     }
-    for overrides, arrays in expect.items():
-        assert sampler_arrays(load_config(None, list(overrides))) == arrays
+    for overrides, (sampler, trainer) in expect.items():
+        cfg = load_config(None, list(overrides))
+        assert (scored_by(cfg, "sampler"), scored_by(cfg, "trainer")) == (sampler, trainer)
 
 
 def _batch(old: list | None) -> EpisodeBatch:

@@ -54,6 +54,20 @@ def scoring_passes(cfg: Config) -> ScoringPasses:
     return ScoringPasses(old=not old_is_training_forward, reference=uses_kl)
 
 
+SCORED_ARRAYS = ("old_logp", "ref_logp")  # what the old-policy and reference passes give
+
+
+def scored_by(cfg: Config, role: str) -> frozenset[str]:
+    """The arrays of SCORED_ARRAYS that `role` ("sampler" or "trainer") computes: those of the
+    passes the run needs, on the role train.logprobs_on names. The one rule both roles and
+    the trainer's admission of batches follow."""
+    if cfg.train.logprobs_on != role:
+        return frozenset()
+    passes = scoring_passes(cfg)
+    needed = dict(zip(SCORED_ARRAYS, (passes.old, passes.reference), strict=True))
+    return frozenset(name for name, is_needed in needed.items() if is_needed)
+
+
 def default_staleness(cfg: Config) -> int:
     """train.max_staleness when the config leaves it null: overlap (1) when the old log-probs
     are the sampling weights' (scored by the sampler), so the ratio corrects the lag; strictly

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpo.config.checks import check_values
-from grpo.config.passes import ScoringPasses, default_staleness, scoring_passes
+from grpo.config.passes import default_staleness
 
 # Attention kernels that keep packed sequences apart without a square mask over the whole row.
 VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
@@ -345,11 +345,6 @@ class Config:
         if self.train.packing == "auto":
             return self.model.attn_implementation in VARLEN_ATTENTION
         return self.train.packing == "packed"
-
-    @property
-    def passes(self) -> ScoringPasses:
-        """The scoring forwards this run needs besides the training forward (passes.py)."""
-        return scoring_passes(self)
 
     @property
     def world(self) -> int:

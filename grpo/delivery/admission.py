@@ -8,27 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo.config import Config
+from grpo.config.passes import SCORED_ARRAYS
 from grpo.core.episode import EpisodeBatch
-
-SCORED_ARRAYS = ("old_logp", "ref_logp")
-
-
-def sampler_arrays(cfg: Config) -> frozenset[str]:
-    """The scored log-probs a batch carries: those of the passes the run needs
-    (grpo.config.passes), when the sampler computes them."""
-    if cfg.train.logprobs_on != "sampler":
-        return frozenset()
-    passes = cfg.passes
-    return frozenset(name for name, needed in zip(SCORED_ARRAYS, (passes.old, passes.reference),
-                                                  strict=True) if needed)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Expected:
     groups: int  # rollout.questions_per_step: DeepSpeed's accumulation steps depend on it
     group_size: int
-    arrays: frozenset[str]  # the log-probs the sampler computes: sampler_arrays()
+    arrays: frozenset[str]  # the log-probs the sampler computes: passes.scored_by(cfg, "sampler")
     vocab_size: int  # token ids at or above it would index past the embedding table
 
 

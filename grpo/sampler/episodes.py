@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo.config import Config
+from grpo.config.passes import scored_by
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.logprobs import Truncation, score_for_training
 from grpo.metrics import peak_memory_gib
@@ -52,12 +53,12 @@ class BatchMaker:
         self.reward_fn = reward_fn
         self.shard = shard
         self.weights = weights
-        on_sampler = cfg.train.logprobs_on == "sampler"
-        self.old_pass = on_sampler and cfg.passes.old
+        scored = scored_by(cfg, "sampler")
+        self.old_pass = "old_logp" in scored
         self.reference = None
         if self.old_pass:
             weights.hf_policy()
-        if on_sampler and cfg.passes.reference:
+        if "ref_logp" in scored:
             self.reference = load_reference(
                 weights.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(weights.device)

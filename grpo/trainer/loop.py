@@ -21,8 +21,9 @@ import torch.distributed as dist
 from grpo.algos import adaptive_kl_coef
 from grpo.config import Config, save_config
 from grpo.config.names import GAE
+from grpo.config.passes import scored_by
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.admission import Expected, misfit, sampler_arrays
+from grpo.delivery.admission import Expected, misfit
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.versions import discard_versions_after, publish_version
 from grpo.metrics import (
@@ -78,18 +79,16 @@ class Trainer:
         self.expected = Expected(
             groups=cfg.rollout.questions_per_step,
             group_size=cfg.rollout.group_size,
-            arrays=sampler_arrays(cfg),
+            arrays=scored_by(cfg, "sampler"),
             vocab_size=vocab_size,
         )
         ds_config = deepspeed_config(cfg, self.world, mini_batch_seqs(cfg, self.world))
         self.critic = Critic(cfg, ds_config) if cfg.algo.advantage == GAE else None
         # train.logprobs_on: trainer: the old and reference log-probs the run needs
         # (grpo.config.passes) are computed here.
-        self.scores_here = cfg.train.logprobs_on == "trainer" and (
-            cfg.passes.old or cfg.passes.reference
-        )
+        self.scored_here = scored_by(cfg, "trainer")
         self.reference = None
-        if cfg.train.logprobs_on == "trainer" and cfg.passes.reference:
+        if "ref_logp" in self.scored_here:
             self.reference = load_reference(
                 self.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(self.engine.device)
@@ -217,8 +216,8 @@ class Trainer:
         """Train on `batch` (every rank), publish and save as due; the step's metrics row."""
         cfg, pad = self.cfg, self.tokenizer.pad_token_id
         t_score = time.monotonic()
-        if self.scores_here:
-            policy = self.engine.module if cfg.passes.old else None
+        if self.scored_here:
+            policy = self.engine.module if "old_logp" in self.scored_here else None
             batch = score_on_ranks(policy, self.reference, batch, cfg, self.groups_per_rank, pad)
         score_s, t0 = time.monotonic() - t_score, time.monotonic()
         exp, batch_numbers = build_experience(batch, cfg, self.kl_reward_coef)
