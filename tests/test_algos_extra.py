@@ -45,13 +45,14 @@ def _rows(x, mask):
 
 
 def _whiten_ref(per_row, shape):
-    """Whiten {(b, t): value} over all entries, population std, eps 1e-8; zeros elsewhere."""
+    """Whiten {(b, t): value} over all entries, zeros elsewhere: verl's convention, unbiased
+    variance (divides by n - 1) and eps 1e-8 inside the square root."""
     vals = list(per_row.values())
     mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+    var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
     out = [[0.0] * shape[1] for _ in range(shape[0])]
     for (b, t), v in per_row.items():
-        out[b][t] = (v - mean) / (std + 1e-8)
+        out[b][t] = (v - mean) / math.sqrt(var + 1e-8)
     return out
 
 
@@ -141,14 +142,14 @@ def test_reinforce_pp_matches_loop(mask, gamma):
     assert torch.equal(out * (1 - mask), torch.zeros_like(out))  # padding is exactly 0
     valid = out[mask > 0].double()
     assert valid.mean().item() == pytest.approx(0.0, abs=1e-6)
-    assert valid.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    assert valid.std(unbiased=True).item() == pytest.approx(1.0, abs=1e-5)
 
 
 def test_reinforce_pp_by_hand_and_registry():
     # row 0 returns with gamma 0.5: t2 = 2, t1 = -1 + 1 = 0, t0 = 0.5 + 0 = 0.5
     # row 1 returns: t1 = 3, t0 = 1 + 1.5 = 2.5 -> values {0.5, 0, 2, 2.5, 3}, mean 1.6
     vals = [0.5, 0.0, 2.0, 2.5, 3.0]
-    std = math.sqrt(sum((v - 1.6) ** 2 for v in vals) / 5)  # 1.16619
+    std = math.sqrt(sum((v - 1.6) ** 2 for v in vals) / 4)  # unbiased: 1.30384
     out = get_token_advantage_estimator("reinforce_pp")(RAGGED_REWARDS, RAGGED_MASK, gamma=0.5)
     w = [(v - 1.6) / std for v in vals]
     assert close(out, [[w[0], w[1], w[2], 0.0], [w[3], w[4], 0.0, 0.0]])
@@ -163,8 +164,8 @@ def test_reinforce_pp_from_sequence_rewards():
     # outcome reward on the last token, gamma 1: every valid token's return is its row's reward
     seq = torch.tensor([1.0, 0.0])
     out = reinforce_pp_advantages(token_level_rewards(seq, RAGGED_MASK), RAGGED_MASK)
-    # returns {1, 1, 1, 0, 0}: mean 0.6, population std sqrt(0.24)
-    hi, lo = 0.4 / math.sqrt(0.24), -0.6 / math.sqrt(0.24)
+    # returns {1, 1, 1, 0, 0}: mean 0.6, unbiased variance (3 * 0.16 + 2 * 0.36) / 4 = 0.3
+    hi, lo = 0.4 / math.sqrt(0.3), -0.6 / math.sqrt(0.3)
     assert close(out, [[hi, hi, hi, 0.0], [lo, lo, 0.0, 0.0]])
     # empty batch gives zeros, not NaN
     assert torch.equal(
@@ -210,12 +211,13 @@ def test_gae_by_hand():
     # r = [0, 1], V = [0.5, 0.2], gamma 0.9, lam 0.8
     # delta_1 = 1 + 0.9 * 0 - 0.2 = 0.8              A_1 = 0.8
     # delta_0 = 0 + 0.9 * 0.2 - 0.5 = -0.32          A_0 = -0.32 + 0.72 * 0.8 = 0.256
-    # returns = A + V = [0.756, 1.0]; whitened: mean 0.528, population std 0.272
-    adv, ret = gae(
-        torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.2]]), torch.ones(1, 2), 0.9, 0.8
-    )
+    # returns = A + V = [0.756, 1.0]; advantages whitened: mean 0.528, deviations -+0.272,
+    # unbiased variance 2 * 0.272^2 / 1 -> -+1 / sqrt(2); the population variance gives -+1
+    args = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.2]]), torch.ones(1, 2), 0.9, 0.8
+    adv, ret = gae(*args)
     assert close(ret, [[0.756, 1.0]])
-    assert close(adv, [[-1.0, 1.0]])
+    assert close(adv, [[-(0.5**0.5), 0.5**0.5]])
+    assert close(gae(*args, unbiased=False)[0], [[-1.0, 1.0]])
 
 
 def test_gae_lambda_one_returns_are_discounted_returns():

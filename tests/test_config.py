@@ -157,7 +157,11 @@ def test_rollout_correction_threshold_is_checked_with_vllm():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("algo.loss=gspoo", "algo.loss: unknown policy loss 'gspoo'; valid: grpo, gspo, ppo"),
+        (
+            "algo.loss=gspoo",
+            "algo.loss: unknown policy loss 'gspoo'; valid: cispo, clip_cov, "
+            "dppo_kl, dppo_tv, geo_mean, gmpo, grpo, gspo, kl_cov, ppo, sapo",
+        ),
         ("rollout.backend=sglang", "rollout.backend: unknown rollout engine 'sglang'; valid: hf"),
         ("algo.advantage=nope", "algo.advantage: unknown advantage estimator 'nope'"),
         ("data.task=gsm9k", "did you mean 'gsm8k'?"),
@@ -171,3 +175,19 @@ def test_names_are_checked_against_the_registries(override, message):
     with pytest.raises(ConfigError) as e:
         check_names(load_config(DEMO, [override]))
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.loss=sapo", "algo.clip_low=0.1"], "algo.clip_low: the policy loss 'sapo' takes no"),
+        (["algo.loss=cispo", "algo.clip_c=3"], "algo.clip_c: the policy loss 'cispo' takes no"),
+    ],
+)
+def test_an_option_the_loss_does_not_take_is_refused_before_the_run(overrides, message):
+    from grpo.config.names import check_names
+
+    with pytest.raises(ConfigError) as e:
+        check_names(load_config(DEMO, overrides))
+    assert message in str(e.value)
+    check_names(load_config(DEMO, overrides[:1]))  # the loss alone is fine

@@ -1,8 +1,10 @@
 """GRPO-family algorithm pieces: pure functions of tensors, no config objects, no I/O.
 
-Importing this package registers the built-in policy losses ("ppo", "grpo", "gspo"), outcome
-advantage estimators ("grpo", "dr_grpo", "rloo") and token advantage estimators
-("reinforce_pp"). GAE and the value loss take extra inputs and are exported as plain functions.
+Importing this package registers the built-in policy losses ("ppo", "grpo", "gspo", "cispo",
+"sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome advantage
+estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk") and token advantage
+estimators ("reinforce_pp"). GAE and the value loss take extra inputs and are exported as plain
+functions.
 """
 
 from grpo.algos.advantages import (
@@ -10,7 +12,10 @@ from grpo.algos.advantages import (
     dr_grpo_advantages,
     gae,
     group_advantages,
+    grpo_passk_advantages,
+    masked_whiten,
     reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     rloo_advantages,
     token_level_rewards,
 )
@@ -19,11 +24,18 @@ from grpo.algos.kl_control import adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
     agg_loss,
+    cispo_policy_loss,
+    clip_cov_policy_loss,
+    dppo_kl_policy_loss,
+    dppo_tv_policy_loss,
+    geo_mean_policy_loss,
     gspo_policy_loss,
+    kl_cov_policy_loss,
     kl_penalty,
     masked_mean,
     policy_loss,
     ppo_policy_loss,
+    sapo_policy_loss,
     value_loss,
 )
 from grpo.algos.registry import (
@@ -45,22 +57,32 @@ __all__ = [
     "AGG_MODES",
     "agg_loss",
     "broadcast_to_tokens",
+    "cispo_policy_loss",
+    "clip_cov_policy_loss",
+    "dppo_kl_policy_loss",
+    "dppo_tv_policy_loss",
     "dr_grpo_advantages",
     "gae",
     "get_advantage_estimator",
     "get_policy_loss",
     "get_token_advantage_estimator",
+    "geo_mean_policy_loss",
     "group_advantages",
+    "grpo_passk_advantages",
     "gspo_policy_loss",
+    "kl_cov_policy_loss",
     "kl_penalty",
     "masked_mean",
+    "masked_whiten",
     "policy_loss",
     "ppo_policy_loss",
     "register_advantage_estimator",
     "register_policy_loss",
     "register_token_advantage_estimator",
     "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
     "rloo_advantages",
+    "sapo_policy_loss",
     "token_level_rewards",
     "value_loss",
 ]

@@ -1,7 +1,8 @@
 """Advantage estimators and helpers to turn sequence rewards into per-token signals.
 
-Outcome estimators (GRPO, Dr. GRPO, RLOO) map per-sequence rewards (N,) to (N,); token
-estimators (REINFORCE++, GAE) work on (B, T) per-token rewards aligned with a response mask.
+Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline, GRPO pass@k) map per-sequence
+rewards (N,) to (N,); token estimators (REINFORCE++, GAE) work on (B, T) per-token rewards
+aligned with a response mask. Batch whitening follows verl's convention (masked_whiten).
 """
 
 import torch
@@ -90,13 +91,23 @@ def token_level_rewards(seq_rewards: Tensor, mask: Tensor) -> Tensor:
     return torch.where(is_last, seq_rewards[:, None], torch.zeros((), dtype=seq_rewards.dtype))
 
 
-def _masked_whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
-    """(x - mean) / (std + eps) with mean and population std over valid tokens, times mask."""
+def masked_whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, unbiased: bool = True) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the valid tokens, times mask: (B, T) -> (B, T).
+
+    The convention of verl's `masked_whiten` (and TRL's), which REINFORCE++ and GAE follow by
+    default: unbiased variance (divides by n - 1) and eps inside the square root.
+    `unbiased=False` divides by n (the population variance); with eps inside the root that
+    agrees with the older (x - mean) / (std + eps) to about eps / var, relatively. The two
+    conventions differ by the factor sqrt(n / (n - 1)), up to a few 1e-3 on a few hundred
+    tokens. Fewer than two valid tokens (unbiased) or none at all give zeros, never NaN:
+    x - mean is 0 on a lone valid token, and padding is multiplied away.
+    """
     m = mask.to(x.dtype)  # (B, T)
-    count = m.sum().clamp(min=1)
-    mean = (x * m).sum() / count
-    var = ((x - mean).square() * m).sum() / count  # population variance (divides by count)
-    return (x - mean) / (var.sqrt() + eps) * m  # (B, T)
+    count = m.sum()
+    mean = (x * m).sum() / count.clamp(min=1)
+    dof = (count - 1 if unbiased else count).clamp(min=1)
+    var = ((x - mean).square() * m).sum() / dof
+    return (x - mean) * torch.rsqrt(var + eps) * m  # (B, T)
 
 
 def _as_float(x: Tensor) -> Tensor:
@@ -105,15 +116,21 @@ def _as_float(x: Tensor) -> Tensor:
 
 @register_token_advantage_estimator("reinforce_pp")
 def reinforce_pp_advantages(
-    token_rewards: Tensor, mask: Tensor, gamma: float = 1.0, eps: float = 1e-8
+    token_rewards: Tensor,
+    mask: Tensor,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+    *,
+    unbiased: bool = True,
 ) -> Tensor:
     """REINFORCE++: discounted return-to-go, whitened over the whole batch. (B, T) -> (B, T).
 
     G_t = r_t + gamma * G_{t'}, right to left, where t' is the next valid token: padding
     contributes no reward and no discount step, wherever it sits in the row. The returns are
-    then whitened over all valid tokens of the batch, (G - mean) / (std + eps), with the
-    population std (divides by the number of valid tokens): a global rather than per-group
-    baseline is what distinguishes REINFORCE++ from GRPO. Padding positions are 0.
+    then whitened over all valid tokens of the batch by masked_whiten: (G - mean) /
+    sqrt(var + eps) with the unbiased variance, verl's convention (`unbiased=False` for the
+    population variance). A global rather than per-group baseline is what distinguishes
+    REINFORCE++ (Hu 2025, arXiv:2501.03262) from GRPO. Padding positions are 0.
     """
     token_rewards = _as_float(token_rewards)
     valid = mask > 0  # (B, T)
@@ -122,21 +139,92 @@ def reinforce_pp_advantages(
     for t in reversed(range(token_rewards.shape[-1])):
         running = torch.where(valid[:, t], token_rewards[:, t] + gamma * running, running)
         returns[:, t] = running
-    return _masked_whiten(returns, mask, eps)
+    return masked_whiten(returns, mask, eps=eps, unbiased=unbiased)
+
+
+@register_advantage_estimator("reinforce_pp_baseline")
+def reinforce_pp_baseline_advantages(
+    rewards: Tensor,
+    group_size: int,
+    *,
+    mask: Tensor | None = None,
+    eps: float = 1e-8,
+    unbiased: bool = True,
+) -> Tensor:
+    """REINFORCE++-baseline: r minus its group's mean, then whitened over the batch. (N,) -> (N,)
+
+    Hu et al. 2025 (arXiv:2501.03262), the variant for group sampling: A_i = r_i - mean_g
+    removes the prompt's difficulty, then the batch whitening (unbiased variance, eps inside
+    the root, as masked_whiten) sets a global scale instead of GRPO's per-group std, which
+    would blow up groups whose rewards barely differ. rewards: (N,), the G answers of a
+    prompt contiguous; group_size 1 means no baseline (verl: mean 0 for a lone answer).
+    Without `mask` every answer weighs the same in the batch mean and variance; with `mask`
+    (N, T) each answer weighs its number of valid tokens, which is exactly verl's
+    compute_reinforce_plus_plus_baseline_outcome_advantage (it whitens the score broadcast
+    to every token). The trainer gives outcome estimators no mask, so it whitens per answer.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    grouped = _grouped(rewards, group_size)  # (n_groups, G)
+    if group_size > 1:
+        grouped = grouped - grouped.mean(dim=-1, keepdim=True)
+    centred = grouped.reshape(-1, 1)  # (N, 1)
+    if mask is None:
+        weights = torch.ones_like(centred)  # (N, 1): each answer counts once
+    else:
+        weights = mask.to(centred.dtype).sum(dim=-1, keepdim=True)  # (N, 1): its token count
+    # Whitening N values with integer weights w_i is whitening each value repeated w_i times.
+    m = weights.view(-1)
+    count = m.sum()
+    mean = (centred.view(-1) * m).sum() / count.clamp(min=1)
+    dof = (count - 1 if unbiased else count).clamp(min=1)
+    var = ((centred.view(-1) - mean).square() * m).sum() / dof
+    return (centred.view(-1) - mean) * torch.rsqrt(var + eps)  # (N,)
+
+
+@register_advantage_estimator("grpo_passk")
+def grpo_passk_advantages(
+    rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Pass@k-optimised GRPO: only each group's best answer gets an advantage. (N,) -> (N,)
+
+    A_best = (r_max - r_second) / (std_g + eps), std unbiased as in GRPO (`scale_by_std=False`
+    drops the division), and 0 for every other answer of the group: the gradient of the
+    group's max reward, pass@k's outcome, when the k samples are the group (verl's
+    `grpo_passk`, compute_grpo_passk_outcome_advantage, citing arXiv:2503.19595). Ties for
+    the top give 0. Needs group_size >= 2 (no second best otherwise).
+    """
+    if group_size < 2:
+        raise ValueError(f"grpo_passk needs group_size >= 2, got {group_size}")
+    grouped = _grouped(rewards, group_size)  # (n_groups, G)
+    top = grouped.topk(2, dim=-1)  # values, indices: (n_groups, 2)
+    gap = top.values[:, 0] - top.values[:, 1]  # (n_groups,)
+    if scale_by_std:
+        gap = gap / (grouped.std(dim=-1) + eps)
+    adv = torch.zeros_like(grouped).scatter(1, top.indices[:, :1], gap[:, None])
+    return adv.view(-1)  # (N,)
 
 
 # GAE is not registered: the token estimator convention is (token_rewards, mask) -> (B, T),
 # while GAE also needs the critic's values and returns value targets next to the advantages.
 def gae(
-    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+    token_rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+    *,
+    unbiased: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation: (B, T) rewards, values, mask -> (advantages, returns).
 
     delta_t = r_t + gamma * V_{t'} - V_t and A_t = delta_t + gamma * lam * A_{t'}, right to
     left, where t' is the next valid token (padding is skipped) and V = 0 after the last valid
     token because the episode ends there. returns = raw A + V (the critic's regression
-    target); the advantages are then whitened over valid tokens (masked mean and population
-    std, eps 1e-8). Both are 0 on padding. Values are treated as constants (no gradient).
+    target); the advantages are then whitened over valid tokens by masked_whiten (unbiased
+    variance, eps 1e-8 inside the root: verl's compute_gae_advantage_return; `unbiased=False`
+    for the population variance). Both are 0 on padding. Values are treated as constants (no
+    gradient).
     """
     with torch.no_grad():
         dtype = torch.promote_types(_as_float(token_rewards).dtype, _as_float(values).dtype)
@@ -152,4 +240,4 @@ def gae(
             adv[:, t] = next_adv
         m = mask.to(dtype)
         returns = (adv + values) * m  # (B, T)
-        return _masked_whiten(adv, mask, 1e-8), returns
+        return masked_whiten(adv, mask, eps=1e-8, unbiased=unbiased), returns

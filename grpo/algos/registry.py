@@ -44,9 +44,11 @@ def register_policy_loss(name: str) -> Callable[[F], F]:
     """Decorator: register a policy loss under `name` (ValueError if taken).
 
     A policy loss has the signature
-    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c) -> (loss, metrics)`
-    and its keyword defaults are the loss's own defaults: the one place they are written (the
-    config's `null` means them; docs/configuration.md lists them, read from here).
+    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c, weights)
+    -> (loss, metrics)`, taking only the options it uses, and its keyword defaults are the
+    loss's own defaults: the one place they are written (the config's `null` means them;
+    docs/configuration.md lists them, read from here). Hyper-parameters the config has no key
+    for (SAPO's temperatures, Clip-Cov's bounds, ...) are further keywords with defaults.
     """
     return _register(POLICY_LOSSES, "policy loss", name)
 

@@ -29,8 +29,34 @@ def check_names(cfg: Config) -> None:
             lookup(value)
         except ValueError as e:
             raise ConfigError(f"{key}: {e}") from None
+    _check_loss_options(cfg, get_policy_loss(cfg.algo.loss))
     if cfg.algo.advantage != GAE:
         try:
             advantage_kind(cfg.algo.advantage)
         except ValueError as e:
             raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
+
+
+def _check_loss_options(cfg: Config, loss: object) -> None:
+    """Options the config sets must be ones the loss takes (sapo has no clip range, cispo
+    no dual clip): otherwise the first step would fail with a TypeError."""
+    import inspect
+
+    params = inspect.signature(loss).parameters  # type: ignore[arg-type]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    algo = cfg.algo
+    given = {
+        "agg": algo.agg,
+        "clip_low": algo.clip_low,
+        "clip_high": algo.clip_high,
+        "clip_c": algo.clip_c,
+        "weights": None if algo.rollout_correction == "none" else algo.rollout_correction,
+    }
+    for option, value in given.items():
+        if value is not None and option not in params:
+            key = "algo.rollout_correction" if option == "weights" else f"algo.{option}"
+            raise ConfigError(
+                f"{key}: the policy loss {algo.loss!r} takes no {option!r}; "
+                f"leave it null (or none) for this loss"
+            )

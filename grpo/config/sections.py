@@ -164,20 +164,35 @@ AggMode = Literal[
 class AlgoConfig:
     loss: str = _f(
         "grpo",
-        "policy loss: grpo / ppo (token-level clipped ratio), gspo (sequence-level ratio), or "
-        "your own as 'package.module:function' (grpo.algos.registry)",
+        "policy loss: grpo / ppo (token-level clipped ratio), gspo (sequence-level ratio), "
+        "cispo (clipped stop-gradient IS weight), sapo (soft gate), geo_mean / gmpo (geometric "
+        "mean of token ratios), clip_cov / kl_cov (high-covariance tokens detached / "
+        "KL-penalised), dppo_tv / dppo_kl (probability-divergence trust region), see "
+        "docs/algorithms.md; or your own as 'package.module:function' (grpo.algos.registry)",
     )
-    clip_low: float | None = _f(None, "ratio >= 1 - clip_low; null = the loss's own default")
-    clip_high: float | None = _f(None, "ratio <= 1 + clip_high; null = the loss's own default")
+    clip_low: float | None = _f(
+        None,
+        "ratio >= 1 - clip_low (geo_mean: log-ratio >= -clip_low; dppo_*: the divergence "
+        "bound for A <= 0); null = the loss's own default",
+    )
+    clip_high: float | None = _f(
+        None,
+        "ratio <= 1 + clip_high (geo_mean: log-ratio <= clip_high; dppo_*: the divergence "
+        "bound for A > 0); null = the loss's own default",
+    )
     clip_c: float | None = _f(
-        None, "dual clip for negative advantages: loss capped at -A * clip_c (> 1); null = off"
+        None,
+        "dual clip for negative advantages: loss capped at -A * clip_c (> 1); dppo_*: the cap "
+        "of the stop-gradient ratio; null = the loss's own default (off for ppo)",
     )
     kl_loss_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
     advantage: str = _f(
         "grpo",
         "grpo: (r - group mean) / group std; dr_grpo: r - group mean; rloo: leave-one-out "
-        "baseline; reinforce_pp: discounted return whitened over the batch; gae: PPO with a "
+        "baseline; grpo_passk: only each group's best answer, (r_max - r_second) / group std; "
+        "reinforce_pp: discounted return whitened over the batch; reinforce_pp_baseline: "
+        "r - group mean, whitened over the batch; gae: PPO with a "
         "critic (see the critic section); or your own estimator as 'package.module:function'",
     )
     gamma: float = _f(1.0, "discount of reinforce_pp and gae returns")

@@ -89,7 +89,8 @@ def optimizer_step(
 def gae_across_ranks(
     rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE on this rank's episodes, whitened with the mean and std of all ranks' tokens.
+    """GAE on this rank's episodes, whitened with the mean and variance of all ranks' tokens
+    (masked_whiten's convention: unbiased variance, eps inside the square root).
 
     (B, C) each -> (advantages, returns). Each rank holds only its own values, so the batch
     statistics of the whitening are summed across ranks."""
@@ -99,8 +100,8 @@ def gae_across_ranks(
         torch.stack([mask.sum(), raw.sum(), (raw.square() * mask).sum()]).double()
     ).tolist()
     mean = total / max(n, 1.0)
-    std = max(square / max(n, 1.0) - mean**2, 0.0) ** 0.5
-    return (raw - mean) / (std + 1e-8) * mask, returns
+    var = max(square / max(n, 1.0) - mean**2, 0.0) * n / max(n - 1.0, 1.0)
+    return (raw - mean) / (var + 1e-8) ** 0.5 * mask, returns
 
 
 def ppo_update(
