@@ -1,7 +1,7 @@
-"""Tasks: datasets, prompts and rewards, looked up by name (``get_task("gsm8k")``)."""
+"""Tasks: datasets, prompts and rewards, looked up by name (``get_task("gsm8k")``, ``"math"``)."""
 
 # Importing a task module registers it with the registry in .base.
-from . import gsm8k
+from . import gsm8k, math500
 from .base import (
     REPO_ROOT,
     RewardFn,
@@ -25,6 +25,7 @@ __all__ = [
     "gsm8k",
     "load_reward_fn",
     "load_rows",
+    "math500",
     "register_task",
     "resolve_path",
     "score",
