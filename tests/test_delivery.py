@@ -7,7 +7,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +20,7 @@ from grpo.delivery.versions import (
     verify_version,
     version_dir,
 )
-from grpo.sampler.data import Prompt, question_stream
+from grpo.sampler.data import question_order
 from grpo.trainer.state import truncate_metrics
 from grpo.wire.codec import FrameError, encode_batch, frames_to_bytes
 from grpo.wire.sampler_channel import SamplerChannel
@@ -112,13 +111,11 @@ def test_spool_drops_interrupted_writes_and_refuses_corrupt_batches(tmp_path: Pa
 
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 4), st.integers(0, 40), st.booleans())
-def test_question_stream_resumes_where_it_stopped(rows: int, n: int, start: int, shuffle: bool):
-    prompts = [Prompt(i, {"q": i}, np.zeros(1, np.int32)) for i in range(rows)]
-    whole = question_stream(prompts, 1, seed=7, shuffle=shuffle)
-    flat = [next(whole)[0].index for _ in range(start + 3 * n)]
-    resumed = question_stream(prompts, n, seed=7, shuffle=shuffle, start=start)
-    again = [p.index for _ in range(3) for p in next(resumed)]
-    assert again == flat[start:]
+def test_question_order_resumes_where_it_stopped(rows: int, n: int, start: int, shuffle: bool):
+    whole = question_order(rows, seed=7, shuffle=shuffle)
+    flat = [next(whole) for _ in range(start + 3 * n)]
+    resumed = question_order(rows, seed=7, shuffle=shuffle, start=start)
+    assert [next(resumed) for _ in range(3 * n)] == flat[start:]
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from grpo.sampler.data import Prompt, question_stream
+from grpo.sampler.data import question_order
 from grpo.sampler.weights import required_version
 
 
@@ -25,23 +25,20 @@ def test_required_version(seq, staleness, interval, expected):
     assert required_version(seq, staleness, interval) == expected
 
 
-def _prompts(n):
-    return [Prompt(i, {"i": i}, np.array([i], np.int32)) for i in range(n)]
+def _take(order, n):
+    return [next(order) for _ in range(n)]
 
 
-def test_question_stream_covers_each_epoch_once_and_reshuffles():
-    stream = question_stream(_prompts(10), 5, seed=3, shuffle=True)
-    first = [p.index for p in next(stream)] + [p.index for p in next(stream)]
-    second = [p.index for p in next(stream)] + [p.index for p in next(stream)]
+def test_question_order_covers_each_epoch_once_and_reshuffles():
+    order = question_order(10, seed=3, shuffle=True)
+    first, second = _take(order, 10), _take(order, 10)
     assert sorted(first) == list(range(10)) and sorted(second) == list(range(10))
     assert first != second
-    again = question_stream(_prompts(10), 5, seed=3, shuffle=True)
-    assert [p.index for p in next(again)] == first[:5]  # seeded: reproducible
+    assert _take(question_order(10, seed=3, shuffle=True), 5) == first[:5]  # seeded
 
 
-def test_question_stream_without_shuffle_wraps_in_order():
-    stream = question_stream(_prompts(3), 2, seed=0, shuffle=False)
-    assert [[p.index for p in next(stream)] for _ in range(3)] == [[0, 1], [2, 0], [1, 2]]
+def test_question_order_without_shuffle_wraps_in_order():
+    assert _take(question_order(3, seed=0, shuffle=False), 6) == [0, 1, 2, 0, 1, 2]
 
 
 def test_hf_answers_end_at_the_first_stop_string(base_model_dir):
@@ -57,3 +54,29 @@ def test_hf_answers_end_at_the_first_stop_string(base_model_dir):
     assert "42." not in tok.decode(cut[:-1].tolist())
     same, reason = _cut_at_stop(ids, "length", tok, ["####"])
     assert reason == "length" and same is ids
+
+
+def test_shard_tokenizes_only_the_rows_it_draws_and_skips_long_ones(tmp_path, base_model_dir):
+    import json
+
+    from grpo.config import load_config
+    from grpo.models import load_tokenizer
+    from grpo.sampler.data import Shard
+    from grpo.tasks import get_task
+
+    rows = [{"question": "What is 1 + 1?" + " Think." * (150 * (i % 3 == 1)),
+             "answer": "#### 2"} for i in range(30)]  # fmt: skip
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [f"data.train={train}", "data.max_prompt_tokens=200",
+                             "rollout.questions_per_step=4", "data.shuffle=false"])  # fmt: skip
+    shard = Shard(cfg, get_task("gsm8k"), load_tokenizer(base_model_dir))
+    encoded = []
+    encode = shard.encode
+    shard.encode = lambda row: encoded.append(row) or encode(row)
+    assert [p.index for p in shard.draw()] == [0, 2, 3, 5]  # rows 1 and 4 are too long
+    assert len(encoded) == 6 and shard.position == 6  # skipped rows count: resume skips them
+
+    cfg = load_config(None, [f"data.train={train}", "data.max_prompt_tokens=5"])
+    with pytest.raises(ValueError, match="no train prompt fits data.max_prompt_tokens=5"):
+        Shard(cfg, get_task("gsm8k"), load_tokenizer(base_model_dir)).draw()

@@ -72,7 +72,9 @@ class DataConfig:
         "system message put before every question ('' for none)",
     )
     reward: str = _f("", "'package.module:function' replacing the task's reward; '' = task's")
-    max_prompt_tokens: int = _f(512, "prompts longer than this (in tokens) are skipped")
+    max_prompt_tokens: int = _f(
+        512, "prompts longer than this (in tokens) are skipped when drawn (logged)"
+    )
     shuffle: bool = _f(True, "shuffle the train rows each epoch (seeded by rollout.seed)")
 
 

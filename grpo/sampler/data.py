@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,16 +26,21 @@ class Prompt:
     ids: np.ndarray  # int32 chat-templated prompt tokens
 
 
+def encode_prompt(task: Task, row: Row, tokenizer, system_prompt: str) -> np.ndarray:
+    """The chat-templated prompt tokens of one row."""
+    text = tokenizer.apply_chat_template(
+        task.build_messages(row, system_prompt), add_generation_prompt=True, tokenize=False
+    )
+    return np.asarray(tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int32)
+
+
 def encode_prompts(
     task: Task, rows: list[Row], tokenizer, system_prompt: str, max_tokens: int
 ) -> list[Prompt]:
     """Chat-template every row; rows whose prompt exceeds `max_tokens` are skipped (logged)."""
     prompts = []
     for i, row in enumerate(rows):
-        text = tokenizer.apply_chat_template(
-            task.build_messages(row, system_prompt), add_generation_prompt=True, tokenize=False
-        )
-        ids = np.asarray(tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int32)
+        ids = encode_prompt(task, row, tokenizer, system_prompt)
         if len(ids) <= max_tokens:
             prompts.append(Prompt(i, row, ids))
     if len(prompts) < len(rows):
@@ -46,58 +52,62 @@ def encode_prompts(
     return prompts
 
 
-def question_stream(
-    prompts: list[Prompt], n: int, seed: int, shuffle: bool, start: int = 0
-) -> Iterator[list[Prompt]]:
-    """Endless batches of `n` prompts; each epoch is a fresh seeded permutation. The first
-    `start` prompts are skipped: a resumed sampler goes on where it stopped."""
-
-    def order_of(epoch: int) -> np.ndarray:
-        rng = np.random.default_rng(seed + epoch)
-        return rng.permutation(len(prompts)) if shuffle else np.arange(len(prompts))
-
-    epoch, pos = divmod(start, len(prompts))
-    order = order_of(epoch)
+def question_order(count: int, seed: int, shuffle: bool, start: int = 0) -> Iterator[int]:
+    """Endless indices into `count` items; each epoch is a fresh seeded permutation. The first
+    `start` are skipped: a resumed sampler goes on where it stopped."""
+    epoch, pos = divmod(start, count)
     while True:
-        batch = []
-        while len(batch) < n:
-            if pos == len(order):
-                epoch, pos = epoch + 1, 0
-                order = order_of(epoch)
-            batch.append(prompts[order[pos]])
-            pos += 1
-        yield batch
+        rng = np.random.default_rng(seed + epoch)
+        order = rng.permutation(count) if shuffle else np.arange(count)
+        for i in order[pos:]:
+            yield int(i)
+        epoch, pos = epoch + 1, 0
 
 
 class Shard:
-    """This sampler's share of the train prompts, and `position`: how many it has drawn."""
+    """This sampler's share of the train rows, and `position`: how many it has drawn.
+
+    Rows are chat-templated and tokenized when drawn, not all up front: that took seconds at
+    every start for GSM8K's 7,473 rows (minutes for a large dataset), most of them never drawn
+    in a short run. A drawn row whose prompt is longer than data.max_prompt_tokens is skipped
+    (it still counts in `position`, so a resumed run skips it too)."""
 
     def __init__(self, cfg: Config, task: Task, tokenizer):
         self.cfg = cfg
         r = cfg.rollout
-        prompts = encode_prompts(
-            task,
-            task.load(cfg.data.train or task.default_train),
-            tokenizer,
-            cfg.data.system_prompt,
-            cfg.data.max_prompt_tokens,
-        )
-        # Disjoint shards by row index (rows i, i + n, ...), whatever prompts were skipped.
-        self.prompts = [p for p in prompts if p.index % r.num_samplers == r.sampler_index]
-        if not self.prompts:
+        rows = task.load(cfg.data.train or task.default_train)
+        # Disjoint shards by row index (rows i, i + n, ...).
+        self.rows = [
+            (i, row) for i, row in enumerate(rows) if i % r.num_samplers == r.sampler_index
+        ]
+        if not self.rows:
             raise ValueError(f"sampler {r.sampler_index} of {r.num_samplers} has no train rows")
+        self.encode = partial(encode_prompt, task, tokenizer=tokenizer,
+                              system_prompt=cfg.data.system_prompt)  # fmt: skip
         self.position = 0
-        self._stream: Iterator[list[Prompt]] | None = None
+        self._order: Iterator[int] | None = None
 
     def draw(self) -> list[Prompt]:
-        """The next rollout.questions_per_step prompts, in the seeded order, from `position`."""
-        if self._stream is None:
-            r = self.cfg.rollout
-            self._stream = question_stream(
-                self.prompts, r.questions_per_step, r.seed, self.cfg.data.shuffle, self.position
-            )
-        prompts = next(self._stream)
-        self.position += len(prompts)
+        """The next rollout.questions_per_step prompts that fit, in the seeded order."""
+        r, max_tokens = self.cfg.rollout, self.cfg.data.max_prompt_tokens
+        if self._order is None:
+            self._order = question_order(len(self.rows), r.seed, self.cfg.data.shuffle,
+                                         self.position)  # fmt: skip
+        prompts: list[Prompt] = []
+        skipped_in_a_row = 0
+        while len(prompts) < r.questions_per_step:
+            index, row = self.rows[next(self._order)]
+            self.position += 1
+            ids = self.encode(row)
+            if len(ids) <= max_tokens:
+                prompts.append(Prompt(index, row, ids))
+                skipped_in_a_row = 0
+                continue
+            log.warning("skipped train row %d: its prompt has %d tokens, more than "
+                        "data.max_prompt_tokens=%d", index, len(ids), max_tokens)  # fmt: skip
+            skipped_in_a_row += 1
+            if skipped_in_a_row >= len(self.rows):
+                raise ValueError(f"no train prompt fits data.max_prompt_tokens={max_tokens}")
         return prompts
 
     def fingerprint(self) -> dict[str, Any]:
@@ -106,8 +116,9 @@ class Shard:
         return {
             "task": cfg.data.task,
             "train": cfg.data.train,
-            "prompts": len(self.prompts),
-            "first_row": self.prompts[0].index,
+            "rows": len(self.rows),
+            "first_row": self.rows[0][0],
+            "max_prompt_tokens": cfg.data.max_prompt_tokens,
             "seed": cfg.rollout.seed,
             "shuffle": cfg.data.shuffle,
             "questions_per_step": cfg.rollout.questions_per_step,

@@ -349,6 +349,17 @@ def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _without_deepspeed_shm_op() -> None:
+    """On CPU, DeepSpeed's init_distributed JIT-compiles a shared-memory all-reduce op with g++
+    and ninja (about 40 s on a fresh install, and a rebuild whenever another virtualenv built
+    it last; every rank start runs ninja and waits on its lock). Only DeepSpeed's inference
+    all-reduce uses it; training's collectives go through gloo. Marking it incompatible, in
+    the dict DeepSpeed keeps for that, means it is never built."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def run_trainer(cfg: Config) -> int:
     import deepspeed
 
@@ -356,6 +367,8 @@ def run_trainer(cfg: Config) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        _without_deepspeed_shm_op()
     timeout_s = collective_timeout_s(cfg)
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     try:
