@@ -1,15 +1,32 @@
-"""All CPU benchmarks: `python -m bench.run_all` (`--quick` for a fast smoke run).
+"""All CPU benchmarks: `python -m bench.run_all` (`--quick` for a fast smoke run, `--only NAME`
+for one of them).
 
 The vLLM rows need vLLM installed (scripts/setup.sh --dev or --vllm)."""
 
-import sys
+import argparse
 
 from bench import e2e, logprobs, overlap, padding, recovery, transport, vllm, weight_sync
 
+# name -> module, in the order of the table; each module's run(quick) returns its rows
+BENCHMARKS = {
+    "transport": transport,
+    "logprobs": logprobs,
+    "padding": padding,
+    "weight_sync": weight_sync,
+    "overlap": overlap,
+    "e2e": e2e,
+    "recovery": recovery,
+    "vllm": vllm,
+}
+
 if __name__ == "__main__":
-    quick = "--quick" in sys.argv
+    parser = argparse.ArgumentParser(prog="python -m bench.run_all")
+    parser.add_argument("--quick", action="store_true", help="small sizes (the test suite's)")
+    parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append",
+                        help="run this benchmark only (repeatable)")  # fmt: skip
+    args = parser.parse_args()
     print(f"{'benchmark':<34} {'baseline':>12} {'ours':>12} unit")
     results = []
-    for bench in (transport, logprobs, padding, weight_sync, overlap, e2e, recovery, vllm):
-        results += bench.run(quick)
+    for name in args.only or BENCHMARKS:
+        results += BENCHMARKS[name].run(args.quick)
     print(f"{sum(r.met for r in results)} of {len(results)} targets met")

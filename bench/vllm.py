@@ -77,14 +77,18 @@ def run(quick: bool = False) -> list[Result]:
                 t0 = time.perf_counter()
                 assert engine.load_version(vdir, version) == "in place"
                 in_place = min(in_place, time.perf_counter() - t0)
-            engine.cfg.rollout.vllm.reload = "restart"
-            vdir = _perturbed_copy(policy, tokenizer, tmp / "v000009", 9)
-            t0 = time.perf_counter()
-            assert engine.load_version(vdir, 9) == "restart"
-            restart = time.perf_counter() - t0
+            if quick:  # the suite's smoke run: the first start stands in for a restart
+                restart = start_s  # (tests/test_vllm.py restarts an engine on a hung reload)
+            else:
+                engine.cfg.rollout.vllm.reload = "restart"
+                vdir = _perturbed_copy(policy, tokenizer, tmp / "v000009", 9)
+                t0 = time.perf_counter()
+                assert engine.load_version(vdir, 9) == "restart"
+                restart = time.perf_counter() - t0
     finally:
         engine.close()
     mb = sum(p.numel() * p.element_size() for p in policy.parameters()) / 1e6
+    restart_is = "the first start (--quick)" if quick else "shut down + start from the version dir"
     sizes = f"{len(prompts)} GSM8K prompts x {n} answers, {new_tokens} new tokens"
     # targets (our choice; the issue sets none): a reload at least 10x cheaper than a
     # restart, and vLLM at least 2x HF generate's best batch on the same prompts
@@ -99,7 +103,7 @@ def run(quick: bool = False) -> list[Result]:
                 10.0,
                 restart / in_place >= 10.0,
                 machine(),
-                f"{mb:.0f} MB float32 weights; restart = shut down + start from the version dir",
+                f"{mb:.0f} MB float32 weights; restart = {restart_is}",
             )
         ),  # fmt: skip
         report(

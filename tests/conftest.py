@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,11 @@ import bench.common
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+# One thread per process, in the test workers and every process their runs start: the
+# parallelism comes from pytest-xdist's workers, and OpenMP threads of one run spinning while
+# another run's processes want the same cores cost CPU time and change nothing tested.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +44,6 @@ transport_overrides = bench.common.loopback_overrides
 def run_launch(
     config: Path | str, overrides: list[str], timeout: float, env: dict | None = None, **kwargs
 ) -> subprocess.CompletedProcess:
-    import os
-
     full_env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         ["bash", str(REPO / "launch.sh"), str(config), *overrides],

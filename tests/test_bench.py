@@ -6,16 +6,33 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
+# The rows each benchmark writes; each runs as its own test, so that pytest-xdist spreads them.
+ROWS = {"transport": 6, "logprobs": 2, "padding": 3, "weight_sync": 1, "overlap": 1, "e2e": 2,
+        "recovery": 1, "vllm": 2 * (importlib.util.find_spec("vllm") is not None)}  # fmt: skip
 
-def test_benchmarks_run_quick(tmp_path):
+
+def test_every_benchmark_is_run_by_the_suite():
+    from bench.run_all import BENCHMARKS
+
+    assert list(BENCHMARKS) == list(ROWS)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.xdist_group("embedded_model")) if n == "vllm" else n
+     for n in ROWS],
+)  # fmt: skip
+def test_benchmark_runs_quick(tmp_path, name):
     env = {**os.environ, "BENCH_RESULTS": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "bench.run_all", "--quick"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    command = [sys.executable, "-m", "bench.run_all", "--quick", "--only", name]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(tmp_path.glob("*.json"))
-    assert len(files) == 16 + 2 * (importlib.util.find_spec("vllm") is not None)
+    assert len(files) == ROWS[name], [f.name for f in files]
     keys = {"name", "unit", "baseline", "ours", "ratio", "target", "met", "machine"}
     for f in files:
         row = json.loads(f.read_text())

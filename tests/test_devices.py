@@ -140,9 +140,14 @@ def test_micro_batch_loss_stays_on_the_model_device(loss, extra):
 def test_policy_and_value_losses_keep_metrics_on_the_device():
     """Metrics are tensors (no .item() per micro-batch: each one would wait for the GPU)."""
     x = torch.zeros(2, 3, device=META)
+    # Clip-Cov and KL-Cov pick a number of tokens that depends on the mask: one host sync per
+    # micro-batch, as in verl (their docstrings say so); their metrics are tensors all the same.
+    counts_tokens = {"clip_cov", "kl_cov"}
     for name in sorted(POLICY_LOSSES):
-        loss, metrics = get_policy_loss(name)(x, x, x, x)
-        assert loss.device == META and all(m.device == META for m in metrics.values())
+        y = torch.zeros(2, 3) if name in counts_tokens else x
+        loss, metrics = get_policy_loss(name)(y, y, y, y)
+        assert loss.device == y.device and all(m.device == y.device for m in metrics.values())
+        assert all(isinstance(m, torch.Tensor) and m.dim() == 0 for m in metrics.values())
     loss, metrics = value_loss(x, x, x, x)
     assert loss.device == META and all(m.device == META for m in metrics.values())
 
