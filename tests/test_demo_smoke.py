@@ -61,6 +61,7 @@ def test_cpu_demo_config_with_vllm_two_steps_and_a_reload(
         "rollout.backend=vllm",
         "rollout.vllm.kv_cache_gib=0.5",
         "rollout.vllm.enforce_eager=true",
+        "train.num_ranks=1",  # the ranks are the HF smoke's subject; this one is the engine's
         f"train.logprobs_on={logprobs_on}",
         f"algo.rollout_correction={correction}",
     ]

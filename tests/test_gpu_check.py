@@ -15,42 +15,40 @@ from grpo.config import load_config
 from grpo.sampler.weights import required_version
 from tests.conftest import PYTHON, REPO
 
+SHRINK = [
+    "model.dtype=float32",
+    "data.reward=tests.rewards_for_tests:text_length", "data.max_prompt_tokens=256",
+    "rollout.questions_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
+    "rollout.generation_batch_size=16", "train.num_ranks=2", "train.micro_batch_size=4",
+    "train.lr=1e-3", "train.mini_batch_size=8", "critic.warmup_steps=0",
+]  # fmt: skip
+
 
 @pytest.mark.slow
-def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_dir):
-    """Each config for 2 steps on both trainer ranks (the check's own code path), then what
-    each one must show in its metrics."""
-    shrink = [
-        f"model.path={tiny_model_dir}", "model.dtype=float32",
-        "data.reward=tests.rewards_for_tests:text_length", "data.max_prompt_tokens=256",
-        "rollout.questions_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
-        "rollout.generation_batch_size=16", "train.num_ranks=2", "train.micro_batch_size=4",
-        "train.lr=1e-3", "train.mini_batch_size=8", "critic.warmup_steps=0",
-    ]  # fmt: skip
-    configs = [*gpu_check.shipped_configs(), gpu_check.RECIPE]
-
-    def overrides(config: str) -> list[str]:  # DAPO's overlong buffer must fit the 12 tokens
-        return shrink + ["algo.overlong_buffer=4"] * ("dapo" in config)
-
-    rows = [gpu_check.run([c], 2, False, overrides(c), tmp_path)[0] for c in configs]
-    table = gpu_check.table(rows)
-    assert [r.config for r in rows] == configs, table
-    for r in rows:
-        assert r.exit_code == 0 and r.steps == 2, f"{r.config}:\n{r.log_tail}"
-        assert r.s_per_step > 0 and r.gen_tokens_per_s > 0 and r.trainer_tokens_per_s > 0
-        assert r.trainer_peak_gib > 0 and r.sampler_peak_gib > 0  # peak RSS on CPU
-        assert f"| {r.config} | 0 | 2 |" in table
-        metrics = gpu_check.read_rows(tmp_path / r.config / "metrics.jsonl")
-        cfg = load_config(REPO / "configs" / f"{r.config}.yaml", overrides(r.config))
-        t = cfg.train  # the shipped configs overlap (the default) unless they say otherwise
-        want = [required_version(k, t.max_staleness, t.sync_interval) for k in (0, 1)]
-        assert [m["policy_version"] for m in metrics] == want, r.config
-        assert all(math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in metrics)
-        assert all(m["policy_steps_skipped"] == 0 for m in metrics)
-        if "ppo" in r.config:  # the critic trained too, and KL was charged in the reward
-            assert all(math.isfinite(m["vf_loss"]) and "vf_explained_var" in m for m in metrics)
-            assert metrics[1]["kl_reward_coef"] != metrics[0]["kl_reward_coef"]  # adaptive
-            assert all(m["critic_steps_skipped"] == 0 for m in metrics)
+@pytest.mark.parametrize("config", [*gpu_check.shipped_configs(), gpu_check.RECIPE])
+def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_dir, config):
+    """Each config (one test each, so that xdist spreads them) for 2 steps on both trainer
+    ranks, through the check's own code path, then what it must show in its metrics."""
+    overrides = [f"model.path={tiny_model_dir}", *SHRINK]
+    if "dapo" in config:  # DAPO's overlong buffer must fit the 12 tokens
+        overrides.append("algo.overlong_buffer=4")
+    (r,) = gpu_check.run([config], 2, False, overrides, tmp_path)
+    table = gpu_check.table([r])
+    assert r.config == config and r.exit_code == 0 and r.steps == 2, f"{config}:\n{r.log_tail}"
+    assert r.s_per_step > 0 and r.gen_tokens_per_s > 0 and r.trainer_tokens_per_s > 0
+    assert r.trainer_peak_gib > 0 and r.sampler_peak_gib > 0  # peak RSS on CPU
+    assert f"| {config} | 0 | 2 |" in table
+    metrics = gpu_check.read_rows(tmp_path / config / "metrics.jsonl")
+    t = load_config(REPO / "configs" / f"{config}.yaml", overrides).train
+    # the shipped configs overlap (the default) unless they say otherwise
+    want = [required_version(k, t.max_staleness, t.sync_interval) for k in (0, 1)]
+    assert [m["policy_version"] for m in metrics] == want
+    assert all(math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in metrics)
+    assert all(m["policy_steps_skipped"] == 0 for m in metrics)
+    if "ppo" in config:  # the critic trained too, and KL was charged in the reward
+        assert all(math.isfinite(m["vf_loss"]) and "vf_explained_var" in m for m in metrics)
+        assert metrics[1]["kl_reward_coef"] != metrics[0]["kl_reward_coef"]  # adaptive
+        assert all(m["critic_steps_skipped"] == 0 for m in metrics)
 
 
 def test_summary_and_table_from_a_run_dir(tmp_path):

@@ -187,29 +187,29 @@ def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir,
 
 
 def test_hung_in_place_reload_falls_back_to_a_restart(
-    base_model_dir, tmp_path, monkeypatch, caplog
+    engine, base_model_dir, tmp_path, monkeypatch, caplog
 ):
-    from grpo.rollout.vllm import VllmRollout
-
     tok = load_tokenizer(base_model_dir)
     prompt = prompts(tok, QUESTIONS[:1])[0]
     completion = np.asarray(tok("Sure: #### 7").input_ids, np.int32)
     new_model = perturbed_version(base_model_dir, tmp_path / "v000001", seed=2)
-    rollout = VllmRollout(vllm_config("rollout.vllm.reload_timeout_s=2"), base_model_dir)
+    monkeypatch.setattr(engine.cfg.rollout.vllm, "reload_timeout_s", 2)
     release = threading.Event()
     try:
         # An engine that never answers the reload: the timeout counts it as failed.
-        monkeypatch.setattr(rollout.llm, "collective_rpc", lambda *a, **k: release.wait(600))
-        assert rollout.load_version(tmp_path / "v000001", 1) == "restart (fallback)"
+        monkeypatch.setattr(engine.llm, "collective_rpc", lambda *a, **k: release.wait(600))
+        assert engine.load_version(tmp_path / "v000001", 1) == "restart (fallback)"
         why = "TimeoutError: loading version 1 into the running engine took over 2 s"
         assert why in caplog.text
         (new_hf,), _ = score_pairs(new_model, [prompt], [completion], pad_id=2,
                                    temperature=1.0, packed=False)  # fmt: skip
-        served = engine_logprobs_of(rollout, prompt, completion)
+        served = engine_logprobs_of(engine, prompt, completion)
         assert np.abs(served - new_hf).mean() < MEAN_TOL
     finally:
         release.set()
-        rollout.close()
+    # the restarted engine reloads in place again: back to the base weights for the next tests
+    shutil.copytree(base_model_dir, tmp_path / "v000002")
+    assert engine.load_version(tmp_path / "v000002", 2) == "in place"
 
 
 def test_lora_adapter_per_version_without_restart(base_model_dir, tmp_path):
