@@ -52,6 +52,10 @@ case $ROLE in
   sampler) start_sampler "$@" ;;
 esac
 
+# Both roles share the run dir here: the sampler draws the plot after its final eval, so the
+# trainer does not draw one that would be overwritten a moment later.
+export GRPO_SAMPLER_PLOTS=1
+
 # Job control puts each role in its own process group, so stopping a role reaches every
 # process it started (the DeepSpeed launcher does not forward signals to its ranks).
 set -m
