@@ -229,6 +229,24 @@ def _load_hf(source: str, split: str | None) -> list[Row]:
         ) from exc
 
 
+def load_rows_with(source: str, keys: tuple[str, ...]) -> list[Row]:
+    """`load_rows`, checking that every row has `keys` (one line naming the row otherwise)."""
+    rows = load_rows(source)
+    for i, row in enumerate(rows):
+        for key in keys:
+            if key not in row:
+                raise ValueError(f"{source}: row {i} has no {key!r} key (keys: {sorted(row)})")
+    return rows
+
+
+def question_messages(question: str, instruction: str, system_prompt: str) -> list[dict[str, str]]:
+    """The chat of a question-and-answer task: the system prompt (if any), then the question
+    followed by the task's answer instruction."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": f"{question.strip()}\n\n{instruction}"})
+    return messages
+
+
 def load_rows(source: str, split: str | None = None) -> list[Row]:
     """Load rows from a local .jsonl/.json/.parquet file or a Hugging Face dataset name.
 

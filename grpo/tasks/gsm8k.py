@@ -6,7 +6,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-from .base import Row, Task, load_rows, register_task
+from .base import Row, Task, load_rows_with, question_messages, register_task
 
 # Partial credit for an explicit, parseable answer marker: the early format signal that
 # lets a small model learn *where* to put the answer before it learns to get it right.
@@ -145,20 +145,12 @@ def reward(completion: str, row: Row) -> tuple[float, dict]:
 
 
 def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    user = f"{str(row['question']).strip()}\n\n{ANSWER_INSTRUCTION}"
-    messages.append({"role": "user", "content": user})
-    return messages
+    return question_messages(str(row["question"]), ANSWER_INSTRUCTION, system_prompt)
 
 
 def load(source: str) -> list[Row]:
-    """Load GSM8K rows and check that every row has a question and an answer."""
-    rows = load_rows(source)
-    for i, row in enumerate(rows):
-        for key in ("question", "answer"):
-            if key not in row:
-                raise ValueError(f"{source}: row {i} has no {key!r} key (keys: {sorted(row)})")
-    return rows
+    """Load GSM8K rows; every row must have a question and an answer."""
+    return load_rows_with(source, ("question", "answer"))
 
 
 TASK = register_task(

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from .base import REPO_ROOT, Row, Task, load_rows, register_task
+from .base import REPO_ROOT, Row, Task, load_rows_with, question_messages, register_task
 from .gsm8k import FORMAT_REWARD, _boxed_contents
 
 __all__ = [
@@ -227,20 +227,12 @@ def reward(completion: str, row: Row) -> tuple[float, dict]:
 
 
 def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    user = f"{str(row['problem']).strip()}\n\n{ANSWER_INSTRUCTION}"
-    messages.append({"role": "user", "content": user})
-    return messages
+    return question_messages(str(row["problem"]), ANSWER_INSTRUCTION, system_prompt)
 
 
 def load(source: str) -> list[Row]:
-    """Load MATH rows and check that every row has a problem and an answer."""
-    rows = load_rows(source)
-    for i, row in enumerate(rows):
-        for key in ("problem", "answer"):
-            if key not in row:
-                raise ValueError(f"{source}: row {i} has no {key!r} key (keys: {sorted(row)})")
-    return rows
+    """Load MATH rows; every row must have a problem and an answer."""
+    return load_rows_with(source, ("problem", "answer"))
 
 
 TASK = register_task(
