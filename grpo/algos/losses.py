@@ -75,6 +75,31 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
     raise ValueError(f"unknown KL penalty {kind!r}; valid: ['k1', 'k2', 'k3', 'abs']")
 
 
+def _token_advantages(advantages: Tensor) -> Tensor:
+    """Sequence-level advantages (B,) -> (B, 1), broadcasting over tokens; (B, T) unchanged."""
+    return advantages[:, None] if advantages.dim() == 1 else advantages
+
+
+def _ratio_metrics(old_logp: Tensor, logp: Tensor, ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
+    """The metrics every ratio-based loss reports (no grad), token means over valid tokens:
+    approx_kl, the k3 estimate of KL(pi_old || pi) on tokens sampled from pi_old
+    (exp(logp - old) - (logp - old) - 1: >= 0, low variance), and ratio_mean."""
+    with torch.no_grad():
+        return {
+            "approx_kl": masked_mean(kl_penalty(old_logp, logp.detach(), "k3"), m),
+            "ratio_mean": masked_mean(ratio.detach(), m),
+        }
+
+
+def _weighted_agg(loss_mat: Tensor, mask: Tensor, agg: str, weights: Tensor | None) -> Tensor:
+    """agg_loss of the per-token losses (B, T), each first scaled by its weight (no gradient)
+    when `weights` is given: the rollout correction's importance weights
+    (grpo.algos.correction)."""
+    if weights is not None:
+        loss_mat = loss_mat * weights.detach()
+    return agg_loss(loss_mat, mask, agg)
+
+
 def _clipped_surrogate(
     ratio: Tensor,
     advantages: Tensor,
@@ -92,8 +117,7 @@ def _clipped_surrogate(
 
     `weights` (B, T), without gradient, scale each token's loss before aggregation: the
     rollout correction's importance weights (grpo.algos.correction)."""
-    if advantages.dim() == 1:  # sequence-level advantages (B,) are fine too
-        advantages = advantages[:, None]
+    advantages = _token_advantages(advantages)  # sequence-level (B,) are fine too
     pg = -advantages * ratio  # (B, T)
     pg_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (B, T)
     # max of the two losses = min of the two objectives: never profit from moving the ratio
@@ -108,21 +132,15 @@ def _clipped_surrogate(
         cap = -advantages * clip_c
         dual_clipped = (advantages < 0) & (loss_mat > cap)
         loss_mat = torch.where(dual_clipped, cap, loss_mat)
-    if weights is not None:
-        loss_mat = loss_mat * weights.detach()
-    loss = agg_loss(loss_mat, mask, agg)
+    loss = _weighted_agg(loss_mat, mask, agg, weights)
 
     with torch.no_grad():
         m = mask.to(ratio.dtype)
         metrics = {
             "clip_frac": masked_mean((pg_clipped > pg).to(m.dtype), m),
             "dual_clip_frac": masked_mean(dual_clipped.to(m.dtype), m),
-            # k3 estimate of KL(pi_old || pi) between rollout and current policy, on tokens
-            # sampled from pi_old: exp(logp - old) - (logp - old) - 1. >= 0, low variance.
-            "approx_kl": masked_mean(kl_penalty(old_logp, logp, "k3"), m),
-            "ratio_mean": masked_mean(ratio, m),
         }
-    return loss, metrics
+    return loss, metrics | _ratio_metrics(old_logp, logp, ratio, m)
 
 
 @register_policy_loss("ppo")
@@ -187,21 +205,6 @@ def gspo_policy_loss(
     )  # fmt: skip
 
 
-def _token_advantages(advantages: Tensor) -> Tensor:
-    """Sequence-level advantages (B,) -> (B, 1), broadcasting over tokens; (B, T) unchanged."""
-    return advantages[:, None] if advantages.dim() == 1 else advantages
-
-
-def _ratio_metrics(old_logp: Tensor, logp: Tensor, ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
-    """The metrics every ratio-based loss reports (no grad): approx_kl (k3 estimate of
-    KL(pi_old || pi) on the sampled tokens) and ratio_mean, token means over valid tokens."""
-    with torch.no_grad():
-        return {
-            "approx_kl": masked_mean(kl_penalty(old_logp, logp.detach(), "k3"), m),
-            "ratio_mean": masked_mean(ratio.detach(), m),
-        }
-
-
 @register_policy_loss("cispo")
 def cispo_policy_loss(
     old_logp: Tensor,
@@ -231,9 +234,7 @@ def cispo_policy_loss(
     ratio = torch.exp((logp - old_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (B, T)
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()  # (B, T), stop-gradient
     loss_mat = -weight * adv * logp  # (B, T)
-    if weights is not None:
-        loss_mat = loss_mat * weights.detach()
-    loss = agg_loss(loss_mat, mask, agg)
+    loss = _weighted_agg(loss_mat, mask, agg, weights)
     m = mask.to(logp.dtype)
     with torch.no_grad():
         clipped = (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)  # (B, T)
@@ -271,9 +272,7 @@ def sapo_policy_loss(
     tau = torch.where(adv > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))  # (B, T)
     s = torch.sigmoid(tau * (ratio - 1.0))  # (B, T)
     loss_mat = -(s * (4.0 / tau)) * adv  # (B, T)
-    if weights is not None:
-        loss_mat = loss_mat * weights.detach()
-    loss = agg_loss(loss_mat, mask, agg)
+    loss = _weighted_agg(loss_mat, mask, agg, weights)
     m = mask.to(logp.dtype)
     with torch.no_grad():
         metrics = {"gate_weight_mean": masked_mean(4.0 * s * (1.0 - s), m)}
@@ -389,9 +388,7 @@ def clip_cov_policy_loss(
         n_clip = max(int(clip_cov_ratio * float(m.sum())), 1)
         detached = _clip_cov_choice(candidates, n_clip)  # (B, T)
     loss_mat = torch.maximum(pg, pg_clipped).masked_fill(detached, 0.0)  # (B, T)
-    if weights is not None:
-        loss_mat = loss_mat * weights.detach()
-    loss = agg_loss(loss_mat, mask, agg)
+    loss = _weighted_agg(loss_mat, mask, agg, weights)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean(ppo_clipped.to(m.dtype), m),
@@ -443,9 +440,7 @@ def kl_cov_policy_loss(
             penalised[top] = True
         penalised = penalised.view_as(valid)  # (B, T)
     loss_mat = -adv * ratio + ppo_kl_coef * log_r.abs() * penalised  # (B, T)
-    if weights is not None:
-        loss_mat = loss_mat * weights.detach()
-    loss = agg_loss(loss_mat, mask, agg)
+    loss = _weighted_agg(loss_mat, mask, agg, weights)
     with torch.no_grad():
         metrics = {"kl_cov_frac": masked_mean(penalised.to(m.dtype), m)}
     return loss, metrics | _ratio_metrics(old_logp, logp, ratio, m)
@@ -468,9 +463,7 @@ def _dppo_loss(
     ratio = torch.exp((logp - old_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # (B, T)
     weight = ratio.clamp(max=clip_c).detach()  # (B, T), truncated IS weight, stop-gradient
     loss_mat = -adv * weight * logp * inside.detach().to(logp.dtype)  # (B, T)
-    if weights is not None:
-        loss_mat = loss_mat * weights.detach()
-    loss = agg_loss(loss_mat, mask, agg)
+    loss = _weighted_agg(loss_mat, mask, agg, weights)
     m = mask.to(logp.dtype)
     with torch.no_grad():
         metrics = {
