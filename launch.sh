@@ -33,7 +33,7 @@ run_dir="$(get "$@" --get output_dir)/$(get "$@" --get name)"
 
 # Convert the embedded model once, before two processes would both want to.
 if [[ $model_path == embedded ]]; then
-  "$PY" -m grpo.models >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
+  "$PY" -m grpo.embedded >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
 fi
 
 gpus() { [[ -z $1 ]] || export CUDA_VISIBLE_DEVICES=$1; }

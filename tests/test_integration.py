@@ -1,5 +1,6 @@
-"""The real pipeline: launch.sh starts the sampler and a 2-rank DeepSpeed trainer (gloo) on
-127.0.0.1 with a tiny random model; real ZeroMQ sockets, real checkpoints, real reloads."""
+"""The real pipeline: launch.sh starts the sampler and a DeepSpeed trainer (gloo) on 127.0.0.1
+with a tiny random model; real ZeroMQ sockets, real checkpoints, real reloads. The trainer has 2
+ranks unless a test is about something else: each rank costs seconds of start-up on CPU."""
 
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
 
 def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
     """A trainer that cannot start takes the sampler down with it; launch.sh says why."""
-    config = tiny_config(tmp_path, tiny_model_dir)
+    config = tiny_config(tmp_path, tiny_model_dir, train={"num_ranks": 1})
     started = time.monotonic()
     proc = run_launch(
         config, [*transport_overrides(), "train.deepspeed_config=nope.json"], timeout=300
@@ -231,7 +232,7 @@ def test_lora_adapter_is_published_and_reloaded(tmp_path, tiny_model_dir):
     config = tiny_config(
         tmp_path,
         tiny_model_dir,
-        train={"total_steps": 2},
+        train={"total_steps": 2, "num_ranks": 1},
         model={"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj"]}},
     )
     proc = run_launch(config, transport_overrides(), timeout=600)
@@ -249,7 +250,7 @@ def test_ppo_critic_warmup_holds_the_policy(tmp_path, tiny_model_dir):
     config = tiny_config(
         tmp_path, tiny_model_dir,
         algo={"advantage": "gae", "lam": 0.9, "kl_in_reward": True},
-        critic={"warmup_steps": 1}, train={"total_steps": 2},
+        critic={"warmup_steps": 1}, train={"total_steps": 2, "num_ranks": 1},
     )  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

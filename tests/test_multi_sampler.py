@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_samplers_feed_one_trainer_from_disjoint_shards(tmp_path, tiny_model_dir):
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 4, "max_staleness": 1})
+    train = {"total_steps": 4, "max_staleness": 1, "num_ranks": 1}
+    config = tiny_config(tmp_path, tiny_model_dir, train=train)
     overrides = [*transport_overrides(), "rollout.num_samplers=2"]
     procs = [start("trainer", config, overrides, tmp_path / "trainer.log")]
     for i in (0, 1):

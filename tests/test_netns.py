@@ -90,7 +90,7 @@ def test_two_namespaces_with_curve(tmp_path, tiny_model_dir, namespaces):
     trainer_ns, sampler_ns = namespaces
     keys = tmp_path / "keys"
     generate(keys, samplers=1)
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 2})
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1})
     overrides = [
         f"transport.episodes_addr=tcp://{TRAINER_IP}:5555",
         f"transport.control_addr=tcp://{TRAINER_IP}:5556",

@@ -100,7 +100,7 @@ def test_sampler_without_the_trainers_filesystem(tmp_path, tiny_model_dir):
     from tests.test_chaos import finish, start
     from tests.test_integration import tiny_config
 
-    config = tiny_config(tmp_path, tiny_model_dir)
+    config = tiny_config(tmp_path, tiny_model_dir, train={"num_ranks": 1})
     overrides = [*transport_overrides(), f"transport.weights_addr=tcp://127.0.0.1:{free_port()}"]
     trainer = start("trainer", config, overrides, tmp_path / "trainer.log")
     sampler_out = [*overrides, f"output_dir={tmp_path / 'sampler_node'}"]

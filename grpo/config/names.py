@@ -17,12 +17,12 @@ GAE = "gae"
 
 def check_names(cfg: Config) -> None:
     from grpo.algos.registry import advantage_kind, get_policy_loss
-    from grpo.rollout.registry import get_engine
+    from grpo.rollout.registry import check_engine_name
     from grpo.tasks import get_task
 
     for key, value, lookup in (
         ("algo.loss", cfg.algo.loss, get_policy_loss),
-        ("rollout.backend", cfg.rollout.backend, get_engine),
+        ("rollout.backend", cfg.rollout.backend, check_engine_name),
         ("data.task", cfg.data.task, get_task),
     ):
         try:

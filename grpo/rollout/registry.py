@@ -23,6 +23,13 @@ def register_engine(name: str, factory: EngineFactory) -> EngineFactory:
     return factory
 
 
+def check_engine_name(name: str) -> None:
+    """ValueError unless `name` is a built-in engine or a user's importable factory; a built-in
+    is not imported (launch.sh's up-front check should not pay for transformers or vLLM)."""
+    if name not in ENGINES or not isinstance(ENGINES[name], str):
+        get_engine(name)
+
+
 def get_engine(name: str) -> EngineFactory:
     """The factory for `rollout.backend`; the error lists the valid names."""
     factory = resolve(ENGINES, "rollout engine", name)
