@@ -52,16 +52,13 @@ case $ROLE in
   sampler) start_sampler "$@" ;;
 esac
 
-# Both roles share the run dir here: the sampler draws the plot after its final eval, so the
-# trainer does not draw one that would be overwritten a moment later.
-export GRPO_SAMPLER_PLOTS=1
-
 # Job control puts each role in its own process group, so stopping a role reaches every
 # process it started (the DeepSpeed launcher does not forward signals to its ranks).
 set -m
 declare -A name_of
 start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
-start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
+# One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.
+TQDM_DISABLE=1 start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
 
 alive() { kill -0 -- "-$trainer_pid" 2>/dev/null || kill -0 -- "-$sampler_pid" 2>/dev/null; }
 stop_all() {

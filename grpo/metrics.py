@@ -80,9 +80,13 @@ def series(rows: list[dict[str, Any]], key: str, x: str = "step") -> tuple[list,
     return [r[x] for r in kept], [r[key] for r in kept]
 
 
+def _k_of(key: str) -> int:
+    return int(key.removeprefix("pass@"))
+
+
 def plot_run(run_dir: Path) -> Path | None:
-    """Reward, accuracy and KL (or entropy) against step (plus eval accuracy), written
-    atomically as PNG."""
+    """Reward, accuracy and KL (or entropy) against step (plus eval pass@1, format rate and
+    pass@k), written atomically as PNG."""
     rows = read_jsonl(run_dir / METRICS_FILE)
     if not rows:
         return None
@@ -100,6 +104,8 @@ def plot_run(run_dir: Path) -> Path | None:
     if evals:  # version v = the weights after step v, so it shares the step axis
         axes[1].plot(*series(evals, "accuracy", "version"), marker="s", label="eval pass@1")
         axes[1].plot(*series(evals, "format_rate", "version"), marker="^", label="eval format")
+        for key in sorted({k for e in evals for k in e if k.startswith("pass@")}, key=_k_of):
+            axes[1].plot(*series(evals, key, "version"), marker="x", ls="--", label=f"eval {key}")
     axes[1].set_title("accuracy and format rate")
     axes[1].legend(fontsize=8)
     # Without a KL term there is no reference pass (grpo.config.passes), hence no KL: then

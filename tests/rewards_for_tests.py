@@ -26,3 +26,10 @@ def flat_on_odd_questions(completion: str, sample: dict) -> tuple[float, dict]:
     if len(sample["question"]) % 2:
         return 0.5, {"formatted": False, "correct": False}
     return text_length(completion, sample)
+
+
+def even_length_is_correct(completion: str, sample: dict) -> tuple[float, dict]:
+    """'Correct' when the answer has an even number of characters: a random model's samples are
+    right about half the time, so pass@k has something to count; formatted when it is long."""
+    correct = len(completion) % 2 == 0
+    return float(correct), {"formatted": len(completion) > 20, "correct": correct}

@@ -46,7 +46,16 @@ def tiny_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
 
 
 def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
-    config = tiny_config(tmp_path, tiny_model_dir, train={"state_interval": 1})
+    """A run with every output: reloads, metrics, versions, state, the ranks' evaluations
+    (greedy and pass@k, each rank with half the questions), TensorBoard, and afterwards
+    `python -m grpo eval` of its versions."""
+    config = tiny_config(
+        tmp_path, tiny_model_dir, train={"state_interval": 1},
+        # a random model's answers are "right" about half the time: pass@k has things to count
+        data={"reward": "tests.rewards_for_tests:even_length_is_correct"},
+        eval={"interval": 2, "num_questions": 6, "max_new_tokens": 8, "samples": 4,
+              "k": [1, 2, 4]},
+    )  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
@@ -92,6 +101,7 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
     assert json.loads((spool / "state.json").read_text())["next_seq"] == 3
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
     assert not list(run_dir.rglob("*.tmp*"))
+    _check_evaluations(run_dir, log)
     for key in (
         "loss",
         "kl",
@@ -105,6 +115,42 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
         "recv_s",
     ):
         assert key in rows[0]
+
+
+def _check_evaluations(run_dir: Path, log: str) -> None:
+    """The trainer's eval rows (first, every 2nd and last version), the same numbers in
+    TensorBoard, and the eval CLI's greedy answers to v3 agreeing with the trainer's."""
+    from tests.test_evaluation import _tensorboard_scalars
+
+    evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [e["version"] for e in evals] == [0, 2, 3], evals
+    for e in evals:
+        assert e["n"] == 6 and e["samples"] == 4
+        assert 0 <= e["pass@1"] <= e["pass@2"] <= e["pass@4"] <= 1
+    assert re.search(r"eval v3: accuracy [\d.]+, format [\d.]+ on 6 questions, pass@1", log)
+    board = _tensorboard_scalars(run_dir)
+    assert [s for s, _ in board["eval/pass@4"]] == [0, 2, 3]
+    assert board["eval/accuracy"][-1] == (3, evals[-1]["accuracy"])
+    assert [s for s, _ in board["train/reward_mean"]] == [1, 2, 3]
+    assert "time/train_s" in board and "train/rank_group_ids" not in board
+
+    done = subprocess.run(
+        [PYTHON, "-m", "grpo", "eval", str(run_dir), "--versions", "0,3", "--samples", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| version | pass@1 (greedy) | format | pass@1 | pass@2 | questions | seconds |" in (
+        done.stdout
+    )
+    cli = [json.loads(x) for x in (run_dir / "eval_versions.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in cli] == [0, 3] and all(r["samples"] == 2 for r in cli)
+    for mine, theirs in zip(cli, (evals[0], evals[-1]), strict=True):  # greedy: same answers
+        assert (mine["accuracy"], mine["format_rate"]) == (
+            theirs["accuracy"], theirs["format_rate"]
+        ), (mine, theirs)  # fmt: skip
+    bad = subprocess.run([PYTHON, "-m", "grpo", "eval", str(run_dir), "--versions", "5"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "has no versions [5]" in bad.stderr
 
 
 def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):

@@ -16,7 +16,10 @@ def test_plot_of_a_run_whose_first_rows_have_no_policy_metrics(tmp_path):
     base = {"reward_mean": 0.1, "accuracy": 0.0, "format_rate": 0.5}
     rows = [{"step": 1, **base}, {"step": 2, **base}, {"step": 3, **base, "kl": 0.01}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    evals = [{"version": 0, "accuracy": 0.0, "format_rate": 0.4}]
+    evals = [
+        {"version": 0, "accuracy": 0.0, "format_rate": 0.4},  # greedy only, then pass@k
+        {"version": 3, "accuracy": 0.1, "format_rate": 0.9, "pass@1": 0.2, "pass@4": 0.5},
+    ]
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
     out = plot_run(tmp_path)
     assert out is not None and out.stat().st_size > 1000

@@ -24,8 +24,10 @@ _SCRIPT = textwrap.dedent(
     from grpo.models import load_causal_lm
     from grpo.trainer.engines import deepspeed_config
     from grpo.trainer.experience import build_experience
+    from grpo.trainer.loop import without_deepspeed_shm_op
     from grpo.trainer.update import train_on_batch
 
+    without_deepspeed_shm_op()  # as the trainer does on CPU: no C++ op built at start-up
     deepspeed.init_distributed(dist_backend="gloo")
     cfg = load_config(None, ["train.num_ranks=1", "rollout.questions_per_step=1",
                              "rollout.group_size=2", "train.micro_batch_size=2"])

@@ -43,6 +43,7 @@ def check_values(cfg: Config) -> None:
     """Reject values that are well-typed but unusable, saying how to fix them."""
     _check_signs(cfg)
     _check_rollout(cfg)
+    _check_eval(cfg)
     _check_algo(cfg)
     _check_train(cfg)
     _check_delivery(cfg)
@@ -64,6 +65,7 @@ def _check_signs(cfg: Config) -> None:
         ("train.state_interval", cfg.train.state_interval),
         ("eval.interval", cfg.eval.interval),
         ("eval.num_questions", cfg.eval.num_questions),
+        ("eval.samples", cfg.eval.samples),
         ("algo.overlong_factor", cfg.algo.overlong_factor),
         ("train.weight_decay", cfg.train.weight_decay),
         ("algo.kl_loss_coef", cfg.algo.kl_loss_coef),
@@ -133,6 +135,15 @@ def _check_train(cfg: Config) -> None:
             f"of the trainer's ranks, train.nnodes x train.num_ranks ({cfg.world}): each rank "
             "trains on whole groups"
         )
+
+
+def _check_eval(cfg: Config) -> None:
+    e = cfg.eval
+    if e.k and not e.samples:
+        raise ConfigError("eval.k needs eval.samples > 0 (answers sampled per question)")
+    bad = [k for k in e.k if not 1 <= k <= e.samples]
+    if bad:
+        raise ConfigError(f"eval.k must be between 1 and eval.samples ({e.samples}), got {bad}")
 
 
 def _check_rollout(cfg: Config) -> None:

@@ -30,6 +30,7 @@ def check_names(cfg: Config) -> None:
         except ValueError as e:
             raise ConfigError(f"{key}: {e}") from None
     _check_loss_options(cfg, get_policy_loss(cfg.algo.loss))
+    _check_trackers(cfg)
     if cfg.algo.advantage != GAE:
         try:
             advantage_kind(cfg.algo.advantage)
@@ -59,4 +60,18 @@ def _check_loss_options(cfg: Config, loss: object) -> None:
             raise ConfigError(
                 f"{key}: the policy loss {algo.loss!r} takes no {option!r}; "
                 f"leave it null (or none) for this loss"
+            )
+
+
+def _check_trackers(cfg: Config) -> None:
+    """A tracker asked for must be installed: a missing one would end the run at its start."""
+    import importlib.util
+
+    wanted = {"tensorboard": cfg.logging.tensorboard, "wandb": cfg.logging.wandb != "off"}
+    for package, on in wanted.items():
+        if on and importlib.util.find_spec(package) is None:
+            off = "false" if package == "tensorboard" else "off"
+            raise ConfigError(
+                f"logging.{package}: the {package} package is not installed; "
+                f"pip install {package}, or set logging.{package}: {off}"
             )

@@ -303,9 +303,28 @@ class CriticConfig:
 
 @dataclass
 class EvalConfig:
-    interval: int = _f(0, "greedy pass@1 on the test subset every N versions (0 = off)")
+    interval: int = _f(
+        0,
+        "evaluate every N-th version (and the first and last) on the trainer's ranks between "
+        "steps; generation does not wait for it (0 = off)",
+    )
     num_questions: int = _f(16, "test questions evaluated (the first N)")
     max_new_tokens: int = _f(256, "answer length during evaluation")
+    samples: int = _f(
+        0,
+        "answers sampled per question (rollout.temperature, top_p) for pass@k; 0 = greedy "
+        "pass@1 and format rate only",
+    )
+    k: list[int] = _f([], "the k of each pass@k reported (each <= eval.samples); [] = 1 and n")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = _f(True, "TensorBoard event files in the run dir, next to metrics.jsonl")
+    wandb: Literal["off", "online", "offline"] = _f(
+        "off", "Weights & Biases (needs `pip install wandb`); offline needs no network"
+    )
+    wandb_project: str = _f("grpo", "W&B project")
 
 
 @dataclass
@@ -342,7 +361,8 @@ class Config:
     algo: AlgoConfig = _section(AlgoConfig, "advantages and loss")
     train: TrainConfig = _section(TrainConfig, "optimisation and weight publishing")
     critic: CriticConfig = _section(CriticConfig, "PPO value model (used with algo.advantage=gae)")
-    eval: EvalConfig = _section(EvalConfig, "periodic evaluation by the sampler")
+    eval: EvalConfig = _section(EvalConfig, "periodic evaluation of versions")
+    logging: LoggingConfig = _section(LoggingConfig, "trackers besides metrics.jsonl")
     transport: TransportConfig = _section(TransportConfig, "ZeroMQ addresses and timeouts")
 
     @property

@@ -44,7 +44,7 @@ class EngineContext:
 
 
 class RolloutEngine(Protocol):
-    stop_event: threading.Event  # the sampler swaps it (e.g. to let the final eval run)
+    stop_event: threading.Event  # set when the run is stopping
 
     def generate(
         self,

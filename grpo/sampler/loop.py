@@ -5,8 +5,9 @@ version it publishes in its heartbeats; before batch `seq` the sampler waits unt
 >= seq - max_staleness is out, reloads it from the run dir, and tags the batch with it.
 
 This module wires the parts together and runs them: the questions (grpo.sampler.data), the
-weights (.weights), the batches (.episodes), their delivery (.outbox) and the evaluation
-(.evaluation); and it turns Ctrl-C / SIGTERM into a clean stop.
+weights (.weights), the batches (.episodes) and their delivery (.outbox); and it turns
+Ctrl-C / SIGTERM into a clean stop. Evaluation is the trainer's (grpo.trainer.evaluation): a
+sampler only generates.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import threading
 
 from grpo.config import Config
 from grpo.delivery.spool import Spool
-from grpo.metrics import mean, plot_run
+from grpo.metrics import mean
 from grpo.models import load_tokenizer, resolve_model_path
 from grpo.rollout.base import EngineContext, RolloutEngine
 from grpo.rollout.registry import get_engine
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
-from grpo.sampler.evaluation import Evaluator
 from grpo.sampler.outbox import Outbox
 from grpo.sampler.weights import Weights, required_version
 from grpo.tasks import get_task, load_reward_fn
@@ -47,7 +47,6 @@ class Sampler:
         self.shard = Shard(cfg, task, tokenizer)
         self.spool = Spool(cfg.spool_path, cfg.rollout.spool_max_batches)
         self.next_seq = self.shard.resume(self.spool)
-        self.evaluator = Evaluator(cfg, task, tokenizer, reward_fn)
         self.weights = Weights(cfg, model_path)
         self.batches = BatchMaker(cfg, tokenizer, reward_fn, self.shard, self.weights)
         self.engine: RolloutEngine | None = None
@@ -72,7 +71,7 @@ class Sampler:
         try:
             self.loop(engine, outbox)
             if channel.status.done:
-                self.finish(engine, outbox, signalled)
+                self.finish(outbox)
                 channel.send_bye()
                 channel.close()
                 return 0
@@ -108,6 +107,10 @@ class Sampler:
         outbox.wait_until(lambda: channel.status.seen, "the trainer")
         outbox.resend(self.spool.pending())  # left by an earlier run; duplicates are dropped
         r = cfg.rollout
+        from tqdm import tqdm
+
+        # launch.sh turns it off (TQDM_DISABLE=1) when the trainer's bar shares the terminal.
+        bar = tqdm(total=self.share, initial=self.next_seq, desc="sample", unit="batch")
         while self.next_seq < self.share:
             # With several samplers, batch seq of this one is about the trainer's step below.
             step_estimate = self.next_seq * r.num_samplers + r.sampler_index
@@ -118,8 +121,6 @@ class Sampler:
             outbox.wait_for_room()
             if channel.stopped.is_set():
                 return
-            if self.evaluator.due(weights.version):
-                self.evaluator.evaluate(engine, weights.version)
             batch = self.batches.make(self.next_seq, engine)
             self.next_seq = batch.seq + 1
             outbox.send_new(batch, self.shard.state(self.next_seq))
@@ -130,21 +131,20 @@ class Sampler:
                 mean([e.reward for e in batch.episodes]),
                 batch.stats["gen_tokens_per_s"],
             )
+            tokens_per_s = f"{batch.stats['gen_tokens_per_s']:.0f}"
+            bar.set_postfix(version=batch.policy_version, tokens_per_s=tokens_per_s)
+            bar.update()
+        bar.close()
         # Bounded: the watch thread sets `stopped` on done, stop, or a silent trainer.
         outbox.wait_until(lambda: False, "the trainer to finish")
 
-    def finish(self, engine: RolloutEngine, outbox: Outbox, signalled: threading.Event) -> None:
-        """After the trainer's done: evaluate the final version, redraw the plot."""
+    def finish(self, outbox: Outbox) -> None:
+        """After the trainer's done: the final acknowledgements; anything never acknowledged
+        stays in the spool for a resumed run."""
         outbox.sync_with_trainer()  # done carries the final acknowledgements
         if left := self.spool.pending():
             log.warning("%d batches were never acknowledged by the trainer: %s", len(left), left)
-        engine.stop_event = signalled  # `stopped` is set by done; only Ctrl-C stops eval
-        if outbox.channel.status.version > self.weights.version:
-            self.weights.reload(outbox.channel.status.version)
-        if self.cfg.eval.interval:
-            self.evaluator.evaluate(engine, self.weights.version)
-        plot = plot_run(self.run_dir)
-        log.info("sampler done: final version %d; plot %s", self.weights.version, plot)
+        log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
 
 
 def _stop_on_signals(channel: SamplerChannel) -> threading.Event:

@@ -26,19 +26,17 @@ from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected, misfit
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.versions import discard_versions_after, publish_version
-from grpo.metrics import (
-    METRICS_FILE,
-    append_jsonl,
-    peak_memory_gib,
-)
+from grpo.metrics import EVAL_FILE, METRICS_FILE, peak_memory_gib
 from grpo.models import (
     load_reference,
     load_tokenizer,
     resolve_model_path,
 )
+from grpo.run_log import RunLog
 from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine
+from grpo.trainer.evaluation import VersionEvaluator
 from grpo.trainer.experience import build_experience
 from grpo.trainer.outputs import rotate_run_dir, step_row, summarise_run
 from grpo.trainer.ranks import (
@@ -93,6 +91,8 @@ class Trainer:
                 self.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(self.engine.device)
         self.run_dir = cfg.run_dir
+        self.evaluator = VersionEvaluator(cfg, self.tokenizer, self.rank, self.world)
+        self.run_log: RunLog | None = None  # rank 0's, once the run dir is open
         self.channel: TrainerChannel | None = None
         self.version = 0
         self.kl_reward_coef = cfg.algo.kl_reward_coef  # adapted each step with kl_ctrl adaptive
@@ -281,6 +281,7 @@ class Trainer:
             save_config(self.cfg, self.run_dir / "config.yaml")
             return
         dropped = train_state.truncate_metrics(self.run_dir / METRICS_FILE, self.start_step)
+        train_state.truncate_metrics(self.run_dir / EVAL_FILE, self.start_step, key="version")
         discarded = discard_versions_after(self.run_dir, self.start_step)
         log.info(
             "resuming after step %d: dropped %d metric rows and versions %s of the crashed run",
@@ -290,6 +291,13 @@ class Trainer:
         )
         self.publish(self.start_step)  # the sampler follows the trainer back to these weights
 
+    def evaluate(self, step: int) -> None:
+        """Every rank: evaluate the weights after `step` (version `step`) when it is due."""
+        if self.evaluator.due(step, last=step == self.cfg.train.total_steps):
+            row = self.evaluator.evaluate(self.engine.module, step)
+            if row is not None and self.run_log is not None:
+                self.run_log.eval(row)
+
     def run(self) -> None:
         cfg = self.cfg
         if self.rank == 0:
@@ -297,6 +305,7 @@ class Trainer:
             # and acknowledgements from its very first heartbeat.
             self.channel = TrainerChannel(cfg.transport, self.version, self.ledger, self.run_dir)
             self.open_run_dir()
+            self.run_log = RunLog(cfg, self.start_step)
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
             )
@@ -309,20 +318,23 @@ class Trainer:
             disable=self.rank != 0,
         )
         try:
+            if self.start_step == 0:
+                self.evaluate(0)  # the initial weights, while the samplers make batch 0
             for step in range(self.start_step + 1, cfg.train.total_steps + 1):
                 batch, recv_s = self.receive()
                 batch = broadcast_batch(batch, self.rank, cfg.transport.max_frame_bytes)
                 if batch is None:
                     raise PeerError("rank 0 ended the run")
                 row = self.step(step, batch, recv_s)
-                if self.rank == 0:
-                    append_jsonl(self.run_dir / METRICS_FILE, row)
+                if self.run_log is not None:
+                    self.run_log.step(row)
                     bar.set_postfix(
                         reward=f"{row['reward_mean']:.3f}",
                         kl=f"{row.get('kl', 0.0):.4f}",
                         acc=f"{row['accuracy']:.2f}",
                     )
                     bar.update()
+                self.evaluate(step)  # version `step` is out: the samplers go on meanwhile
             if self.start_step < cfg.train.total_steps:
                 self.save_state(cfg.train.total_steps)
             if self.channel is not None:
@@ -341,6 +353,8 @@ class Trainer:
             bar.close()
             if self.channel is not None:
                 self.channel.close()
+            if self.run_log is not None:
+                self.run_log.close()
         if self.rank == 0:
             summarise_run(self.run_dir, cfg.train.total_steps, self.version)
 
@@ -349,7 +363,7 @@ def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _without_deepspeed_shm_op() -> None:
+def without_deepspeed_shm_op() -> None:
     """On CPU, DeepSpeed's init_distributed JIT-compiles a shared-memory all-reduce op with g++
     and ninja (about 40 s on a fresh install, and a rebuild whenever another virtualenv built
     it last; every rank start runs ninja and waits on its lock). Only DeepSpeed's inference
@@ -368,7 +382,7 @@ def run_trainer(cfg: Config) -> int:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
-        _without_deepspeed_shm_op()
+        without_deepspeed_shm_op()
     timeout_s = collective_timeout_s(cfg)
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     try:

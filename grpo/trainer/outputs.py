@@ -15,7 +15,6 @@ from grpo.core.episode import EpisodeBatch
 from grpo.delivery.versions import write_atomic
 from grpo.metrics import (
     METRICS_FILE,
-    PLOT_FILE,
     SAMPLERS_FILE,
     info_rates,
     mean,
@@ -97,10 +96,7 @@ def step_row(
 def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     """At the end of a run: the plot, the per-sampler summary (log and samplers.json), and
     where everything went."""
-    if os.environ.get("GRPO_SAMPLER_PLOTS") == "1":  # launch.sh: the sampler draws it
-        plot: Path | None = run_dir / PLOT_FILE
-    else:
-        plot = plot_run(run_dir)
+    plot = plot_run(run_dir)
     samplers = per_sampler(read_jsonl(run_dir / METRICS_FILE))
     write_atomic(run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
     for sid, n in samplers.items():

@@ -109,13 +109,13 @@ def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) 
     )
 
 
-def truncate_metrics(path: Path, step: int) -> int:
-    """Drop the rows of steps after `step` (trained by a crashed run, redone after resume);
-    returns how many were dropped."""
+def truncate_metrics(path: Path, step: int, key: str = "step") -> int:
+    """Drop the rows whose `key` (a step, or an eval's version) is after `step`: a crashed run
+    made them, the resumed one redoes them. Returns how many were dropped."""
     if not path.exists():
         return 0
     rows = read_jsonl(path)
-    kept = [r for r in rows if r.get("step", 0) <= step]
+    kept = [r for r in rows if r.get(key, 0) <= step]
     if len(kept) < len(rows):
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)

@@ -1,0 +1,145 @@
+"""`python -m grpo eval RUN_DIR_OR_VERSION`: evaluate a finished run's saved versions (or one
+version dir) on held-out questions and print a table: greedy pass@1, format rate and, with
+--samples N, pass@k for each --k (the unbiased estimator, grpo.evaluation).
+
+    python -m grpo eval checkpoints/cpu_demo                        base model and every version
+    python -m grpo eval checkpoints/cpu_demo --versions 0,8 --samples 8 --k 1,4,8
+    python -m grpo eval checkpoints/cpu_demo/versions/v000008 --task math --num-questions 100
+
+The run's config.yaml gives the model, the task and the prompt; the options change what is
+evaluated. Version 0 is the run's initial model. Rows go to RUN_DIR/eval_versions.jsonl too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+from grpo.config import Config, ConfigError, load_config
+from grpo.metrics import append_jsonl
+
+log = logging.getLogger("grpo.eval")
+
+OUT_FILE = "eval_versions.jsonl"
+
+
+class EvalCliError(ValueError):
+    """Bad input to `python -m grpo eval`: the message says what to give instead."""
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,4,8, got {text!r}") from None
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m grpo eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("path", type=Path, help="a run dir (with config.yaml) or one of its versions")
+    p.add_argument("--task", help="the task to evaluate on (gsm8k, math, ...); default: the run's")
+    p.add_argument("--test", default="", help="test rows (path); default: the task's test split")
+    p.add_argument("--versions", type=_ints, help="which versions, e.g. 0,4,8; default: all")
+    p.add_argument("--num-questions", type=int, help="default: the run's eval.num_questions")
+    p.add_argument("--max-new-tokens", type=int, help="default: the run's eval.max_new_tokens")
+    p.add_argument("--samples", type=int, help="answers sampled per question for pass@k")
+    p.add_argument("--k", type=_ints, help="the k of each pass@k, e.g. 1,4,8 (<= --samples)")
+    return p.parse_args(argv)
+
+
+def run_and_versions(path: Path) -> tuple[Path, list[int]]:
+    """The run dir and the versions `path` names: a run dir's saved ones (and 0, the initial
+    model), or the one version dir given."""
+    path = path.resolve()
+    if re.fullmatch(r"v\d+", path.name) and path.parent.name == "versions":
+        return path.parent.parent, [int(path.name[1:])]
+    if not (path / "config.yaml").is_file():
+        raise EvalCliError(f"{path} is not a run dir (no config.yaml) nor a versions/vNNNNNN dir")
+    saved = sorted(int(p.name[1:]) for p in (path / "versions").glob("v*") if p.is_dir())
+    return path, [0, *(v for v in saved if v != 0)]
+
+
+def eval_config(run_dir: Path, args: argparse.Namespace) -> Config:
+    """The run's config, pointed at `run_dir` wherever it now is, with the options applied."""
+    overrides = [f"output_dir={run_dir.parent}", f"name={run_dir.name}", "eval.interval=1"]
+    if args.task:  # another task: its own reward and test split, not the run's
+        overrides += [f"data.task={args.task}", "data.reward=", "data.test="]
+    if args.samples is not None and args.k is None:  # the run's k may not fit the new n
+        overrides.append("eval.k=[]")
+    for key, value in (
+        ("data.test", args.test),
+        ("eval.num_questions", args.num_questions),
+        ("eval.max_new_tokens", args.max_new_tokens),
+        ("eval.samples", args.samples),
+        ("eval.k", args.k),
+    ):
+        if value not in (None, ""):
+            overrides.append(f"{key}={value}")
+    return load_config(run_dir / "config.yaml", overrides)
+
+
+def table(rows: list[dict]) -> str:
+    passes = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
+    head = ["version", "pass@1 (greedy)", "format", *passes, "questions", "seconds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["version"]), f"{r['accuracy']:.3f}", f"{r['format_rate']:.3f}"]
+        cells += [f"{r[k]:.3f}" if k in r else "-" for k in passes]
+        cells += [str(r["n"]), f"{r['seconds']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -> list[dict]:
+    """Each version in turn, with the HF policy (a LoRA run's adapter on its base model)."""
+    from grpo.config.names import check_names
+    from grpo.delivery.versions import verify_version, version_dir
+    from grpo.evaluation import EvalSpec, eval_prompts, evaluate
+    from grpo.models import load_tokenizer, resolve_model_path
+    from grpo.rollout.hf import HFRollout
+    from grpo.sampler.weights import Weights
+    from grpo.tasks import get_task, load_reward_fn
+
+    check_names(cfg)
+    task = get_task(cfg.data.task)
+    reward_fn = load_reward_fn(cfg.data.reward) if cfg.data.reward else task.reward
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(model_path)
+    prompts = eval_prompts(cfg, task, tokenizer)
+    spec = EvalSpec.from_config(cfg)
+    weights = Weights(cfg, model_path)
+    policy = weights.hf_policy()
+    for v in versions:  # all present before the first (minutes of) generation
+        if v:
+            verify_version(version_dir(cfg.run_dir, v))
+    engine, rows = HFRollout(policy, tokenizer), []
+    for v in versions:
+        if v:
+            weights.load_into_policy(version_dir(cfg.run_dir, v))
+        row = evaluate(engine, prompts, tokenizer, reward_fn, spec, v, progress)
+        log.info("v%d: pass@1 %.3f, format %.3f", v, row["accuracy"], row["format_rate"])
+        append_jsonl(cfg.run_dir / OUT_FILE, row)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [eval] %(message)s", datefmt="%X")
+    try:
+        run_dir, versions = run_and_versions(args.path)
+        if args.versions is not None:
+            missing = sorted(set(args.versions) - set(versions))
+            if missing:
+                raise EvalCliError(f"{run_dir} has no versions {missing}; it has {versions}")
+            versions = sorted(args.versions)
+        cfg = eval_config(run_dir, args)
+        rows = evaluate_versions(cfg, versions)
+    except (EvalCliError, ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"eval: {e}", file=sys.stderr)
+        return 2
+    print(f"\n{cfg.data.task}: {len(rows)} version(s) of {run_dir}\n{table(rows)}")
+    return 0

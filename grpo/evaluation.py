@@ -1,0 +1,184 @@
+"""Evaluation of one version on held-out questions: greedy pass@1 and format rate and, with
+`eval.samples` answers sampled per question, pass@k by the unbiased estimator.
+
+The trainer's ranks run it between steps on the weights they hold (grpo.trainer.loop), so
+every `eval.interval`-th version is evaluated whichever versions the samplers load, and
+generation never waits for it; `python -m grpo eval` runs it on a finished run's versions
+(grpo.eval_cli). Each rank (or the one process) scores its share of the questions into
+`QuestionResult`s; `summarise` turns all of them into the row of eval.jsonl.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from grpo.config import Config
+from grpo.rollout.base import RolloutEngine
+from grpo.sampler.data import Prompt, encode_prompts
+from grpo.tasks import Task, score
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """How a version is evaluated (from the config's eval and rollout sections)."""
+
+    num_questions: int
+    max_new_tokens: int
+    samples: int  # answers sampled per question for pass@k; 0 = greedy only
+    ks: tuple[int, ...]  # the k of each pass@k reported
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+    batch_size: int
+    seed: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> EvalSpec:
+        e, r = cfg.eval, cfg.rollout
+        return cls(
+            num_questions=e.num_questions,
+            max_new_tokens=e.max_new_tokens,
+            samples=e.samples,
+            ks=pass_ks(e.samples, e.k),
+            temperature=r.temperature,
+            top_p=r.top_p,
+            stop=tuple(r.stop),
+            batch_size=r.generation_batch_size,
+            seed=cfg.train.seed,
+        )
+
+
+def pass_ks(samples: int, k: Sequence[int]) -> tuple[int, ...]:
+    """The k reported: those asked for, or 1 and `samples`; none without samples."""
+    if not samples:
+        return ()
+    return tuple(sorted(set(k))) if k else tuple(sorted({1, samples}))
+
+
+@dataclass(frozen=True)
+class QuestionResult:
+    index: int  # the question's position among the evaluated ones
+    greedy_correct: bool
+    greedy_formatted: bool
+    correct_samples: int = 0  # of the spec's `samples` sampled answers
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The probability that at least one of k answers drawn without replacement from n, c of
+    them correct, is correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, "Evaluating Large
+    Language Models Trained on Code", eq. 1), as a product that cannot overflow."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def eval_prompts(cfg: Config, task: Task, tokenizer, test: str = "") -> list[Prompt]:
+    """The first `eval.num_questions` test questions, encoded as the sampler encodes them."""
+    rows = task.load(test or cfg.data.test or task.default_test)
+    return encode_prompts(
+        task,
+        rows[: cfg.eval.num_questions],
+        tokenizer,
+        cfg.data.system_prompt,
+        cfg.data.max_prompt_tokens,
+    )
+
+
+def question_results(
+    engine: RolloutEngine,
+    prompts: Sequence[Prompt],
+    indices: Sequence[int],
+    tokenizer,
+    reward_fn: Callable,
+    spec: EvalSpec,
+    version: int,
+    progress: bool = False,
+) -> list[QuestionResult]:
+    """Greedy and sampled answers to `prompts[i]` for each i in `indices`, scored, a batch of
+    questions at a time (the progress bar counts questions)."""
+    from tqdm import tqdm
+
+    out: list[QuestionResult] = []
+    per_batch = max(1, spec.batch_size // max(1, spec.samples))
+    # On a terminal only (disable=None): in a log file a bar is a line per update.
+    bar = tqdm(
+        total=len(indices), desc=f"eval v{version}", disable=None if progress else True,
+        leave=False,
+    )  # fmt: skip
+    for start in range(0, len(indices), per_batch):
+        mine = [prompts[i] for i in indices[start : start + per_batch]]
+        ids = [p.ids for p in mine]
+        common = {"max_new_tokens": spec.max_new_tokens, "stop": spec.stop}
+        greedy = engine.generate(ids, n=1, greedy=True, batch_size=spec.batch_size, **common)
+        sampled = []
+        if spec.samples:
+            sampled = engine.generate(
+                ids, n=spec.samples, temperature=spec.temperature, top_p=spec.top_p,
+                seed=spec.seed + version * 100_003 + start, batch_size=spec.batch_size, **common,
+            )  # fmt: skip
+
+        greedy_infos = _scored(greedy, [p.row for p in mine], tokenizer, reward_fn)
+        sampled_rows = [p.row for p in mine for _ in range(spec.samples)]
+        sampled_infos = _scored(sampled, sampled_rows, tokenizer, reward_fn)
+        for j, index in enumerate(indices[start : start + per_batch]):
+            mine_sampled = sampled_infos[j * spec.samples : (j + 1) * spec.samples]
+            out.append(
+                QuestionResult(
+                    index=index,
+                    greedy_correct=bool(greedy_infos[j].get("correct")),
+                    greedy_formatted=bool(greedy_infos[j].get("formatted")),
+                    correct_samples=sum(bool(i.get("correct")) for i in mine_sampled),
+                )
+            )
+        bar.update(len(mine))
+    bar.close()
+    return out
+
+
+def _scored(gens: Sequence, rows: Sequence[dict], tokenizer, reward_fn: Callable) -> list[dict]:
+    """The reward infos of answers `gens` to the questions `rows` (one row per answer)."""
+    texts = tokenizer.batch_decode([g.completion_ids for g in gens], skip_special_tokens=True)
+    return [score(reward_fn, text, row)[1] for text, row in zip(texts, rows, strict=True)]
+
+
+def summarise(
+    results: Sequence[QuestionResult], spec: EvalSpec, version: int, seconds: float
+) -> dict:
+    """The eval.jsonl row: pass@1 greedy ("accuracy"), format rate, and each pass@k as the
+    mean over questions of the unbiased estimate."""
+    n = len(results)
+    row: dict = {
+        "version": version,
+        "accuracy": sum(r.greedy_correct for r in results) / max(n, 1),
+        "format_rate": sum(r.greedy_formatted for r in results) / max(n, 1),
+        "n": n,
+    }
+    if spec.samples and n:
+        row["samples"] = spec.samples
+        for k in spec.ks:
+            estimates = [pass_at_k(spec.samples, r.correct_samples, k) for r in results]
+            row[f"pass@{k}"] = sum(estimates) / n
+    row["seconds"] = round(seconds, 2)
+    return row
+
+
+def evaluate(
+    engine: RolloutEngine,
+    prompts: Sequence[Prompt],
+    tokenizer,
+    reward_fn: Callable,
+    spec: EvalSpec,
+    version: int,
+    progress: bool = False,
+) -> dict:
+    """All of `prompts` in this process: the eval.jsonl row of `version`."""
+    t0 = time.monotonic()
+    results = question_results(
+        engine, prompts, range(len(prompts)), tokenizer, reward_fn, spec, version, progress
+    )
+    return summarise(results, spec, version, time.monotonic() - t0)

@@ -1,0 +1,113 @@
+"""Where the trainer's rows go: metrics.jsonl and eval.jsonl always (the run's record, which the
+plot, the benchmarks and a resume read), and the scalars among them to the trackers people
+already use: TensorBoard event files in the run dir (`logging.tensorboard`), and W&B when it
+is installed and asked for (`logging.wandb: online | offline`; offline needs no network).
+
+A tracker is a `Sink`; a row's finite numbers go to it under `train/`, `time/` (the stage
+timings, keys ending in `_s`) or `eval/`, against the step (a version is the step it ends).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from grpo.config import Config
+from grpo.metrics import EVAL_FILE, METRICS_FILE, append_jsonl
+
+log = logging.getLogger("grpo.trainer")
+
+# A row's numbers that are labels or clocks, not measurements.
+_NOT_SCALARS = {"step", "version", "batch_seq", "policy_version", "published_version", "time"}
+
+
+class Sink(Protocol):
+    def scalars(self, step: int, values: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalars_of(row: dict[str, Any], section: str) -> dict[str, float]:
+    """`row`'s finite numbers as tracker tags: `eval/accuracy`, `train/kl`, `time/train_s`."""
+    out = {}
+    for key, value in row.items():
+        if key in _NOT_SCALARS or isinstance(value, bool):
+            continue
+        if isinstance(value, int | float) and math.isfinite(value):
+            group = "time" if section == "train" and key.endswith("_s") else section
+            out[f"{group}/{key}"] = float(value)
+    return out
+
+
+class TensorBoardSink:
+    """Event files in the run dir: `tensorboard --logdir <run dir>`. A resumed run purges the
+    steps the crashed run logged after its saved state, as metrics.jsonl drops them."""
+
+    def __init__(self, run_dir: Path, resumed_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(
+            log_dir=str(run_dir), purge_step=resumed_step + 1 if resumed_step else None
+        )
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, cfg: Config, mode: str):
+        import wandb
+
+        try:
+            self.run = wandb.init(
+                project=cfg.logging.wandb_project,
+                name=cfg.name,
+                dir=str(cfg.run_dir),
+                mode=mode,
+                config=asdict(cfg),
+            )
+        except Exception as e:  # its own errors are many lines; ours is one, naming the key
+            raise ValueError(f"logging.wandb={mode}: wandb.init failed: {e}") from e
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class RunLog:
+    """Rank 0's writer of metrics and eval rows, to the files and to every tracker asked for."""
+
+    def __init__(self, cfg: Config, resumed_step: int = 0):
+        self.run_dir = cfg.run_dir
+        self.sinks: list[Sink] = []
+        if cfg.logging.tensorboard:
+            self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))
+        if cfg.logging.wandb != "off":
+            self.sinks.append(WandbSink(cfg, cfg.logging.wandb))
+
+    def step(self, row: dict[str, Any]) -> None:
+        append_jsonl(self.run_dir / METRICS_FILE, row)
+        self._track(row["step"], scalars_of(row, "train"))
+
+    def eval(self, row: dict[str, Any]) -> None:
+        append_jsonl(self.run_dir / EVAL_FILE, row)
+        self._track(row["version"], scalars_of(row, "eval"))
+
+    def _track(self, step: int, values: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.scalars(step, values)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []

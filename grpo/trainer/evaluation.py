@@ -1,0 +1,65 @@
+"""Evaluation on the trainer's ranks, between steps: the weights being trained are the version
+just published, so every `eval.interval`-th version (and the first and the last) is evaluated
+whichever versions the samplers load, and no sampler waits for it. Each rank answers every
+world-th question; rank 0 gathers the results and writes the row of eval.jsonl."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from grpo.config import Config
+from grpo.evaluation import EvalSpec, eval_prompts, question_results, summarise
+from grpo.rollout.hf import HFRollout
+from grpo.tasks import get_task, load_reward_fn
+
+log = logging.getLogger("grpo.trainer")
+
+
+class VersionEvaluator:
+    def __init__(self, cfg: Config, tokenizer, rank: int, world: int):
+        self.cfg, self.tokenizer, self.rank, self.world = cfg, tokenizer, rank, world
+        self.spec = EvalSpec.from_config(cfg)
+        self.prompts = []
+        self.reward_fn: Callable | None = None
+        if cfg.eval.interval and cfg.eval.num_questions:
+            task = get_task(cfg.data.task)
+            self.reward_fn = load_reward_fn(cfg.data.reward) if cfg.data.reward else task.reward
+            self.prompts = eval_prompts(cfg, task, tokenizer)
+
+    def due(self, version: int, last: bool) -> bool:
+        interval = self.cfg.eval.interval
+        return bool(self.prompts) and (version % interval == 0 or last)
+
+    def evaluate(self, model: torch.nn.Module, version: int) -> dict | None:
+        """Every rank: evaluate `model` (version `version`); rank 0 returns the row."""
+        t0 = time.monotonic()
+        mine = range(self.rank, len(self.prompts), self.world)
+        kept_config, was_training = model.generation_config, model.training
+        model.eval()
+        try:  # HFRollout strips the generation config, which versions save: put it back after
+            engine = HFRollout(model, self.tokenizer)
+            results = question_results(
+                engine, self.prompts, mine, self.tokenizer, self.reward_fn, self.spec, version,
+                progress=self.rank == 0,
+            )  # fmt: skip
+        finally:
+            model.generation_config = kept_config
+            model.train(was_training)
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, results)
+        if self.rank != 0:
+            return None
+        everyone = sorted((r for part in gathered for r in part), key=lambda r: r.index)
+        row = summarise(everyone, self.spec, version, time.monotonic() - t0)
+        passes = " ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("pass@"))
+        log.info(
+            "eval v%d: accuracy %.3f, format %.3f on %d questions%s (%.0f s)",
+            version, row["accuracy"], row["format_rate"], row["n"],
+            f", {passes}" if passes else "", row["seconds"],
+        )  # fmt: skip
+        return row

@@ -1,0 +1,229 @@
+"""Evaluation: the pass@k estimator against its definition, the eval row from per-question
+results, a real evaluation of the tiny model, and the trackers read back from their files."""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from grpo.config import ConfigError, load_config
+from grpo.evaluation import (
+    EvalSpec,
+    QuestionResult,
+    eval_prompts,
+    evaluate,
+    pass_at_k,
+    pass_ks,
+    question_results,
+    summarise,
+)
+from grpo.run_log import RunLog, scalars_of
+
+
+def spec(samples: int = 0, ks: tuple[int, ...] = ()) -> EvalSpec:
+    return EvalSpec(num_questions=4, max_new_tokens=8, samples=samples, ks=ks, temperature=1.0,
+                    top_p=1.0, stop=(), batch_size=8, seed=0)  # fmt: skip
+
+
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n),
+                                                         st.integers(1, n))))  # fmt: skip
+def test_pass_at_k_is_the_chance_that_some_k_subset_holds_a_correct_answer(nck):
+    """Enumerate every k-subset of n answers (c correct): the fraction with a correct one."""
+    n, c, k = nck
+    answers = [True] * c + [False] * (n - c)
+    subsets = list(combinations(range(n), k))
+    exact = sum(any(answers[i] for i in s) for s in subsets) / len(subsets)
+    assert math.isclose(pass_at_k(n, c, k), exact, abs_tol=1e-12)
+    assert math.isclose(pass_at_k(n, c, k), 1 - math.comb(n - c, k) / math.comb(n, k))
+
+
+def test_pass_at_k_hand_values_and_bad_input():
+    assert pass_at_k(4, 1, 1) == 0.25  # one of four right: a single draw finds it 1 in 4
+    assert math.isclose(pass_at_k(4, 1, 2), 0.5)  # 3 of the 6 pairs hold it
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(200, 100, 150) == 1.0  # more draws than wrong answers
+    for n, c, k in ((4, 5, 1), (4, 1, 5), (4, 1, 0), (3, -1, 1)):
+        with pytest.raises(ValueError, match="pass@k needs"):
+            pass_at_k(n, c, k)
+
+
+def test_summarise_averages_the_estimates_over_questions():
+    results = [
+        QuestionResult(0, greedy_correct=True, greedy_formatted=True, correct_samples=4),
+        QuestionResult(1, greedy_correct=False, greedy_formatted=True, correct_samples=1),
+        QuestionResult(2, greedy_correct=False, greedy_formatted=False, correct_samples=0),
+        QuestionResult(3, greedy_correct=False, greedy_formatted=True, correct_samples=2),
+    ]
+    row = summarise(results, spec(4, (1, 2, 4)), version=7, seconds=1.234)
+    assert row["version"] == 7 and row["n"] == 4 and row["samples"] == 4
+    assert row["accuracy"] == 0.25 and row["format_rate"] == 0.75
+    assert math.isclose(row["pass@1"], (1 + 0.25 + 0 + 0.5) / 4)
+    assert math.isclose(row["pass@2"], (1 + 0.5 + 0 + 5 / 6) / 4)
+    assert math.isclose(row["pass@4"], 3 / 4) and row["seconds"] == 1.23
+    assert "pass@1" not in summarise(results, spec(), 7, 0.0)  # greedy only
+
+
+def test_pass_ks_and_the_config_checks():
+    assert pass_ks(0, []) == () and pass_ks(8, []) == (1, 8) and pass_ks(8, [4, 1, 4]) == (1, 4)
+    cfg = load_config(None, ["eval.samples=8", "eval.k=[1,4,8]", "eval.interval=1"])
+    assert EvalSpec.from_config(cfg).ks == (1, 4, 8)
+    for overrides, message in (
+        (["eval.k=[2]"], "eval.k needs eval.samples > 0"),
+        (["eval.samples=4", "eval.k=[1,5]"], r"between 1 and eval.samples \(4\), got \[5\]"),
+        (["eval.samples=-1"], "eval.samples must be >= 0"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, overrides)
+
+
+@pytest.fixture(scope="module")
+def tiny_eval(tiny_model_dir):
+    """The tiny model's HF engine and the first 6 GSM8K test prompts."""
+    from grpo.models import load_causal_lm, load_tokenizer
+    from grpo.rollout.hf import HFRollout
+    from grpo.tasks import get_task
+
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "eval.num_questions=6",
+                             "eval.interval=1", "eval.max_new_tokens=10"])  # fmt: skip
+    tokenizer = load_tokenizer(tiny_model_dir)
+    prompts = eval_prompts(cfg, get_task("gsm8k"), tokenizer)
+    engine = HFRollout(load_causal_lm(tiny_model_dir).eval(), tokenizer)
+    return engine, prompts, tokenizer
+
+
+def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
+    """6 questions, greedy plus 6 samples each, scored by answer-length parity: the sampled
+    pass@k grow with k, greedy is the same however the questions are split (as over ranks)."""
+    from tests.rewards_for_tests import even_length_is_correct as reward
+
+    engine, prompts, tokenizer = tiny_eval
+    s = EvalSpec(num_questions=6, max_new_tokens=10, samples=6, ks=(1, 3, 6), temperature=1.0,
+                 top_p=1.0, stop=(), batch_size=12, seed=0)  # fmt: skip
+    row = evaluate(engine, prompts, tokenizer, reward, s, version=0)
+    assert row["n"] == 6 and row["samples"] == 6 and len(prompts) == 6
+    assert 0 < row["pass@1"] < 1, row  # a random model's lengths: some right, some wrong
+    assert row["pass@1"] <= row["pass@3"] <= row["pass@6"] <= 1
+    # Two "ranks", each with every other question, give the same greedy answers and samples.
+    halves = [question_results(engine, prompts, range(r, 6, 2), tokenizer, reward, s, 0)
+              for r in (0, 1)]  # fmt: skip
+    merged = sorted((q for h in halves for q in h), key=lambda q: q.index)
+    whole = question_results(engine, prompts, range(6), tokenizer, reward, s, 0)
+    assert [q.greedy_correct for q in merged] == [q.greedy_correct for q in whole]
+    assert [q.greedy_formatted for q in merged] == [q.greedy_formatted for q in whole]
+
+
+def test_scalars_keep_finite_numbers_under_their_section():
+    row = {"step": 3, "kl": 0.5, "train_s": 2.0, "loss": float("nan"), "flag": True,
+           "sampler_id": "sampler-0", "completion_lens": [1, 2], "time": 1e9}  # fmt: skip
+    assert scalars_of(row, "train") == {"train/kl": 0.5, "time/train_s": 2.0}
+    assert scalars_of({"version": 4, "pass@4": 0.5, "seconds": 3}, "eval") == {
+        "eval/pass@4": 0.5, "eval/seconds": 3.0
+    }  # fmt: skip
+
+
+def _tensorboard_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    # TensorBoard stores float32: compare at its precision.
+    return {
+        t: [(e.step, pytest.approx(e.value, rel=1e-6)) for e in acc.Scalars(t)]
+        for t in acc.Tags()["scalars"]
+    }
+
+
+def test_run_log_writes_jsonl_and_tensorboard_and_a_resume_purges_later_steps(tmp_path):
+    cfg = load_config(None, [f"output_dir={tmp_path}", "name=run"])
+    log = RunLog(cfg)
+    for step in (1, 2, 3):
+        log.step({"step": step, "reward_mean": step / 10, "train_s": 1.5})
+    log.eval({"version": 3, "accuracy": 0.25, "format_rate": 1.0, "n": 4, "pass@2": 0.5})
+    log.close()
+    run_dir = tmp_path / "run"
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    got = _tensorboard_scalars(run_dir)
+    assert got["train/reward_mean"] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert got["time/train_s"][0] == (1, 1.5)
+    assert got["eval/pass@2"] == [(3, 0.5)] and got["eval/accuracy"] == [(3, 0.25)]
+    # Resumed after step 1's state: steps 2 and 3 are redone and shown once, the new values.
+    log = RunLog(cfg, resumed_step=1)
+    for step in (2, 3):
+        log.step({"step": step, "reward_mean": 1.0 + step})
+    log.close()
+    assert _tensorboard_scalars(run_dir)["train/reward_mean"] == [(1, 0.1), (2, 3.0), (3, 4.0)]
+
+
+def test_tensorboard_off_writes_no_event_files(tmp_path):
+    cfg = load_config(None, [f"output_dir={tmp_path}", "name=run", "logging.tensorboard=false"])
+    log = RunLog(cfg)
+    log.step({"step": 1, "reward_mean": 0.5})
+    log.close()
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["metrics.jsonl"]
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("wandb") is None, reason="wandb is not installed"
+)
+def _wandb_history(run_file) -> dict[str, str]:
+    """The history items in an offline run's .wandb file: a LevelDB-style log (a 7-byte file
+    header, then 32 KiB blocks of records: crc32, length, type (1 whole, 2-4 first, middle,
+    last)) of protobuf Records. W&B's own reader lives in its Go core."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw, block, pos, records, part = run_file.read_bytes(), 32768, 7, [], b""
+    while pos + 7 <= len(raw):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            records.append(part + data if kind == 4 else data)
+        elif kind in (2, 3):
+            part = data if kind == 2 else part + data
+        else:
+            break
+    history = {}
+    for data in records:
+        record = pb.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            history |= {"/".join(i.nested_key) or i.key: i.value_json for i in record.history.item}
+    return history
+
+
+def test_wandb_offline_run_records_the_scalars(tmp_path, monkeypatch):
+    """A real W&B run in offline mode (no network), read back from the file it wrote."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_config(None, [f"output_dir={tmp_path}", "name=run", "logging.tensorboard=false",
+                             "logging.wandb=offline"])  # fmt: skip
+    log = RunLog(cfg)
+    log.step({"step": 1, "reward_mean": 0.5, "kl": 0.01})
+    log.eval({"version": 1, "accuracy": 0.25, "format_rate": 1.0, "n": 4})
+    log.close()
+    (run_file,) = (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
+    got = _wandb_history(run_file)
+    wanted = ("train/reward_mean", "train/kl", "eval/accuracy")
+    assert [got[k] for k in wanted] == ["0.5", "0.01", "0.25"]
+
+
+def test_a_missing_tracker_is_named_before_the_run(monkeypatch):
+    import importlib.util
+
+    from grpo.config.names import check_names
+
+    real = importlib.util.find_spec
+    without_wandb = lambda name, *a: None if name == "wandb" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", without_wandb)
+    cfg = load_config(None, ["logging.wandb=offline"])
+    with pytest.raises(ConfigError, match="logging.wandb: the wandb package is not installed"):
+        check_names(cfg)
