@@ -142,6 +142,8 @@ def question_results(
 
 def _scored(gens: Sequence, rows: Sequence[dict], tokenizer, reward_fn: Callable) -> list[dict]:
     """The reward infos of answers `gens` to the questions `rows` (one row per answer)."""
+    if not gens:  # batch_decode([]) is [""], one empty answer
+        return []
     texts = tokenizer.batch_decode([g.completion_ids for g in gens], skip_special_tokens=True)
     return [score(reward_fn, text, row)[1] for text, row in zip(texts, rows, strict=True)]
 

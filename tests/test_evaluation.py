@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from itertools import combinations
 
 import pytest
@@ -115,6 +116,8 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     whole = question_results(engine, prompts, range(6), tokenizer, reward, s, 0)
     assert [q.greedy_correct for q in merged] == [q.greedy_correct for q in whole]
     assert [q.greedy_formatted for q in merged] == [q.greedy_formatted for q in whole]
+    greedy_only = evaluate(engine, prompts, tokenizer, reward, replace(s, samples=0, ks=()), 0)
+    assert greedy_only["accuracy"] == row["accuracy"] and "pass@1" not in greedy_only
 
 
 def test_scalars_keep_finite_numbers_under_their_section():

@@ -124,7 +124,7 @@ def test_two_namespaces_with_curve(tmp_path, tiny_model_dir, namespaces):
     assert "refused a peer with an unauthorised CURVE key" in text["trainer"]
     assert "security handshake failed" in text["trainer"]
     assert "fetched version 1 from" in text["sampler"]
-    assert (tmp_path / "sampler_node/tiny/versions/v000002/model.safetensors").is_file()
+    assert (tmp_path / "sampler_node/tiny/versions/v000001/model.safetensors").is_file()
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert {r["sampler_id"] for r in rows} == {"sampler-0"}
