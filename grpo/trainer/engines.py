@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,25 @@ def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, A
     return ds
 
 
+def import_deepspeed_muon_uncompiled(ds: dict[str, Any]) -> None:
+    """deepspeed.initialize imports DeepSpeed's Muon optimizer module for an isinstance check,
+    and that module wraps its functions in torch.compile as it is imported, which loads all of
+    Inductor (and sympy, networkx, triton): about 1.4 s of CPU in every rank's start-up, for
+    an optimizer these runs do not use. Imported once here with Dynamo off, the decorators are
+    no-ops; a DeepSpeed config that asks for Muon keeps them."""
+    if "muon" in str(ds.get("optimizer", {}).get("type", "")).lower():
+        return
+    before = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"  # read by torch.compile when it is called
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ["TORCHDYNAMO_DISABLE"]
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = before
+
+
 def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
     """The policy as a DeepSpeed engine in train mode, and its embedding's vocabulary size."""
     import deepspeed
@@ -51,10 +71,12 @@ def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
         model.gradient_checkpointing_enable()
     if cfg.model.lora.enabled:
         model = apply_lora(model, cfg.model.lora)
+    ds = deepspeed_config(cfg, world, mini_batch_seqs(cfg, world))
+    import_deepspeed_muon_uncompiled(ds)
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=deepspeed_config(cfg, world, mini_batch_seqs(cfg, world)),
+        config=ds,
     )
     engine.train()  # from_pretrained returns eval mode: no checkpointing, no dropout
     return engine, vocab_size
