@@ -55,6 +55,7 @@ esac
 # Job control puts each role in its own process group, so stopping a role reaches every
 # process it started (the DeepSpeed launcher does not forward signals to its ranks).
 set -m
+export GRPO_PARENT_PID=$$  # both roles die with this script, even of a SIGKILL (grpo/lifetime.py)
 declare -A name_of
 start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
 # One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.

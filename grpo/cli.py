@@ -8,6 +8,7 @@ import warnings
 
 from grpo.config import ConfigError, describe, load_config
 from grpo.config.names import check_names
+from grpo.lifetime import die_with_parent
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
   e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64
@@ -48,6 +49,7 @@ def without_launcher_args(argv: list[str]) -> list[str]:
 
 
 def main(role: str, argv: list[str]) -> int:
+    die_with_parent()  # a trainer rank dies with torchrun, a role with launch.sh
     argv = without_launcher_args(argv)
     prog = "sampling_worker.py" if role == "sampler" else "training_worker.py"
     if not argv or argv[0] in ("-h", "--help"):

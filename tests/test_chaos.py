@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zmq
 
-from bench.common import kill_tree, start_role
+from bench.common import descendants, kill_tree, start_role
 from tests.conftest import PYTHON, transport_overrides
 from tests.test_integration import _assert_no_stray_processes, tiny_config
 
@@ -72,6 +72,15 @@ def assert_exactly_once(run_dir: Path, spool: Path, log_text: str) -> list[dict]
     return rows
 
 
+def _is_rank(pid: int) -> bool:
+    """A live trainer rank (training_worker.py), not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat[0] != "Z" and b"training_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def setup(
     tmp_path: Path, tiny_model_dir: Path, ranks: int = 2
 ) -> tuple[Path, list[str], Path, Path]:
@@ -87,19 +96,64 @@ def setup(
     return config, overrides, tmp_path / "runs" / "tiny", tmp_path / "runs/spool/tiny/sampler-0"
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """The crash tests' run (setup()), once straight through: what a crashed and resumed run
+    must end with, weights and all (the crash tests share one xdist worker, so this is one
+    run for both)."""
+    tmp = tmp_path_factory.mktemp("straight")
+    config, overrides, run_dir, _ = setup(tmp, tiny_model_dir)
+    both = start("both", config, overrides, tmp / "both.log")
+    finish([both])
+    assert both.returncode == 0, (tmp / "both.log").read_text()[-3000:]
+    return run_dir
+
+
+def assert_same_as_straight(run_dir: Path, straight: Path) -> float:
+    """The same data order, rewards and optimizer steps at every step, and the same final
+    weights, bit for bit: the runs sample with the same seeds from the same weights, and a
+    resume restores the weights, the optimizer, the scheduler and every RNG. Returns the
+    largest weight difference (0.0)."""
+    from safetensors.torch import load_file
+
+    keys = ("batch_seq", "sampler_data_start", "sampler_data_end", "reward_mean",
+            "completion_lens", "optimizer_steps", "loss", "grad_norm")  # fmt: skip
+    for got, want in zip(rows_of(run_dir), rows_of(straight), strict=True):
+        assert {k: got[k] for k in keys} == {k: want[k] for k in keys}, (got["step"], got, want)
+    final = f"versions/v{TOTAL:06d}/model.safetensors"
+    got, want = load_file(run_dir / final), load_file(straight / final)
+    diff = max(float((got[k] - want[k]).abs().max()) for k in want)
+    assert got.keys() == want.keys() and diff == 0.0, diff
+    return diff
+
+
 def crash_and_recover(
-    tmp_path: Path, tiny_model_dir: Path, victim: str, restart_overrides: list[str], ranks: int
+    tmp_path: Path, tiny_model_dir: Path, victim: str, restart_overrides: list[str]
 ) -> tuple[dict[str, str], list[dict], int, float]:
     """Both roles; after step 3, SIGKILL `victim` and start it again. Checks the run finished
     with every batch trained exactly once; returns the logs, the metrics rows, the steps done
-    before the kill, and the seconds from the kill to the next step."""
-    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir, ranks)
+    before the kill, and the seconds from the kill to the next step.
+
+    The sampler is killed with everything it started; the trainer's launcher alone (kill -9 of
+    one pid, as the OOM killer does it): its ranks, in sessions of their own, must die with it,
+    or the restarted trainer would find its ports taken."""
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     procs = {role: start(role, config, overrides, logs[role]) for role in logs}
     try:
         # Step 3 done: the state of step 2 is saved, batch 2 is trained but not durable.
         wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", list(procs.values()))
-        kill_tree(procs[victim])
+        if victim == "trainer":
+            ranks = [p for p in descendants(procs[victim].pid) if _is_rank(p)]
+            assert len(ranks) == 2, "the trainer's two ranks, before the kill"
+            procs[victim].kill()
+            procs[victim].wait()
+            gone = wait_for(
+                lambda: not any(_is_rank(p) for p in ranks), "the ranks to die", [], timeout=30
+            )
+            print(f"\nchaos/trainer: both ranks died {gone:.1f} s after their launcher's SIGKILL")
+        else:
+            kill_tree(procs[victim])
         killed_at, steps_before = time.time(), len(rows_of(run_dir))
         procs[victim] = start(victim, config, [*overrides, *restart_overrides], logs[victim])
         recover_s = wait_for(
@@ -117,14 +171,14 @@ def crash_and_recover(
     return text, rows, steps_before, recover_s
 
 
-def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(tmp_path, tiny_model_dir):
-    text, rows, steps_before, recover_s = crash_and_recover(
-        tmp_path,
-        tiny_model_dir,
-        "trainer",
-        [],
-        ranks=2,  # both ranks' optimizer shards resume
-    )
+@pytest.mark.xdist_group("crash_tests")  # with the other, so straight_run runs once
+def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(
+    tmp_path, tiny_model_dir, straight_run
+):
+    """The trainer's launcher SIGKILLed after step 3 (state saved at step 2), both ranks' ZeRO-2
+    shards resumed: every batch once, and the run ends where the straight one does."""
+    text, rows, steps_before, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "trainer", [])
+    diff = assert_same_as_straight(tmp_path / "runs" / "tiny", straight_run)
     m = re.search(r"resumed from .* at step (\d+)", text["trainer"])
     assert m and int(m[1]) % 2 == 0 and int(m[1]) < steps_before, text["trainer"][-3000:]
     assert "the trainer restarted" in text["sampler"]
@@ -132,14 +186,14 @@ def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(tmp_path, ti
         f"\nchaos/trainer: produced {TOTAL}, trained {len(rows)}, killed after step "
         f"{steps_before}, resumed at step {m[1]}, duplicates dropped "
         f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in "
-        f"{recover_s:.0f} s"
+        f"{recover_s:.0f} s; final weights vs the straight run: max |diff| {diff}"
     )
 
 
-def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_dir):
-    text, rows, _, recover_s = crash_and_recover(
-        tmp_path, tiny_model_dir, "sampler", ["--resume"], ranks=1
-    )
+@pytest.mark.xdist_group("crash_tests")
+def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_dir, straight_run):
+    text, rows, _, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "sampler", ["--resume"])
+    diff = assert_same_as_straight(tmp_path / "runs" / "tiny", straight_run)
     assert "resuming at batch" in text["sampler"]
     # A batch the killed sampler was generating is made by its successor (same questions);
     # spooled ones are resent, not regenerated.
@@ -147,7 +201,8 @@ def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_
     assert len(sent) == len(set(sent)) == TOTAL, sent
     print(
         f"\nchaos/sampler: produced {TOTAL}, trained {len(rows)}, duplicates dropped "
-        f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in {recover_s:.0f} s"
+        f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in "
+        f"{recover_s:.0f} s; final weights vs the straight run: max |diff| {diff}"
     )
 
 

@@ -232,3 +232,90 @@ def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_mode
     assert torch.allclose(
         policy.state_dict()["model.norm.weight"], before["model.norm.weight"] + 0.5
     )
+
+
+def test_a_sharded_version_is_published_verified_and_reloaded(tmp_path, tiny_model_dir):
+    """A model larger than train.max_shard_size is saved as several files and an index
+    (save_pretrained): every shard is checksummed, and the sampler reloads all of them."""
+    import torch
+
+    from grpo.config import load_config
+    from grpo.delivery.versions import SHARD_INDEX, load_state_dict, weight_files
+    from grpo.sampler.loop import Sampler
+    from tests.test_integration import tiny_config
+
+    sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))
+    policy = sampler.weights.hf_policy()
+    shifted = {k: v + 0.25 for k, v in policy.state_dict().items()}
+
+    def save_sharded(tmp: Path) -> None:  # a copy: save_pretrained empties the dict it is given
+        policy.save_pretrained(
+            tmp, state_dict=dict(shifted), save_original_format=False, max_shard_size="2MB"
+        )
+
+    vdir = publish_version(sampler.run_dir, 1, save_sharded, keep=5, step=1)
+    shards = weight_files(vdir)
+    assert len(shards) >= 3 and (vdir / SHARD_INDEX).is_file()
+    assert not (vdir / "model.safetensors").exists()
+    manifest = json.loads((vdir / "version.json").read_text())["files"]
+    assert {p.name for p in shards} | {SHARD_INDEX} <= set(manifest)
+    assert all(torch.equal(shifted[k], v) for k, v in load_state_dict(vdir).items())
+    sampler.weights.reload(1)
+    assert sampler.weights.version == 1
+    assert all(torch.equal(shifted[k], v) for k, v in policy.state_dict().items())
+
+    last = shards[-1]  # one damaged shard: not loaded, the weights stay
+    last.write_bytes(last.read_bytes()[:-8])
+    with pytest.raises(ValueError, match="corrupt"):
+        verify_version(vdir)
+    index = json.loads((vdir / SHARD_INDEX).read_text())
+    index["weight_map"]["x"] = "../elsewhere.safetensors"
+    (vdir / SHARD_INDEX).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="names shards that are not in"):
+        weight_files(vdir)
+
+
+def _numbered(seq: int, sampler_id: str):
+    from grpo.core.episode import EpisodeBatch
+
+    b = make_batch()
+    return EpisodeBatch(b.episodes, b.group_size, policy_version=0, seq=seq, sampler_id=sampler_id)
+
+
+def test_batches_are_trained_in_each_samplers_seq_order() -> None:
+    """After a restart batch 3 (queued before the crash) can arrive before the resent 2: it is
+    held, reported as received (so 2 is resent if lost), and trained after 2."""
+    from grpo.delivery.ordering import InOrder
+
+    ledger = Ledger()
+    order = InOrder(ledger, max_held=3, patience_s=60)
+    for seq in (0, 1):
+        ledger.consume("s0", seq)
+    for seq in (3, 4):
+        order.hold(_numbered(seq=seq, sampler_id="s0"))
+    order.hold(_numbered(seq=0, sampler_id="s1"))  # another sampler's first: ready at once
+    assert order.pop_ready().sampler_id == "s1"
+    assert order.pop_ready() is None  # s0 waits for 2
+    received = SeqSet.from_json(order.received_json()["s0"])
+    assert overtaken([2, 3, 4], received) == [2]  # what the sampler will resend
+    order.hold(_numbered(seq=2, sampler_id="s0"))
+    trained = []
+    while (batch := order.pop_ready()) is not None:
+        trained.append(batch.seq)
+        ledger.consume("s0", batch.seq)
+    assert trained == [2, 3, 4] and not order.held
+
+
+def test_a_batch_that_never_comes_does_not_stop_the_run(caplog) -> None:
+    from grpo.delivery.ordering import InOrder
+
+    ledger = Ledger()
+    too_many = InOrder(ledger, max_held=2, patience_s=60)
+    for seq in (1, 2, 3):  # 0 never comes; more held than a spool holds
+        too_many.hold(_numbered(seq=seq, sampler_id="s0"))
+    assert too_many.pop_ready().seq == 1
+    assert "training batch 1 from s0 out of order: batches [0] never came" in caplog.text
+    too_long = InOrder(Ledger(), max_held=10, patience_s=0.0)
+    too_long.hold(_numbered(seq=5, sampler_id="s0"))
+    time.sleep(0.01)
+    assert too_long.pop_ready().seq == 5

@@ -148,23 +148,26 @@ def test_stop_strings_end_answers_like_hf(engine, base_model_dir):
             assert " " in text and " " not in tok.decode(g.completion_ids[:-1].tolist())
 
 
-def perturbed_version(base_model_dir, dest, seed: int):
+def perturbed_version(base_model_dir, dest, seed: int, max_shard_size: str = "5GB"):
     """A published version dir (as the trainer writes it) with visibly different weights."""
     model = load_causal_lm(base_model_dir, "float32", "sdpa")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.02 * p.std())
-    model.save_pretrained(dest, save_original_format=False)
+    model.save_pretrained(dest, save_original_format=False, max_shard_size=max_shard_size)
     load_tokenizer(base_model_dir).save_pretrained(dest)
     return model.eval()
 
 
 def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir, tmp_path):
+    """A sharded version (as train.max_shard_size makes of a larger model), then a one-file one:
+    each served in place."""
     tok = load_tokenizer(base_model_dir)
     prompt = prompts(tok, QUESTIONS[:1])[0]
     completion = np.asarray(tok("The answer is 42.\n#### 42").input_ids, np.int32)
-    new_model = perturbed_version(base_model_dir, tmp_path / "v000001", seed=1)
+    new_model = perturbed_version(base_model_dir, tmp_path / "v000001", 1, max_shard_size="200MB")
+    assert len(list((tmp_path / "v000001").glob("model-*-of-*.safetensors"))) >= 2
     before = engine_logprobs_of(engine, prompt, completion)
     assert engine.load_version(tmp_path / "v000001", 1) == "in place"
     after = engine_logprobs_of(engine, prompt, completion)

@@ -96,11 +96,12 @@ def test_silent_weights_server_times_out_clearly(tmp_path):
 
 @pytest.mark.slow
 def test_sampler_without_the_trainers_filesystem(tmp_path, tiny_model_dir):
-    """The sampler writes to its own output_dir and gets every version over the socket."""
+    """The sampler writes to its own output_dir and gets every version over the socket, each
+    published in shards (train.max_shard_size: the tiny model's embedding alone is 12.6 MB)."""
     from tests.test_chaos import finish, start
     from tests.test_integration import tiny_config
 
-    config = tiny_config(tmp_path, tiny_model_dir, train={"num_ranks": 1})
+    config = tiny_config(tmp_path, tiny_model_dir, train={"num_ranks": 1, "max_shard_size": "4MB"})
     overrides = [*transport_overrides(), f"transport.weights_addr=tcp://127.0.0.1:{free_port()}"]
     trainer = start("trainer", config, overrides, tmp_path / "trainer.log")
     sampler_out = [*overrides, f"output_dir={tmp_path / 'sampler_node'}"]
@@ -112,6 +113,7 @@ def test_sampler_without_the_trainers_filesystem(tmp_path, tiny_model_dir):
     assert "reloaded weights: version 1 -> 2" in log
     here, there = tmp_path / "sampler_node/tiny/versions", tmp_path / "runs/tiny/versions"
     # The last version it sampled with (v3, the final one, nobody samples with).
-    assert (here / "v000002/model.safetensors").read_bytes() == (
-        there / "v000002/model.safetensors"
-    ).read_bytes()
+    shards = sorted(p.name for p in (there / "v000002").glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 2 and not (there / "v000002/model.safetensors").exists()
+    for name in [*shards, "model.safetensors.index.json"]:
+        assert (here / "v000002" / name).read_bytes() == (there / "v000002" / name).read_bytes()

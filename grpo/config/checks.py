@@ -3,6 +3,7 @@ and how to fix it (types and unknown keys are grpo.config.loading's job)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -196,8 +197,16 @@ def _check_devices(cfg: Config) -> None:
         )
 
 
+# What save_pretrained's max_shard_size accepts: a whole number and a unit.
+_SHARD_SIZE = re.compile(r"\d+[GMK]i?B", re.IGNORECASE)
+
+
 def _check_delivery(cfg: Config) -> None:
     r, t = cfg.rollout, cfg.train
+    if not _SHARD_SIZE.fullmatch(t.max_shard_size):
+        raise ConfigError(
+            f"train.max_shard_size must be a size such as 5GB or 500MB, got {t.max_shard_size!r}"
+        )
     if not 0 <= r.sampler_index < r.num_samplers:
         raise ConfigError(
             f"rollout.sampler_index must be in [0, rollout.num_samplers={r.num_samplers}), "

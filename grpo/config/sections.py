@@ -273,6 +273,11 @@ class TrainConfig:
         "else 0",
     )
     keep_versions: int = _f(3, "published weight versions kept on disk")
+    max_shard_size: str = _f(
+        "5GB",
+        "largest safetensors file of a published version (save_pretrained's max_shard_size, "
+        "e.g. 2GB, 500MB): a larger model is published as several files and an index",
+    )
     state_interval: int = _f(
         50,
         "save the training state (model, optimizer, step, ledger) every N steps and at the end "

@@ -1,7 +1,8 @@
 """Versioned weight directories the sampler reloads, written atomically.
 
 Layout under a run dir:
-    versions/v000003/       model.safetensors (or adapter_model.safetensors) + version.json
+    versions/v000003/       model.safetensors (or adapter_model.safetensors) + version.json;
+                            a larger model: model-0000k-of-0000n.safetensors + their index
     LATEST                  "3\n", replaced atomically after the version dir is complete
 A version dir appears only by rename of a finished temporary dir, and LATEST only ever names a
 complete one, so a reader never sees half-written weights. version.json also lists each file's
@@ -104,12 +105,35 @@ def discard_versions_after(run_dir: Path, version: int) -> list[int]:
     return removed
 
 
-def load_state_dict(vdir: Path) -> dict[str, torch.Tensor]:
-    """Full weights or a LoRA adapter, whichever the version dir holds."""
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def weight_files(vdir: Path) -> list[Path]:
+    """The safetensors files of a version: one file, the shards its index names (save_pretrained
+    splits a model larger than its max_shard_size), or the LoRA adapter."""
+    if (vdir / SHARD_INDEX).is_file():
+        try:
+            weight_map = json.loads((vdir / SHARD_INDEX).read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{vdir / SHARD_INDEX} is unreadable: {e}") from None
+        shards = sorted(set(weight_map.values()))
+        if any("/" in s or not (vdir / s).is_file() for s in shards):
+            raise ValueError(f"{vdir / SHARD_INDEX} names shards that are not in {vdir}")
+        return [vdir / s for s in shards]
     for name in ("model.safetensors", "adapter_model.safetensors"):
         if (vdir / name).is_file():
-            return load_file(vdir / name)
-    raise FileNotFoundError(f"no model.safetensors or adapter_model.safetensors in {vdir}")
+            return [vdir / name]
+    raise FileNotFoundError(
+        f"no model.safetensors, {SHARD_INDEX} or adapter_model.safetensors in {vdir}"
+    )
+
+
+def load_state_dict(vdir: Path) -> dict[str, torch.Tensor]:
+    """Full weights (one file or its shards) or a LoRA adapter, whichever the version holds."""
+    state: dict[str, torch.Tensor] = {}
+    for path in weight_files(vdir):
+        state.update(load_file(path))
+    return state
 
 
 def is_adapter(vdir: Path) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from grpo.config import Config
-from grpo.delivery.versions import is_adapter
+from grpo.delivery.versions import is_adapter, weight_files
+from grpo.lifetime import PARENT_ENV
 from grpo.rollout.base import EngineContext, Generation
 
 log = logging.getLogger("grpo.vllm")
@@ -85,6 +87,7 @@ class VllmRollout:
     def _start(self, model_path: Path):
         vllm = _import_vllm()
         t0 = time.monotonic()
+        os.environ[PARENT_ENV] = str(os.getpid())  # its engine process dies with this one
         llm = vllm.LLM(model=str(model_path), **self.kwargs)
         log.info("vLLM engine started on %s in %.1f s", model_path, time.monotonic() - t0)
         return llm
@@ -148,7 +151,7 @@ class VllmRollout:
             how = "restart"
         else:
             try:
-                self._reload_in_place(vdir / "model.safetensors", version)
+                self._reload_in_place(weight_files(vdir), version)
                 how = "in place"
             except Exception as e:  # noqa: BLE001 - any failure: the restart still works
                 log.warning(
@@ -162,11 +165,12 @@ class VllmRollout:
         log.info("vLLM serves version %d (%s, %.2f s)", version, how, time.monotonic() - t0)
         return how
 
-    def _reload_in_place(self, weights: Path, version: int) -> None:
+    def _reload_in_place(self, weights: list[Path], version: int) -> None:
         llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
+        files = [str(p) for p in weights]
         results = within(
             timeout_s,
-            lambda: llm.collective_rpc("grpo_reload", args=(str(weights), version)),
+            lambda: llm.collective_rpc("grpo_reload", args=(files, version)),
             f"loading version {version} into the running engine took over {timeout_s:.0f} s "
             "(rollout.vllm.reload_timeout_s)",
         )

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo.lifetime import die_with_ancestor
+
+# vLLM imports this module in its worker process (a child of the engine process the sampler
+# started, or that process itself): neither may outlive the sampler (grpo/lifetime.py; the
+# sampler names itself before the start).
+die_with_ancestor()
+
 
 class WeightReloader:
     """Mixed into vLLM's worker class; its methods are called by `LLM.collective_rpc`."""
 
-    def grpo_reload(self, weights_file: str, version: int) -> dict[str, int]:
-        """Load a full safetensors checkpoint into the running model, in place.
+    def grpo_reload(self, weights_files: list[str], version: int) -> dict[str, int]:
+        """Load a full safetensors checkpoint (one file or its shards) into the running model,
+        in place.
 
         Reading happens here, in the worker, so the tensors never cross the RPC pipe.
         vLLM's reload_weights re-runs the loaders and their post-processing (fused QKV,
@@ -19,13 +27,18 @@ class WeightReloader:
         """
         from safetensors.torch import safe_open
 
-        path = Path(weights_file)
-        with safe_open(path, framework="pt") as f:
-            names = list(f.keys())
-            tensors = ((name, f.get_tensor(name)) for name in names)
-            self.model_runner.reload_weights(weights_iterator=tensors)  # type: ignore[attr-defined]
+        count = [0]
+
+        def tensors():  # one shard open at a time
+            for path in weights_files:
+                with safe_open(Path(path), framework="pt") as f:
+                    for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                        count[0] += 1
+                        yield name, f.get_tensor(name)
+
+        self.model_runner.reload_weights(weights_iterator=tensors())  # type: ignore[attr-defined]
         self._retie_lm_head()
-        return {"version": version, "tensors": len(names)}
+        return {"version": version, "tensors": count[0]}
 
     def _retie_lm_head(self) -> None:
         """With tied embeddings the LM head shares the embedding's weight, but the reload

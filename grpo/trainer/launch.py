@@ -18,6 +18,7 @@ import os
 import sys
 
 from grpo.config import Config, ConfigError, load_config
+from grpo.lifetime import PARENT_ENV, die_with_parent
 
 WORKER = "training_worker.py"
 
@@ -52,7 +53,11 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    die_with_parent()
     os.environ.update(rank_env(torch.cuda.is_available(), dict(os.environ)))
+    # torchrun puts each rank in a session of its own: without this, a SIGKILL of this
+    # process (kill -9, the OOM killer) would leave the ranks running, holding the ports.
+    os.environ[PARENT_ENV] = str(os.getpid())
     try:
         torchrun(torchrun_argv(cfg, argv))
     except SignalException as e:

@@ -25,6 +25,7 @@ from grpo.config.passes import scored_by
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected, misfit
 from grpo.delivery.ledger import Ledger
+from grpo.delivery.ordering import InOrder
 from grpo.delivery.versions import discard_versions_after, publish_version
 from grpo.metrics import EVAL_FILE, METRICS_FILE, peak_memory_gib
 from grpo.models import (
@@ -102,6 +103,10 @@ class Trainer:
         self.start_step = 0
         if cfg.train.resume != "never":
             self.resume()
+        # Each sampler's batches in seq order, whatever order they arrive in after a restart.
+        self.order = InOrder(
+            self.ledger, cfg.rollout.spool_max_batches, cfg.transport.peer_timeout_s
+        )
 
     # ------------------------------------------------------------------ durable state
 
@@ -166,7 +171,9 @@ class Trainer:
             if self.cfg.model.lora.enabled:
                 module.save_pretrained(tmp)  # the adapter only
             else:  # the in-memory layout, which the sampler's load_state_dict expects
-                module.save_pretrained(tmp, save_original_format=False)
+                module.save_pretrained(
+                    tmp, save_original_format=False, max_shard_size=self.cfg.train.max_shard_size
+                )
             self.tokenizer.save_pretrained(tmp)
 
         publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
@@ -195,18 +202,21 @@ class Trainer:
         assert self.channel is not None
         t0 = time.monotonic()
         try:
-            while True:
+            while (batch := self.order.pop_ready()) is None:
                 batch = self.channel.recv_batch(wait_s=KEEPALIVE_S)
                 if batch is None:
                     broadcast_size(KEEPALIVE)
-                elif self.ledger.is_duplicate(batch.sampler_id, batch.seq):
+                elif self.ledger.is_duplicate(batch.sampler_id, batch.seq) or self.order.is_held(
+                    batch.sampler_id, batch.seq
+                ):
                     self.duplicates_dropped += 1  # a resend of a batch already trained on
-                    log.info("dropped batch %d from %s: already trained on", batch.seq,
-                             batch.sampler_id)  # fmt: skip
+                    log.info("dropped batch %d from %s: already trained on or held",
+                             batch.seq, batch.sampler_id)  # fmt: skip
                 elif (why := misfit(batch, self.expected)) is not None:
                     self.reject(batch, why)
                 else:
-                    break
+                    self.order.hold(batch)  # and taken at once when it is the next one
+                    self.channel.consumed = self.order.received_json()
         except BaseException:
             broadcast_batch(None, 0, self.cfg.transport.max_frame_bytes)
             raise
@@ -248,7 +258,7 @@ class Trainer:
         peak_mem = float(max_across_ranks(torch.tensor([peak_memory_gib()])))
         self.ledger.consume(batch.sampler_id, batch.seq)
         if self.channel is not None:
-            self.channel.consumed = self.ledger.consumed_json()
+            self.channel.consumed = self.order.received_json()
         publish_s, state_s = 0.0, 0.0
         last = step == cfg.train.total_steps
         if self.rank == 0 and (step % cfg.train.sync_interval == 0 or last):

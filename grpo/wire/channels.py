@@ -19,6 +19,8 @@ import logging
 
 import zmq
 
+from grpo.lifetime import port_holders
+
 log = logging.getLogger("grpo.transport")
 
 
@@ -47,6 +49,13 @@ def bind(sock: zmq.Socket, addr: str, what: str) -> None:
     try:
         sock.bind(addr)
     except zmq.ZMQError as e:
+        port = addr.rsplit(":", 1)[-1]
+        holders = port_holders(int(port)) if port.isdigit() else []
+        if holders:  # a trainer left from an earlier run: say which, or a sampler may join it
+            raise PeerError(
+                f"cannot bind the {what} socket to {addr}: the port is held by "
+                f"{'; '.join(holders)}; stop that process, or change transport.* addresses"
+            ) from None
         raise PeerError(
             f"cannot bind the {what} socket to {addr}: {e} (another run still using the port? "
             "change transport.* addresses)"

@@ -1,0 +1,70 @@
+"""Each sampler's batches are trained in seq order, so a run that crashed and resumed trains the
+same batches in the same order as one that did not, and ends with the same weights.
+
+Batches can arrive out of order after a restart: one sent before the crash waits in ZeroMQ's
+queue and arrives before the resent ones before it. The trainer holds such a batch until its
+predecessors are trained. The held ones count as received in the heartbeats (grpo.delivery.
+ledger.overtaken), so the sampler resends a predecessor that was lost on the way. Two limits
+keep a batch that never comes from stopping the run: more than `max_held` batches held for one
+sampler, or one held for longer than `patience_s`, and the earliest held is trained anyway,
+with a warning naming the missing ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from grpo.core.episode import EpisodeBatch
+from grpo.delivery.ledger import Ledger, SeqSet
+
+log = logging.getLogger("grpo.trainer")
+
+
+class InOrder:
+    def __init__(self, ledger: Ledger, max_held: int, patience_s: float):
+        self.ledger = ledger
+        self.max_held = max_held
+        self.patience_s = patience_s
+        self.held: dict[str, dict[int, tuple[EpisodeBatch, float]]] = {}
+
+    def next_seq(self, sampler_id: str) -> int:
+        """The seq this sampler's next trained batch must have: the first not trained."""
+        consumed = self.ledger.consumed.get(sampler_id)
+        return 0 if consumed is None else consumed.low + 1
+
+    def is_held(self, sampler_id: str, seq: int) -> bool:
+        return seq in self.held.get(sampler_id, {})
+
+    def hold(self, batch: EpisodeBatch) -> None:
+        self.held.setdefault(batch.sampler_id, {})[batch.seq] = (batch, time.monotonic())
+
+    def pop_ready(self) -> EpisodeBatch | None:
+        """A held batch to train now: the next of its sampler, or the earliest of a sampler
+        that waited too long (too many held, or for too long) for a batch before it."""
+        now = time.monotonic()
+        for sid, mine in self.held.items():
+            first = min(mine)
+            overdue = len(mine) > self.max_held or now - mine[first][1] > self.patience_s
+            if first == self.next_seq(sid) or overdue:
+                if first != self.next_seq(sid):
+                    missing = list(range(self.next_seq(sid), first))
+                    log.warning("training batch %d from %s out of order: batches %s never "
+                                "came", first, sid, missing)  # fmt: skip
+                batch, _ = mine.pop(first)
+                if not mine:
+                    del self.held[sid]
+                return batch
+        return None
+
+    def received_json(self) -> dict[str, dict[str, Any]]:
+        """Trained or held, per sampler: what the heartbeats report as consumed, so that a
+        sampler resends only what never arrived."""
+        out = {}
+        for sid in self.ledger.consumed.keys() | self.held.keys():
+            seqs = SeqSet.from_json(self.ledger.consumed.get(sid, SeqSet()).to_json())
+            for seq in self.held.get(sid, {}):
+                seqs.add(seq)
+            out[sid] = seqs.to_json()
+        return out

@@ -1,0 +1,115 @@
+"""No orphans: a process we start dies with the process that started it, whatever signal that
+one got (SIGKILL and the OOM killer included, which leave no chance to clean up), and a port
+still held by a leftover process is reported with that process's pid.
+
+torchrun starts each trainer rank in a session of its own, so killing the launcher's process
+group does not reach the ranks; and a rank left running keeps the trainer's ports, which a
+restarted sampler would then connect to. launch.sh (both roles) and grpo.trainer.launch name
+themselves in GRPO_PARENT_PID; the process they start calls `die_with_parent()` first thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+PARENT_ENV = "GRPO_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """If GRPO_PARENT_PID names our parent: have the kernel SIGKILL us when it exits (Linux
+    prctl PR_SET_PDEATHSIG), and exit now if it is already gone. A process started some
+    other way (a user's shell, nohup, a supervisor) is left alone."""
+    wanted = os.environ.get(PARENT_ENV, "")
+    if not wanted.isdigit() or not sys.platform.startswith("linux"):
+        return
+    if os.getppid() != int(wanted):
+        return  # not started by the launcher that set it (the variable was inherited)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != int(wanted):  # the parent died between the two checks
+        os._exit(1)
+
+
+def die_with_ancestor() -> None:
+    """die_with_parent() for a process one level further down: vLLM's worker, whose parent is
+    the engine process the sampler started (and which runs none of our code). When the
+    process GRPO_PARENT_PID names is gone, a watch thread SIGKILLs the processes between it
+    and us, then exits: the engine dies with its sampler and the worker with the engine."""
+    wanted = os.environ.get(PARENT_ENV, "")
+    if not wanted.isdigit() or not sys.platform.startswith("linux"):
+        return
+    if os.getppid() == int(wanted):
+        die_with_parent()
+        return
+    between = _ancestors_below(int(wanted))
+    if between is None:
+        return  # not below it: the variable was inherited by something else
+
+    def watch() -> None:
+        while _alive(int(wanted)):
+            time.sleep(0.5)
+        for pid in between:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="grpo-die-with-ancestor").start()
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _ancestors_below(ancestor: int) -> list[int] | None:
+    """Our ancestors up to (not including) `ancestor`, nearest first; None if it is not one."""
+    chain, pid = [], os.getppid()
+    while pid > 1:
+        if pid == ancestor:
+            return chain
+        chain.append(pid)
+        try:
+            pid = _parent_of(pid)
+        except OSError:
+            return None
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def port_holders(port: int) -> list[str]:
+    """'pid N (command line)' of each process listening on TCP `port` on this host, found
+    through /proc (the socket inode in /proc/net/tcp*, then the fd that points at it)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{inode}]")
+    holders = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                holders.append(f"pid {proc.name} ({cmd[:160]})")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+    return holders
