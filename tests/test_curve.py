@@ -98,3 +98,74 @@ def test_keys_command_writes_pairs_and_never_overwrites(tmp_path):
     ]
     again = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_a_message_counts_only_from_the_key_of_the_sampler_it_names(tmp_path, caplog):
+    """sampler-1, authorised, cannot stop the run or send batches in sampler-0's name; in its
+    own name it can."""
+    from grpo.wire.channels import PeerError
+
+    generate(tmp_path / "k", samplers=2)
+    cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10, curve_dir=str(tmp_path / "k"))
+    trainer = TrainerChannel(cfg)
+    impostor = SamplerChannel(cfg, "sampler-1")
+    try:
+        impostor.sampler_id = "sampler-0"  # its own key, another's name
+        impostor.send_stop("let me end your run")
+        impostor.send_batch(_batch(0))  # the batch's own sampler_id: sampler-0
+        assert trainer.recv_batch(wait_s=2) is None
+        assert trainer.refused_messages >= 2
+        assert "a stop in the name of 'sampler-0' with the key of 'sampler-1'" in caplog.text
+        assert "a batch in the name of 'sampler-0' with the key of 'sampler-1'" in caplog.text
+        impostor.sampler_id = "sampler-1"
+        impostor.send_stop("my own reason")
+        with pytest.raises(PeerError, match="sampler stopped: my own reason"):
+            trainer.recv_batch(wait_s=5)
+    finally:
+        impostor.close()
+        trainer.close()
+
+
+def _non_loopback_ip() -> str | None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: picks the outgoing interface
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+@pytest.mark.skipif(_non_loopback_ip() is None, reason="no non-loopback interface")
+def test_without_curve_a_stop_counts_only_from_this_host(caplog):
+    """A trainer listening beyond loopback without CURVE: a stop arriving over the host's
+    network address is refused and named; over loopback it stops the run."""
+    from grpo.config import TransportConfig
+    from grpo.wire.channels import PeerError
+    from tests.conftest import free_port
+
+    ip, port = _non_loopback_ip(), free_port()
+    cfg = TransportConfig(episodes_addr=f"tcp://0.0.0.0:{port}",
+                          control_addr=f"tcp://127.0.0.1:{free_port()}", heartbeat_s=0.1,
+                          peer_timeout_s=10, startup_timeout_s=10)  # fmt: skip
+    trainer = TrainerChannel(cfg)
+    ctx = zmq.Context()
+    try:
+        for host, reason in ((ip, "from afar"), ("127.0.0.1", "from here")):
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(f"tcp://{host}:{port}")
+            stop = Message("stop", {"sampler_id": "sampler-0", "reason": reason})
+            sock.send_multipart(encode_message(stop))
+            if host == ip:
+                assert trainer.recv_batch(wait_s=2) is None
+                assert f"a stop from {ip}, not this host, on a port without CURVE" in caplog.text
+            else:
+                with pytest.raises(PeerError, match="sampler stopped: from here"):
+                    trainer.recv_batch(wait_s=5)
+            sock.close()
+    finally:
+        trainer.close()
+        ctx.term()

@@ -273,6 +273,7 @@ class Trainer:
                 "published_version": self.version,
                 "duplicates_dropped": self.duplicates_dropped,
                 "rejected_frames": self.channel.rejected_frames if self.channel else 0,
+                "refused_messages": self.channel.refused_messages if self.channel else 0,
                 "rejected_batches": self.rejected_batches,
                 **{f"{engine}_steps_skipped": n for engine, n in skipped.items()},
             },

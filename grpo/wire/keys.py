@@ -64,6 +64,16 @@ def generate(directory: Path, samplers: int) -> list[Path]:
     return written
 
 
+def authorized_names(curve_dir: Path) -> dict[str, str]:
+    """Each authorised public key (Z85, as ZeroMQ reports a peer's User-Id) -> the sampler id it
+    was made for: its file name in authorized/ (`python -m grpo keys` names them so)."""
+    names = {}
+    for path in sorted((curve_dir / AUTHORIZED).glob("*.key")):
+        public, _ = _load(path, "an authorised key")
+        names[public.decode()] = path.stem
+    return names
+
+
 class _AuthorizedKeys:
     """ZAP callback: accept the keys in authorized/, log every refusal."""
 

@@ -186,7 +186,7 @@ class SamplerChannel:
         self._send_control(messages.STOP, reason=reason)
 
     def send_bye(self) -> None:
-        """Done with the trainer (final version fetched and evaluated)."""
+        """Done with the trainer: it may stop serving weights."""
         self._send_control(messages.BYE)
 
     def _send_control(self, kind: str, **body: Any) -> None:

@@ -20,7 +20,7 @@ from grpo.delivery.ledger import Ledger
 from grpo.wire import messages
 from grpo.wire.channels import HANDSHAKE_FAILURES, PeerError, bind, is_loopback, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
-from grpo.wire.keys import secure_server
+from grpo.wire.keys import authorized_names, secure_server
 from grpo.wire.weight_stream import serve as serve_weights
 
 log = logging.getLogger("grpo.transport")
@@ -46,9 +46,13 @@ class TrainerChannel:
         servers = [s for s in (self.pull, pub, router) if s is not None]
         self._auth = None
         self.refused_handshakes = 0
+        # With CURVE: each authorised key's sampler id; what a peer may claim to be.
+        self.key_owners: dict[str, str] | None = None
+        self.refused_messages = 0
         try:
             if cfg.curve_dir:
                 self._auth = secure_server(self.ctx, servers, Path(cfg.curve_dir))
+                self.key_owners = authorized_names(Path(cfg.curve_dir))
             elif not is_loopback(cfg.episodes_addr):
                 log.warning(
                     "listening on %s without transport.curve_dir: anyone who reaches this port "
@@ -168,17 +172,39 @@ class TrainerChannel:
             self.rejected_frames += 1
             log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
             return None
-        self.last_peer_seen = now = time.monotonic()
         sampler_id = (
             item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
         )
+        if (why := self._unauthorised(frames[0], item, sampler_id)) is not None:
+            self.refused_messages += 1
+            log.warning("refused a message (%d so far): %s", self.refused_messages, why)
+            return None
+        self.last_peer_seen = now = time.monotonic()
         if isinstance(sampler_id, str):
             self.samplers_seen[sampler_id] = now
         return item
 
+    def _unauthorised(
+        self, frame: Any, item: EpisodeBatch | Message, sampler_id: Any
+    ) -> str | None:
+        """Why a peer may not send `item`, or None. With CURVE, a message counts only from the
+        key made for the sampler id it carries: one sampler cannot stop the run, or send or
+        acknowledge batches, in another's name. Without CURVE, a stop counts only from this
+        host: anyone who can reach a port open beyond loopback could send one."""
+        if self.key_owners is not None:
+            owner = self.key_owners.get(frame.get("User-Id"))
+            if sampler_id != owner:
+                kind = "a batch" if isinstance(item, EpisodeBatch) else f"a {item.kind}"
+                return f"{kind} in the name of {sampler_id!r} with the key of {owner!r}"
+        elif isinstance(item, Message) and item.kind == messages.STOP:
+            peer = _peer_address(frame)
+            if peer is not None and not _is_local(peer):
+                return f"a stop from {peer}, not this host, on a port without CURVE"
+        return None
+
     def wait_for_byes(self) -> None:
-        """After done, with weights served from here: samplers fetch the final version for
-        their last evaluation, so serve until each has said bye or gone silent."""
+        """After done, with weights served from here: a sampler may still be fetching a
+        version, so serve until each has said bye or gone silent."""
         waiting = set(self.samplers_seen)
         while waiting:
             if self.pull.poll(timeout=500):
@@ -219,3 +245,15 @@ class TrainerChannel:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()
+
+
+def _peer_address(frame: Any) -> str | None:
+    """The sending peer's IP address (ZeroMQ's Peer-Address property; none over ipc://)."""
+    try:
+        return frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):
+        return None
+
+
+def _is_local(address: str) -> bool:
+    return address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1", "localhost")
