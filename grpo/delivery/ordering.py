@@ -23,6 +23,8 @@ log = logging.getLogger("grpo.trainer")
 
 
 class InOrder:
+    """Rank 0's batches held until their predecessors are trained (the module docstring)."""
+
     def __init__(self, ledger: Ledger, max_held: int, patience_s: float):
         self.ledger = ledger
         self.max_held = max_held

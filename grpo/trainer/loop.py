@@ -194,6 +194,11 @@ class Trainer:
             messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq, reason=why
         )
 
+    def already_have(self, batch: EpisodeBatch) -> bool:
+        """Trained on, or held until its predecessors are: a resend after a restart."""
+        sid, seq = batch.sampler_id, batch.seq
+        return self.ledger.is_duplicate(sid, seq) or self.order.is_held(sid, seq)
+
     def receive(self) -> tuple[EpisodeBatch | None, float]:
         """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive; if that
         fails, the other ranks are told to stop."""
@@ -206,9 +211,7 @@ class Trainer:
                 batch = self.channel.recv_batch(wait_s=KEEPALIVE_S)
                 if batch is None:
                     broadcast_size(KEEPALIVE)
-                elif self.ledger.is_duplicate(batch.sampler_id, batch.seq) or self.order.is_held(
-                    batch.sampler_id, batch.seq
-                ):
+                elif self.already_have(batch):
                     self.duplicates_dropped += 1  # a resend of a batch already trained on
                     log.info("dropped batch %d from %s: already trained on or held",
                              batch.seq, batch.sampler_id)  # fmt: skip
