@@ -1,4 +1,4 @@
-"""Run metrics: a JSONL row per step (trainer) or evaluation (sampler), and the end-of-run plot."""
+"""Run metrics: the trainer's JSONL rows (one per step, one per evaluation) and the plot."""
 
 from __future__ import annotations
 
