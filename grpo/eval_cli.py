@@ -101,11 +101,11 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
     from grpo.models import load_tokenizer, resolve_model_path
     from grpo.rollout.hf import HFRollout
     from grpo.sampler.weights import Weights
-    from grpo.tasks import get_task, load_reward_fn
+    from grpo.tasks import get_task, run_reward
 
     check_names(cfg)
     task = get_task(cfg.data.task)
-    reward_fn = load_reward_fn(cfg.data.reward) if cfg.data.reward else task.reward
+    reward_fn = run_reward(task, cfg.data.reward)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     prompts = eval_prompts(cfg, task, tokenizer)

@@ -26,7 +26,7 @@ from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.outbox import Outbox
 from grpo.sampler.weights import Weights, required_version
-from grpo.tasks import get_task, load_reward_fn
+from grpo.tasks import get_task, run_reward
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.sampler_channel import SamplerChannel
@@ -41,7 +41,7 @@ class Sampler:
         self.cfg = cfg
         self.run_dir = cfg.run_dir
         task = get_task(cfg.data.task)
-        reward_fn = load_reward_fn(cfg.data.reward) if cfg.data.reward else task.reward
+        reward_fn = run_reward(task, cfg.data.reward)
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
         self.shard = Shard(cfg, task, tokenizer)

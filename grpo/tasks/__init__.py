@@ -12,6 +12,7 @@ from .base import (
     load_rows,
     register_task,
     resolve_path,
+    run_reward,
     score,
     task_names,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "math500",
     "register_task",
     "resolve_path",
+    "run_reward",
     "score",
     "task_names",
 ]

@@ -81,6 +81,12 @@ def load_reward_fn(spec: str) -> RewardFn:
     return obj
 
 
+def run_reward(task: Task, spec: str) -> RewardFn:
+    """The run's reward: `data.reward` (a `package.module:function` spec) when set, else the
+    task's own."""
+    return load_reward_fn(spec) if spec else task.reward
+
+
 def _json_scalar(value: Any) -> str | int | float | bool | None:
     """Make an info value msgpack/JSON friendly; numpy/torch scalars via .item()."""
     if value is None or isinstance(value, str | int | float | bool):

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from grpo.config import Config
 from grpo.evaluation import EvalSpec, eval_prompts, question_results, summarise
 from grpo.rollout.hf import HFRollout
-from grpo.tasks import get_task, load_reward_fn
+from grpo.tasks import get_task, run_reward
 
 log = logging.getLogger("grpo.trainer")
 
@@ -28,7 +28,7 @@ class VersionEvaluator:
         self.reward_fn: Callable | None = None
         if cfg.eval.interval and cfg.eval.num_questions:
             task = get_task(cfg.data.task)
-            self.reward_fn = load_reward_fn(cfg.data.reward) if cfg.data.reward else task.reward
+            self.reward_fn = run_reward(task, cfg.data.reward)
             self.prompts = eval_prompts(cfg, task, tokenizer)
 
     def due(self, version: int, last: bool) -> bool:
