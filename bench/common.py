@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from grpo.lifetime import parent_of
+
 # BENCH_RESULTS redirects the JSON (the test suite's quick run must not overwrite real results)
 RESULTS = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
 
@@ -132,12 +134,11 @@ def start_role(
 
 def descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(parent_of(int(proc.name)), []).append(int(proc.name))
         except OSError:
             continue  # exited meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     out, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])

@@ -55,7 +55,7 @@ def die_with_ancestor() -> None:
         return  # not below it: the variable was inherited by something else
 
     def watch() -> None:
-        while _alive(int(wanted)):
+        while alive(int(wanted)):
             time.sleep(0.5)
         for pid in between:
             with contextlib.suppress(OSError):
@@ -65,8 +65,14 @@ def die_with_ancestor() -> None:
     threading.Thread(target=watch, daemon=True, name="grpo-die-with-ancestor").start()
 
 
-def _parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name (which may hold spaces and parentheses): state,
+    parent pid, ... Raises OSError once the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def parent_of(pid: int) -> int:
+    return int(_stat(pid)[1])
 
 
 def _ancestors_below(ancestor: int) -> list[int] | None:
@@ -77,15 +83,16 @@ def _ancestors_below(ancestor: int) -> list[int] | None:
             return chain
         chain.append(pid)
         try:
-            pid = _parent_of(pid)
+            pid = parent_of(pid)
         except OSError:
             return None
     return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running (a zombie has exited and only waits to be reaped)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     except OSError:
         return False
 

@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from bench.common import descendants, kill_tree, start_role
+from grpo.lifetime import alive
 from tests.conftest import PYTHON, transport_overrides
 from tests.test_integration import _assert_no_stray_processes, tiny_config
 
@@ -75,8 +76,7 @@ def assert_exactly_once(run_dir: Path, spool: Path, log_text: str) -> list[dict]
 def _is_rank(pid: int) -> bool:
     """A live trainer rank (training_worker.py), not a zombie."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return stat[0] != "Z" and b"training_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return alive(pid) and b"training_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import zmq
 
-from grpo.lifetime import PARENT_ENV, die_with_parent, port_holders
+from grpo.lifetime import PARENT_ENV, alive, die_with_parent, port_holders
 from grpo.wire.channels import PeerError, bind
 from tests.conftest import REPO
 
@@ -34,14 +34,6 @@ _PARENT = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("named", ["set", "unset"])
 def test_a_child_dies_with_its_sigkilled_parent_only_when_named(named):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -50,13 +42,13 @@ def test_a_child_dies_with_its_sigkilled_parent_only_when_named(named):
     try:
         child = int(parent.stdout.readline())
         time.sleep(0.5)  # the child has called die_with_parent()
-        assert _alive(child)
+        assert alive(child)
         parent.kill()  # SIGKILL: no handler runs, only the kernel can act
         parent.wait()
         deadline = time.monotonic() + (10 if named == "set" else 1)
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _alive(child) == (named == "unset")  # a process not started by us is left alone
+        assert alive(child) == (named == "unset")  # a process not started by us is left alone
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)
@@ -110,13 +102,13 @@ def test_the_engine_and_its_worker_die_with_the_sampler():
     try:
         middle, leaf = map(int, top.stdout.readline().split())
         time.sleep(1.0)  # the leaf's watch thread is running
-        assert _alive(middle) and _alive(leaf)
+        assert alive(middle) and alive(leaf)
         top.kill()
         top.wait()
         deadline = time.monotonic() + 10
-        while (_alive(middle) or _alive(leaf)) and time.monotonic() < deadline:
+        while (alive(middle) or alive(leaf)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(middle) and not _alive(leaf)
+        assert not alive(middle) and not alive(leaf)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(top.pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ with a warning naming the missing ones.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
@@ -65,7 +66,7 @@ class InOrder:
         sampler resends only what never arrived."""
         out = {}
         for sid in self.ledger.consumed.keys() | self.held.keys():
-            seqs = SeqSet.from_json(self.ledger.consumed.get(sid, SeqSet()).to_json())
+            seqs = copy.deepcopy(self.ledger.consumed.get(sid, SeqSet()))
             for seq in self.held.get(sid, {}):
                 seqs.add(seq)
             out[sid] = seqs.to_json()
