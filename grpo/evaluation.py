@@ -25,7 +25,6 @@ from grpo.tasks import Task, score
 class EvalSpec:
     """How a version is evaluated (from the config's eval and rollout sections)."""
 
-    num_questions: int
     max_new_tokens: int
     samples: int  # answers sampled per question for pass@k; 0 = greedy only
     ks: tuple[int, ...]  # the k of each pass@k reported
@@ -39,7 +38,6 @@ class EvalSpec:
     def from_config(cls, cfg: Config) -> EvalSpec:
         e, r = cfg.eval, cfg.rollout
         return cls(
-            num_questions=e.num_questions,
             max_new_tokens=e.max_new_tokens,
             samples=e.samples,
             ks=pass_ks(e.samples, e.k),
@@ -77,9 +75,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def eval_prompts(cfg: Config, task: Task, tokenizer, test: str = "") -> list[Prompt]:
+def eval_prompts(cfg: Config, task: Task, tokenizer) -> list[Prompt]:
     """The first `eval.num_questions` test questions, encoded as the sampler encodes them."""
-    rows = task.load(test or cfg.data.test or task.default_test)
+    rows = task.load(cfg.data.test or task.default_test)
     return encode_prompts(
         task,
         rows[: cfg.eval.num_questions],

@@ -27,7 +27,7 @@ from grpo.run_log import RunLog, scalars_of
 
 
 def spec(samples: int = 0, ks: tuple[int, ...] = ()) -> EvalSpec:
-    return EvalSpec(num_questions=4, max_new_tokens=8, samples=samples, ks=ks, temperature=1.0,
+    return EvalSpec(max_new_tokens=8, samples=samples, ks=ks, temperature=1.0,
                     top_p=1.0, stop=(), batch_size=8, seed=0)  # fmt: skip
 
 
@@ -103,7 +103,7 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     from tests.rewards_for_tests import even_length_is_correct as reward
 
     engine, prompts, tokenizer = tiny_eval
-    s = EvalSpec(num_questions=6, max_new_tokens=10, samples=6, ks=(1, 3, 6), temperature=1.0,
+    s = EvalSpec(max_new_tokens=10, samples=6, ks=(1, 3, 6), temperature=1.0,
                  top_p=1.0, stop=(), batch_size=12, seed=0)  # fmt: skip
     row = evaluate(engine, prompts, tokenizer, reward, s, version=0)
     assert row["n"] == 6 and row["samples"] == 6 and len(prompts) == 6
