@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -120,3 +121,17 @@ def port_holders(port: int) -> list[str]:
         except OSError:
             continue  # exited meanwhile, or not ours to read
     return holders
+
+
+def exit_soon(why: str, grace_s: float = 30.0) -> None:
+    """Exit with status 1 in `grace_s` unless the process ends first: for a main thread stuck
+    where no stop flag reaches it (a hung generate, a reward call that never returns). Nothing
+    is lost that a restart needs: batches are spooled and training states saved before use."""
+
+    def later() -> None:
+        time.sleep(grace_s)
+        logging.getLogger("grpo").error("exiting: %s (still stuck after %g s)", why, grace_s)
+        logging.shutdown()
+        os._exit(1)
+
+    threading.Thread(target=later, daemon=True, name="grpo-exit-soon").start()

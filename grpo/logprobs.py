@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from grpo.core.batching import PackedPairs, pack_pairs, pad_pairs
+from grpo.progress import ACTIVITY
 
 
 def _chunks(logits: Tensor, chunk_size: int):
@@ -430,6 +431,7 @@ def score_pairs(
             temperature=temperature,
             truncation=truncation,
         )
+        ACTIVITY.tick()  # a forward done: progress for the stall check (grpo.progress)
         for i, c in enumerate(chunk):
             logps.append(out.logp[i, : len(c)].float().cpu().numpy())
             if masses is not None and out.log_kept_mass is not None:

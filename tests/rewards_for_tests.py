@@ -33,3 +33,12 @@ def even_length_is_correct(completion: str, sample: dict) -> tuple[float, dict]:
     right about half the time, so pass@k has something to count; formatted when it is long."""
     correct = len(completion) % 2 == 0
     return float(correct), {"formatted": len(completion) > 20, "correct": correct}
+
+
+def slow_text_length(completion: str, sample: dict) -> tuple[float, dict]:
+    """text_length, 50 ms a call: a batch of 16 answers takes a second to score, so a test's
+    run lasts long enough for its sampler failures to be noticed before it ends."""
+    import time
+
+    time.sleep(0.05)
+    return text_length(completion, sample)

@@ -26,8 +26,10 @@ pytestmark = pytest.mark.slow
 TOTAL = 8
 
 
-def start(role: str, config: Path, overrides: list[str], log: Path) -> subprocess.Popen:
-    return start_role(role, config, overrides, log, env={"PYTHON": PYTHON})
+def start(
+    role: str, config: Path, overrides: list[str], log: Path, env: dict | None = None
+) -> subprocess.Popen:
+    return start_role(role, config, overrides, log, env={"PYTHON": PYTHON, **(env or {})})
 
 
 def rows_of(run_dir: Path) -> list[dict]:
@@ -304,5 +306,5 @@ def test_a_sampler_with_another_batch_shape_is_stopped_by_name(tmp_path, tiny_mo
     why = "it has 2 groups of 4, but the trainer expects 4 groups of 4"
     assert f"the trainer rejected batch 0: {why}" in text["sampler"]
     assert f"dropped batch 0 from sampler-0 (1 so far): {why}" in text["trainer"]
-    assert "sampler stopped" in text["trainer"]
+    assert f"sampler sampler-0 stopped: the trainer rejected batch 0: {why}" in text["trainer"]
     assert not rows_of(run_dir)

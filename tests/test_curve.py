@@ -55,7 +55,7 @@ def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog):
         _intruder(cfg.episodes_addr, (stranger_public, stranger_secret, trainer_public))
         _intruder(cfg.episodes_addr, None)
         assert trainer.recv_batch(wait_s=1.0) is None
-        assert trainer.last_peer_seen is None  # not even their heartbeats counted
+        assert not trainer.pool.members  # not even their heartbeats counted
         deadline = time.monotonic() + 5
         while trainer.refused_handshakes < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -119,7 +119,7 @@ def test_a_message_counts_only_from_the_key_of_the_sampler_it_names(tmp_path, ca
         assert "a batch in the name of 'sampler-0' with the key of 'sampler-1'" in caplog.text
         impostor.sampler_id = "sampler-1"
         impostor.send_stop("my own reason")
-        with pytest.raises(PeerError, match="sampler stopped: my own reason"):
+        with pytest.raises(PeerError, match="sampler sampler-1 stopped: my own reason"):
             trainer.recv_batch(wait_s=5)
     finally:
         impostor.close()
@@ -163,7 +163,7 @@ def test_without_curve_a_stop_counts_only_from_this_host(caplog):
                 assert trainer.recv_batch(wait_s=2) is None
                 assert f"a stop from {ip}, not this host, on a port without CURVE" in caplog.text
             else:
-                with pytest.raises(PeerError, match="sampler stopped: from here"):
+                with pytest.raises(PeerError, match="sampler sampler-0 stopped: from here"):
                     trainer.recv_batch(wait_s=5)
             sock.close()
     finally:

@@ -1,39 +1,90 @@
-"""Two samplers feed one trainer: disjoint shards of the dataset, per-sampler metrics."""
+"""Samplers as a pool: three feed one trainer from disjoint shards of the dataset; one is
+SIGKILLed and one hangs in generation, and the run still trains every step from the one left,
+naming the two it dropped and what each was last doing."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 
+from bench.common import kill_tree
 from tests.conftest import transport_overrides
-from tests.test_chaos import finish, start
+from tests.plugins.hanging_engine import HANG_AT
+from tests.test_chaos import finish, rows_of, start, wait_for
 from tests.test_integration import _assert_no_stray_processes, tiny_config
 
 pytestmark = pytest.mark.slow
 
+STEPS = 10
+STALL_S = 3
 
-def test_two_samplers_feed_one_trainer_from_disjoint_shards(tmp_path, tiny_model_dir):
-    train = {"total_steps": 4, "max_staleness": 1, "num_ranks": 1}
-    config = tiny_config(tmp_path, tiny_model_dir, train=train)
-    overrides = [*transport_overrides(), "rollout.num_samplers=2"]
-    procs = [start("trainer", config, overrides, tmp_path / "trainer.log")]
-    for i in (0, 1):
-        mine = [f"rollout.sampler_index={i}", f"rollout.sampler_id=sampler-{i}"]
-        procs.append(start("sampler", config, [*overrides, *mine], tmp_path / f"s{i}.log"))
-    finish(procs, timeout=600)
-    assert [p.returncode for p in procs] == [0, 0, 0], (tmp_path / "trainer.log").read_text()[
-        -3000:
+
+def test_a_killed_and_a_hung_sampler_are_dropped_by_name_and_the_pool_finishes(
+    tmp_path, tiny_model_dir
+):
+    train = {"total_steps": STEPS, "num_ranks": 1}
+    config = tiny_config(
+        tmp_path, tiny_model_dir, train=train,
+        data={"reward": "tests.rewards_for_tests:slow_text_length"},
+    )  # fmt: skip
+    overrides = [
+        *transport_overrides(timeout_s=4),
+        f"transport.stall_timeout_s={STALL_S}",
+        "rollout.num_samplers=3",
     ]
+    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "s0", "s1", "s2")}
+    trainer = start("trainer", config, overrides, logs["trainer"])
+    samplers = []
+    for i in range(3):
+        mine = [f"rollout.sampler_index={i}", f"rollout.sampler_id=sampler-{i}"]
+        env = None
+        if i == 2:  # its second generate call never returns
+            mine.append("rollout.backend=tests.plugins.hanging_engine:build")
+            env = {HANG_AT: "1"}
+        samplers.append(start("sampler", config, [*overrides, *mine], logs[f"s{i}"], env))
     run_dir = tmp_path / "runs" / "tiny"
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert sorted((r["sampler_id"], r["batch_seq"]) for r in rows) == [
-        ("sampler-0", 0), ("sampler-0", 1), ("sampler-1", 0), ("sampler-1", 1),
-    ]  # fmt: skip
-    # Shard i holds rows i, i + 2, ...: the group ids (row indices) say whose a batch is.
+    procs = [trainer, *samplers]
+
+    def trained_from(sid: str) -> int:
+        return sum(r["sampler_id"] == sid for r in rows_of(run_dir))
+
+    wait_for(lambda: trained_from("sampler-1") >= 1, "a batch of sampler-1", procs)
+    killed_at = time.monotonic()
+    kill_tree(samplers[1])
+    finish([trainer, samplers[0], samplers[2]], timeout=400)
+    text = {r: p.read_text() for r, p in logs.items()}
+    assert trainer.returncode == 0, text["trainer"][-3000:]
+    assert samplers[0].returncode == 0, text["s0"][-3000:]
+    assert samplers[2].returncode == 1, text["s2"][-3000:]
+
+    # Both dropped by name, with what each was doing; the hung one also says so itself.
+    silent = re.search(
+        r"sampler sampler-1 dropped: silent for (\d+) s \(limit 4 s\); last seen (\w+)",
+        text["trainer"],
+    )
+    assert silent, text["trainer"][-3000:]
+    stall = f"no progress in generating (batch 1) for {STALL_S} s (limit {STALL_S} s)"
+    assert f"sampler sampler-2 stopped: {stall}" in text["trainer"]
+    assert f"sampler sampler-2: {stall}" in text["s2"]
+    assert "exiting: sampler sampler-2" in text["s2"]
+    ended_s = time.monotonic() - killed_at
+    for line in text["trainer"].splitlines():  # for the record (pytest -s)
+        if "sampler-1 dropped" in line or "sampler-2 stopped" in line:
+            print(line)
+    print(f"the run ended {ended_s:.0f} s after sampler-1 was killed")
+
+    # Every step trained once, no batch twice, and each sampler's batches from its own shard.
+    rows = rows_of(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    batches = [(r["sampler_id"], r["batch_seq"]) for r in rows]
+    assert len(set(batches)) == STEPS, batches
+    assert trained_from("sampler-2") == 1  # batch 0; batch 1 never came
     for r in rows:
         gids = {g for rank in r["rank_group_ids"] for g in rank}
-        assert {g % 2 for g in gids} == {int(r["sampler_id"][-1])}, r["rank_group_ids"]
+        assert {g % 3 for g in gids} == {int(r["sampler_id"][-1])}, r["rank_group_ids"]
     summary = json.loads((run_dir / "samplers.json").read_text())
-    assert {sid: s["batches"] for sid, s in summary.items()} == {"sampler-0": 2, "sampler-1": 2}
+    assert sum(s["batches"] for s in summary.values()) == STEPS
     _assert_no_stray_processes(config)

@@ -38,7 +38,7 @@ def connected(**kw) -> Iterator[tuple[TrainerChannel, SamplerChannel]]:
         trainer.close()
 
 
-def _batch(seq: int) -> EpisodeBatch:
+def _batch(seq: int, sampler_id: str = "sampler-0") -> EpisodeBatch:
     eps = tuple(
         Episode(
             np.arange(3, dtype=np.int32),
@@ -52,7 +52,7 @@ def _batch(seq: int) -> EpisodeBatch:
         )
         for i in range(2)
     )
-    return EpisodeBatch(eps, 2, policy_version=0, seq=seq)
+    return EpisodeBatch(eps, 2, policy_version=0, seq=seq, sampler_id=sampler_id)
 
 
 def test_batch_arrives_and_garbage_is_dropped():
@@ -84,10 +84,14 @@ def test_batch_arrives_and_garbage_is_dropped():
 
 
 def test_trainer_gives_up_on_a_silent_sampler():
+    """Across calls too: the trainer waits in slices (recv_batch(wait_s=...), to keep its other
+    ranks alive), and a new slice must not restart the startup clock."""
     trainer = TrainerChannel(_cfg(peer_timeout_s=1, startup_timeout_s=1.5))
+    deadline = time.monotonic() + 10
     try:
         with pytest.raises(PeerError, match="no message yet from any sampler"):
-            trainer.recv_batch()
+            while time.monotonic() < deadline:
+                trainer.recv_batch(wait_s=0.5)
     finally:
         trainer.close()
 
@@ -103,11 +107,41 @@ def test_sampler_notices_a_dead_trainer():
         assert "no heartbeat from the trainer" in sampler.status.stop_reason
 
 
-def test_sampler_stop_message_reaches_trainer():
+def test_the_last_samplers_stop_ends_the_trainer_with_its_reason():
     with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
         sampler.send_stop("interrupted by SIGINT")
-        with pytest.raises(PeerError, match="sampler stopped: interrupted by SIGINT"):
+        with pytest.raises(
+            PeerError, match="^no sampler left: sampler s0 stopped: interrupted by SIGINT$"
+        ):
             trainer.recv_batch()
+
+
+def test_a_stop_or_silence_drops_one_sampler_and_the_others_go_on():
+    """Samplers are a pool: one stopping or going silent is dropped by name, with what it was
+    last doing; batches from the others still arrive; the run ends when none is left."""
+    with connected(peer_timeout_s=1.0, startup_timeout_s=5) as (trainer, s0):
+        s1, s2 = SamplerChannel(trainer.cfg, "s1"), SamplerChannel(trainer.cfg, "s2")
+        try:
+            deadline = time.monotonic() + 5
+            while len(trainer.pool.alive()) < 3 and time.monotonic() < deadline:
+                trainer.recv_batch(wait_s=0.2)
+            assert trainer.pool.alive() == ["s0", "s1", "s2"]
+            s1.send_stop("crashed: RuntimeError: boom")
+            s2.close()  # silent from now on
+            s0.send_batch(_batch(0, "s0"))
+            assert trainer.recv_batch().sampler_id == "s0"  # not ended by s1's stop
+            assert trainer.recv_batch(wait_s=2.5) is None  # s2 is dropped meanwhile
+            assert trainer.pool.alive() == ["s0"]
+            assert trainer.alive == 1
+            why = {sid: m.why for sid, m in trainer.pool.members.items()}
+            assert why["s1"] == "sampler s1 stopped: crashed: RuntimeError: boom"
+            assert why["s2"].startswith("sampler s2 dropped: silent for 1 s (limit 1 s); last ")
+            s0.send_stop("done here")
+            with pytest.raises(PeerError, match="^no sampler left: .*s0 stopped: done here"):
+                trainer.recv_batch()
+        finally:
+            s1.close()
+            s2.close()
 
 
 def test_port_in_use_is_a_clear_error():

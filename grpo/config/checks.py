@@ -212,11 +212,6 @@ def _check_delivery(cfg: Config) -> None:
             f"rollout.sampler_index must be in [0, rollout.num_samplers={r.num_samplers}), "
             f"got {r.sampler_index}"
         )
-    if t.total_steps % r.num_samplers:
-        raise ConfigError(
-            f"train.total_steps ({t.total_steps}) must be a multiple of rollout.num_samplers "
-            f"({r.num_samplers}): each sampler makes an equal share of the batches"
-        )
     # Batches are acknowledged when a training state is saved; until then they stay spooled.
     unacked = (t.state_interval or t.total_steps) + t.max_staleness + 1
     if r.spool_max_batches < unacked:
@@ -233,6 +228,11 @@ def _check_transport(t: TransportConfig) -> None:
         raise ConfigError(
             f"transport.peer_timeout_s ({t.peer_timeout_s}) must be at least twice "
             f"transport.heartbeat_s ({t.heartbeat_s}), or live peers look dead"
+        )
+    if t.stall_timeout_s and t.stall_timeout_s < 2 * t.heartbeat_s:
+        raise ConfigError(
+            f"transport.stall_timeout_s ({t.stall_timeout_s}) must be 0 (never) or at least "
+            f"twice transport.heartbeat_s ({t.heartbeat_s}): heartbeats carry the progress"
         )
     addrs = [a for a in (t.episodes_addr, t.control_addr, t.weights_addr) if a]
     if len(set(addrs)) < len(addrs):

@@ -140,7 +140,9 @@ class RolloutConfig:
     )
     sampler_id: str = _f("sampler-0", "name of this sampler in batches, logs and metrics")
     num_samplers: int = _f(
-        1, "samplers feeding the trainer; each makes total_steps / num_samplers batches"
+        1,
+        "samplers sharing the train rows (sampler_index picks the share); they deliver as a "
+        "pool, each as many batches as it can",
     )
     sampler_index: int = _f(
         0, "this sampler's shard of the train rows (rows index, index + num_samplers, ...)"
@@ -347,6 +349,12 @@ class TransportConfig:
     )
     heartbeat_s: float = _f(2.0, "seconds between heartbeats")
     peer_timeout_s: float = _f(120.0, "a silent peer for this long is taken for dead")
+    stall_timeout_s: float = _f(
+        600.0,
+        "a working phase (generating, scoring, rewarding, training, evaluating, ...) whose "
+        "progress counter has not moved for this long is a stall: the process stops, naming "
+        "the phase, and the trainer drops a stalled sampler; 0 = never",
+    )
     startup_timeout_s: float = _f(900.0, "how long to wait for the peer's first message")
     max_frame_bytes: int = _f(1 << 30, "larger frames are dropped")
     curve_dir: str = _f(

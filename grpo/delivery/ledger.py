@@ -90,6 +90,10 @@ class Ledger:
     def consumed_json(self) -> dict[str, dict[str, Any]]:
         return _to_json(self.consumed)
 
+    def trained_counts(self) -> dict[str, int]:
+        """Batches trained per sampler: with the number alive, what samplers pace by."""
+        return {sid: len(seqs) for sid, seqs in self.consumed.items()}
+
     @classmethod
     def from_acks(cls, acks: Any) -> Ledger:
         if not isinstance(acks, dict):

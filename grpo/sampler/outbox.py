@@ -11,6 +11,7 @@ from typing import Any
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
+from grpo.progress import ACTIVITY, WAITING
 from grpo.wire.codec import encode_batch
 from grpo.wire.sampler_channel import SamplerChannel
 
@@ -64,6 +65,7 @@ class Outbox:
     def wait_until(self, ready: Callable[[], bool], what: str) -> None:
         """Sleep until `ready()` or the trainer stops us, keeping the spool in step meanwhile."""
         last_note = time.monotonic()
+        ACTIVITY.enter(WAITING, f"for {what}")
         while True:
             self.sync_with_trainer()
             if ready() or self.channel.stopped.is_set():

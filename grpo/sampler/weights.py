@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,17 @@ def required_version(seq: int, max_staleness: int, sync_interval: int) -> int:
     that many versions of lag, and only multiples of `sync_interval` are ever published.
     """
     return max(0, (seq - max_staleness) // sync_interval * sync_interval)
+
+
+def expected_batch(trained: dict[str, int], sampler_id: str, made: int, alive: int) -> int:
+    """Which batch of the run (counted from 0) the one this sampler makes next is expected to
+    be, from the trainer's last heartbeat: all batches trained so far, then this sampler's
+    `made - trained[sampler_id]` still on their way, with one from each other live sampler
+    between two of ours. A lone sampler's is exactly `made`. With none of its own on the way
+    it is the trainer's next, so a sampler never waits for a version only its own batch could
+    bring, whichever samplers died."""
+    on_the_way = max(made - trained.get(sampler_id, 0), 0)
+    return sum(trained.values()) + on_the_way * max(alive, 1)
 
 
 def hf_device(cfg: Config) -> str:
@@ -123,17 +135,18 @@ class Weights:
                     f"{vdir} does not match the policy: missing {missing}, unexpected {unexpected}"
                 )
 
-    def wait_for_version(self, needed: int, outbox: Outbox) -> None:
-        """Wait until the trainer published `needed` (the staleness bound), then load it.
+    def wait_for_version(self, needed: Callable[[], int], outbox: Outbox) -> None:
+        """Wait until the trainer published `needed()` (the staleness bound, which moves as
+        samplers come and go), then load it.
 
-        A lone sampler loads exactly `needed`, even when a newer version is out: which version
+        A lone sampler loads exactly that version, even when a newer one is out: which version
         samples a batch then never depends on timing, so a run with overlap repeats exactly.
         Several samplers load the newest (the trainer is further ahead of each of them).
         Either may be older than the one this sampler had, after a trainer restart."""
         assert self.channel is not None
         status = self.channel.status
-        outbox.wait_until(lambda: status.version >= needed, f"version {needed}")
-        target = needed if self.cfg.rollout.num_samplers == 1 else status.version
+        outbox.wait_until(lambda: status.version >= needed(), "a newer version")
+        target = needed() if self.cfg.rollout.num_samplers == 1 else status.version
         if (
             target != self.version
             and target not in self.failed_reloads

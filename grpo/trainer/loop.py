@@ -33,6 +33,15 @@ from grpo.models import (
     load_tokenizer,
     resolve_model_path,
 )
+from grpo.progress import (
+    ACTIVITY,
+    EVALUATING,
+    PUBLISHING,
+    SAVING,
+    SCORING,
+    TRAINING,
+    WAITING,
+)
 from grpo.run_log import RunLog
 from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
@@ -206,6 +215,7 @@ class Trainer:
             return None, 0.0
         assert self.channel is not None
         t0 = time.monotonic()
+        ACTIVITY.enter(WAITING, "for a batch")
         try:
             while (batch := self.order.pop_ready()) is None:
                 batch = self.channel.recv_batch(wait_s=KEEPALIVE_S)
@@ -231,8 +241,12 @@ class Trainer:
         t_score = time.monotonic()
         if self.scored_here:
             policy = self.engine.module if "old_logp" in self.scored_here else None
-            batch = score_on_ranks(policy, self.reference, batch, cfg, self.groups_per_rank, pad)
+            with ACTIVITY.during(SCORING, f"step {step}"):
+                batch = score_on_ranks(
+                    policy, self.reference, batch, cfg, self.groups_per_rank, pad
+                )
         score_s, t0 = time.monotonic() - t_score, time.monotonic()
+        ACTIVITY.enter(TRAINING, f"step {step}")
         exp, batch_numbers = build_experience(batch, cfg, self.kl_reward_coef)
         per_rank = self.groups_per_rank * batch.group_size  # this rank's whole groups
         mine = exp.rows(range(self.rank * per_rank, (self.rank + 1) * per_rank))
@@ -262,13 +276,16 @@ class Trainer:
         self.ledger.consume(batch.sampler_id, batch.seq)
         if self.channel is not None:
             self.channel.consumed = self.order.received_json()
+            self.channel.trained = self.ledger.trained_counts()
         publish_s, state_s = 0.0, 0.0
         last = step == cfg.train.total_steps
         if self.rank == 0 and (step % cfg.train.sync_interval == 0 or last):
-            publish_s = self.publish(step)
+            with ACTIVITY.during(PUBLISHING, f"version {step}"):
+                publish_s = self.publish(step)
         if cfg.train.state_interval and step % cfg.train.state_interval == 0 and not last:
             t_state = time.monotonic()
-            self.save_state(step)
+            with ACTIVITY.during(SAVING, f"state of step {step}"):
+                self.save_state(step)
             state_s = time.monotonic() - t_state
         return step_row(
             step, batch, cfg, self.world,
@@ -308,7 +325,8 @@ class Trainer:
     def evaluate(self, step: int) -> None:
         """Every rank: evaluate the weights after `step` (version `step`) when it is due."""
         if self.evaluator.due(step, last=step == self.cfg.train.total_steps):
-            row = self.evaluator.evaluate(self.engine.module, step)
+            with ACTIVITY.during(EVALUATING, f"version {step}"):
+                row = self.evaluator.evaluate(self.engine.module, step)
             if row is not None and self.run_log is not None:
                 self.run_log.eval(row)
 
@@ -318,6 +336,7 @@ class Trainer:
             # First: a busy port moves nothing. A resumed trainer announces its own version
             # and acknowledgements from its very first heartbeat.
             self.channel = TrainerChannel(cfg.transport, self.version, self.ledger, self.run_dir)
+            self.channel.exit_on_stall = True
             self.open_run_dir()
             self.run_log = RunLog(cfg, self.start_step)
             log.info(

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ import zmq
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.ledger import SeqSet
+from grpo.lifetime import exit_soon
+from grpo.progress import ACTIVITY, Watchdog
 from grpo.wire import messages
 from grpo.wire.channels import PeerError, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_batch, encode_message
@@ -36,7 +39,9 @@ class TrainerStatus:
     incarnation: str | None = None  # changes when the trainer restarts
     restarts: int = 0  # trainer restarts seen
     acked: SeqSet = field(default_factory=SeqSet)  # this sampler's batches the trainer saved
-    consumed: SeqSet = field(default_factory=SeqSet)  # ... it trained on (saved or not)
+    consumed: SeqSet = field(default_factory=SeqSet)  # ... it received (trained or held)
+    trained: dict[str, int] = field(default_factory=dict)  # batches trained, per sampler
+    alive: int = 0  # samplers the trainer counts as alive (this one included, once heard)
 
 
 class SamplerChannel:
@@ -59,6 +64,10 @@ class SamplerChannel:
         self.stopped = threading.Event()  # set on done, stop, or a silent trainer
         self._news = threading.Event()  # set whenever status changes, so waiters wake at once
         self._closing = threading.Event()
+        self.incarnation = uuid.uuid4().hex[:12]  # this process: the trainer tells restarts apart
+        # Run in the watch thread when this process's own work stalls (see grpo.progress).
+        self.watchdog = Watchdog(cfg.stall_timeout_s, self._stalled)
+        self.exit_on_stall = False  # the sampler's process sets it; tests in-process do not
         self._thread = threading.Thread(target=self._watch_loop, daemon=True)
         self._thread.start()
 
@@ -89,10 +98,16 @@ class SamplerChannel:
 
     def _watch(self, sub: zmq.Socket, beat: zmq.Socket) -> None:
         started, last_seen = time.monotonic(), None
-        heartbeat = encode_message(Message(messages.HEARTBEAT, {"sampler_id": self.sampler_id}))
+        self._beat = beat  # for _stalled, which the watchdog calls from this thread
         while not self._closing.is_set():
+            self.watchdog.check()
+            body = {
+                "sampler_id": self.sampler_id,
+                "incarnation": self.incarnation,
+                **ACTIVITY.snapshot().to_json(),
+            }
             with contextlib.suppress(zmq.Again):  # trainer not there yet: the timeouts decide
-                beat.send_multipart(heartbeat)
+                beat.send_multipart(encode_message(Message(messages.HEARTBEAT, body)))
             if sub.poll(timeout=int(self.cfg.heartbeat_s * 1000)):
                 last_seen = time.monotonic()
                 self._on_control(sub.recv_multipart())
@@ -103,6 +118,20 @@ class SamplerChannel:
                     f"{messages.TRAINER_SILENT} on {self.cfg.control_addr} for {waited:.0f} s "
                     f"(limit {limit:.0f} s): is the trainer running? Check its log."
                 )
+
+    def _stalled(self, why: str) -> None:
+        """The main thread made no progress for stall_timeout_s: stop, tell the trainer (from
+        this thread's socket: the main thread's is busy), and end the process if the main
+        thread is stuck where the stop flag does not reach."""
+        log.error("sampler %s: %s", self.sampler_id, why)
+        self._stop(why)
+        stop = Message(messages.STOP, {"sampler_id": self.sampler_id, "reason": why})
+        with contextlib.suppress(zmq.Again):
+            self._beat.send_multipart(encode_message(stop))
+        if self.exit_on_stall:
+            exit_soon(
+                f"sampler {self.sampler_id}: {why}", grace_s=min(30.0, self.cfg.stall_timeout_s)
+            )
 
     def _stop(self, reason: str) -> None:
         if self.status.stop_reason is None:
@@ -142,6 +171,11 @@ class SamplerChannel:
             status.incarnation = incarnation
         if isinstance(version, int) and version > status.version:
             status.version = version
+        trained, alive = body.get("trained"), body.get("alive")
+        if isinstance(trained, dict) and all(isinstance(n, int) for n in trained.values()):
+            status.trained = trained
+        if isinstance(alive, int):
+            status.alive = alive
         for attr, key in (("acked", "acks"), ("consumed", "consumed")):
             per_sampler = body.get(key)
             if isinstance(per_sampler, dict) and self.sampler_id in per_sampler:

@@ -1,5 +1,6 @@
 """The trainer's end of the channels: binds, receives batches, announces versions, done, stop
-and acknowledgements in heartbeats, serves weights, and notices silent samplers."""
+and acknowledgements in heartbeats, serves weights, and keeps the pool of samplers (which are
+alive, which to drop: grpo.delivery.pool)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from zmq.utils.monitor import recv_monitor_message
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.ledger import Ledger
+from grpo.delivery.pool import SamplerPool
+from grpo.lifetime import exit_soon
+from grpo.progress import ACTIVITY, Watchdog
 from grpo.wire import messages
 from grpo.wire.channels import HANDSHAKE_FAILURES, PeerError, bind, is_loopback, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
@@ -71,13 +75,18 @@ class TrainerChannel:
             self.ctx.term()
             raise
         self.rejected_frames = 0
-        self.last_peer_seen: float | None = None
-        self.samplers_seen: dict[str, float] = {}  # sampler id -> when last heard
+        self.pool = SamplerPool(cfg.peer_timeout_s, cfg.stall_timeout_s)
+        self.opened_at = time.monotonic()  # startup_timeout_s counts from here
+        self.alive = 0  # samplers alive, as the heartbeats tell them (they pace by it)
         self.published_version = version
         self.incarnation = uuid.uuid4().hex[:12]
         # Replaced whole by the trainer: acks at each state save, consumed after each step.
         self.acks: dict[str, Any] = ledger.acks() if ledger else {}
         self.consumed: dict[str, Any] = ledger.consumed_json() if ledger else {}
+        self.trained: dict[str, int] = ledger.trained_counts() if ledger else {}
+        # Run in the heartbeat thread when this process's own work stalls (see grpo.progress).
+        self.watchdog = Watchdog(cfg.stall_timeout_s, self._stalled)
+        self.exit_on_stall = False  # the trainer's process sets it; tests in-process do not
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
@@ -123,6 +132,7 @@ class TrainerChannel:
                     msg = self._outbox.get(timeout=self.cfg.heartbeat_s)
                 except queue.Empty:
                     msg = Message(messages.HEARTBEAT, self._body())
+                    self.watchdog.check()
                 pub.send_multipart(encode_message(msg))
                 if self._closing.is_set() and self._outbox.empty():
                     break
@@ -137,8 +147,20 @@ class TrainerChannel:
             "incarnation": self.incarnation,
             "acks": self.acks,
             "consumed": self.consumed,
+            "trained": self.trained,
+            "alive": self.alive,
+            **ACTIVITY.snapshot().to_json(),
             **extra,
         }
+
+    def _stalled(self, why: str) -> None:
+        """The main thread made no progress for stall_timeout_s: tell the samplers why and end
+        the process, which a hung step would otherwise keep forever (torchrun then stops the
+        other ranks)."""
+        log.error("trainer: %s", why)
+        self.announce(messages.STOP, reason=f"trainer: {why}", version=self.published_version)
+        if self.exit_on_stall:
+            exit_soon(f"trainer: {why}", grace_s=min(30.0, self.cfg.stall_timeout_s))
 
     def announce(self, kind: str, **extra: Any) -> None:
         """Queue a control message (done, stop, version) for every sampler."""
@@ -151,17 +173,18 @@ class TrainerChannel:
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         while True:
-            # Drain what is queued before judging silence: after a long training step the
-            # sampler's heartbeats (and its next batch) are waiting here, not missing.
             if poller.poll(timeout=500):
                 item = self._decode(self.pull.recv_multipart(copy=False))
                 if isinstance(item, EpisodeBatch):
                     return item
                 if item is not None and item.kind == messages.STOP:
-                    reason = item.body.get("reason", "no reason given")
-                    raise PeerError(f"sampler stopped: {reason}")
-            else:
-                self._check_silence(started)
+                    sid = str(item.body.get("sampler_id"))
+                    self.pool.stopped(sid, str(item.body.get("reason", "no reason given")))
+                    self._raise_if_none_left()
+            # Judge silence only once what is queued is read: after a long training step the
+            # samplers' heartbeats (and next batches) are waiting here, not missing.
+            if not self.pull.poll(timeout=0):
+                self._check_pool()
             if wait_s is not None and time.monotonic() - started > wait_s:
                 return None
 
@@ -179,9 +202,9 @@ class TrainerChannel:
             self.refused_messages += 1
             log.warning("refused a message (%d so far): %s", self.refused_messages, why)
             return None
-        self.last_peer_seen = now = time.monotonic()
         if isinstance(sampler_id, str):
-            self.samplers_seen[sampler_id] = now
+            heartbeat = isinstance(item, Message) and item.kind == messages.HEARTBEAT
+            self.pool.heard(sampler_id, item.body if heartbeat else None)
         return item
 
     def _unauthorised(
@@ -205,30 +228,39 @@ class TrainerChannel:
     def wait_for_byes(self) -> None:
         """After done, with weights served from here: a sampler may still be fetching a
         version, so serve until each has said bye or gone silent."""
-        waiting = set(self.samplers_seen)
+        waiting, members = set(self.pool.alive()), self.pool.members
         while waiting:
             if self.pull.poll(timeout=500):
                 item = self._decode(self.pull.recv_multipart(copy=False))
                 if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
                     waiting.discard(item.body.get("sampler_id"))
             now = time.monotonic()
-            silent = {s for s in waiting if now - self.samplers_seen[s] > self.cfg.peer_timeout_s}
+            silent = {s for s in waiting if now - members[s].last_seen > self.cfg.peer_timeout_s}
             for sid in silent:
                 log.warning("sampler %s went silent before saying bye", sid)
             waiting -= silent
 
-    def _check_silence(self, started: float) -> None:
-        if self.last_peer_seen is None:
-            limit, since, what = self.cfg.startup_timeout_s, started, "message yet"
-        else:
-            limit, since, what = self.cfg.peer_timeout_s, self.last_peer_seen, "heartbeat"
-        waited = time.monotonic() - since
-        if waited > limit:
-            raise PeerError(
-                f"no {what} from any sampler on {self.cfg.episodes_addr} for {waited:.0f} s "
-                f"(limit {limit:.0f} s): is the sampler running and connecting to this "
-                "address? Check its log."
-            )
+    def _check_pool(self) -> None:
+        """Drop the samplers gone silent or stalled; raise PeerError when none is left, or
+        none came within transport.startup_timeout_s."""
+        if not self.pool.members:
+            # From the channel's opening, not this call's: the trainer calls again every
+            # KEEPALIVE_S, which would otherwise restart the clock for ever.
+            waited, limit = time.monotonic() - self.opened_at, self.cfg.startup_timeout_s
+            if waited > limit:
+                raise PeerError(
+                    f"no message yet from any sampler on {self.cfg.episodes_addr} for "
+                    f"{waited:.0f} s (limit {limit:.0f} s): is the sampler running and "
+                    "connecting to this address? Check its log."
+                )
+            return
+        self.pool.check()
+        self._raise_if_none_left()
+
+    def _raise_if_none_left(self) -> None:
+        self.alive = len(self.pool.alive())
+        if (why := self.pool.none_left()) is not None:
+            raise PeerError(why)
 
     def close(self) -> None:
         if self.ctx.closed:

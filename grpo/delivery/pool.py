@@ -1,0 +1,111 @@
+"""Rank 0's view of the samplers feeding it: who is alive, what each was last doing, who to drop.
+
+The samplers are a pool: the trainer trains `train.total_steps` batches from whichever deliver.
+A sampler is dropped, with a line naming it and its last activity, when it stops, when it is
+silent for `transport.peer_timeout_s`, or when its heartbeats show no progress in a working
+phase for `transport.stall_timeout_s`. It is back when it is heard again: a restart (a new
+incarnation) after a stop, any message after silence, progress after a stall. Its batches not
+yet acknowledged come back from its spool when it restarts. The run ends only when no sampler is
+left alive: at once when the last one stops (a crash or a config mismatch), else when the last
+one is dropped, which its own timeout has already waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo.progress import Snapshot, StallClock
+
+log = logging.getLogger("grpo.trainer")
+
+STOPPED, SILENT, STALLED = "stopped", "silent", "stalled"
+
+
+@dataclass
+class Member:
+    """One sampler as the trainer last heard it."""
+
+    last_seen: float
+    stall: StallClock
+    incarnation: str | None = None
+    gone: str | None = None  # STOPPED, SILENT or STALLED; None while alive
+    why: str = ""  # the drop's line
+
+    @property
+    def activity(self) -> str:
+        last = self.stall.last
+        return last.describe() if last is not None else "no heartbeat yet"
+
+
+@dataclass
+class SamplerPool:
+    peer_timeout_s: float
+    stall_timeout_s: float
+    clock: Callable[[], float] = time.monotonic
+    members: dict[str, Member] = field(default_factory=dict)
+
+    def heard(self, sid: str, body: dict[str, Any] | None = None) -> None:
+        """Any message from `sid`; a heartbeat's `body` carries its incarnation and activity."""
+        body = body or {}
+        now, incarnation = self.clock(), body.get("incarnation")
+        member = self.members.get(sid)
+        if member is None:
+            member = self.members[sid] = Member(now, StallClock(self.clock), incarnation)
+            log.info("sampler %s joined (%d alive)", sid, len(self.alive()))
+        restarted = incarnation is not None and incarnation != member.incarnation
+        before = member.stall.last
+        if (snap := Snapshot.from_json(body)) is not None:
+            member.stall.see(snap)
+        member.last_seen = now
+        if member.gone is not None and (
+            restarted
+            or member.gone == SILENT
+            or (member.gone == STALLED and member.stall.last != before)
+        ):
+            member.gone, member.why = None, ""
+            log.warning("sampler %s is back (%d alive)", sid, len(self.alive()))
+        if incarnation is not None:
+            member.incarnation = incarnation
+
+    def stopped(self, sid: str, reason: str) -> None:
+        """`sid` said it stops: dropped until a restart of it is heard."""
+        self.heard(sid)
+        self._drop(sid, STOPPED, f"sampler {sid} stopped: {reason}")
+
+    def check(self) -> None:
+        """Drop the samplers silent or stalled for too long."""
+        now = self.clock()
+        for sid, member in self.members.items():
+            if member.gone is not None:
+                continue
+            silent = now - member.last_seen
+            if silent > self.peer_timeout_s:
+                self._drop(
+                    sid,
+                    SILENT,
+                    f"sampler {sid} dropped: silent for {silent:.0f} s (limit "
+                    f"{self.peer_timeout_s:g} s); last seen {member.activity}",
+                )
+            elif (stall := member.stall.stalled(self.stall_timeout_s)) is not None:
+                self._drop(sid, STALLED, f"sampler {sid} dropped: {stall}")
+
+    def _drop(self, sid: str, kind: str, why: str) -> None:
+        member = self.members[sid]
+        if member.gone is not None:
+            return
+        member.gone, member.why = kind, why
+        left = self.alive()
+        log.warning("%s (%d alive%s)", why, len(left), f": {', '.join(left)}" if left else "")
+
+    def alive(self) -> list[str]:
+        return sorted(sid for sid, m in self.members.items() if m.gone is None)
+
+    def none_left(self) -> str | None:
+        """Why the run cannot go on (every sampler heard of is gone), or None."""
+        if not self.members or self.alive():
+            return None
+        return "no sampler left: " + "; ".join(m.why for m in self.members.values())

@@ -1,0 +1,41 @@
+"""The HF rollout engine, except that one generate call never returns: a stand-in for a hung
+engine step or a wedged GPU, which no stop flag reaches.
+
+`rollout.backend: tests.plugins.hanging_engine:build`; the environment variable
+GRPO_TEST_HANG_AT=k makes the k-th call (from 0) hang (unset: never).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from grpo.rollout import hf
+from grpo.rollout.base import EngineContext, Generation
+
+HANG_AT = "GRPO_TEST_HANG_AT"
+
+
+def build(ctx: EngineContext) -> HangingEngine:
+    return HangingEngine(hf.build(ctx))
+
+
+class HangingEngine:
+    def __init__(self, inner: hf.HFRollout):
+        self.inner = inner
+        self.stop_event = inner.stop_event
+        self.calls = 0
+        self.hang_at = int(os.environ.get(HANG_AT, "-1"))
+
+    def generate(self, prompts: Any, **kwargs: Any) -> list[Generation]:
+        call, self.calls = self.calls, self.calls + 1
+        if call == self.hang_at:
+            threading.Event().wait()  # forever, deaf to stop_event
+        return self.inner.generate(prompts, **kwargs)
+
+    def load_version(self, vdir: Any, version: int) -> None:
+        self.inner.load_version(vdir, version)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,137 @@
+"""The pool of samplers as the trainer sees it, the progress a heartbeat carries, and how a
+sampler paces itself without a quota: pure logic on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo.delivery.pool import SamplerPool
+from grpo.progress import GENERATING, WAITING, Activity, Snapshot, StallClock, Watchdog
+from grpo.sampler.weights import expected_batch, required_version
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(phase: str, count: int, incarnation: str = "a", detail: str = "batch 3") -> dict:
+    return {"incarnation": incarnation, **Snapshot(phase, detail, count).to_json()}
+
+
+def test_stall_clock_counts_only_working_phases_without_progress():
+    clock = Clock()
+    stall = StallClock(clock)
+    stall.see(Snapshot(GENERATING, "batch 3", 10))
+    clock.now = 5.0
+    stall.see(Snapshot(GENERATING, "batch 3", 10))
+    assert stall.stalled(4.0) == "no progress in generating (batch 3) for 5 s (limit 4 s)"
+    assert stall.stalled(0) is None  # 0: never
+    stall.see(Snapshot(GENERATING, "batch 3", 11))  # progress resets the clock
+    assert stall.stalled(4.0) is None
+    stall.see(Snapshot(WAITING, "for version 4", 11))
+    clock.now = 100.0
+    assert stall.stalled(4.0) is None  # waiting is never a stall
+
+
+def test_activity_during_restores_the_phase_and_keeps_the_count():
+    activity = Activity()
+    activity.enter(WAITING, "for a batch")
+    with activity.during(GENERATING, "batch 1"):
+        activity.tick(3)
+        assert activity.snapshot() == Snapshot(GENERATING, "batch 1", 3)
+    assert activity.snapshot() == Snapshot(WAITING, "for a batch", 3)
+
+
+def test_watchdog_fires_once_with_the_reason(monkeypatch):
+    activity = Activity()
+    monkeypatch.setattr("grpo.progress.ACTIVITY", activity)
+    clock = Clock()
+    fired: list[str] = []
+    dog = Watchdog(2.0, fired.append)
+    dog.clock = StallClock(clock)
+    activity.enter(GENERATING, "batch 0")
+    dog.check()
+    clock.now = 3.0
+    dog.check()
+    dog.check()
+    assert fired == ["no progress in generating (batch 0) for 3 s (limit 2 s)"]
+
+
+def test_snapshot_from_a_malformed_body_is_none():
+    assert Snapshot.from_json({"phase": "generating", "progress": "many"}) is None
+    assert Snapshot.from_json({}) is None
+
+
+def make_pool() -> tuple[SamplerPool, Clock]:
+    clock = Clock()
+    return SamplerPool(peer_timeout_s=10.0, stall_timeout_s=20.0, clock=clock), clock
+
+
+def test_a_silent_sampler_is_dropped_with_its_last_activity_and_back_when_heard():
+    pool, clock = make_pool()
+    pool.heard("s0", beat(GENERATING, 5))
+    pool.heard("s1", beat(GENERATING, 7, "b"))
+    clock.now = 11.0
+    pool.heard("s0", beat(GENERATING, 9))
+    pool.check()
+    assert pool.alive() == ["s0"]
+    assert pool.members["s1"].why == (
+        "sampler s1 dropped: silent for 11 s (limit 10 s); last seen generating (batch 3)"
+    )
+    pool.heard("s1", beat(GENERATING, 7, "b"))  # it was slow, not dead
+    assert pool.alive() == ["s0", "s1"]
+
+
+def test_a_stalled_sampler_is_dropped_by_phase_and_back_when_it_progresses():
+    pool, clock = make_pool()
+    for t in range(0, 25, 2):  # heartbeats keep coming, the counter does not move
+        clock.now = float(t)
+        pool.heard("s0", beat(GENERATING, 5))
+        pool.check()
+    assert pool.alive() == []
+    assert pool.members["s0"].why == (
+        "sampler s0 dropped: no progress in generating (batch 3) for 22 s (limit 20 s)"
+    )
+    assert pool.none_left() == "no sampler left: " + pool.members["s0"].why
+    pool.heard("s0", beat(GENERATING, 5))  # the same: still stalled
+    assert pool.alive() == []
+    pool.heard("s0", beat(GENERATING, 6))
+    assert pool.alive() == ["s0"]
+
+
+def test_a_stopped_sampler_comes_back_only_as_a_new_process():
+    pool, _ = make_pool()
+    pool.heard("s0", beat(GENERATING, 1, "first"))
+    pool.stopped("s0", "crashed: ValueError: x")
+    pool.heard("s0", beat(GENERATING, 2, "first"))  # a heartbeat sent before its stop
+    assert pool.alive() == []
+    assert pool.none_left() == "no sampler left: sampler s0 stopped: crashed: ValueError: x"
+    pool.heard("s0", beat(WAITING, 0, "second"))  # restarted with --resume
+    assert pool.alive() == ["s0"] and pool.none_left() is None
+
+
+def test_no_sampler_heard_yet_is_not_none_left():
+    pool, _ = make_pool()
+    assert pool.none_left() is None
+
+
+@pytest.mark.parametrize("made", range(6))
+def test_a_lone_sampler_expects_exactly_its_own_count(made):
+    for trained in range(made + 1):  # however far the trainer is, the answer is the same
+        assert expected_batch({"s0": trained} if trained else {}, "s0", made, alive=1) == made
+
+
+def test_samplers_in_a_pool_interleave_and_a_dead_ones_share_is_taken_over():
+    # Three alive, each with one batch on the way: ours comes after one round of them.
+    trained = {"s0": 2, "s1": 2, "s2": 2}
+    assert expected_batch(trained, "s0", made=3, alive=3) == 6 + 3
+    # s2 died; with nothing of ours on the way our next batch is the trainer's next one,
+    # so the version it needs is out (no wait for a version only our batch could bring).
+    trained = {"s0": 3, "s1": 4, "s2": 2}
+    step = expected_batch(trained, "s0", made=3, alive=2)
+    assert step == 9
+    assert required_version(step, max_staleness=0, sync_interval=1) == sum(trained.values())
