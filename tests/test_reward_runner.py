@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from grpo.config import ConfigError, load_config
 from grpo.tasks import RewardHangError, RewardRunner, score
 from grpo.tasks.runner import CLOSE_WAIT_S, TIMEOUT
 from tests.conftest import REPO
@@ -225,3 +226,21 @@ def test_a_process_whose_reward_spins_forever_still_exits():
     )
     assert done.returncode == 0, done.stderr
     assert "[(0.0, {'reward_error': 'timeout'}), (0.0, {'reward_error': 'TypeError:" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("reward.timeout_s=0", "reward.timeout_s must be a finite number > 0, got 0.0"),
+        ("reward.timeout_s=.inf", "reward.timeout_s must be a finite number > 0, got inf"),
+        ("reward.workers=0", "reward.workers must be >= 1, got 0"),
+        ("reward.workers=1.5", "reward.workers must be int, got 1.5"),
+    ],
+)
+def test_reward_config_errors_are_one_line(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == message
+    cfg = load_config(None, ["reward.timeout_s=2", "reward.workers=1"])
+    assert (cfg.reward.timeout_s, cfg.reward.workers) == (2.0, 1)
+    assert (load_config(None).reward.timeout_s, load_config(None).reward.workers) == (60.0, 4)
