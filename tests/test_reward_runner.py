@@ -12,7 +12,9 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from grpo.config import ConfigError, load_config
@@ -244,3 +246,65 @@ def test_reward_config_errors_are_one_line(override, message):
     cfg = load_config(None, ["reward.timeout_s=2", "reward.workers=1"])
     assert (cfg.reward.timeout_s, cfg.reward.workers) == (2.0, 1)
     assert (load_config(None).reward.timeout_s, load_config(None).reward.workers) == (60.0, 4)
+
+
+class _Tokenizer:
+    """Decodes a completion of token ids to 'a' * id, so each answer's text names its id."""
+
+    pad_token_id = 0
+
+    def batch_decode(self, ids, skip_special_tokens: bool) -> list[str]:
+        return ["a" * int(seq[0]) for seq in ids]
+
+
+class _Engine:
+    """Answers prompt k with completion ids [k * n + j + 1] for j < n."""
+
+    stop_event = threading.Event()
+
+    def generate(self, prompts, *, n: int, **kwargs):
+        from grpo.rollout.base import Generation
+
+        return [
+            Generation(p, np.array([k * n + j + 1, 2], dtype=np.int32), "stop")
+            for k, p in enumerate(prompts)
+            for j in range(n)
+        ]
+
+
+def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics(release):
+    """A BatchMaker (log-probs on the trainer: no model) whose reward hangs on one answer: that
+    answer scores 0 with reward_error 'timeout', the rest score, and the info crosses the wire
+    into the trainer's reward_timeouts."""
+    from grpo.sampler.data import Prompt
+    from grpo.sampler.episodes import BatchMaker
+    from grpo.trainer.outputs import batch_metrics
+    from grpo.wire.codec import decode, encode_batch
+
+    cfg = load_config(None, ["train.logprobs_on=trainer", "rollout.questions_per_step=2",
+                             "rollout.group_size=3", "reward.workers=3"])  # fmt: skip
+    prompts = [Prompt(i, {"q": i}, np.array([5, 6], dtype=np.int32)) for i in (7, 9)]
+    shard = SimpleNamespace(position=0, draw=lambda: prompts)
+    weights = SimpleNamespace(version=0, reload_s=0.0)
+
+    def reward(completion: str, row: dict) -> tuple[float, dict]:
+        if len(completion) == 5:  # the second question's second answer
+            release.wait(30)  # a bound: scored one by one, without the runner, it would score
+        return len(completion) / 10, {"correct": row["q"] == 7, "formatted": True}
+
+    with RewardRunner(reward, cfg.reward.workers, timeout_s=0.5) as runner:
+        maker = BatchMaker(cfg, _Tokenizer(), runner, shard, weights)
+        batch = maker.make(0, _Engine())
+    got = [(e.group_id, e.reward, e.reward_info) for e in batch.episodes]
+    assert got == [
+        (7, 0.1, {"correct": True, "formatted": True}),
+        (7, 0.2, {"correct": True, "formatted": True}),
+        (7, 0.3, {"correct": True, "formatted": True}),
+        (9, 0.4, {"correct": False, "formatted": True}),
+        (9, 0.0, {"reward_error": "timeout"}),
+        (9, 0.6, {"correct": False, "formatted": True}),
+    ]
+    received = decode(encode_batch(batch))
+    assert received.episodes[4].reward_info == {"reward_error": "timeout"}
+    metrics = batch_metrics(received)
+    assert (metrics["reward_errors"], metrics["reward_timeouts"]) == (1, 1)
