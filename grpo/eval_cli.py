@@ -101,7 +101,7 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
     from grpo.models import load_tokenizer, resolve_model_path
     from grpo.rollout.hf import HFRollout
     from grpo.sampler.weights import Weights
-    from grpo.tasks import get_task, run_reward
+    from grpo.tasks import RewardRunner, get_task, run_reward
 
     check_names(cfg)
     task = get_task(cfg.data.task)
@@ -116,13 +116,14 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
         if v:
             verify_version(version_dir(cfg.run_dir, v))
     engine, rows = HFRollout(policy, tokenizer), []
-    for v in versions:
-        if v:
-            weights.load_into_policy(version_dir(cfg.run_dir, v))
-        row = evaluate(engine, prompts, tokenizer, reward_fn, spec, v, progress)
-        log.info("v%d: pass@1 %.3f, format %.3f", v, row["accuracy"], row["format_rate"])
-        append_jsonl(cfg.run_dir / OUT_FILE, row)
-        rows.append(row)
+    with RewardRunner(reward_fn, cfg.reward.workers, cfg.reward.timeout_s) as rewards:
+        for v in versions:
+            if v:
+                weights.load_into_policy(version_dir(cfg.run_dir, v))
+            row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress)
+            log.info("v%d: pass@1 %.3f, format %.3f", v, row["accuracy"], row["format_rate"])
+            append_jsonl(cfg.run_dir / OUT_FILE, row)
+            rows.append(row)
     return rows
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo.config import Config
 from grpo.rollout.base import RolloutEngine
 from grpo.sampler.data import Prompt, encode_prompts
-from grpo.tasks import Task, score
+from grpo.tasks import RewardRunner, Task
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def question_results(
     prompts: Sequence[Prompt],
     indices: Sequence[int],
     tokenizer,
-    reward_fn: Callable,
+    rewards: RewardRunner,
     spec: EvalSpec,
     version: int,
     progress: bool = False,
@@ -120,9 +120,9 @@ def question_results(
                 seed=spec.seed + version * 100_003 + start, batch_size=spec.batch_size, **common,
             )  # fmt: skip
 
-        greedy_infos = _scored(greedy, [p.row for p in mine], tokenizer, reward_fn)
+        greedy_infos = _scored(greedy, [p.row for p in mine], tokenizer, rewards)
         sampled_rows = [p.row for p in mine for _ in range(spec.samples)]
-        sampled_infos = _scored(sampled, sampled_rows, tokenizer, reward_fn)
+        sampled_infos = _scored(sampled, sampled_rows, tokenizer, rewards)
         for j, index in enumerate(indices[start : start + per_batch]):
             mine_sampled = sampled_infos[j * spec.samples : (j + 1) * spec.samples]
             out.append(
@@ -138,12 +138,14 @@ def question_results(
     return out
 
 
-def _scored(gens: Sequence, rows: Sequence[dict], tokenizer, reward_fn: Callable) -> list[dict]:
-    """The reward infos of answers `gens` to the questions `rows` (one row per answer)."""
+def _scored(gens: Sequence, rows: Sequence[dict], tokenizer, rewards: RewardRunner) -> list[dict]:
+    """The reward infos of answers `gens` to the questions `rows` (one row per answer); a call
+    past reward.timeout_s counts as neither correct nor formatted."""
     if not gens:  # batch_decode([]) is [""], one empty answer
         return []
     texts = tokenizer.batch_decode([g.completion_ids for g in gens], skip_special_tokens=True)
-    return [score(reward_fn, text, row)[1] for text, row in zip(texts, rows, strict=True)]
+    scored = rewards.score_all(list(zip(texts, rows, strict=True)))
+    return [info for _, info in scored]
 
 
 def summarise(
@@ -171,7 +173,7 @@ def evaluate(
     engine: RolloutEngine,
     prompts: Sequence[Prompt],
     tokenizer,
-    reward_fn: Callable,
+    rewards: RewardRunner,
     spec: EvalSpec,
     version: int,
     progress: bool = False,
@@ -179,6 +181,6 @@ def evaluate(
     """All of `prompts` in this process: the eval.jsonl row of `version`."""
     t0 = time.monotonic()
     results = question_results(
-        engine, prompts, range(len(prompts)), tokenizer, reward_fn, spec, version, progress
+        engine, prompts, range(len(prompts)), tokenizer, rewards, spec, version, progress
     )
     return summarise(results, spec, version, time.monotonic() - t0)

@@ -100,11 +100,13 @@ def tiny_eval(tiny_model_dir):
 def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     """6 questions, greedy plus 6 samples each, scored by answer-length parity: the sampled
     pass@k grow with k, greedy is the same however the questions are split (as over ranks)."""
-    from tests.rewards_for_tests import even_length_is_correct as reward
+    from grpo.tasks import RewardRunner
+    from tests.rewards_for_tests import even_length_is_correct
 
     engine, prompts, tokenizer = tiny_eval
     s = EvalSpec(max_new_tokens=10, samples=6, ks=(1, 3, 6), temperature=1.0,
                  top_p=1.0, stop=(), batch_size=12, seed=0)  # fmt: skip
+    reward = RewardRunner(even_length_is_correct, workers=3, timeout_s=60)
     row = evaluate(engine, prompts, tokenizer, reward, s, version=0)
     assert row["n"] == 6 and row["samples"] == 6 and len(prompts) == 6
     assert 0 < row["pass@1"] < 1, row  # a random model's lengths: some right, some wrong
@@ -118,6 +120,7 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     assert [q.greedy_formatted for q in merged] == [q.greedy_formatted for q in whole]
     greedy_only = evaluate(engine, prompts, tokenizer, reward, replace(s, samples=0, ks=()), 0)
     assert greedy_only["accuracy"] == row["accuracy"] and "pass@1" not in greedy_only
+    reward.close()
 
 
 def test_scalars_keep_finite_numbers_under_their_section():

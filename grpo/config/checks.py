@@ -3,6 +3,7 @@ and how to fix it (types and unknown keys are grpo.config.loading's job)."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ def check_values(cfg: Config) -> None:
     _check_delivery(cfg)
     _check_transport(cfg.transport)
     _check_devices(cfg)
+    _check_reward(cfg)
     if cfg.data.reward and ":" not in cfg.data.reward:
         raise ConfigError(
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
@@ -174,6 +176,15 @@ def _check_rollout(cfg: Config) -> None:
                 "algo.rollout_correction_threshold must be > 1, got "
                 f"{cfg.algo.rollout_correction_threshold!r}"
             )
+
+
+def _check_reward(cfg: Config) -> None:
+    r = cfg.reward
+    # Finite: an infinite limit is no limit, and one hung reward would stall the run again.
+    if not (r.timeout_s > 0 and math.isfinite(r.timeout_s)):
+        raise ConfigError(f"reward.timeout_s must be a finite number > 0, got {r.timeout_s!r}")
+    if r.workers < 1:
+        raise ConfigError(f"reward.workers must be >= 1, got {r.workers!r}")
 
 
 def _check_devices(cfg: Config) -> None:

@@ -79,6 +79,20 @@ class DataConfig:
 
 
 @dataclass
+class RewardConfig:
+    timeout_s: float = _f(
+        60.0,
+        "seconds one reward call may run, from its start; past it the answer scores 0 with "
+        "reward_error 'timeout' (the step's reward_timeouts) and its thread is abandoned",
+    )
+    workers: int = _f(
+        4,
+        "threads scoring answers at once (sampler and evaluation); with more than 1 the reward "
+        "function must be thread-safe; 1 = one call at a time, in order",
+    )
+
+
+@dataclass
 class VllmConfig:
     tensor_parallel_size: int = _f(1, "GPUs the engine shards the model over")
     gpu_memory_utilization: float = _f(
@@ -370,6 +384,9 @@ class Config:
     output_dir: str = _f("checkpoints", "root of run outputs")
     model: ModelConfig = _section(ModelConfig, "policy / reference model")
     data: DataConfig = _section(DataConfig, "dataset, prompts, reward")
+    reward: RewardConfig = _section(
+        RewardConfig, "how reward calls run: time limit and concurrency (the reward: data.reward)"
+    )
     rollout: RolloutConfig = _section(RolloutConfig, "sampling")
     algo: AlgoConfig = _section(AlgoConfig, "advantages and loss")
     train: TrainConfig = _section(TrainConfig, "optimisation and weight publishing")

@@ -4,7 +4,6 @@ dynamic sampling, and the old-policy, reference and engine log-probs of every an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo.config import Config
@@ -17,7 +16,7 @@ from grpo.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.rollout.base import Generation, RolloutEngine
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.weights import Weights
-from grpo.tasks import score
+from grpo.tasks import RewardRunner
 from grpo.wire.channels import PeerError
 
 
@@ -46,12 +45,15 @@ class BatchMaker:
 
     When the sampler computes the log-probs (train.logprobs_on: sampler), scores the answers
     with the HF policy and the reference model, each only if the run needs that pass
-    (grpo.config.passes); else the trainer does, and neither is loaded for scoring."""
+    (grpo.config.passes); else the trainer does, and neither is loaded for scoring. `rewards`
+    scores the answers (the sampler's, which closes it)."""
 
-    def __init__(self, cfg: Config, tokenizer, reward_fn: Callable, shard: Shard, weights: Weights):
+    def __init__(
+        self, cfg: Config, tokenizer, rewards: RewardRunner, shard: Shard, weights: Weights
+    ):
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.reward_fn = reward_fn
+        self.rewards = rewards
         self.shard = shard
         self.weights = weights
         scored = scored_by(cfg, "sampler")
@@ -102,7 +104,8 @@ class BatchMaker:
         return EpisodeBatch(episodes, cfg.group_size, version, seq, cfg.sampler_id, stats)
 
     def sample_groups(self, prompts: list[Prompt], engine: RolloutEngine, seed: int) -> list[Group]:
-        """G answers per prompt, decoded and scored."""
+        """G answers per prompt, decoded and scored (all of the round's answers at once, each
+        call within reward.timeout_s: see grpo.tasks.runner)."""
         cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         gens = engine.generate(
             [p.ids for p in prompts],
@@ -120,12 +123,13 @@ class BatchMaker:
             [g.completion_ids for g in gens], skip_special_tokens=True
         )
         ACTIVITY.enter(REWARDING, f"{len(texts)} answers")
-        groups = []
-        for k, prompt in enumerate(prompts):
-            members = range(k * G, (k + 1) * G)
-            scored = [score(self.reward_fn, texts[i], prompt.row) for i in members]
-            groups.append(Group(prompt, [gens[i] for i in members], scored))
-        return groups
+        scored = self.rewards.score_all(
+            [(text, prompts[i // G].row) for i, text in enumerate(texts)]
+        )
+        return [
+            Group(prompt, gens[k * G : (k + 1) * G], scored[k * G : (k + 1) * G])
+            for k, prompt in enumerate(prompts)
+        ]
 
     def attach_logprobs(self, groups: list[Group]) -> tuple[Episode, ...]:
         """Every answer as an episode, with the old-policy and reference log-probs the sampler

@@ -26,7 +26,7 @@ from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.outbox import Outbox
 from grpo.sampler.weights import Weights, expected_batch, required_version
-from grpo.tasks import get_task, run_reward
+from grpo.tasks import RewardRunner, get_task, run_reward
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.sampler_channel import SamplerChannel, TrainerStatus
@@ -41,14 +41,17 @@ class Sampler:
         self.cfg = cfg
         self.run_dir = cfg.run_dir
         task = get_task(cfg.data.task)
-        reward_fn = run_reward(task, cfg.data.reward)
+        # One pool of reward threads for the sampler's life; run_sampler closes it.
+        self.rewards = RewardRunner(
+            run_reward(task, cfg.data.reward), cfg.reward.workers, cfg.reward.timeout_s
+        )
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
         self.shard = Shard(cfg, task, tokenizer)
         self.spool = Spool(cfg.spool_path, cfg.rollout.spool_max_batches)
         self.next_seq = self.shard.resume(self.spool)
         self.weights = Weights(cfg, model_path)
-        self.batches = BatchMaker(cfg, tokenizer, reward_fn, self.shard, self.weights)
+        self.batches = BatchMaker(cfg, tokenizer, self.rewards, self.shard, self.weights)
         self.engine: RolloutEngine | None = None
 
     # ------------------------------------------------------------------ run
@@ -172,5 +175,6 @@ def run_sampler(cfg: Config) -> int:
     try:
         return sampler.run()
     finally:
+        sampler.rewards.close()  # does not wait for a reward call stuck past its timeout
         if sampler.engine is not None:
             sampler.engine.close()

@@ -16,10 +16,13 @@ from .base import (
     score,
     task_names,
 )
+from .runner import RewardHangError, RewardRunner
 
 __all__ = [
     "REPO_ROOT",
     "RewardFn",
+    "RewardHangError",
+    "RewardRunner",
     "Row",
     "Task",
     "get_task",

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from grpo.config import Config
 from grpo.evaluation import EvalSpec, eval_prompts, question_results, summarise
 from grpo.rollout.hf import HFRollout
-from grpo.tasks import get_task, run_reward
+from grpo.tasks import RewardRunner, get_task, run_reward
 
 log = logging.getLogger("grpo.trainer")
 
@@ -41,12 +41,15 @@ class VersionEvaluator:
         mine = range(self.rank, len(self.prompts), self.world)
         kept_config, was_training = model.generation_config, model.training
         model.eval()
+        r = self.cfg.reward
         try:  # HFRollout strips the generation config, which versions save: put it back after
             engine = HFRollout(model, self.tokenizer)
-            results = question_results(
-                engine, self.prompts, mine, self.tokenizer, self.reward_fn, self.spec, version,
-                progress=self.rank == 0,
-            )  # fmt: skip
+            # Threads for this evaluation only: closing does not wait for a hung reward call.
+            with RewardRunner(self.reward_fn, r.workers, r.timeout_s) as rewards:
+                results = question_results(
+                    engine, self.prompts, mine, self.tokenizer, rewards, self.spec, version,
+                    progress=self.rank == 0,
+                )  # fmt: skip
         finally:
             model.generation_config = kept_config
             model.train(was_training)

@@ -22,6 +22,7 @@ from grpo.metrics import (
     plot_run,
     read_jsonl,
 )
+from grpo.tasks.runner import TIMEOUT
 from grpo.trainer.update import mini_batch_seqs
 
 log = logging.getLogger("grpo.trainer")
@@ -48,6 +49,8 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
         "reward_std": float(c.reward.std(ddof=1)) if len(c) > 1 else 0.0,
         **info_rates(infos),
         "reward_errors": sum("reward_error" in i for i in infos),
+        # Of those, the calls stopped waiting for at reward.timeout_s (grpo.tasks.runner).
+        "reward_timeouts": sum(i.get("reward_error") == TIMEOUT for i in infos),
         "response_len_mean": float(c.completion_len.mean()),
         "truncated_frac": mean([float(r == "length") for r in c.finish_reason]),
         "prompt_lens": c.prompt_len.tolist(),
