@@ -4,15 +4,17 @@
 #   bash launch.sh CONFIG.yaml [section.key=value ...]            both roles on this machine
 #   ROLE=trainer bash launch.sh CONFIG.yaml ...                     the trainer only (its node)
 #   ROLE=sampler bash launch.sh CONFIG.yaml ...                     the sampler only (its node)
+#   ROLE=reward bash launch.sh CONFIG.yaml ...                      the reward service only
 #
 # The trainer runs train.num_ranks processes on this node (torchrun, on CPU and GPU alike; a
 # trainer over several nodes: ROLE=trainer with train.node_rank on each). Each role gets its
 # GPUs in CUDA_VISIBLE_DEVICES (grpo/placement.py). Addresses come from the config. If one
-# role fails, the other is stopped and this script exits non-zero; Ctrl-C stops both.
+# role fails, the other is stopped and this script exits non-zero; Ctrl-C stops both. With
+# reward_server.backend set, both roles come with the reward service (stopped at the end).
 # Relative paths in the config are relative to the repository root.
 set -uo pipefail
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 # The config path is taken from where you stand; paths inside it from the repository root.
@@ -20,7 +22,7 @@ if [[ -f $1 ]]; then set -- "$(realpath "$1")" "${@:2}"; fi
 cd "$(dirname "$0")"
 PY=${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}
 ROLE=${ROLE:-both}
-case $ROLE in both|sampler|trainer) ;; *) echo "launch.sh: ROLE must be sampler, trainer or both, got '$ROLE'" >&2; exit 2;; esac
+case $ROLE in both|sampler|trainer|reward) ;; *) echo "launch.sh: ROLE must be sampler, trainer, reward or both, got '$ROLE'" >&2; exit 2;; esac
 
 # Validate the config once, up front (values, and the names of the loss, estimator, task and
 # engine), and place each role on this node's GPUs (none on a CPU node): a typo stops here with
@@ -30,6 +32,7 @@ eval "$placement"
 get() { "$PY" -m grpo.config "$@" 2>/dev/null; }
 model_path=$(get "$@" --get model.path)
 run_dir="$(get "$@" --get output_dir)/$(get "$@" --get name)"
+reward_backend=$(get "$@" --get reward_server.backend)
 
 # Convert the embedded model once, before two processes would both want to.
 if [[ $model_path == embedded ]]; then
@@ -46,10 +49,13 @@ start_sampler() {
   export GRPO_SHARED_GPU=$SHARED  # one GPU for both roles: the sampler caps its memory
   exec "$PY" sampling_worker.py "$@"
 }
+# The reward service shares the sampler's GPUs (its own node: ROLE=reward sees them all).
+start_reward() { gpus "$SAMPLER_GPUS"; exec "$PY" reward_worker.py "$@"; }
 
 case $ROLE in
   trainer) start_trainer "$@" ;;
   sampler) start_sampler "$@" ;;
+  reward) start_reward "$@" ;;
 esac
 
 # Job control puts each role in its own process group, so stopping a role reaches every
@@ -60,18 +66,23 @@ declare -A name_of
 start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
 # One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.
 TQDM_DISABLE=1 start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
+reward_pid=
+if [[ -n $reward_backend ]]; then
+  start_reward "$@" & reward_pid=$!; name_of[$reward_pid]="reward service"
+fi
+groups=("-$trainer_pid" "-$sampler_pid" ${reward_pid:+"-$reward_pid"})
 
-alive() { kill -0 -- "-$trainer_pid" 2>/dev/null || kill -0 -- "-$sampler_pid" 2>/dev/null; }
+alive() { local g; for g in "${groups[@]}"; do kill -0 -- "$g" 2>/dev/null && return 0; done; return 1; }
 stop_all() {
-  kill -TERM -- "-$trainer_pid" "-$sampler_pid" 2>/dev/null
+  kill -TERM -- "${groups[@]}" 2>/dev/null
   for _ in $(seq 30); do alive || return 0; sleep 1; done
   echo "launch.sh: still running after 30 s, killing" >&2
-  kill -KILL -- "-$trainer_pid" "-$sampler_pid" 2>/dev/null
+  kill -KILL -- "${groups[@]}" 2>/dev/null
 }
-trap 'echo "launch.sh: interrupted, stopping both roles" >&2; stop_all; wait; exit 130' INT TERM
+trap 'echo "launch.sh: interrupted, stopping all roles" >&2; stop_all; wait; exit 130' INT TERM
 
 status=0
-running=("$trainer_pid" "$sampler_pid")
+running=("$trainer_pid" "$sampler_pid" ${reward_pid:+"$reward_pid"})
 while ((${#running[@]})); do
   done_pid=
   wait -n -p done_pid "${running[@]}"
@@ -80,9 +91,14 @@ while ((${#running[@]})); do
   running=($(for p in "${running[@]}"; do [[ $p != "$done_pid" ]] && echo "$p"; done))
   if [[ $code -ne 0 && $status -eq 0 ]]; then
     status=$code
-    echo "launch.sh: the ${name_of[$done_pid]} exited with code $code; stopping the other role" >&2
+    echo "launch.sh: the ${name_of[$done_pid]} exited with code $code; stopping the other roles" >&2
     stop_all
     wait 2>/dev/null  # reap the stopped role; its exit code is a consequence, not the cause
+    break
+  fi
+  if [[ ${running[*]} == "$reward_pid" ]]; then  # the run is over: the service is not needed
+    stop_all
+    wait 2>/dev/null
     break
   fi
 done

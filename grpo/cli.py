@@ -51,7 +51,9 @@ def without_launcher_args(argv: list[str]) -> list[str]:
 def main(role: str, argv: list[str]) -> int:
     die_with_parent()  # a trainer rank dies with torchrun, a role with launch.sh
     argv = without_launcher_args(argv)
-    prog = "sampling_worker.py" if role == "sampler" else "training_worker.py"
+    prog = {"sampler": "sampling_worker.py", "reward": "reward_worker.py"}.get(
+        role, "training_worker.py"
+    )
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE.format(prog=prog))
         return 0 if argv else 2
@@ -71,6 +73,10 @@ def main(role: str, argv: list[str]) -> int:
             from grpo.sampler.loop import run_sampler
 
             return run_sampler(cfg)
+        if role == "reward":
+            from grpo.reward_service.server import run_reward_server
+
+            return run_reward_server(cfg)
         from grpo.trainer.loop import run_trainer
 
         return run_trainer(cfg)

@@ -130,12 +130,16 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     return get_peft_model(model, peft_cfg)
 
 
-def build_tiny_model(dest: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A randomly initialised Llama-shaped model (about 3 M parameters) for tests; no download."""
+def build_tiny_model(
+    dest: Path, tokenizer_dir: Path, seed: int = 0, reward_head: bool = False
+) -> Path:
+    """A randomly initialised Llama-shaped model (about 3 M parameters) for tests; no download.
+    `reward_head`: a sequence classifier with one label, as reward models are."""
     torch.manual_seed(seed)
+    tokenizer = load_tokenizer(tokenizer_dir)
     cfg = AutoConfig.for_model(
         "llama",
-        vocab_size=len(load_tokenizer(tokenizer_dir)),
+        vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -144,11 +148,17 @@ def build_tiny_model(dest: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
         max_position_embeddings=1024,
         tie_word_embeddings=True,
     )
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if reward_head:
+        from transformers import AutoModelForSequenceClassification
+
+        cfg.num_labels, cfg.pad_token_id = 1, tokenizer.pad_token_id
+        model = AutoModelForSequenceClassification.from_config(cfg, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     tmp = dest.parent / (dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    load_tokenizer(tokenizer_dir).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
     return dest

@@ -185,6 +185,27 @@ def _check_reward(cfg: Config) -> None:
         raise ConfigError(f"reward.timeout_s must be a finite number > 0, got {r.timeout_s!r}")
     if r.workers < 1:
         raise ConfigError(f"reward.workers must be >= 1, got {r.workers!r}")
+    if not (r.service_timeout_s > 0 and math.isfinite(r.service_timeout_s)):
+        raise ConfigError(
+            f"reward.service_timeout_s must be a finite number > 0, got {r.service_timeout_s!r}"
+        )
+    if r.service_retries < 0 or r.service_batch < 1:
+        raise ConfigError("reward.service_retries must be >= 0 and reward.service_batch >= 1")
+    if not (math.isfinite(r.rule_weight) and math.isfinite(r.model_weight)):
+        raise ConfigError("reward.rule_weight and reward.model_weight must be finite")
+    t = cfg.transport
+    if r.service_addr and r.service_addr in (t.episodes_addr, t.control_addr, t.weights_addr):
+        raise ConfigError(f"reward.service_addr {r.service_addr} is a transport.* address too")
+    s = cfg.reward_server
+    if s.backend in ("classifier", "judge") and not s.model:
+        raise ConfigError(f"reward_server.backend={s.backend} needs reward_server.model")
+    if len(s.score_range) != 2 or not s.score_range[0] < s.score_range[1]:
+        raise ConfigError(f"reward_server.score_range must be [low, high], got {s.score_range}")
+    if min(s.batch_size, s.max_batch, s.max_new_tokens, s.max_tokens) < 1 or s.batch_wait_ms < 0:
+        raise ConfigError(
+            "reward_server.batch_size, max_batch, max_new_tokens and max_tokens must be >= 1, "
+            "batch_wait_ms >= 0"
+        )
 
 
 def _check_devices(cfg: Config) -> None:

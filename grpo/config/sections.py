@@ -90,6 +90,46 @@ class RewardConfig:
         "threads scoring answers at once (sampler and evaluation); with more than 1 the reward "
         "function must be thread-safe; 1 = one call at a time, in order",
     )
+    service_addr: str = _f(
+        "",
+        "the reward service (ROLE=reward) samplers ask and it listens on, e.g. "
+        "tcp://127.0.0.1:5560; '' = rule reward only",
+    )
+    rule_weight: float = _f(1.0, "weight of the task's (or data.reward's) rule reward")
+    model_weight: float = _f(1.0, "weight of the reward service's score (with service_addr)")
+    service_timeout_s: float = _f(
+        120.0, "seconds to wait for the service's reply to one request before sending it again"
+    )
+    service_retries: int = _f(2, "resends of a request before on_service_failure applies")
+    on_service_failure: Literal["fail", "wait"] = _f(
+        "fail",
+        "when the service does not answer: fail (the sampler stops, naming it) or wait (keep "
+        "resending until it is back)",
+    )
+    service_batch: int = _f(64, "answers per request to the service")
+
+
+@dataclass
+class RewardServerConfig:
+    backend: str = _f(
+        "",
+        "what the reward service (ROLE=reward) scores with: classifier (a sequence-"
+        "classification reward model), judge (a causal LM that grades), or "
+        "'package.module:build'; with one set, launch.sh's both roles start the service too",
+    )
+    model: str = _f("", "the reward model or judge: a local HF dir, or 'embedded'")
+    dtype: Literal["float32", "bfloat16"] = _f("float32", "its parameter dtype")
+    template: str = _f(
+        "",
+        "the judge's instruction with {prompt}, {answer} and {reference}, asking for a reply "
+        "that ends in 'Score: N'; '' = the built-in one (0 to 10)",
+    )
+    score_range: list[float] = _f([0.0, 10.0], "the judge's scale [low, high], mapped to [0, 1]")
+    max_new_tokens: int = _f(64, "the judge's reply length")
+    max_tokens: int = _f(2048, "the reward model's input limit (longer is truncated)")
+    batch_size: int = _f(16, "answers per forward pass")
+    max_batch: int = _f(256, "answers gathered from all samplers into one scoring call")
+    batch_wait_ms: float = _f(20.0, "how long to gather requests after the first one")
 
 
 @dataclass
@@ -385,7 +425,12 @@ class Config:
     model: ModelConfig = _section(ModelConfig, "policy / reference model")
     data: DataConfig = _section(DataConfig, "dataset, prompts, reward")
     reward: RewardConfig = _section(
-        RewardConfig, "how reward calls run: time limit and concurrency (the reward: data.reward)"
+        RewardConfig,
+        "the run's reward: how rule reward calls run (data.reward or the task's), and the "
+        "reward service's part",
+    )
+    reward_server: RewardServerConfig = _section(
+        RewardServerConfig, "the reward service's model (ROLE=reward)"
     )
     rollout: RolloutConfig = _section(RolloutConfig, "sampling")
     algo: AlgoConfig = _section(AlgoConfig, "advantages and loss")

@@ -4,7 +4,9 @@ dynamic sampling, and the old-policy, reference and engine log-probs of every an
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from grpo.config import Config
 from grpo.config.passes import scored_by
@@ -16,8 +18,14 @@ from grpo.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.rollout.base import Generation, RolloutEngine
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.weights import Weights
-from grpo.tasks import RewardRunner
+from grpo.tasks import Row
 from grpo.wire.channels import PeerError
+
+
+class AnswerScorer(Protocol):
+    """(reward, info) per (completion, row), in order: grpo.sampler.rewards.SamplerRewards."""
+
+    def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[tuple[float, dict]]: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,7 +57,7 @@ class BatchMaker:
     scores the answers (the sampler's, which closes it)."""
 
     def __init__(
-        self, cfg: Config, tokenizer, rewards: RewardRunner, shard: Shard, weights: Weights
+        self, cfg: Config, tokenizer, rewards: AnswerScorer, shard: Shard, weights: Weights
     ):
         self.cfg = cfg
         self.tokenizer = tokenizer

@@ -25,8 +25,9 @@ from grpo.rollout.registry import get_engine
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.outbox import Outbox
+from grpo.sampler.rewards import SamplerRewards
 from grpo.sampler.weights import Weights, expected_batch, required_version
-from grpo.tasks import RewardRunner, get_task, run_reward
+from grpo.tasks import get_task
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.sampler_channel import SamplerChannel, TrainerStatus
@@ -41,10 +42,9 @@ class Sampler:
         self.cfg = cfg
         self.run_dir = cfg.run_dir
         task = get_task(cfg.data.task)
-        # One pool of reward threads for the sampler's life; run_sampler closes it.
-        self.rewards = RewardRunner(
-            run_reward(task, cfg.data.reward), cfg.reward.workers, cfg.reward.timeout_s
-        )
+        # Reward threads (and the service's socket) for the sampler's life; run_sampler
+        # closes them.
+        self.rewards = SamplerRewards(cfg, task)
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
         self.shard = Shard(cfg, task, tokenizer)
@@ -63,6 +63,7 @@ class Sampler:
             return 0
         channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
         channel.exit_on_stall = True
+        self.rewards.stop_on(channel.stopped)
         outbox = Outbox(self.spool, channel, cfg.transport.heartbeat_s)
         self.engine = engine = self.make_engine(channel.stopped)
         self.weights.connect(channel, engine)

@@ -56,6 +56,11 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
         "prompt_lens": c.prompt_len.tolist(),
         "completion_lens": c.completion_len.tolist(),
     }
+    # With the reward service: the two parts of the reward (grpo.reward_service.client.combine).
+    for part in ("rule_reward", "model_reward"):
+        values = [i[part] for i in infos if isinstance(i.get(part), (int, float))]
+        if values:
+            row[f"{part}_mean"] = mean(values)
     row.update({f"sampler_{k}": v for k, v in batch.stats.items()})
     return row
 

@@ -1,0 +1,192 @@
+"""What the reward service scores with: a sequence-classification reward model or a generative
+judge, looked up by name (`reward_server.backend`), or your own as 'package.module:name' (a
+function `build(cfg) -> RewardBackend`).
+
+Both put the question and the answer through the model's chat template (user, assistant), so a
+reward model trained on chat data sees the layout it was trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from grpo.config import Config
+from grpo.models import load_causal_lm, load_tokenizer, resolve_model_path, torch_dtype
+from grpo.plugins import resolve
+from grpo.reward_service.protocol import Item
+
+log = logging.getLogger("grpo.reward")
+
+Scored = tuple[float, dict[str, Any]]
+
+DEFAULT_TEMPLATE = (
+    "Grade the answer to this question.\n\n"
+    "Question: {prompt}\n\n"
+    "Reference answer: {reference}\n\n"
+    "Answer to grade: {answer}\n\n"
+    "Is the answer correct and does it reach the reference answer? End your reply with "
+    "'Score: N', N an integer from 0 (wrong) to 10 (fully correct)."
+)
+
+
+class RewardBackend(Protocol):
+    name: str
+
+    def score(self, items: Sequence[Item]) -> list[Scored]:
+        """One (reward, info) per item, in order; info holds JSON scalars only."""
+        ...
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _chat(tokenizer, user: str, assistant: str | None = None) -> str:
+    """The conversation as the model's chat template writes it (plain text if it has none):
+    with `assistant`, the full exchange; without, the prompt for the model's reply."""
+    messages = [{"role": "user", "content": user}]
+    if assistant is not None:
+        messages.append({"role": "assistant", "content": assistant})
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=assistant is None
+        )
+    return user + ("\n\n" + assistant if assistant is not None else "\n\n")
+
+
+class Classifier:
+    """AutoModelForSequenceClassification: one logit is the reward (num_labels=1, as reward
+    models are trained); with two labels, the probability of the second ('good')."""
+
+    name = "classifier"
+
+    def __init__(self, path: Path, dtype: str, batch_size: int, max_tokens: int):
+        from transformers import AutoModelForSequenceClassification
+
+        self.tokenizer = load_tokenizer(path)
+        self.tokenizer.padding_side = "right"  # the score is read at the last real token
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch_dtype(dtype))
+        model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model = model.eval().to(_device())
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+
+    @torch.no_grad()
+    def score(self, items: Sequence[Item]) -> list[Scored]:
+        texts = [_chat(self.tokenizer, it.prompt, it.answer) for it in items]
+        out: list[Scored] = []
+        for start in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(
+                texts[start : start + self.batch_size],
+                padding=True,
+                truncation=True,
+                max_length=self.max_tokens,
+                return_tensors="pt",
+            ).to(self.model.device)
+            logits = self.model(**enc).logits.float()
+            values = logits[:, 0] if logits.shape[-1] == 1 else logits.softmax(-1)[:, -1]
+            out += [(float(v), {"rm_score": float(v)}) for v in values]
+        return out
+
+
+_SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_LAST_NUMBER = re.compile(r"(-?\d+(?:\.\d+)?)\s*\W*\s*$")
+
+
+def score_in_reply(reply: str) -> float | None:
+    """The judge's score: the last 'Score: N' in its reply, else a number ending the reply;
+    None if there is neither."""
+    found = _SCORE.findall(reply)
+    if found:
+        return float(found[-1])
+    end = _LAST_NUMBER.search(reply)
+    return float(end.group(1)) if end else None
+
+
+def normalised(value: float, low: float, high: float) -> float:
+    """`value` on the judge's scale [low, high] as a reward in [0, 1], clipped."""
+    return min(max((value - low) / (high - low), 0.0), 1.0)
+
+
+class Judge:
+    """Any causal LM asked, through `template`, to grade the answer; its reply ends in a score
+    on [low, high], read by score_in_reply and scaled to [0, 1]. A reply without one scores 0
+    with a `judge_error`. Greedy, so a repeated answer gets the same score."""
+
+    name = "judge"
+
+    def __init__(
+        self,
+        path: Path,
+        dtype: str,
+        template: str,
+        scale: tuple[float, float],
+        max_new_tokens: int,
+        batch_size: int,
+    ):
+        from grpo.rollout.hf import HFRollout
+
+        self.tokenizer = load_tokenizer(path)
+        model = load_causal_lm(path, dtype).eval().to(_device())
+        self.engine = HFRollout(model, self.tokenizer)
+        self.template, self.scale = template, scale
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+
+    def prompt(self, item: Item) -> str:
+        text = self.template.format(
+            prompt=item.prompt, answer=item.answer, reference=item.reference or "(none given)"
+        )
+        return _chat(self.tokenizer, text)
+
+    def score(self, items: Sequence[Item]) -> list[Scored]:
+        ids = [
+            self.tokenizer(self.prompt(it), add_special_tokens=False, return_tensors="np")[
+                "input_ids"
+            ][0]
+            for it in items
+        ]
+        gens = self.engine.generate(
+            ids, n=1, greedy=True, max_new_tokens=self.max_new_tokens, batch_size=self.batch_size
+        )
+        replies = self.tokenizer.batch_decode(
+            [g.completion_ids for g in gens], skip_special_tokens=True
+        )
+        out: list[Scored] = []
+        for reply in replies:
+            value = score_in_reply(reply)
+            info: dict[str, Any] = {"judge_reply": reply[-200:]}
+            if value is None:
+                out.append((0.0, info | {"judge_error": "no score in the reply"}))
+            else:
+                out.append((normalised(value, *self.scale), info | {"judge_score": value}))
+        return out
+
+
+def _classifier(cfg: Config) -> RewardBackend:
+    s = cfg.reward_server
+    return Classifier(resolve_model_path(s.model), s.dtype, s.batch_size, s.max_tokens)
+
+
+def _judge(cfg: Config) -> RewardBackend:
+    s = cfg.reward_server
+    low, high = s.score_range
+    return Judge(
+        resolve_model_path(s.model), s.dtype, s.template or DEFAULT_TEMPLATE, (low, high),
+        s.max_new_tokens, s.batch_size,
+    )  # fmt: skip
+
+
+BACKENDS: dict[str, Callable[[Config], RewardBackend]] = {
+    "classifier": _classifier,
+    "judge": _judge,
+}
+
+
+def build_backend(cfg: Config) -> RewardBackend:
+    """The backend reward_server.backend names: a registered one or 'package.module:name'."""
+    return resolve(BACKENDS, "reward backend", cfg.reward_server.backend)(cfg)

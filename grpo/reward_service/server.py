@@ -1,0 +1,209 @@
+"""The reward service (ROLE=reward): a ROUTER socket that gathers score requests from any number
+of samplers for up to `reward_server.batch_wait_ms` (or `max_batch` answers), scores them in
+one backend call, and answers each request.
+
+Each request id is scored once: the replies of the last `CACHE` requests are kept, and a
+sampler's resend of one (after its timeout) is answered from there, as is a repeat that arrives
+while the first is being scored. A backend failure answers ERROR for the requests it was
+scoring; the service goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from grpo.config import Config
+from grpo.reward_service import protocol
+from grpo.reward_service.backends import RewardBackend, build_backend
+from grpo.reward_service.protocol import Item
+from grpo.wire.channels import PeerError, bind, is_loopback, new_socket
+from grpo.wire.codec import FrameError, Message, decode, encode_message
+from grpo.wire.keys import secure_server
+
+log = logging.getLogger("grpo.reward")
+
+CACHE = 4096  # replies kept for resends: far more requests than samplers ever have in flight
+
+
+@dataclass
+class Request:
+    peer: bytes  # the ROUTER identity to answer
+    rid: str
+    items: list[Item]
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    answers: int = 0  # items scored
+    backend_calls: int = 0
+    repeats: int = 0  # resends answered from the cache or dropped as in flight
+    refused: int = 0  # malformed frames and requests
+    failures: int = 0  # backend calls that raised
+    seconds: float = field(default=0.0)  # in the backend
+
+
+class RewardServer:
+    def __init__(
+        self,
+        addr: str,
+        backend: RewardBackend,
+        *,
+        max_batch: int = 64,
+        batch_wait_s: float = 0.02,
+        max_request_items: int = 4096,
+        max_frame_bytes: int = 1 << 30,
+        curve_dir: str = "",
+    ):
+        self.addr, self.backend = addr, backend
+        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        self.max_request_items, self.max_frame_bytes = max_request_items, max_frame_bytes
+        self.ctx = zmq.Context()
+        self.router = new_socket(self.ctx, zmq.ROUTER, linger_ms=0)
+        self._auth = None
+        try:
+            if curve_dir:
+                self._auth = secure_server(self.ctx, [self.router], Path(curve_dir))
+            elif not is_loopback(addr):
+                log.warning("serving rewards on %s without transport.curve_dir", addr)
+            bind(self.router, addr, "reward service")
+        except (PeerError, ValueError):
+            self.close()
+            raise
+        self.replies: OrderedDict[str, list[bytes]] = OrderedDict()
+        self.counters = Counters()
+
+    def serve(self, stop: threading.Event) -> None:
+        log.info("reward service (%s) on %s", self.backend.name, self.addr)
+        while not stop.is_set():
+            if pending := self.gather(stop):
+                self.score(pending)
+
+    def gather(self, stop: threading.Event) -> list[Request]:
+        """Requests to score together: those that arrive within batch_wait_s of the first, up
+        to max_batch answers."""
+        pending: list[Request] = []
+        first_at = 0.0
+        while not stop.is_set():
+            wait_s = 0.2 if not pending else first_at + self.batch_wait_s - time.monotonic()
+            if pending and (wait_s <= 0 or sum(len(r.items) for r in pending) >= self.max_batch):
+                return pending
+            if self.router.poll(timeout=max(int(wait_s * 1000), 0)):
+                request = self.receive(pending)
+                if request is not None:
+                    first_at = first_at if pending else time.monotonic()
+                    pending.append(request)
+        return pending
+
+    def receive(self, pending: list[Request]) -> Request | None:
+        """One message: a new request to score, or None when it was answered (ping, cached
+        reply, error) or dropped (a repeat in flight, garbage)."""
+        peer, *frames = self.router.recv_multipart()
+        try:
+            msg = decode(frames, max_frame_bytes=self.max_frame_bytes)
+            if not isinstance(msg, Message):
+                raise FrameError("an episode batch sent to the reward service")
+        except FrameError as e:
+            self.counters.refused += 1
+            log.warning("dropped a malformed frame (%d so far): %s", self.counters.refused, e)
+            return None
+        if msg.kind == protocol.PING:
+            self.reply(peer, Message(protocol.PONG, {"backend": self.backend.name}))
+            return None
+        try:
+            if msg.kind != protocol.SCORE:
+                raise ValueError(f"unknown request kind {msg.kind!r}")
+            rid, items = protocol.parse_request(msg.body, self.max_request_items)
+        except ValueError as e:
+            self.counters.refused += 1
+            rid = msg.body.get("id") if isinstance(msg.body.get("id"), str) else ""
+            self.reply(peer, Message(protocol.ERROR, {"id": rid, "reason": str(e)}))
+            return None
+        if rid in self.replies:  # a resend of one already scored
+            self.counters.repeats += 1
+            self.router.send_multipart([peer, *self.replies[rid]])
+            return None
+        if any(r.rid == rid for r in pending):  # a resend of one about to be scored
+            self.counters.repeats += 1
+            return None
+        self.counters.requests += 1
+        return Request(peer, rid, items)
+
+    def score(self, pending: list[Request]) -> None:
+        items = [item for r in pending for item in r.items]
+        t0 = time.monotonic()
+        try:
+            scored = self.backend.score(items)
+            if len(scored) != len(items):
+                raise RuntimeError(f"the backend gave {len(scored)} scores for {len(items)}")
+        except Exception as e:
+            self.counters.failures += 1
+            log.exception("the %s backend failed on %d answers", self.backend.name, len(items))
+            for r in pending:
+                reason = f"the reward backend failed: {type(e).__name__}: {e}"
+                self.reply(r.peer, Message(protocol.ERROR, {"id": r.rid, "reason": reason}))
+            return
+        self.counters.seconds += time.monotonic() - t0
+        self.counters.backend_calls += 1
+        self.counters.answers += len(items)
+        start = 0
+        for r in pending:
+            mine = scored[start : start + len(r.items)]
+            start += len(r.items)
+            body = {"id": r.rid, "rewards": [s for s, _ in mine], "infos": [i for _, i in mine]}
+            frames = encode_message(Message(protocol.SCORES, body))
+            self.replies[r.rid] = frames
+            while len(self.replies) > CACHE:
+                self.replies.popitem(last=False)
+            self.router.send_multipart([r.peer, *frames])
+
+    def reply(self, peer: bytes, msg: Message) -> None:
+        self.router.send_multipart([peer, *encode_message(msg)])
+
+    def close(self) -> None:
+        if self.ctx.closed:
+            return
+        self.router.close()
+        if self._auth is not None:
+            self._auth.stop()
+        self.ctx.term()
+
+
+def run_reward_server(cfg: Config) -> int:
+    """ROLE=reward: load the backend, serve until SIGTERM or Ctrl-C."""
+    s = cfg.reward_server
+    if not cfg.reward.service_addr or not s.backend:
+        raise ValueError(
+            "ROLE=reward needs reward.service_addr (where to listen) and reward_server.backend "
+            "(classifier, judge or 'package.module:build')"
+        )
+    t0 = time.monotonic()
+    backend = build_backend(cfg)
+    log.info("loaded the %s backend in %.1f s", backend.name, time.monotonic() - t0)
+    server = RewardServer(
+        cfg.reward.service_addr, backend,
+        max_batch=s.max_batch, batch_wait_s=s.batch_wait_ms / 1000,
+        max_frame_bytes=cfg.transport.max_frame_bytes, curve_dir=cfg.transport.curve_dir,
+    )  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.serve(stop)
+    finally:
+        server.close()
+        c = server.counters
+        log.info(
+            "reward service stopping: %d requests, %d answers scored in %d backend calls "
+            "(%.1f s), %d repeats answered once, %d refused, %d backend failures",
+            c.requests, c.answers, c.backend_calls, c.seconds, c.repeats, c.refused, c.failures,
+        )  # fmt: skip
+    return 0

@@ -1,0 +1,58 @@
+"""The sampler's rewards: the task's rule reward for every answer (grpo.tasks.runner: concurrent
+calls, each with a time limit), and with `reward.service_addr` the reward service's score too,
+weighted and summed (grpo.reward_service.client.combine)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from grpo.config import Config
+from grpo.reward_service.client import RewardClient, Scored, combine
+from grpo.reward_service.protocol import Item
+from grpo.tasks import RewardRunner, Row, Task, run_reward
+
+
+class SamplerRewards:
+    def __init__(self, cfg: Config, task: Task):
+        self.cfg, self.task = cfg, task
+        r = cfg.reward
+        self.rules = RewardRunner(run_reward(task, cfg.data.reward), r.workers, r.timeout_s)
+        self.service = (
+            RewardClient(
+                r.service_addr,
+                timeout_s=r.service_timeout_s,
+                retries=r.service_retries,
+                on_failure=r.on_service_failure,
+                batch=r.service_batch,
+                curve_dir=cfg.transport.curve_dir,
+                sampler_id=cfg.rollout.sampler_id,
+                max_frame_bytes=cfg.transport.max_frame_bytes,
+            )  # fmt: skip
+            if r.service_addr
+            else None
+        )
+
+    def stop_on(self, event: threading.Event) -> None:
+        """Stop waiting for the service when `event` is set (the run stops)."""
+        if self.service is not None:
+            self.service.stop_event = event
+
+    def item(self, completion: str, row: Row) -> Item:
+        """What the service sees of an answer: the question as the model was asked it (the
+        task's last user message), the answer, and the row's reference answer if it has one."""
+        prompt = self.task.build_messages(row, "")[-1]["content"]
+        return Item(prompt, completion, str(row.get("answer", "")))
+
+    def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[Scored]:
+        rule = self.rules.score_all(calls)
+        if self.service is None:
+            return rule
+        model = self.service.score([self.item(text, row) for text, row in calls])
+        r = self.cfg.reward
+        return combine(rule, model, r.rule_weight, r.model_weight)
+
+    def close(self) -> None:
+        self.rules.close()
+        if self.service is not None:
+            self.service.close()

@@ -1,0 +1,239 @@
+"""The reward service over real ZeroMQ sockets: a tiny random reward model and judge, batching
+across samplers, a hung backend noticed and named, every answer scored once; and the pure parts
+(the judge's score, the weighted sum, the request checks)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import pytest
+import torch
+import zmq
+
+from grpo.models import build_tiny_model, load_tokenizer
+from grpo.reward_service import protocol
+from grpo.reward_service.backends import Classifier, Judge, normalised, score_in_reply
+from grpo.reward_service.client import RewardClient, RewardServiceError, combine
+from grpo.reward_service.protocol import Item
+from grpo.reward_service.server import RewardServer
+from tests.conftest import free_port
+
+ITEMS = [Item(f"What is {i} + {i}?", f"It is {2 * i}.", str(2 * i)) for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, base_model_dir):
+    return build_tiny_model(tmp_path_factory.mktemp("rm") / "rm", base_model_dir, reward_head=True)
+
+
+@contextmanager
+def serving(backend, addr: str = "", **kw) -> Iterator[RewardServer]:
+    server = RewardServer(addr or f"tcp://127.0.0.1:{free_port()}", backend, **kw)
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        server.close()
+
+
+class Gated:
+    """A backend that scores by answer length once `gate` is set: a hung model until then."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.calls: list[int] = []
+
+    def score(self, items: Sequence[Item]) -> list[tuple[float, dict]]:
+        self.gate.wait()
+        self.calls.append(len(items))
+        return [(float(len(it.answer)), {"length": len(it.answer)}) for it in items]
+
+
+def test_reward_model_scores_match_the_model_and_samplers_share_a_forward(classifier_dir):
+    backend = Classifier(classifier_dir, "float32", batch_size=16, max_tokens=256)
+    with serving(backend, batch_wait_s=0.3) as server:
+        a = RewardClient(server.addr, batch=2, sampler_id="a")
+        b = RewardClient(server.addr, batch=3, sampler_id="b")
+        got: dict[str, list] = {}
+        threads = [
+            threading.Thread(target=lambda c=c, k=k: got.__setitem__(k, c.score(ITEMS)))
+            for c, k in ((a, "a"), (b, "b"))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        a.close()
+        b.close()
+        # 3 + 2 requests from two samplers, gathered into fewer backend calls.
+        assert server.counters.requests == 5
+        assert server.counters.backend_calls < 5
+        assert server.counters.answers == 12
+    # The same answer gets the same score whichever batch it was padded into, and it is the
+    # model's own logit for the chat-formatted exchange.
+    assert [r for r, _ in got["a"]] == pytest.approx([r for r, _ in got["b"]], abs=1e-5)
+    tok = load_tokenizer(classifier_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": ITEMS[0].prompt},
+         {"role": "assistant", "content": ITEMS[0].answer}], tokenize=False,
+    )  # fmt: skip
+    with torch.no_grad():
+        direct = backend.model(**tok(text, return_tensors="pt")).logits[0, 0].item()
+    assert got["a"][0][0] == pytest.approx(direct, abs=1e-5)
+    assert got["a"][0][1] == {"rm_score": got["a"][0][0]}
+
+
+def test_a_tiny_random_judge_answers_with_a_score_or_says_why_not(tiny_model_dir):
+    judge = Judge(tiny_model_dir, "float32", "Grade: {prompt} {answer} {reference}", (0, 10),
+                  max_new_tokens=6, batch_size=4)  # fmt: skip
+    with serving(judge) as server:
+        client = RewardClient(server.addr, batch=4)
+        scored = client.score(ITEMS[:3])
+        client.close()
+    assert len(scored) == 3
+    for reward, info in scored:
+        assert 0.0 <= reward <= 1.0 and "judge_reply" in info
+        assert ("judge_score" in info) != ("judge_error" in info)  # gibberish has no score
+
+
+def test_a_hung_service_is_named_and_a_resent_request_is_scored_once():
+    backend = Gated()
+    with serving(backend) as server:
+        client = RewardClient(server.addr, timeout_s=0.5, retries=1, batch=6)
+        started = time.monotonic()
+        with pytest.raises(RewardServiceError) as err:
+            client.score(ITEMS)
+        assert 1.0 <= time.monotonic() - started < 5  # two tries of 0.5 s
+        assert re.fullmatch(
+            rf"the reward service at {server.addr} did not answer request \w{{8}} \(6 answers\) "
+            r"within 0.5 s, 2 tries: is it running \(ROLE=reward\)\? "
+            r"reward.on_service_failure: wait keeps trying",
+            str(err.value),
+        ), str(err.value)
+        # The backend comes back: the first send is scored, its resend is not scored again.
+        backend.gate.set()
+        waiting = RewardClient(server.addr, timeout_s=0.3, retries=0, on_failure="wait", batch=6)
+        assert [r for r, _ in waiting.score(ITEMS)] == [float(len(it.answer)) for it in ITEMS]
+        time.sleep(0.3)
+        assert backend.calls[0] == len(ITEMS)  # the hung request, once
+        assert server.counters.answers == sum(backend.calls)
+        assert server.counters.repeats >= 1  # its resend was not scored again
+        client.close()
+        waiting.close()
+
+
+def test_the_client_waits_through_a_service_restart():
+    """reward.on_service_failure: wait: the service at the address takes the request and dies
+    (a bare socket that never answers, then closes); a new one takes its address and answers."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    dead = ctx.socket(zmq.ROUTER)
+    dead.setsockopt(zmq.LINGER, 0)
+    dead.bind(addr)
+    client = RewardClient(addr, timeout_s=0.4, retries=0, on_failure="wait", batch=6)
+    result: list = []
+    thread = threading.Thread(target=lambda: result.extend(client.score(ITEMS[:2])))
+    thread.start()
+    assert dead.poll(timeout=5000)  # it got the request
+    time.sleep(1.0)
+    assert client.resends >= 1 and thread.is_alive()
+    dead.close()
+    ctx.term()
+    backend = Gated()
+    backend.gate.set()
+    with serving(backend, addr=addr):
+        thread.join(timeout=20)
+    client.close()
+    assert [r for r, _ in result] == [float(len(it.answer)) for it in ITEMS[:2]]
+    assert backend.calls == [2]  # resends of it queued meanwhile: answered, not scored again
+
+
+def test_a_failing_backend_scores_zero_with_the_reason():
+    class Broken:
+        name = "broken"
+
+        def score(self, items):
+            raise RuntimeError("CUDA out of memory")
+
+    with serving(Broken()) as server:
+        client = RewardClient(server.addr, timeout_s=5)
+        scored = client.score(ITEMS[:2])
+        client.close()
+    assert scored == [(0.0, {"reward_error": "reward service: the reward backend failed: "
+                                             "RuntimeError: CUDA out of memory"})] * 2  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [("The answer is right. Score: 9", 9.0), ("score=3.5 because...", 3.5),
+     ("Score: 2. On reflection, Score: 7", 7.0), ("It deserves 8", 8.0),
+     ("8 out of ten, roughly: wrong", None), ("no idea", None)],
+)  # fmt: skip
+def test_the_judges_score_is_the_last_score_or_a_final_number(reply, score):
+    assert score_in_reply(reply) == score
+
+
+def test_judge_scores_are_scaled_and_clipped():
+    assert normalised(7, 0, 10) == pytest.approx(0.7)
+    assert normalised(12, 0, 10) == 1.0 and normalised(-1, 0, 10) == 0.0
+
+
+def test_combine_weights_both_parts_and_keeps_them():
+    rule = [(1.0, {"correct": True}), (0.0, {"reward_error": "timeout"})]
+    model = [(0.5, {"rm_score": 0.5}), (0.25, {"rm_score": 0.25})]
+    out = combine(rule, model, rule_weight=1.0, model_weight=2.0)
+    assert out[0] == (2.0, {"correct": True, "rm_score": 0.5, "rule_reward": 1.0,
+                            "model_reward": 0.5})  # fmt: skip
+    assert out[1][0] == 0.5 and out[1][1]["reward_error"] == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [({"items": []}, "non-empty str id"), ({"id": "x", "items": []}, "non-empty list"),
+     ({"id": "x", "items": [{"prompt": "q", "answer": 3, "reference": ""}]}, "item 0 needs"),
+     ({"id": "x", "items": [{"prompt": "q", "answer": "a", "reference": ""}] * 3}, "over the")],
+)  # fmt: skip
+def test_malformed_requests_are_refused_with_the_reason(body, error):
+    with pytest.raises(ValueError, match=error):
+        protocol.parse_request(body, max_items=2)
+
+
+@pytest.mark.slow
+def test_a_run_scored_by_the_rule_and_a_reward_model_served_by_launch_sh(
+    tmp_path, tiny_model_dir, classifier_dir
+):
+    """bash launch.sh with reward_server.backend set: the reward service is a third process,
+    the sampler's reward is rule + 0.5 x model, and the service is stopped at the end."""
+    from tests.conftest import run_launch, transport_overrides
+    from tests.test_integration import _assert_no_stray_processes, tiny_config
+
+    config = tiny_config(
+        tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1},
+        reward={"service_addr": f"tcp://127.0.0.1:{free_port()}", "model_weight": 0.5},
+        reward_server={"backend": "classifier", "model": str(classifier_dir)},
+    )  # fmt: skip
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().split("\n")
+            if x]  # fmt: skip
+    assert len(rows) == 2
+    for r in rows:
+        combined = r["rule_reward_mean"] + 0.5 * r["model_reward_mean"]
+        assert r["reward_mean"] == pytest.approx(combined, abs=1e-6)
+        assert r["reward_errors"] == 0
+    served = re.search(r"reward service stopping: (\d+) requests, (\d+) answers scored", log)
+    assert served, log[-3000:]
+    assert int(served.group(2)) == 2 * 16  # each answer once: 2 batches of 4 x 4
+    _assert_no_stray_processes(config)
