@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+
 
 def digit_fraction(completion: str, sample: dict) -> tuple[float, dict]:
     """Fraction of digit characters: a dense signal even for a tiny random model's gibberish."""
@@ -42,3 +45,14 @@ def slow_text_length(completion: str, sample: dict) -> tuple[float, dict]:
 
     time.sleep(0.05)
     return text_length(completion, sample)
+
+
+_calls = itertools.count()
+
+
+def first_call_hangs(completion: str, sample: dict) -> tuple[float, dict]:
+    """slow_text_length, except that the process's first call never returns: a hung reward,
+    which reward.timeout_s must turn into one answer scored 0."""
+    if next(_calls) == 0:
+        threading.Event().wait()
+    return slow_text_length(completion, sample)

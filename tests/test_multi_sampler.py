@@ -1,6 +1,7 @@
 """Samplers as a pool: three feed one trainer from disjoint shards of the dataset; one is
 SIGKILLed and one hangs in generation, and the run still trains every step from the one left,
-naming the two it dropped and what each was last doing."""
+naming the two it dropped and what each was last doing. Each sampler's first reward call hangs
+too, and costs one answer's score."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_a_killed_and_a_hung_sampler_are_dropped_by_name_and_the_pool_finishes(
     train = {"total_steps": STEPS, "num_ranks": 1}
     config = tiny_config(
         tmp_path, tiny_model_dir, train=train,
-        data={"reward": "tests.rewards_for_tests:slow_text_length"},
+        data={"reward": "tests.rewards_for_tests:first_call_hangs"},
+        reward={"timeout_s": 1.5},
     )  # fmt: skip
     overrides = [
         *transport_overrides(timeout_s=4),
@@ -82,6 +84,11 @@ def test_a_killed_and_a_hung_sampler_are_dropped_by_name_and_the_pool_finishes(
     batches = [(r["sampler_id"], r["batch_seq"]) for r in rows]
     assert len(set(batches)) == STEPS, batches
     assert trained_from("sampler-2") == 1  # batch 0; batch 1 never came
+    # Each sampler's hung reward call: one answer of its first batch scored 0, named.
+    first = {r["sampler_id"]: r for r in sorted(rows, key=lambda r: -r["batch_seq"])}
+    for sid in ("sampler-0", "sampler-2"):
+        assert first[sid]["batch_seq"] == 0 and first[sid]["reward_timeouts"] == 1, first[sid]
+    assert sum(r["reward_timeouts"] for r in rows) <= 3
     for r in rows:
         gids = {g for rank in r["rank_group_ids"] for g in rank}
         assert {g % 3 for g in gids} == {int(r["sampler_id"][-1])}, r["rank_group_ids"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from grpo.progress import ACTIVITY, REWARDING, WAITING
+from grpo.progress import ACTIVITY, WAITING
 from grpo.reward_service import protocol
 from grpo.reward_service.protocol import Item
 from grpo.wire.channels import PeerError, new_socket
@@ -90,7 +90,9 @@ class RewardClient:
         results: dict[str, list[Scored]] = {}
         for request in pending.values():
             self._send(request)
-        with ACTIVITY.during(REWARDING, f"{len(items)} answers by the reward service"):
+        # Waiting on a peer, not working: its silence is judged by service_timeout_s, not by
+        # the stall check (grpo.progress).
+        with ACTIVITY.during(WAITING, f"for the reward service at {self.addr}"):
             while pending:
                 if self.stop_event.is_set():
                     raise PeerError("stopped while waiting for the reward service")
@@ -128,9 +130,6 @@ class RewardClient:
         else:
             return
         del pending[rid]
-        ACTIVITY.tick(len(request.items))
-        if ACTIVITY.snapshot().phase == WAITING:  # the service is back
-            ACTIVITY.enter(REWARDING, f"{len(results)} requests answered")
 
     def _resend_overdue(self, pending: dict[str, _Request]) -> None:
         now = time.monotonic()
@@ -142,14 +141,11 @@ class RewardClient:
                 f"the reward service at {self.addr} did not answer request {rid[:8]} "
                 f"({len(request.items)} answers) within {self.timeout_s:g} s"
             )
-            if request.tries > self.retries:
-                if self.on_failure == FAIL:
-                    raise RewardServiceError(
-                        f"{what}, {request.tries} tries: is it running (ROLE=reward)? "
-                        "reward.on_service_failure: wait keeps trying"
-                    )
-                # Waiting on a peer is not a stall of ours (grpo.progress).
-                ACTIVITY.enter(WAITING, f"for the reward service at {self.addr}")
+            if request.tries > self.retries and self.on_failure == FAIL:
+                raise RewardServiceError(
+                    f"{what}, {request.tries} tries: is it running (ROLE=reward)? "
+                    "reward.on_service_failure: wait keeps trying"
+                )
             log.warning("%s: sending it again (try %d)", what, request.tries + 1)
             request.tries += 1
             self.resends += 1
