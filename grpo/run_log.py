@@ -81,7 +81,12 @@ class WandbSink:
         self.run.log(values, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() returns before W&B's service process has written the run out (an offline
+        # run's file was often still empty); teardown waits for it, so a closed run is on disk.
+        wandb.teardown()
 
 
 class RunLog:
