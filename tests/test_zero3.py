@@ -94,6 +94,7 @@ _SCRIPT = textwrap.dedent(
     from safetensors.torch import load_file
 
     from grpo.config import load_config
+    from grpo.core.batching import length_order, micro_batch_ranges
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.delivery.versions import load_state_dict, publish_version, version_dir
     from grpo.models import load_causal_lm, load_tokenizer
@@ -220,8 +221,12 @@ _SCRIPT = textwrap.dedent(
     if rank == 0:
         out["eval"] = [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
 
-    for name in ("zero2_offload", "zero3_offload"):
-        run = Run(name)
+    # ZeRO-3 with offload also recomputes activations in the backward pass (which gathers the
+    # parameters again) and plans micro-batches by tokens: 1 on rank 0 and 2 on rank 1, which
+    # the trainer evens out to 2 each, or rank 0 would leave rank 1 waiting in a gather.
+    budget = ("model.gradient_checkpointing=true", "train.max_tokens_per_micro_batch=24")
+    for name, more in (("zero2_offload", ()), ("zero3_offload", budget)):
+        run = Run(name, *more)
         for seq in (0, 1):
             run.step(seq)
         out["diff"][name] = max_diff(load_state_dict(run.publish(name)), v2)
@@ -229,6 +234,11 @@ _SCRIPT = textwrap.dedent(
         out.setdefault("offloaded", {})[name] = [run.engine.zero_offload_optimizer() is not None,
                                                   run.engine.zero_offload_param() is not None]
         del run
+    sizes = [(len(e.prompt_ids), len(e.completion_ids)) for e in BATCHES[0].episodes]
+    sizes = sizes[2 * rank : 2 * rank + 2]
+    own = len(micro_batch_ranges([sizes[i] for i in length_order(sizes)], 2, 24, False))
+    out["own_micro_batches"] = [None, None]
+    dist.all_gather_object(out["own_micro_batches"], own)
 
     out["first_step"] = {k: [m["loss"], m["grad_norm"]] for k, m in first.items()}
 
@@ -301,6 +311,7 @@ def test_zero3_and_offload_on_two_ranks(tmp_path: Path, tiny_model_dir: Path) ->
     # Scoring with the partitioned policy and reference: the same forward, the same numbers.
     assert r["old_logp_diff"] < 1e-5 and r["ref_logp_diff"] < 1e-5
     assert r["offloaded"] == {"zero2_offload": [True, False], "zero3_offload": [True, True]}
+    assert r["own_micro_batches"] == [1, 2]
 
     # Resume: the second batch trained again from the saved state, bit for bit.
     assert r["resumed_diff"] == 0.0
