@@ -3,8 +3,10 @@ and how to fix it (types and unknown keys are grpo.config.loading's job)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ def check_values(cfg: Config) -> None:
     _check_transport(cfg.transport)
     _check_devices(cfg)
     _check_reward(cfg)
+    _check_deepspeed(cfg.train.deepspeed_config)
     if cfg.data.reward and ":" not in cfg.data.reward:
         raise ConfigError(
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
@@ -271,3 +274,43 @@ def _check_transport(t: TransportConfig) -> None:
         raise ConfigError("transport.episodes_addr, control_addr and weights_addr must differ")
     if t.max_frame_bytes < 1 << 20:
         raise ConfigError(f"transport.max_frame_bytes must be >= 1 MiB, got {t.max_frame_bytes}")
+
+
+def _check_deepspeed(path: str) -> None:
+    """The ZeRO settings of train.deepspeed_config that the trainer supports. A missing file
+    is left to the trainer, which reports it: a sampler's node need not have it."""
+    try:
+        ds = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return
+    except ValueError as e:
+        raise ConfigError(f"train.deepspeed_config: {path} is not valid JSON ({e})") from None
+    where = f"train.deepspeed_config {path}"
+    zero = ds.get("zero_optimization", {}) if isinstance(ds, dict) else None
+    if not isinstance(zero, dict):
+        raise ConfigError(f"{where}: expected a JSON object with a zero_optimization object")
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+    offloads = set()
+    for kind in ("offload_optimizer", "offload_param"):
+        section = zero.get(kind) or {}
+        device = section.get("device", "none") if isinstance(section, dict) else section
+        if device not in ("none", "cpu"):
+            raise ConfigError(
+                f"{where}: zero_optimization.{kind}.device {device!r} is not supported (NVMe "
+                "offload is untested here): use cpu or none"
+            )
+        if device == "cpu":
+            offloads.add(kind)
+    if "offload_param" in offloads and stage != 3:
+        raise ConfigError(
+            f"{where}: zero_optimization.offload_param needs stage 3 (stage {stage} keeps the "
+            "whole parameters on every rank and DeepSpeed would ignore it): use "
+            "configs/deepspeed/zero3_offload.json, or drop offload_param"
+        )
+    if "offload_optimizer" in offloads and stage == 0:
+        raise ConfigError(
+            f"{where}: zero_optimization.offload_optimizer needs stage 1, 2 or 3: use "
+            "configs/deepspeed/zero2_offload.json"
+        )

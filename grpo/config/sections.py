@@ -318,7 +318,12 @@ class TrainConfig:
         "GPU indices (of those visible) the trainer's ranks use, one per rank; [] = the first "
         "num_ranks (see docs/gpus.md)",
     )
-    deepspeed_config: str = _f("configs/deepspeed/zero2.json", "DeepSpeed JSON (ZeRO-2)")
+    deepspeed_config: str = _f(
+        "configs/deepspeed/zero2.json",
+        "DeepSpeed JSON: zero2.json, zero3.json (parameters partitioned over the ranks), "
+        "zero2_offload.json / zero3_offload.json (CPU offload) in configs/deepspeed/; see "
+        "docs/gpus.md",
+    )
     master_port: int = _f(29500, "port of the trainer ranks' rendezvous")
     sync_interval: int = _f(1, "publish weights for the sampler every N steps")
     max_staleness: int | None = _f(

@@ -77,7 +77,11 @@ def build(ctx: EngineContext) -> HFRollout:
 
 class HFRollout:
     """Samples with `model.generate`; groups are contiguous (n copies of each prompt in a row).
-    Reports no engine log-probs (generate's scores would cost a full vocabulary per token)."""
+    Reports no engine log-probs (generate's scores would cost a full vocabulary per token).
+
+    `synced`: the model's parameters are ZeRO-3 partitions, gathered by every forward pass, so
+    the ranks calling generate together go on stepping until the last of them has finished
+    (generate's synced_gpus); they must make the same calls with the same number of rows."""
 
     def __init__(
         self,
@@ -85,10 +89,12 @@ class HFRollout:
         tokenizer,
         stop_event: threading.Event | None = None,
         cache: str = "dynamic",
+        synced: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.cache = cache  # rollout.hf_cache
+        self.synced = synced
         self.stop_event = stop_event or threading.Event()
         self.eos = eos_ids(model, tokenizer)
         # generate() fills every option we leave unset from the model's generation_config;
@@ -142,6 +148,7 @@ class HFRollout:
                 generation_config=gen_cfg,
                 stopping_criteria=StoppingCriteriaList([_StopWhenSet(self.stop_event)]),
                 tokenizer=self.tokenizer if stop else None,  # stop strings are matched on text
+                synced_gpus=self.synced,
             )
             for prompt, row in zip(chunk, seqs[:, P:].cpu(), strict=True):
                 completion, reason = _split_completion(row, set(self.eos), max_new_tokens)

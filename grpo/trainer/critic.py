@@ -17,6 +17,7 @@ from grpo.config import Config
 from grpo.core.batching import pack_pairs, pad_pairs
 from grpo.logprobs import device_of
 from grpo.models import resolve_model_path, torch_dtype
+from grpo.trainer.engines import partitioned_loading
 from grpo.trainer.experience import Experience
 from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ranks
 
@@ -53,12 +54,13 @@ class Critic:
 
         self.cfg = cfg
         path = resolve_model_path(cfg.critic.model_path or cfg.model.path)
-        model = AutoModelForTokenClassification.from_pretrained(
-            path,
-            num_labels=1,
-            dtype=torch_dtype(cfg.model.dtype),
-            attn_implementation=cfg.model.attn_implementation,
-        )
+        with partitioned_loading(ds_config):  # ZeRO-3: built partitioned, as the policy
+            model = AutoModelForTokenClassification.from_pretrained(
+                path,
+                num_labels=1,
+                dtype=torch_dtype(cfg.model.dtype),
+                attn_implementation=cfg.model.attn_implementation,
+            )
         # The head's default dropout (0.1 for Llama-like configs) would make the values before
         # the update, the GAE baseline and the centre of the value clip, noisy.
         for module in model.modules():

@@ -1,18 +1,27 @@
 """The trainer's DeepSpeed engines: their configuration (the JSON file's ZeRO settings with the
-batch geometry and optimiser values of our config) and the policy's."""
+batch geometry and optimiser values of our config), the policy's and, under ZeRO-3, the
+reference model's.
+
+Under ZeRO-3 (configs/deepspeed/zero3*.json) every parameter is partitioned over the ranks: a
+forward pass all-gathers each layer's parameters as it reaches it, so every rank must run the
+same number of forward passes in the same order, and only a collective gather (grpo.trainer.
+publishing) sees whole tensors.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpo.config import Config
-from grpo.models import apply_lora, load_causal_lm
+from grpo.models import apply_lora, load_causal_lm, load_reference
 
 
 def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, Any]:
@@ -33,6 +42,34 @@ def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, A
     params = ds.setdefault("optimizer", {"type": "AdamW"}).setdefault("params", {})
     params.update(lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     return ds
+
+
+def zero_stage(ds: dict[str, Any]) -> int:
+    return int(ds.get("zero_optimization", {}).get("stage", 0))
+
+
+@contextmanager
+def partitioned_loading(ds: dict[str, Any]) -> Iterator[None]:
+    """Under ZeRO-3, models that transformers loads inside this block are built already
+    partitioned (deepspeed.zero.Init, which transformers applies while an HfDeepSpeedConfig
+    is alive): no rank ever holds the whole model, in host or device memory. Without it each
+    rank would load the whole model and deepspeed.initialize would move it whole onto the
+    rank's device before partitioning it. Elsewhere a no-op."""
+    if zero_stage(ds) != 3:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig
+
+    alive = HfDeepSpeedConfig(ds)  # transformers keeps only a weak reference to it
+    try:
+        yield
+    finally:
+        del alive
+
+
+def params_partitioned(module: torch.nn.Module) -> bool:
+    """Whether `module`'s parameters are ZeRO-3 partitions (DeepSpeed gives those a ds_id)."""
+    return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
 def import_deepspeed_muon_uncompiled(ds: dict[str, Any]) -> None:
@@ -65,13 +102,14 @@ def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
             "model.attn_implementation=flex_attention trains on GPU only (PyTorch has no "
             "CPU backward for it): use sdpa on CPU"
         )
-    model = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
-    vocab_size = model.get_input_embeddings().num_embeddings
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    if cfg.model.lora.enabled:
-        model = apply_lora(model, cfg.model.lora)
     ds = deepspeed_config(cfg, world, mini_batch_seqs(cfg, world))
+    with partitioned_loading(ds):  # peft, too, asks transformers whether ZeRO-3 is on
+        model = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
+        vocab_size = model.get_input_embeddings().num_embeddings
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        if cfg.model.lora.enabled:
+            model = apply_lora(model, cfg.model.lora)
     import_deepspeed_muon_uncompiled(ds)
     engine, *_ = deepspeed.initialize(
         model=model,
@@ -80,3 +118,24 @@ def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
     )
     engine.train()  # from_pretrained returns eval mode: no checkpointing, no dropout
     return engine, vocab_size
+
+
+def reference_model(
+    cfg: Config, model_path: Path, ds: dict[str, Any], device: torch.device
+) -> torch.nn.Module:
+    """The frozen reference on the trainer's ranks: a whole copy on each rank's device, or under
+    ZeRO-3 partitioned like the policy (a DeepSpeed engine without an optimizer, whose
+    forward gathers the parameters; the policy's parameter offload applies to it too)."""
+    if zero_stage(ds) != 3:
+        return load_reference(model_path, cfg.model.dtype, cfg.model.attn_implementation).to(device)
+    import deepspeed
+
+    inference = {k: v for k, v in ds.items() if k not in ("optimizer", "gradient_clipping")}
+    zero = dict(ds["zero_optimization"])
+    zero.pop("offload_optimizer", None)  # there is no optimizer
+    inference["zero_optimization"] = zero
+    with partitioned_loading(inference):
+        model = load_reference(model_path, cfg.model.dtype, cfg.model.attn_implementation)
+    engine, *_ = deepspeed.initialize(model=model, config=inference)
+    engine.eval()
+    return engine.module

@@ -1,7 +1,13 @@
 """Evaluation on the trainer's ranks, between steps: the weights being trained are the version
 just published, so every `eval.interval`-th version (and the first and the last) is evaluated
 whichever versions the samplers load, and no sampler waits for it. Each rank answers every
-world-th question; rank 0 gathers the results and writes the row of eval.jsonl."""
+world-th question; rank 0 gathers the results and writes the row of eval.jsonl.
+
+Under ZeRO-3 every generated token's forward pass gathers the parameters from all ranks, so the
+ranks must generate in lockstep: each answers as many questions as the rank with the most (a
+rank with fewer repeats one and drops its result) and generate() keeps every rank stepping
+until the last has finished (HFRollout's `synced`). That is slow (one all-gather of the model
+per token); `python -m grpo eval` on the published versions is the alternative."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from grpo.config import Config
 from grpo.evaluation import EvalSpec, eval_prompts, question_results, summarise
 from grpo.rollout.hf import HFRollout
 from grpo.tasks import RewardRunner, get_task, run_reward
+from grpo.trainer.engines import params_partitioned
 
 log = logging.getLogger("grpo.trainer")
 
@@ -38,18 +45,24 @@ class VersionEvaluator:
     def evaluate(self, model: torch.nn.Module, version: int) -> dict | None:
         """Every rank: evaluate `model` (version `version`); rank 0 returns the row."""
         t0 = time.monotonic()
-        mine = range(self.rank, len(self.prompts), self.world)
+        mine = list(range(self.rank, len(self.prompts), self.world))
+        own = len(mine)
+        lockstep = params_partitioned(model)
+        if lockstep:  # the same calls on every rank: pad with repeats, dropped below
+            each = -(-len(self.prompts) // self.world)
+            mine += [mine[0] if mine else 0] * (each - own)
         kept_config, was_training = model.generation_config, model.training
         model.eval()
         r = self.cfg.reward
         try:  # HFRollout strips the generation config, which versions save: put it back after
-            engine = HFRollout(model, self.tokenizer)
+            engine = HFRollout(model, self.tokenizer, synced=lockstep)
             # Threads for this evaluation only: closing does not wait for a hung reward call.
             with RewardRunner(self.reward_fn, r.workers, r.timeout_s) as rewards:
                 results = question_results(
                     engine, self.prompts, mine, self.tokenizer, rewards, self.spec, version,
                     progress=self.rank == 0,
                 )  # fmt: skip
+            results = results[:own]
         finally:
             model.generation_config = kept_config
             model.train(was_training)

@@ -29,7 +29,6 @@ from grpo.delivery.ordering import InOrder
 from grpo.delivery.versions import discard_versions_after, publish_version
 from grpo.metrics import EVAL_FILE, METRICS_FILE, peak_memory_gib
 from grpo.models import (
-    load_reference,
     load_tokenizer,
     resolve_model_path,
 )
@@ -45,10 +44,11 @@ from grpo.progress import (
 from grpo.run_log import RunLog
 from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
-from grpo.trainer.engines import deepspeed_config, policy_engine
+from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
 from grpo.trainer.evaluation import VersionEvaluator
 from grpo.trainer.experience import build_experience
 from grpo.trainer.outputs import rotate_run_dir, step_row, summarise_run
+from grpo.trainer.publishing import publishes_here, weights_to_publish
 from grpo.trainer.ranks import (
     KEEPALIVE,
     average_across_ranks,
@@ -97,9 +97,7 @@ class Trainer:
         self.scored_here = scored_by(cfg, "trainer")
         self.reference = None
         if "ref_logp" in self.scored_here:
-            self.reference = load_reference(
-                self.model_path, cfg.model.dtype, cfg.model.attn_implementation
-            ).to(self.engine.device)
+            self.reference = reference_model(cfg, self.model_path, ds_config, self.engine.device)
         self.run_dir = cfg.run_dir
         self.evaluator = VersionEvaluator(cfg, self.tokenizer, self.rank, self.world)
         self.run_log: RunLog | None = None  # rank 0's, once the run dir is open
@@ -172,21 +170,20 @@ class Trainer:
             self.channel.acks = self.ledger.acks()
 
     def publish(self, step: int) -> float:
-        """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it."""
+        """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it;
+        under ZeRO-3 every rank comes here, to gather the parameters (grpo.trainer.publishing)."""
         t0 = time.monotonic()
-        module = self.engine.module
+        with weights_to_publish(self.engine, self.cfg.model.lora.enabled) as write:
+            if self.rank == 0:
 
-        def save(tmp: Path) -> None:
-            if self.cfg.model.lora.enabled:
-                module.save_pretrained(tmp)  # the adapter only
-            else:  # the in-memory layout, which the sampler's load_state_dict expects
-                module.save_pretrained(
-                    tmp, save_original_format=False, max_shard_size=self.cfg.train.max_shard_size
-                )
-            self.tokenizer.save_pretrained(tmp)
+                def save(tmp: Path) -> None:
+                    write(tmp, self.cfg.train.max_shard_size)
+                    self.tokenizer.save_pretrained(tmp)
 
-        publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
+                publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
         self.version = step
+        if self.rank != 0:
+            return time.monotonic() - t0
         assert self.channel is not None
         self.channel.published_version = step
         self.channel.announce(messages.VERSION, version=step)
@@ -279,7 +276,7 @@ class Trainer:
             self.channel.trained = self.ledger.trained_counts()
         publish_s, state_s = 0.0, 0.0
         last = step == cfg.train.total_steps
-        if self.rank == 0 and (step % cfg.train.sync_interval == 0 or last):
+        if (step % cfg.train.sync_interval == 0 or last) and publishes_here(self.engine, self.rank):
             with ACTIVITY.during(PUBLISHING, f"version {step}"):
                 publish_s = self.publish(step)
         if cfg.train.state_interval and step % cfg.train.state_interval == 0 and not last:
@@ -306,7 +303,7 @@ class Trainer:
 
     def open_run_dir(self) -> None:
         """Rank 0: a new run moves the previous one aside; a resumed one drops what the crashed
-        run did after its last saved state and republishes the resumed weights."""
+        run did after its last saved state (run() then republishes the resumed weights)."""
         if self.start_step == 0:
             rotate_run_dir(self.run_dir)
             save_config(self.cfg, self.run_dir / "config.yaml")
@@ -320,7 +317,6 @@ class Trainer:
             dropped,
             discarded or "none",
         )
-        self.publish(self.start_step)  # the sampler follows the trainer back to these weights
 
     def evaluate(self, step: int) -> None:
         """Every rank: evaluate the weights after `step` (version `step`) when it is due."""
@@ -342,6 +338,8 @@ class Trainer:
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
             )
+        if self.start_step and publishes_here(self.engine, self.rank):
+            self.publish(self.start_step)  # the sampler follows the trainer back to these weights
         from tqdm import tqdm
 
         bar = tqdm(

@@ -52,6 +52,13 @@ def read_marker(state_dir: Path) -> dict[str, Any] | None:
     return marker
 
 
+def with_zero_stage(fingerprint: dict[str, Any], engines: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint plus the policy's ZeRO stage: DeepSpeed lays out the state of stage 3
+    (per-rank parameter partitions) differently from stages 0-2, and loading one as the other
+    fails in DeepSpeed with a bare AssertionError (it finds none of the files it expects)."""
+    return {**fingerprint, "zero_stage": engines["policy"].zero_optimization_stage()}
+
+
 def save(
     state_dir: Path,
     step: int,
@@ -61,6 +68,7 @@ def save(
 ) -> None:
     """Every rank calls this; returns once the state is complete on disk."""
     tag, rank = tag_of(step), dist.get_rank()
+    fingerprint = with_zero_stage(fingerprint, engines)
     for name, engine in engines.items():
         where = state_dir if name == "policy" else state_dir / name
         engine.save_checkpoint(str(where), tag=tag, client_state=client_state, save_latest=False)
@@ -84,6 +92,9 @@ def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) 
     marker = read_marker(state_dir)
     if marker is None:
         return None
+    fingerprint = with_zero_stage(fingerprint, engines)
+    # A state saved before the stage was recorded is not checked for it.
+    marker.setdefault("zero_stage", fingerprint["zero_stage"])
     require_same(
         marker,
         fingerprint,

@@ -1,0 +1,384 @@
+"""ZeRO-3 and CPU offload: published versions hold whole tensors, the same weights as ZeRO-2,
+resume, LoRA, the critic, the partitioned reference, the trainer's evaluation in lockstep, and
+the DeepSpeed settings the trainer refuses.
+
+The DeepSpeed files under test are the shipped ones with two changes, each said where it is
+made: every parameter partitioned (DeepSpeed keeps parameters under 100k elements, most of the
+tiny model's, whole on every rank by default, which would leave the partitioned path
+untested), and torch's AdamW in place of DeepSpeedCPUAdam (a C++ op whose first build takes
+about 75 s of CPU here; both run the same offload code around the optimizer step)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpo.config import ConfigError, load_config
+from tests.conftest import PYTHON, REPO, free_port, run_launch, transport_overrides
+
+SHIPPED = REPO / "configs" / "deepspeed"
+
+
+def test_the_shipped_deepspeed_files_pass_the_checks() -> None:
+    for path in sorted(SHIPPED.glob("*.json")):
+        load_config(None, [f"train.deepspeed_config={path}"])
+
+
+@pytest.mark.parametrize(
+    ("zero", "message"),
+    [
+        ({"stage": 2, "offload_param": {"device": "cpu"}},
+         "zero_optimization.offload_param needs stage 3 (stage 2 keeps the whole parameters"),
+        ({"stage": 1, "offload_param": {"device": "cpu"}}, "offload_param needs stage 3"),
+        ({"stage": 0, "offload_optimizer": {"device": "cpu"}},
+         "zero_optimization.offload_optimizer needs stage 1, 2 or 3"),
+        ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}},
+         "zero_optimization.offload_param.device 'nvme' is not supported"),
+        ({"stage": 4}, "zero_optimization.stage must be 0, 1, 2 or 3, got 4"),
+    ],
+)  # fmt: skip
+def test_unsupported_deepspeed_settings_are_refused(tmp_path: Path, zero, message) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": zero}))
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, [f"train.deepspeed_config={path}"])
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"train.deepspeed_config {path}: "), line
+    assert message in line, line
+
+
+def test_a_deepspeed_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text("{'stage': 3}")
+    with pytest.raises(ConfigError, match=r"train.deepspeed_config: .* is not valid JSON"):
+        load_config(None, [f"train.deepspeed_config={path}"])
+
+
+def test_a_missing_deepspeed_file_is_left_to_the_trainer() -> None:
+    # the sampler's node need not have it; the trainer says "no file" (test_integration.py)
+    load_config(None, ["train.deepspeed_config=nope.json"])
+
+
+def _as_tested(tmp_path: Path) -> dict[str, str]:
+    """The shipped files as the tests run them (the module docstring says why); name -> path."""
+    out = {}
+    for name in ("zero2", "zero3", "zero2_offload", "zero3_offload"):
+        ds = json.loads((SHIPPED / f"{name}.json").read_text())
+        if ds["zero_optimization"]["stage"] == 3:
+            ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+        ds["optimizer"]["params"]["torch_adam"] = True
+        out[name] = str(tmp_path / f"{name}.json")
+        Path(out[name]).write_text(json.dumps(ds))
+    return out
+
+
+# Two gloo ranks. Each run starts from the tiny model and trains on the same two batches, as
+# the trainer does: every rank scores its own group (old and reference log-probs), builds the
+# whole batch's experience and trains on its rows. Rank 0 prints what the test asserts.
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+
+    import deepspeed
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    from grpo.config import load_config
+    from grpo.core.batching import length_order, micro_batch_ranges
+    from grpo.core.episode import Episode, EpisodeBatch
+    from grpo.delivery.versions import load_state_dict, publish_version, version_dir
+    from grpo.models import load_causal_lm, load_tokenizer
+    from grpo.trainer import state as train_state
+    from grpo.trainer.critic import Critic
+    from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
+    from grpo.trainer.evaluation import VersionEvaluator
+    from grpo.trainer.experience import build_experience
+    from grpo.trainer.loop import without_deepspeed_shm_op
+    from grpo.trainer.publishing import weights_to_publish
+    from grpo.trainer.scoring import score_on_ranks
+    from grpo.trainer.update import mini_batch_seqs, ppo_update, train_on_batch
+
+    tiny, tmp, files = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+    without_deepspeed_shm_op()
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    pad = load_tokenizer(tiny).pad_token_id
+    initial = load_file(tiny / "model.safetensors")
+    out = {}
+
+    def config(name, *more):
+        return load_config(None, [
+            f"model.path={tiny}", f"output_dir={tmp}", f"train.deepspeed_config={files[name]}",
+            "train.num_ranks=2", "rollout.questions_per_step=2", "rollout.group_size=2",
+            "train.micro_batch_size=2", "train.lr=1e-3", "algo.kl_loss_coef=0.1",
+            "train.logprobs_on=trainer", "eval.num_questions=3", "eval.max_new_tokens=8",
+            "eval.samples=2", "eval.interval=1", "data.max_prompt_tokens=256",
+            "data.reward=tests.rewards_for_tests:even_length_is_correct", *more])
+
+    def batch(seq):
+        rng = np.random.default_rng(seq)
+        eps = tuple(Episode(rng.integers(10, 1000, 5 + i).astype(np.int32),
+                            rng.integers(10, 1000, 3 + 2 * i).astype(np.int32), None, None,
+                            float(i % 2), {}, "stop", i // 2) for i in range(4))
+        return EpisodeBatch(eps, 2, policy_version=0, seq=seq)
+
+    BATCHES = [batch(0), batch(1)]
+
+    class Run:
+        def __init__(self, name, *more):
+            self.cfg = config(name, *more)
+            torch.manual_seed(0)
+            self.engine, _ = policy_engine(self.cfg, tiny, 2)
+            self.ds = deepspeed_config(self.cfg, 2, mini_batch_seqs(self.cfg, 2))
+            self.reference = reference_model(self.cfg, tiny, self.ds, self.engine.device)
+            self.scored, self.metrics = [], []
+
+        def mine(self, seq):
+            scored = score_on_ranks(self.engine.module, self.reference, BATCHES[seq], self.cfg,
+                                    1, pad)
+            self.scored.append(scored)
+            exp, _ = build_experience(scored, self.cfg, 0.0)
+            return exp.rows(range(2 * rank, 2 * rank + 2))
+
+        def step(self, seq):
+            self.metrics.append(train_on_batch(self.engine, self.mine(seq), self.cfg, pad))
+
+        def publish(self, name):  # what Trainer.publish does, every rank entering
+            with weights_to_publish(self.engine, self.cfg.model.lora.enabled) as write:
+                if rank == 0:
+                    publish_version(tmp / name, 2, lambda d: write(d, "5GB"), 1, 2)
+            dist.barrier()
+            return version_dir(tmp / name, 2)
+
+        def gathered(self, trainable_only=False):
+            named = [(n, p) for n, p in self.engine.module.named_parameters()
+                     if p.requires_grad or not trainable_only]
+            with deepspeed.zero.GatheredParameters([p for _, p in named]):
+                return {n: p.detach().clone() for n, p in named}
+
+    def max_diff(a, b):
+        assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+        return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+    def logp_diff(runs, key):
+        a, b = ([getattr(e, key) for s in r.scored for e in s.episodes] for r in runs)
+        return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+    # ZeRO-2, the reference.
+    zero2 = Run("zero2")
+    for seq in (0, 1):
+        zero2.step(seq)
+    v2 = load_state_dict(zero2.publish("zero2"))
+    out["moved"] = max_diff(v2, initial)
+    first = {"zero2": zero2.metrics[0]}
+
+    # ZeRO-3: every parameter a partition; the state saved after the first batch.
+    zero3 = Run("zero3")
+    embed = zero3.engine.module.get_input_embeddings().weight
+    out["partitioned"] = embed.numel() == 0 and embed.ds_numel == initial[
+        "model.embed_tokens.weight"].numel()
+    fingerprint = {"world": 2}
+    zero3.step(0)
+    client = {"step": 1, "version": 1, "kl_reward_coef": 0.0, "ledger": {}}
+    train_state.save(tmp / "state3", 1, {"policy": zero3.engine}, client, fingerprint)
+    zero3.step(1)
+    vdir = zero3.publish("zero3")
+    v3 = load_state_dict(vdir)
+    whole = zero3.gathered()
+    out["files"] = sorted(p.name for p in vdir.iterdir())
+    out["full_shapes"] = all(v3[k].shape == initial[k].shape for k in initial)
+    out["equals_gathered"] = all(torch.equal(v3[k], whole[k]) for k in v3)
+    out["diff"] = {"zero3": max_diff(v3, v2)}
+    first["zero3"] = zero3.metrics[0]
+    out["old_logp_diff"] = logp_diff((zero2, zero3), "old_logp")
+    out["ref_logp_diff"] = logp_diff((zero2, zero3), "ref_logp")
+
+    # Resumed from the state of the first batch, it trains the second to the same weights.
+    resumed = Run("zero3")
+    train_state.load(tmp / "state3", {"policy": resumed.engine}, fingerprint)
+    resumed.step(1)
+    out["resumed_diff"] = max_diff(load_state_dict(resumed.publish("resumed")), v3)
+    try:
+        train_state.load(tmp / "state3", {"policy": zero2.engine}, fingerprint)
+    except ValueError as e:
+        out["stage_refused"] = str(e)
+
+    # The trainer's evaluation: 3 questions over 2 ranks, generating in lockstep, gives what
+    # the published weights give unpartitioned (each rank on its own questions).
+    evaluator = VersionEvaluator(zero3.cfg, load_tokenizer(tiny), rank, 2)
+    rows = [evaluator.evaluate(zero3.engine.module, 2),
+            evaluator.evaluate(load_causal_lm(vdir), 2)]
+    if rank == 0:
+        out["eval"] = [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+    # ZeRO-3 with offload also recomputes activations in the backward pass (which gathers the
+    # parameters again) and plans micro-batches by tokens: 1 on rank 0 and 2 on rank 1, which
+    # the trainer evens out to 2 each, or rank 0 would leave rank 1 waiting in a gather.
+    budget = ("model.gradient_checkpointing=true", "train.max_tokens_per_micro_batch=24")
+    for name, more in (("zero2_offload", ()), ("zero3_offload", budget)):
+        run = Run(name, *more)
+        for seq in (0, 1):
+            run.step(seq)
+        out["diff"][name] = max_diff(load_state_dict(run.publish(name)), v2)
+        first[name] = run.metrics[0]
+        out.setdefault("offloaded", {})[name] = [run.engine.zero_offload_optimizer() is not None,
+                                                  run.engine.zero_offload_param() is not None]
+        del run
+    sizes = [(len(e.prompt_ids), len(e.completion_ids)) for e in BATCHES[0].episodes]
+    sizes = sizes[2 * rank : 2 * rank + 2]
+    own = len(micro_batch_ranges([sizes[i] for i in length_order(sizes)], 2, 24, False))
+    out["own_micro_batches"] = [None, None]
+    dist.all_gather_object(out["own_micro_batches"], own)
+
+    out["first_step"] = {k: [m["loss"], m["grad_norm"]] for k, m in first.items()}
+
+    # LoRA: the adapter, gathered, written as ZeRO-2 writes it.
+    lora = Run("zero3", "model.lora.enabled=true")
+    lora.step(0)
+    adapter = load_state_dict(lora.publish("lora"))
+    trained = {k.replace(".default", ""): v for k, v in lora.gathered(True).items()}
+    out["lora"] = {
+        "same_keys": adapter.keys() == trained.keys(),
+        "equal": all(torch.equal(adapter[k], trained[k]) for k in adapter),
+        "b_trained": all(bool(adapter[k].abs().sum() > 0) for k in adapter if "lora_B" in k),
+        "shapes": sorted({tuple(v.shape) for v in adapter.values()}),
+    }
+
+    # PPO's critic, partitioned like the policy: values, GAE, an update of the critic alone.
+    gae = config("zero3", "algo.advantage=gae")
+    critic = Critic(gae, zero3.ds)
+    scored = score_on_ranks(zero3.engine.module, zero3.reference, BATCHES[0], gae, 1, pad)
+    exp, _ = build_experience(scored, gae, 0.0)
+    mine = exp.rows(range(2 * rank, 2 * rank + 2))
+    before = critic.values(mine, pad)
+    metrics = ppo_update(zero3.engine, critic, mine, gae, pad, train_policy=False)
+    after = critic.values(mine, pad)
+    out["critic"] = {"vf_loss": metrics["vf_loss"],
+                     "moved": float((after - before).abs().max())}
+    if rank == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_zero3_and_offload_on_two_ranks(tmp_path: Path, tiny_model_dir: Path) -> None:
+    files = _as_tested(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    script = tmp_path / "zero3.py"
+    script.write_text(_SCRIPT)
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           f"--master_port={free_port()}", str(script), str(tiny_model_dir), str(tmp_path),
+           json.dumps(files)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    r = json.loads(line.removeprefix("RESULT "))
+    print(f"\nzero3: weights moved {r['moved']:.2e} from the start; differences from ZeRO-2: "
+          f"{r['diff']}; log-probs {r['old_logp_diff']:.1e} (old), {r['ref_logp_diff']:.1e} "
+          "(reference)")  # fmt: skip
+
+    # The ZeRO-3 version: the files ZeRO-2 writes, whole tensors, the gathered values.
+    assert r["partitioned"], "the ZeRO-3 run's parameters were not partitioned"
+    assert r["files"] == ["config.json", "generation_config.json", "model.safetensors",
+                          "version.json"]  # fmt: skip
+    assert r["full_shapes"] and r["equals_gathered"]
+    # The first step's loss and gradient norm: the same weights and data, so the same numbers
+    # up to the order of fp32 sums (Adam would hide a gradient off by a constant factor).
+    want_loss, want_norm = r["first_step"]["zero2"]
+    for name, (loss, norm) in r["first_step"].items():
+        assert loss == pytest.approx(want_loss, rel=1e-5), name
+        assert norm == pytest.approx(want_norm, rel=1e-5), name
+    # 2 steps at lr 1e-3 move the weights by up to 2e-3 (Adam's first steps are about +-lr
+    # wherever a gradient is well above eps). ZeRO-2 all-reduces gradient buckets, ZeRO-3
+    # reduce-scatters partitions: fp32 sums in another order. Where a gradient is a nearly
+    # cancelling sum that rounding is a larger share of it and moves the step by a fraction
+    # of lr: measured 2.6e-6 (7 of the 3.2 M weights beyond 1e-7). Tolerance 1e-5, 1% of lr;
+    # a wrong update differs by about lr.
+    assert r["moved"] > 1e-3
+    for name, diff in r["diff"].items():
+        assert diff < 1e-5, (name, diff)
+    # Scoring with the partitioned policy and reference: the same forward, the same numbers.
+    assert r["old_logp_diff"] < 1e-5 and r["ref_logp_diff"] < 1e-5
+    assert r["offloaded"] == {"zero2_offload": [True, False], "zero3_offload": [True, True]}
+    assert r["own_micro_batches"] == [1, 2]
+
+    # Resume: the second batch trained again from the saved state, bit for bit.
+    assert r["resumed_diff"] == 0.0
+    assert "saved with zero_stage=3, this run has zero_stage=2" in r["stage_refused"]
+
+    # Lockstep evaluation: every question once, greedy answers as the unpartitioned weights
+    # give them. (Sampled answers depend on the rows generated together, and a rank that
+    # repeats a question to keep step generates more.)
+    partitioned, plain = r["eval"]
+    greedy = ("n", "accuracy", "format_rate")
+    assert partitioned["n"] == 3 and "pass@2" in partitioned, partitioned
+    assert {k: partitioned[k] for k in greedy} == {k: plain[k] for k in greedy}, r["eval"]
+
+    lora = r["lora"]
+    assert lora["same_keys"] and lora["equal"] and lora["b_trained"], lora
+    assert [16, 64] in lora["shapes"] and [64, 16] in lora["shapes"], lora  # whole, r = 16
+    assert r["critic"]["vf_loss"] > 0 and r["critic"]["moved"] > 0, r["critic"]
+
+
+@pytest.mark.slow
+def test_a_zero3_offload_run_publishes_evaluates_and_resumes(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The whole pipeline with ZeRO-3 and CPU offload, PPO's critic, the reference on the
+    trainer and its evaluation (3 questions over 2 ranks); then the finished run resumed,
+    which republishes its last version from the saved state (every rank gathering)."""
+    from safetensors.torch import load_file
+
+    from tests.test_integration import tiny_config
+
+    files = _as_tested(tmp_path)
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        data={"reward": "tests.rewards_for_tests:even_length_is_correct"},
+        train={"total_steps": 2, "state_interval": 1, "logprobs_on": "trainer",
+               "deepspeed_config": files["zero3_offload"]},
+        algo={"advantage": "gae", "lam": 0.9, "kl_loss_coef": 0.01},
+        eval={"interval": 1, "num_questions": 3, "max_new_tokens": 8, "samples": 2},
+    )  # fmt: skip
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    run_dir = tmp_path / "runs" / "tiny"
+    reloads = re.findall(r"reloaded weights: version (\d+) -> (\d+)", log)
+    assert ("0", "1") in reloads, log[-4000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["published_version"] for r in rows] == [1, 2]
+    assert all(r["vf_loss"] > 0 for r in rows) and rows[1]["kl"] > 0  # critic, reference
+    evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [(e["version"], e["n"]) for e in evals] == [(0, 3), (1, 3), (2, 3)]
+    final = run_dir / "versions" / "v000002" / "model.safetensors"
+    weights, initial = load_file(final), load_file(tiny_model_dir / "model.safetensors")
+    assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in initial.items()}
+    marker = json.loads((run_dir / "train_state" / "COMPLETE").read_text())
+    assert marker["zero_stage"] == 3 and marker["step"] == 2
+
+    shutil.copy(final, tmp_path / "v2.safetensors")
+    again = run_launch(config, [*transport_overrides(), "--resume"], timeout=300,
+                       env={"ROLE": "trainer"})  # fmt: skip
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert "resumed from" in again.stdout + again.stderr
+    republished = json.loads((final.parent / "version.json").read_text())["time"]
+    assert republished > rows[-1]["time"]  # written again, by the resumed trainer
+    assert (tmp_path / "v2.safetensors").read_bytes() == final.read_bytes()
+
+
+def test_the_docs_name_every_shipped_deepspeed_file() -> None:
+    text = (REPO / "docs" / "gpus.md").read_text()
+    for path in SHIPPED.glob("*.json"):
+        assert f"configs/deepspeed/{path.name}" in text, path.name
