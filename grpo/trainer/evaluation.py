@@ -15,6 +15,7 @@ import torch.distributed as dist
 from grpo.config import Config
 from grpo.evaluation import EvalSpec, eval_prompts, question_results, summarise
 from grpo.rollout.hf import HFRollout
+from grpo.rollout.multi_turn import with_tools
 from grpo.tasks import get_task, run_reward
 
 log = logging.getLogger("grpo.trainer")
@@ -42,7 +43,8 @@ class VersionEvaluator:
         kept_config, was_training = model.generation_config, model.training
         model.eval()
         try:  # HFRollout strips the generation config, which versions save: put it back after
-            engine = HFRollout(model, self.tokenizer)
+            # with the run's tools, as the sampler answers (eval.max_new_tokens bounds it all)
+            engine = with_tools(HFRollout(model, self.tokenizer), self.cfg.rollout, self.tokenizer)
             results = question_results(
                 engine, self.prompts, mine, self.tokenizer, self.reward_fn, self.spec, version,
                 progress=self.rank == 0,
