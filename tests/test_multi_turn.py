@@ -1,5 +1,6 @@
 """Multi-turn answers with tools: the loop over an engine (grpo.rollout.multi_turn) with a
-scripted engine and with the real model."""
+scripted engine and with the real model, and the trainer's side: a tool's tokens count nowhere
+in the loss, the KL, the entropy or the advantages."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from grpo.algos import kl_penalty, masked_mean
 from grpo.config import load_config
+from grpo.core.episode import Episode, EpisodeBatch
 from grpo.logprobs import Truncation, pairs_logprobs, score_for_training
 from grpo.models import load_causal_lm, load_tokenizer
 from grpo.rollout.multi_turn import MultiTurnEngine, tool_info, with_tools
 from grpo.tasks import get_task, score
 from grpo.tools import Toolbox, get_tool
+from grpo.trainer.experience import build_experience
+from grpo.trainer.objective import micro_batch_loss
 from tests.plugins.tool_engine import FINAL, LOGP, ToolEngine
 
 CALCULATOR = Toolbox([get_tool("calculator")])
@@ -163,3 +168,85 @@ def test_the_hf_engine_calls_the_calculator_token_in_token_out(base_model_dir):
     sampled = out.logp[0].numpy()
     model_tokens = g.loss_mask == 1
     np.testing.assert_allclose(sampled[model_tokens], best[model_tokens], atol=1e-4)
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def _tiny_lm():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+PROMPTS = [np.array([5, 6, 7], np.int32), np.array([8, 9], np.int32)]
+COMPLETIONS = [np.array([11, 12, 13, 14, 15, 16, 17, 18], np.int32),
+               np.array([21, 22, 23, 24, 25], np.int32)]  # fmt: skip
+# 1 = the model's token, 0 = a tool's: a call, a result, an answer; a single-turn one
+MASKS = [np.array([1, 1, 0, 0, 0, 1, 1, 1], np.uint8), np.ones(5, np.uint8)]
+
+
+def _batch(old: list[np.ndarray], ref: list[np.ndarray], masked: bool) -> EpisodeBatch:
+    episodes = [
+        Episode(PROMPTS[i], COMPLETIONS[i], old[i], ref[i], float(i == 0), {}, "stop", 0,
+                loss_mask=MASKS[i] if masked else None)
+        for i in range(2)
+    ]  # fmt: skip
+    return EpisodeBatch(episodes, group_size=2, policy_version=0, seq=0)
+
+
+def _with_garbage(arrays: list[np.ndarray], value: float) -> list[np.ndarray]:
+    """`arrays` with `value` on the tool's tokens."""
+    return [
+        np.where(m == 1, a, value).astype(np.float32) for a, m in zip(arrays, MASKS, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("loss", ["grpo", "gspo"])
+def test_a_tools_tokens_add_nothing_to_the_loss(loss):
+    """Old and reference log-probs that are garbage on the tool's tokens leave the loss, its
+    gradients and its token count as they were, and the loss is the mean over the model's
+    tokens only of the policy, KL and entropy terms; without the mask the garbage counts."""
+    cfg = load_config(None, [f"algo.loss={loss}", "algo.kl_loss_coef=0.5",
+                             "algo.entropy_coef=0.1", "algo.agg=token-mean"])  # fmt: skip
+    model = _tiny_lm()
+    with torch.no_grad():
+        scored = pairs_logprobs(model, PROMPTS, COMPLETIONS, packed=False, pad_id=0)
+    old = [scored.logp[i, : len(c)].numpy() for i, c in enumerate(COMPLETIONS)]
+    ref = [o - 0.3 for o in old]  # a reference the policy has drifted from
+
+    def run(batch: EpisodeBatch):
+        model.zero_grad()
+        exp, _ = build_experience(batch, cfg, kl_coef=0.0)
+        loss_t, mask, metrics = micro_batch_loss(model, exp, cfg, pad_id=0)
+        loss_t.backward()
+        return exp, loss_t.detach(), mask, [p.grad.clone() for p in model.parameters()]
+
+    exp, base, mask, grads = run(_batch(old, ref, masked=True))
+    model_tokens = sum(int(m.sum()) for m in MASKS)
+    assert exp.loss_tokens() == int(mask.sum()) == model_tokens == 10
+    assert (exp.advantages[0, 2:5] == 0).all() and (exp.advantages[0, [0, 1, 5, 6, 7]] != 0).all()
+    for value in (25.0, -40.0):
+        _, again, _, grads_again = run(_batch(_with_garbage(old, value), _with_garbage(ref, value),
+                                              masked=True))  # fmt: skip
+        assert torch.allclose(base, again, atol=1e-6)
+        for a, b in zip(grads, grads_again, strict=True):
+            assert torch.allclose(a, b, atol=1e-6)
+    _, unmasked, _, _ = run(_batch(_with_garbage(old, 25.0), _with_garbage(ref, 25.0), False))
+    assert not torch.allclose(base, unmasked, atol=1e-3)
+
+    if loss == "grpo":  # ratio 1 (old = this forward's): -A + c_kl * KL - c_ent * H per token
+        with torch.no_grad():
+            now = pairs_logprobs(model, PROMPTS, COMPLETIONS, packed=False, pad_id=0,
+                                 with_entropy=True)  # fmt: skip
+            ref_t = torch.nn.functional.pad(torch.as_tensor(ref[1]), (0, 3))
+            refs = torch.stack([torch.as_tensor(ref[0]), ref_t])
+            m = exp.mask
+            want = (masked_mean(-exp.advantages, m)
+                    + 0.5 * masked_mean(kl_penalty(now.logp, refs, "k3"), m)
+                    - 0.1 * masked_mean(now.entropy, m))  # fmt: skip
+        assert torch.allclose(base, want, atol=1e-5)
