@@ -100,6 +100,7 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
     from grpo.evaluation import EvalSpec, eval_prompts, evaluate
     from grpo.models import load_tokenizer, resolve_model_path
     from grpo.rollout.hf import HFRollout
+    from grpo.rollout.multi_turn import with_tools
     from grpo.sampler.weights import Weights
     from grpo.tasks import RewardRunner, get_task, run_reward
 
@@ -115,7 +116,7 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
     for v in versions:  # all present before the first (minutes of) generation
         if v:
             verify_version(version_dir(cfg.run_dir, v))
-    engine, rows = HFRollout(policy, tokenizer), []
+    engine, rows = with_tools(HFRollout(policy, tokenizer), cfg.rollout, tokenizer), []
     with RewardRunner(reward_fn, cfg.reward.workers, cfg.reward.timeout_s) as rewards:
         for v in versions:
             if v:

@@ -65,3 +65,10 @@ def test_a_log_prob_that_is_not_finite_does_not_fit(name):
     values = getattr(batch.columns, name).copy()
     values[len(values) // 2] = np.nan
     assert name in misfit(_with_columns(batch, **{name: values}), FITS)
+
+
+def test_a_multi_turn_batch_with_its_loss_mask_fits():
+    """The mask describes its own batch (which tokens the model sampled): a trainer takes it
+    whatever its own rollout.max_turns, and masks the tool's tokens."""
+    batch = make_batch(mask=True)
+    assert batch.columns.loss_mask is not None and misfit(batch, FITS) is None

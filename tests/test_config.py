@@ -85,6 +85,10 @@ def test_exponent_without_dot_is_a_float_in_yaml_and_overrides(tmp_path):
         ("rollout.stop=['']", "rollout.stop holds an empty string"),
         ("rollout.vllm.gpu_memory_utilization=1.5", "gpu_memory_utilization in (0, 1]"),
         ("train.logprobs_on=both", "train.logprobs_on must be one of 'sampler' | 'trainer'"),
+        ("rollout.max_turns=0", "rollout.max_turns must be >= 1"),
+        ("rollout.max_turn_tokens=-1", "rollout.max_turn_tokens >= 0"),
+        ("rollout.max_turns=4", "rollout.max_turns=4 needs a tool to call between turns"),
+        ("rollout.tools=[calculator]", "set rollout.max_turns > 1"),
     ],
 )
 def test_errors_name_the_key(override, message):
@@ -167,14 +171,30 @@ def test_rollout_correction_threshold_is_checked_with_vllm():
         ("data.task=gsm9k", "did you mean 'gsm8k'?"),
         ("data.task=no_such_pkg_xyz:TASK", "could not import task module 'no_such_pkg_xyz'"),
         ("algo.loss=tests.rewards_for_tests:NOPE", "has no attribute 'NOPE'"),
+        (
+            "rollout.tools=[calculator, calculater]",
+            "rollout.tools: unknown tool 'calculater'; valid: calculator, or your own as "
+            "'package.module:name'; did you mean 'calculator'?",
+        ),
+        ("rollout.tools=[calculator, tests.test_tools:CALC]", "two tools share a name"),
     ],
 )
 def test_names_are_checked_against_the_registries(override, message):
     from grpo.config.names import check_names
 
+    overrides = [override, "rollout.max_turns=2"] if "tools" in override else [override]
     with pytest.raises(ConfigError) as e:
-        check_names(load_config(DEMO, [override]))
+        check_names(load_config(DEMO, overrides))
     assert message in str(e.value)
+
+
+def test_the_calculator_config_checks():
+    from grpo.config.names import check_names
+
+    cfg = load_config("configs/gsm8k_calculator.yaml")
+    check_names(cfg)
+    assert cfg.rollout.max_turns > 1 and cfg.rollout.tools == ["calculator"]
+    assert "<calc>" in cfg.data.system_prompt  # the model is told the syntax
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 from typing import Any
 
@@ -30,7 +31,7 @@ from grpo.wire.codec import (
 
 
 def make_episode(
-    rng: np.random.Generator, group_id: int, completion_len: int, rollout: bool
+    rng: np.random.Generator, group_id: int, completion_len: int, rollout: bool, mask: bool = False
 ) -> Episode:
     c = completion_len
     return Episode(
@@ -43,12 +44,14 @@ def make_episode(
         finish_reason="stop" if rng.integers(2) else "length",
         group_id=group_id,
         rollout_logp=-rng.random(c, dtype=np.float32) if rollout else None,
+        loss_mask=rng.integers(0, 2, size=c, dtype=np.uint8) if mask else None,
     )
 
 
 def make_batch(
-    seed: int = 0, num_groups: int = 3, group_size: int = 4, rollout: bool = True
-) -> EpisodeBatch:
+    seed: int = 0, num_groups: int = 3, group_size: int = 4, rollout: bool = True,
+    mask: bool = False,
+) -> EpisodeBatch:  # fmt: skip
     rng = np.random.default_rng(seed)
     eps = []
     for g in range(num_groups):
@@ -56,7 +59,7 @@ def make_batch(
         for _ in range(group_size):
             # Zero-length completions are legal and exercise empty slices.
             c = int(rng.integers(0, 12)) if rng.random() > 0.2 else 0
-            eps.append(make_episode(rng, gid, c, rollout))
+            eps.append(make_episode(rng, gid, c, rollout, mask))
     return EpisodeBatch(
         episodes=tuple(eps),
         group_size=group_size,
@@ -92,10 +95,11 @@ def assert_episodes_identical(a: Episode, b: Episode) -> None:
         x, y = getattr(a, name), getattr(b, name)
         assert y.dtype == (np.int32 if "ids" in name else np.float32)
         assert x.tobytes() == y.tobytes()  # bit-identical
-    if a.rollout_logp is None:
-        assert b.rollout_logp is None
-    else:
-        assert a.rollout_logp.tobytes() == b.rollout_logp.tobytes()
+    for name in ("rollout_logp", "loss_mask"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.tobytes() == y.tobytes()
     assert a.reward == b.reward
     assert a.reward_info == b.reward_info
     assert a.finish_reason == b.finish_reason
@@ -131,6 +135,53 @@ def test_round_trip(rollout: bool, seed: int) -> None:
     out = decode(received(frames))
     assert isinstance(out, EpisodeBatch)
     assert_batches_identical(batch, out)
+
+
+@pytest.mark.parametrize("rollout", [True, False])
+def test_round_trip_with_a_loss_mask(rollout: bool) -> None:
+    """A multi-turn batch: the per-token loss mask is one more array frame, uint8."""
+    batch = make_batch(seed=4, rollout=rollout, mask=True)
+    frames = encode_batch(batch)
+    assert len(frames) == (7 if rollout else 6)
+    assert header_of(frames)["arrays"][-1] == {
+        "name": "loss_mask", "dtype": "uint8", "count": len(batch.columns.completion_ids),
+    }  # fmt: skip
+    out = decode(received(frames))
+    assert_batches_identical(batch, out)
+    assert out.columns.loss_mask.dtype == np.uint8
+    sub = out.select_groups(1, 2)  # slices of the mask travel with their episodes
+    assert_episodes_identical(batch.episodes[4], sub.episodes[0])
+
+
+def test_a_single_turn_batch_encodes_to_the_bytes_it_did_before_the_loss_mask() -> None:
+    """No mask, no trace of one: these frames' digest was taken with the codec as it was before
+    the loss mask existed (commit 2da8e76), so single-turn runs send exactly what they sent."""
+    eps = []
+    for k in range(4):
+        c = np.arange(k + 1, dtype=np.int32) + 10 * k
+        lp = -np.linspace(0.25, 1.0, k + 1).astype(np.float32)
+        eps.append(Episode(np.arange(3, dtype=np.int32) + k, c, lp, lp * 2, 0.5 * k,
+                           {"correct": k == 1, "pred": str(k)}, ("stop", "length")[k % 2],
+                           7 + k // 2, lp * 3))  # fmt: skip
+    frames = encode_batch(EpisodeBatch(eps, 2, 3, 11, "sampler-0", {"gen_s": 1.5}))
+    digest = hashlib.sha256(b"".join(bytes(f) for f in frames)).hexdigest()
+    assert len(frames) == 6
+    assert digest == "0b13ca7a9ac6e8dd1bd815790c4786b73448716a5129e7218d7cc6d5eee8f329"
+
+
+def test_a_loss_mask_on_some_episodes_is_all_ones_on_the_others() -> None:
+    """Dropping the batch's mask, as a partial rollout_logp is dropped, would train on a tool's
+    tokens: the episodes without one are all the model's."""
+    batch = make_batch(seed=5, num_groups=1, group_size=2, mask=True)
+    first, second = batch.episodes
+    bools = _replace(first, loss_mask=first.loss_mask.astype(bool))  # bool masks are accepted
+    out = decode(received(encode_batch(EpisodeBatch([bools, _replace(second, loss_mask=None)],
+                                                    2, 0, 0))))  # fmt: skip
+    got_first, got_second = out.episodes
+    assert np.array_equal(got_first.loss_mask, first.loss_mask)
+    assert (got_second.loss_mask == 1).all() and len(got_second.loss_mask) == len(
+        second.completion_ids
+    )
 
 
 def test_round_trip_all_empty_completions() -> None:
@@ -323,6 +374,11 @@ def _replace(ep: Episode, **kw: Any) -> Episode:
     return Episode(**fields)
 
 
+def _masked(ep: Episode, value: int, dtype: type, extra: int = 0) -> Episode:
+    """`ep` with the long enough (plus `extra`) loss mask of `value`s, as `dtype`."""
+    return _replace(ep, loss_mask=np.full(len(ep.completion_ids) + extra, value, dtype))
+
+
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [
@@ -343,6 +399,12 @@ def _replace(ep: Episode, **kw: Any) -> Episode:
         ),
         (lambda eps: (_replace(eps[0], group_id=True), *eps[1:]), "group_id"),
         (lambda eps: ("not an episode", *eps[1:]), "not Episode"),
+        (lambda eps: (_masked(eps[0], 1, np.uint8, extra=1), *eps[1:]), "loss_mask has length"),
+        (lambda eps: (_masked(eps[0], 1, np.float32), *eps[1:]), "loss_mask has dtype"),
+        # another integer type could wrap when cast (256 -> 0); a value 2 means nothing
+        (lambda eps: (_masked(eps[0], 256, np.int64), *eps[1:]), "loss_mask has dtype"),
+        (lambda eps: (_masked(eps[0], 1, np.uint16), *eps[1:]), "uint8 or bool"),
+        (lambda eps: (_masked(eps[0], 2, np.uint8), *eps[1:]), "other than 0 and 1"),
     ],
 )
 def test_post_init_errors(mutate: Any, match: str) -> None:
@@ -453,6 +515,21 @@ def test_rejects_extra_array_descriptor_field() -> None:
     arrays[0]["shape"] = [3]
     with pytest.raises(FrameError, match="unexpected"):
         decode(with_header(GOOD_FRAMES, arrays=arrays))
+
+
+def test_rejects_a_bad_loss_mask_frame() -> None:
+    frames = received(encode_batch(make_batch(seed=1, num_groups=2, group_size=2, mask=True)))
+    header = bytes(frames[0])[8:]
+    mask = bytearray(frames[-1])
+    mask[0] = 2
+    with pytest.raises(FrameError, match="loss_mask holds a value other than 0 and 1"):
+        decode(seal(header, [*frames[1:-1], bytes(mask)]))
+    with pytest.raises(FrameError, match="loss_mask: 1 bytes for"):
+        decode(seal(header, [*frames[1:-1], frames[-1][:1]]))
+    arrays = header_of(frames)["arrays"]
+    arrays[-1]["dtype"] = "float32"
+    with pytest.raises(FrameError, match="must be uint8"):
+        decode(with_header(frames, arrays=arrays))
 
 
 def test_rejects_mismatched_lengths() -> None:

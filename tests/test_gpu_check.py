@@ -35,6 +35,10 @@ def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_di
     overrides = [f"model.path={tiny_model_dir}", *SHRINK, f"train.num_ranks={ranks}"]
     if "dapo" in config:  # DAPO's overlong buffer must fit the 12 tokens
         overrides.append("algo.overlong_buffer=4")
+    if "calculator" in config:  # a random model never writes a call: a scripted engine does,
+        # so masks with a tool's tokens in them cross the wire and reach the loss
+        overrides += ["rollout.backend=tests.plugins.tool_engine:build",
+                      "rollout.max_new_tokens=40"]  # fmt: skip
     (r,) = gpu_check.run([config], 2, False, overrides, tmp_path)
     table = gpu_check.table([r])
     assert r.config == config and r.exit_code == 0 and r.steps == 2, f"{config}:\n{r.log_tail}"
@@ -48,6 +52,13 @@ def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_di
     assert [m["policy_version"] for m in metrics] == want
     assert all(math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in metrics)
     assert all(m["policy_steps_skipped"] == 0 for m in metrics)
+    if "calculator" in config:  # each group of 4: two calls, one refused (1/0), one answer
+        # without a call (tests/plugins/tool_engine.py)
+        assert all((m["turns_mean"], m["tool_calls_mean"], m["tool_errors_mean"])
+                   == (1.75, 0.75, 0.25) for m in metrics), metrics[0]  # fmt: skip
+        assert all(0 < m["tool_token_frac"] < 0.5 for m in metrics)  # the masks arrived
+    else:
+        assert "turns_mean" not in metrics[0] and "tool_token_frac" not in metrics[0]
     if "ppo" in config:  # the critic trained too, and KL was charged in the reward
         assert all(math.isfinite(m["vf_loss"]) and "vf_explained_var" in m for m in metrics)
         assert metrics[1]["kl_reward_coef"] != metrics[0]["kl_reward_coef"]  # adaptive

@@ -148,6 +148,29 @@ def test_stop_strings_end_answers_like_hf(engine, base_model_dir):
             assert " " in text and " " not in tok.decode(g.completion_ids[:-1].tolist())
 
 
+def test_multi_turn_answers_call_the_calculator_token_in_token_out(engine, hf_base, base_model_dir):
+    """The multi-turn loop over vLLM, greedy after two worked examples: the model calls the
+    calculator; vLLM kept the tokens of the closing tag it stopped at; the result's tokens are
+    exactly its tokenisation, masked and without engine log-probs; and the engine's log-probs
+    of both turns' tokens are HF's over the answer's ids, so turn 2 read exactly those ids."""
+    from grpo.rollout.multi_turn import MultiTurnEngine
+    from tests.test_multi_turn import CALCULATOR, few_shot_prompt, ids_of
+
+    tok = load_tokenizer(base_model_dir)
+    loop = MultiTurnEngine(engine, tok, CALCULATOR, max_turns=3)
+    (g,) = loop.generate([few_shot_prompt(tok)], n=1, max_new_tokens=40, greedy=True)
+    text = tok.decode(g.completion_ids)
+    assert g.tool_calls == 1 and g.turns == 2 and "<calc>12*7</calc>" in text, text
+    tool = g.loss_mask == 0
+    assert g.completion_ids[tool].tolist() == ids_of(tok, "<result>84</result>"), text
+    assert "</calc>" in tok.decode(g.completion_ids[: np.flatnonzero(tool)[0]])
+    assert (g.rollout_logp[tool] == 0).all()
+    (hf,), _ = hf_logprobs(hf_base, [g])
+    mean, worst = diff_stats([g.rollout_logp[~tool]], [hf[~tool]])
+    print(f"\nvLLM vs HF log-probs over two turns: mean |diff| {mean:.2e}, max {worst:.2e}")
+    assert mean < MEAN_TOL and worst < MAX_TOL
+
+
 def perturbed_version(base_model_dir, dest, seed: int, max_shard_size: str = "5GB"):
     """A published version dir (as the trainer writes it) with visibly different weights."""
     model = load_causal_lm(base_model_dir, "float32", "sdpa")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from grpo.config.sections import Config, TransportConfig
+    from grpo.config.sections import Config, RolloutConfig, TransportConfig
 
 
 class ConfigError(ValueError):
@@ -168,6 +168,7 @@ def _check_rollout(cfg: Config) -> None:
         )
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
+    _check_turns(r)
     if cfg.algo.rollout_correction != "none":
         if r.backend != "vllm":
             raise ConfigError(
@@ -208,6 +209,24 @@ def _check_reward(cfg: Config) -> None:
         raise ConfigError(
             "reward_server.batch_size, max_batch, max_new_tokens and max_tokens must be >= 1, "
             "batch_wait_ms >= 0"
+        )
+
+
+def _check_turns(r: RolloutConfig) -> None:
+    if r.max_turns < 1 or r.max_turn_tokens < 0:
+        raise ConfigError(
+            f"rollout.max_turns must be >= 1 and rollout.max_turn_tokens >= 0, got "
+            f"{r.max_turns} and {r.max_turn_tokens}"
+        )
+    if r.max_turns > 1 and not r.tools:
+        raise ConfigError(
+            f"rollout.max_turns={r.max_turns} needs a tool to call between turns: set "
+            "rollout.tools (e.g. [calculator]), or max_turns 1"
+        )
+    if r.max_turns == 1 and r.tools:
+        raise ConfigError(
+            f"rollout.tools {r.tools} are called only between turns: set rollout.max_turns > 1, "
+            "or tools []"
         )
 
 

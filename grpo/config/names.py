@@ -29,6 +29,7 @@ def check_names(cfg: Config) -> None:
             lookup(value)
         except ValueError as e:
             raise ConfigError(f"{key}: {e}") from None
+    _check_tools(cfg.rollout.tools)
     _check_loss_options(cfg, get_policy_loss(cfg.algo.loss))
     _check_trackers(cfg)
     if cfg.algo.advantage != GAE:
@@ -36,6 +37,18 @@ def check_names(cfg: Config) -> None:
             advantage_kind(cfg.algo.advantage)
         except ValueError as e:
             raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
+
+
+def _check_tools(names: list[str]) -> None:
+    """Each tool in rollout.tools must be known, and their names and tags distinct."""
+    from grpo.tools import Toolbox, get_tool
+
+    if not names:
+        return
+    try:
+        Toolbox([get_tool(name) for name in names])
+    except ValueError as e:
+        raise ConfigError(f"rollout.tools: {e}") from None
 
 
 def _check_loss_options(cfg: Config, loss: object) -> None:

@@ -242,6 +242,18 @@ def _engine_rows() -> list[tuple[str, ...]]:
     return rows
 
 
+def _tool_rows() -> list[tuple[str, ...]]:
+    from grpo.tools import get_tool, tool_names
+
+    rows = []
+    for name in tool_names():
+        tool = get_tool(name)
+        if _builtin(tool.run):
+            call = _code(f"{tool.open_tag}...{tool.close_tag}")
+            rows.append((_code(name), call, _code(_qualname(tool.run)), _summary(tool.run)))
+    return rows
+
+
 def _registry_tables() -> list[str]:
     lines = ["", "## Policy losses and their defaults", "", *_LOSS_NOTE.splitlines(), ""]
     lines += _table(("`algo.loss`", "function", *(_code(o) for o in LOSS_OPTIONS)), _loss_rows())
@@ -268,6 +280,14 @@ def _registry_tables() -> list[str]:
         "",
     ]
     lines += _table(("`rollout.backend`", "factory"), _engine_rows())
+    lines += ["", "## Tools", ""]
+    lines += [
+        "`rollout.tools` (with `rollout.max_turns` > 1) takes these names, or your own",
+        "`grpo.tools.Tool` as `package.module:name`: the model writes the call, the result comes",
+        "back as `<result>...</result>` ([tools.md](tools.md)).",
+        "",
+    ]
+    lines += _table(("`rollout.tools`", "call", "function", "what"), _tool_rows())
     return lines
 
 

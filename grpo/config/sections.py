@@ -174,7 +174,25 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling mass")
     top_k: int = _f(0, "sample from the k most likely tokens only (0 = off)")
     stop: list[str] = _f([], "stop strings: an answer ends once its text contains one")
-    max_new_tokens: int = _f(256, "longest answer; longer ones end with finish_reason 'length'")
+    max_new_tokens: int = _f(
+        256,
+        "longest answer, every turn and tool result included; longer ones end with "
+        "finish_reason 'length'",
+    )
+    max_turns: int = _f(
+        1,
+        "model turns per answer; above 1, a turn that ends in a tool call (rollout.tools) gets "
+        "the tool's result appended, masked out of the loss, and the model goes on "
+        "(docs/tools.md); 1 = single-turn answers",
+    )
+    tools: list[str] = _f(
+        [],
+        "tools the model may call when max_turns > 1: a registered name (calculator: "
+        "<calc>12*7</calc>) or your own grpo.tools.Tool as 'package.module:name'",
+    )
+    max_turn_tokens: int = _f(
+        0, "most tokens the model samples in one turn (0 = what is left of max_new_tokens)"
+    )
     seed: int = _f(0, "sampling seed; batch k uses seed + k")
     generation_batch_size: int = _f(16, "sequences per generate() call")
     hf_cache: Literal["dynamic", "static"] = _f(

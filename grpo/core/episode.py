@@ -24,13 +24,19 @@ ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
     ("old_logp", "float32", "completion_len"),
     ("ref_logp", "float32", "completion_len"),
     ("rollout_logp", "float32", "completion_len"),
+    ("loss_mask", "uint8", "completion_len"),
 )
-# Per-token log-probs a batch may leave out (None for the whole batch): the old-policy and
-# reference ones when the trainer computes them (train.logprobs_on: trainer), the rollout
-# engine's when the backend reports none.
-OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp")
+# Per-token arrays a batch may leave out (None for the whole batch): the old-policy and
+# reference log-probs when the trainer computes them (train.logprobs_on: trainer), the rollout
+# engine's when the backend reports none, and the loss mask of single-turn answers (every
+# token the model's), so that their frames are what they were before multi-turn answers.
+OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp", "loss_mask")
 # Wire dtypes are explicit little-endian so sender and receiver agree on any host.
-WIRE_DTYPES: dict[str, np.dtype] = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4")}
+WIRE_DTYPES: dict[str, np.dtype] = {
+    "int32": np.dtype("<i4"),
+    "float32": np.dtype("<f4"),
+    "uint8": np.dtype("u1"),
+}
 ARRAY_DTYPES = {name: dtype for name, dtype, _ in ARRAY_SPECS}
 ARRAYS_BY_LENGTH = {
     lens: tuple(name for name, _, by in ARRAY_SPECS if by == lens)
@@ -59,6 +65,9 @@ class Episode:
     finish_reason: str  # "stop" | "length"
     group_id: int  # dataset row index; shared by the episodes of one group
     rollout_logp: np.ndarray | None = None  # float32 [C], as the rollout engine computed it
+    # uint8 or bool [C]: 1 on the tokens the model sampled, 0 on a tool's results (a multi-turn
+    # answer, grpo.rollout.multi_turn); None: every token is the model's.
+    loss_mask: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +83,7 @@ class Columns:
     old_logp: np.ndarray | None  # float32, aligned with completion_ids, or None (whole batch)
     ref_logp: np.ndarray | None  # idem
     rollout_logp: np.ndarray | None  # idem
+    loss_mask: np.ndarray | None  # uint8 0/1, aligned with completion_ids, or None (all 1)
     prompt_len: np.ndarray  # int64 [N]
     completion_len: np.ndarray  # int64 [N]
     reward: np.ndarray  # float64 [N]
@@ -161,8 +171,8 @@ class EpisodeBatch:
         return [eps[i * g : (i + 1) * g] for i in range(self.num_groups)]
 
     def with_arrays(self, **per_episode: Sequence[np.ndarray]) -> EpisodeBatch:
-        """A new batch with optional per-token arrays (old_logp, ref_logp, rollout_logp) set
-        from one array per episode, e.g. the log-probs the trainer computed itself."""
+        """A new batch with optional per-token arrays (OPTIONAL_ARRAYS) set from one array per
+        episode, e.g. the log-probs the trainer computed itself."""
         unknown = set(per_episode) - set(OPTIONAL_ARRAYS)
         if unknown:
             raise ValueError(f"with_arrays sets only {OPTIONAL_ARRAYS}, not {sorted(unknown)}")
@@ -222,9 +232,13 @@ def _check_episode(ep: object, i: int) -> None:
     for name in OPTIONAL_ARRAYS:
         if getattr(ep, name) is None:
             continue
-        m = _check_1d(getattr(ep, name), "f", f"episodes[{i}].{name}")
+        # A mask of another integer type could wrap when cast to uint8 (256 -> 0): refused.
+        kinds = "bu" if name == "loss_mask" else "f"
+        m = _check_1d(getattr(ep, name), kinds, f"episodes[{i}].{name}")
         if m != n:
             raise ValueError(f"episodes[{i}].{name} has length {m}, completion_ids has {n}")
+    if ep.loss_mask is not None:
+        _check_loss_mask(ep.loss_mask, f"episodes[{i}].loss_mask")
     if ep.finish_reason not in FINISH_REASONS:
         raise ValueError(
             f"episodes[{i}].finish_reason={ep.finish_reason!r}, expected one of "
@@ -236,6 +250,13 @@ def _check_episode(ep: object, i: int) -> None:
         raise ValueError(f"episodes[{i}].reward must be a real number, got {ep.reward!r}")
     if not isinstance(ep.reward_info, dict):
         raise ValueError(f"episodes[{i}].reward_info must be a dict")
+
+
+def _check_loss_mask(mask: np.ndarray, what: str) -> None:
+    if mask.dtype not in (np.bool_, np.uint8):
+        raise ValueError(f"{what} must be uint8 or bool, got {mask.dtype}")
+    if mask.size and int(mask.max()) > 1:
+        raise ValueError(f"{what} holds a value other than 0 and 1")
 
 
 def _check_columns(c: Columns) -> None:
@@ -266,6 +287,8 @@ def _check_columns(c: Columns) -> None:
                 raise ValueError(f"{name} must be a 1-D {dtype} array")
             if arr.shape[0] != total:
                 raise ValueError(f"{name}: {lens_name} does not sum to its {arr.shape[0]} values")
+    if c.loss_mask is not None:
+        _check_loss_mask(c.loss_mask, "loss_mask")
     if len(c.finish_reason) != n or not FINISH_REASONS.issuperset(c.finish_reason):
         raise ValueError(f"finish_reason must list {n} of {sorted(FINISH_REASONS)}")
     if len(c.reward_info) != n:
@@ -324,17 +347,22 @@ def check_batch(batch: EpisodeBatch) -> None:
 def _gather(eps: tuple[Episode, ...]) -> Columns:
     """Columns of checked episodes: one copy of each array, cast to its wire dtype.
 
-    An optional array (old_logp, ref_logp, rollout_logp) is kept only when every episode
-    has one; otherwise it is dropped for the whole batch (the receiver sees None everywhere).
+    An optional log-prob array (old_logp, ref_logp, rollout_logp) is kept only when every
+    episode has one; otherwise it is dropped for the whole batch (the receiver sees None
+    everywhere). The loss mask is kept when any episode has one, the others' all ones: a
+    dropped mask would train on a tool's tokens.
     """
     arrays: dict[str, np.ndarray | None] = {}
     for name, dtype_name in ARRAY_DTYPES.items():
-        if name in OPTIONAL_ARRAYS and any(getattr(ep, name) is None for ep in eps):
+        parts, wire = [getattr(ep, name) for ep in eps], WIRE_DTYPES[dtype_name]
+        if name == "loss_mask" and any(p is not None for p in parts):
+            parts = [np.ones(len(ep.completion_ids), wire) if p is None else p
+                     for p, ep in zip(parts, eps, strict=True)]  # fmt: skip
+        if name in OPTIONAL_ARRAYS and any(p is None for p in parts):
             arrays[name] = None
             continue
         # same_kind casting refuses e.g. float -> int, which would be silent garbage.
         # Arrays already in the wire dtype skip the casting path, which is ~10x slower.
-        parts, wire = [getattr(ep, name) for ep in eps], WIRE_DTYPES[dtype_name]
         if not parts:
             arrays[name] = np.zeros(0, wire)
         elif all(p.dtype == wire for p in parts):
@@ -371,6 +399,7 @@ def _scatter(c: Columns) -> tuple[Episode, ...]:
             finish_reason=c.finish_reason[i],
             group_id=group_ids[i],
             rollout_logp=_part(c.rollout_logp, k[i], k[i + 1]),
+            loss_mask=_part(c.loss_mask, k[i], k[i + 1]),
         )
         for i in range(len(c))
     )
@@ -390,6 +419,7 @@ def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
         old_logp=_part(c.old_logp, ks, ke),
         ref_logp=_part(c.ref_logp, ks, ke),
         rollout_logp=_part(c.rollout_logp, ks, ke),
+        loss_mask=_part(c.loss_mask, ks, ke),
         prompt_len=c.prompt_len[start:stop],
         completion_len=c.completion_len[start:stop],
         reward=c.reward[start:stop],

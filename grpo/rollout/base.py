@@ -25,9 +25,20 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Generation:
     prompt_ids: np.ndarray  # int32 (P,)
-    completion_ids: np.ndarray  # int32 (C,), ends with EOS when finish_reason == "stop"
+    completion_ids: np.ndarray  # int32 (C,), ends with EOS or a stop string when "stop"
     finish_reason: str  # "stop" | "length"
     rollout_logp: np.ndarray | None = None  # float32 (C,), the engine's log-probs, if it has them
+    # A multi-turn answer's (grpo.rollout.multi_turn): uint8 (C,), 1 on the tokens the model
+    # sampled, 0 on a tool's results; None: every token is the model's (single-turn).
+    loss_mask: np.ndarray | None = None
+    turns: int = 1  # model turns
+    tool_calls: int = 0  # tool results appended
+    tool_errors: int = 0  # of which errors
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens the model sampled (a tool's results are not)."""
+        return len(self.completion_ids) if self.loss_mask is None else int(self.loss_mask.sum())
 
 
 @dataclass(frozen=True)

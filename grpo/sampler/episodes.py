@@ -16,6 +16,7 @@ from grpo.metrics import peak_memory_gib
 from grpo.models import load_reference
 from grpo.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.rollout.base import Generation, RolloutEngine
+from grpo.rollout.multi_turn import tool_info
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.weights import Weights
 from grpo.tasks import Row
@@ -85,7 +86,7 @@ class BatchMaker:
             ACTIVITY.enter(GENERATING, f"batch {seq}")
             groups = self.sample_groups(prompts, engine, cfg.seed + seq + rounds * 1_000_003)
             rounds += 1
-            n_tokens += sum(len(g.completion_ids) for group in groups for g in group.gens)
+            n_tokens += sum(g.sampled_tokens for group in groups for g in group.gens)
             for g in groups:
                 (flat if cfg.dynamic_sampling and g.is_flat() else kept).append(g)
         chosen = (kept + flat)[:Q]  # past the cap, flat groups fill the batch (zero advantage)
@@ -112,8 +113,9 @@ class BatchMaker:
         return EpisodeBatch(episodes, cfg.group_size, version, seq, cfg.sampler_id, stats)
 
     def sample_groups(self, prompts: list[Prompt], engine: RolloutEngine, seed: int) -> list[Group]:
-        """G answers per prompt, decoded and scored (all of the round's answers at once, each
-        call within reward.timeout_s: see grpo.tasks.runner)."""
+        """G answers per prompt, decoded (a tool's results included) and scored, all of the
+        round's answers at once, each call within reward.timeout_s (grpo.tasks.runner); a
+        multi-turn answer's turns and tool calls go into its reward info."""
         cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         gens = engine.generate(
             [p.ids for p in prompts],
@@ -131,9 +133,11 @@ class BatchMaker:
             [g.completion_ids for g in gens], skip_special_tokens=True
         )
         ACTIVITY.enter(REWARDING, f"{len(texts)} answers")
-        scored = self.rewards.score_all(
-            [(text, prompts[i // G].row) for i, text in enumerate(texts)]
-        )
+        calls = [(text, prompts[i // G].row) for i, text in enumerate(texts)]
+        scored = [
+            (reward, info | tool_info(gen))
+            for (reward, info), gen in zip(self.rewards.score_all(calls), gens, strict=True)
+        ]
         return [
             Group(prompt, gens[k * G : (k + 1) * G], scored[k * G : (k + 1) * G])
             for k, prompt in enumerate(prompts)
@@ -147,7 +151,18 @@ class BatchMaker:
         index = [group.prompt.index for group in groups for _ in group.gens]
         old, ref, rollout = self.score(gens)
         return tuple(
-            Episode(g.prompt_ids, g.completion_ids, o, r, reward, info, g.finish_reason, i, lp)
+            Episode(
+                g.prompt_ids,
+                g.completion_ids,
+                o,
+                r,
+                reward,
+                info,
+                g.finish_reason,
+                i,
+                lp,
+                loss_mask=g.loss_mask,
+            )
             for g, o, r, lp, (reward, info), i in zip(
                 gens, old, ref, rollout, scored, index, strict=True
             )

@@ -21,6 +21,7 @@ from grpo.delivery.spool import Spool
 from grpo.metrics import mean
 from grpo.models import load_tokenizer, resolve_model_path
 from grpo.rollout.base import EngineContext, RolloutEngine
+from grpo.rollout.multi_turn import with_tools
 from grpo.rollout.registry import get_engine
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
@@ -90,7 +91,8 @@ class Sampler:
         return 130 if signalled.is_set() else 1
 
     def make_engine(self, stop_event: threading.Event) -> RolloutEngine:
-        """The engine rollout.backend names, whichever it is, built from the sampler's parts."""
+        """The engine rollout.backend names, whichever it is, built from the sampler's parts;
+        with rollout.max_turns > 1, under the multi-turn loop with the run's tools."""
         context = EngineContext(
             self.cfg,
             self.weights.model_path,
@@ -98,7 +100,8 @@ class Sampler:
             stop_event,
             policy=self.weights.hf_policy,
         )
-        return get_engine(self.cfg.rollout.backend)(context)
+        engine = get_engine(self.cfg.rollout.backend)(context)
+        return with_tools(engine, self.cfg.rollout, self.tokenizer)
 
     def expected_batch(self, status: TrainerStatus) -> int:
         """The run's batch number the next batch of this sampler is expected to be."""

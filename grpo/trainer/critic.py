@@ -101,7 +101,9 @@ class Critic:
         sums: dict[str, torch.Tensor] = {}
         for i, index in enumerate(parts):
             part = mini.rows(index)
-            values, mask = self._values(part, pad_id)
+            values, _ = self._values(part, pad_id)
+            # the experience's mask, not the forward's: no value loss on a tool's tokens
+            mask = part.mask.to(values.device)
             target, old = (t.to(mask.device) for t in (part.returns, part.old_values))
             loss, metrics = value_loss(
                 values, target, old, mask, clip=self.cfg.critic.value_clip, agg="token-mean"

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from grpo.config import Config
 from grpo.evaluation import EvalSpec, eval_prompts, question_results, summarise
 from grpo.rollout.hf import HFRollout
+from grpo.rollout.multi_turn import with_tools
 from grpo.tasks import RewardRunner, get_task, run_reward
 from grpo.trainer.engines import params_partitioned
 
@@ -55,7 +56,10 @@ class VersionEvaluator:
         model.eval()
         r = self.cfg.reward
         try:  # HFRollout strips the generation config, which versions save: put it back after
-            engine = HFRollout(model, self.tokenizer, synced=lockstep)
+            # with the run's tools, as the sampler answers (eval.max_new_tokens bounds it all)
+            engine = with_tools(
+                HFRollout(model, self.tokenizer, synced=lockstep), self.cfg.rollout, self.tokenizer
+            )
             # Threads for this evaluation only: closing does not wait for a hung reward call.
             with RewardRunner(self.reward_fn, r.workers, r.timeout_s) as rewards:
                 results = question_results(

@@ -35,7 +35,8 @@ class Experience:
     prompts: tuple[np.ndarray, ...]  # int32 (P_i,) per episode: the forwards' inputs
     completions: tuple[np.ndarray, ...]  # int32 (C_i,)
     group_size: int
-    mask: torch.Tensor  # (N, C) 1.0 on answer tokens
+    mask: torch.Tensor  # (N, C) 1.0 on the answer tokens the model sampled, 0 on a tool's
+    # results (multi-turn) and padding: advantages, KL, the critic and the loss read only these
     loss_mask: torch.Tensor  # (N, C) mask, 0 for answers that get no loss (mask_truncated)
     old_logp: torch.Tensor | None  # (N, C) under the sampling policy; None: the training
     # forward's own, detached (grpo.config.passes)
@@ -74,7 +75,7 @@ class Experience:
 
     @property
     def no_loss_rows(self) -> torch.Tensor:
-        """(N, 1) True for answers that have tokens but no loss (mask_truncated): their
+        """(N, 1) True for answers that have sampled tokens but no loss (mask_truncated): their
         advantages are zeroed, whichever estimator made them."""
         return (self.loss_mask.sum(dim=-1, keepdim=True) == 0) & (
             self.mask.sum(dim=-1, keepdim=True) > 0
@@ -116,6 +117,8 @@ def build_experience(
     eps, c = batch.episodes, batch.columns
     mask = length_mask([len(e.completion_ids) for e in eps])  # (N, C)
     width = mask.shape[1]
+    if c.loss_mask is not None:  # a tool's tokens are not the policy's actions
+        mask = mask * pad_right([e.loss_mask for e in eps], width)
     old = None if c.old_logp is None else pad_right([e.old_logp for e in eps], width)
     ref = None if c.ref_logp is None else pad_right([e.ref_logp for e in eps], width)
     rewards = token_level_rewards(shaped_rewards(batch, cfg), mask)  # (N, C)

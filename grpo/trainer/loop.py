@@ -2,7 +2,8 @@
 
 Rank 0 owns the ZeroMQ channel; it broadcasts each received batch as one encoded blob (the same
 pickle-free frames that crossed the wire) so every rank decodes exactly what rank 0 received.
-Weights after step s are version s; every `train.sync_interval` steps rank 0 publishes them.
+Weights after step s are version s; every `train.sync_interval` steps rank 0 publishes them (under
+ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
 """
 
 from __future__ import annotations

@@ -61,8 +61,22 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
         values = [i[part] for i in infos if isinstance(i.get(part), (int, float))]
         if values:
             row[f"{part}_mean"] = mean(values)
+    row.update(tool_metrics(infos))
+    if c.loss_mask is not None and c.loss_mask.size:  # the share of tokens no loss reads
+        row["tool_token_frac"] = 1.0 - float(c.loss_mask.mean())
     row.update({f"sampler_{k}": v for k, v in batch.stats.items()})
     return row
+
+
+def tool_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean turns, tool calls and tool errors per answer of a multi-turn batch (its reward
+    infos carry them: grpo.rollout.multi_turn.tool_info); nothing for a single-turn one."""
+    if not any("turns" in i for i in infos):
+        return {}
+    return {
+        f"{key}_mean": mean([float(i.get(key, 0)) for i in infos])
+        for key in ("turns", "tool_calls", "tool_errors")
+    }
 
 
 def step_row(

@@ -56,7 +56,10 @@ __all__ = [
 ]
 
 MAGIC = b"GRPOEP1"
-# 2: old_logp and ref_logp became optional like rollout_logp; 3: a checksum before the header
+# 2: old_logp and ref_logp became optional like rollout_logp; 3: a checksum before the header.
+# The optional loss_mask (multi-turn answers) came without a new schema, so that single-turn
+# frames stay byte for byte what they were; a decoder that predates it refuses a batch that has
+# one as an unknown array.
 SCHEMA_VERSION = 3
 MAX_FRAME_BYTES = 1 << 30
 # The header only holds scalars, so it stays far below this even for huge batches;

@@ -1,0 +1,204 @@
+"""Answers over several turns with tools, above any rollout engine (rollout.max_turns > 1).
+
+Each turn is one `engine.generate` on token ids: the first on the prompts, n answers each; every
+later one on prompt + answer so far, one answer each, for the answers still going. The tools'
+closing tags are stop strings, so a turn that calls a tool ends with the call (the engines keep
+the tokens that complete a stop string). The tool's result is tokenised once and appended: an
+answer's ids are exactly the tokens the model read and sampled, never decoded and re-encoded.
+`Generation.loss_mask` is 1 on the tokens the model sampled and 0 on a tool's; the engine's
+log-probs, when it reports them, are 0 on a tool's tokens.
+
+Budget: max_new_tokens bounds the whole answer (every turn and tool result), so the answer fits
+where a single-turn one did (vLLM's max_model_len, Dr. GRPO's constant); a turn samples at most
+rollout.max_turn_tokens (0: what is left of it). An answer ends with finish_reason "stop" when a
+turn ends without a tool call (EOS or a rollout.stop string), and with "length" when a turn is
+cut by its budget, when it calls a tool after the last turn, or when the tool's result would
+leave no room for another turn.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from grpo.rollout.base import Generation, RolloutEngine
+from grpo.tools import Toolbox, get_tool
+
+if TYPE_CHECKING:
+    from grpo.config.sections import RolloutConfig
+
+# Turn t samples with seed + t * _TURN_SEED, far from the seeds of other batches (seed + k).
+_TURN_SEED = 9_999_991
+
+
+def with_tools(engine: RolloutEngine, cfg: RolloutConfig, tokenizer: Any) -> RolloutEngine:
+    """`engine` itself for single-turn answers (rollout.max_turns 1: nothing changes), else the
+    multi-turn loop over it with the tools rollout.tools names."""
+    if cfg.max_turns == 1:
+        return engine
+    toolbox = Toolbox([get_tool(name) for name in cfg.tools])
+    return MultiTurnEngine(engine, tokenizer, toolbox, cfg.max_turns, cfg.max_turn_tokens)
+
+
+def tool_info(gen: Generation) -> dict[str, int]:
+    """What a multi-turn answer adds to its reward info (and so to the metrics); nothing for a
+    single-turn one, whose batches stay as they were."""
+    if gen.loss_mask is None:
+        return {}
+    return {"turns": gen.turns, "tool_calls": gen.tool_calls, "tool_errors": gen.tool_errors}
+
+
+@dataclass
+class _Answer:
+    """One answer being built, turn by turn."""
+
+    prompt: np.ndarray  # int32
+    parts: list[np.ndarray] = field(default_factory=list)  # int32 turns and tool results
+    masks: list[np.ndarray] = field(default_factory=list)  # uint8, 1 = the model's
+    logps: list[np.ndarray | None] = field(default_factory=list)  # the engine's, 0 on a tool's
+    finish_reason: str | None = None  # set when the answer is done
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    @property
+    def length(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def context(self) -> np.ndarray:
+        """What the next turn reads: the prompt and the answer so far, as ids."""
+        return np.concatenate([self.prompt, *self.parts])
+
+    def add(self, ids: np.ndarray, by_model: bool, logp: np.ndarray | None) -> None:
+        self.parts.append(np.asarray(ids, np.int32))
+        self.masks.append(np.full(len(ids), int(by_model), np.uint8))
+        self.logps.append(logp if by_model else np.zeros(len(ids), np.float32))
+
+    def generation(self) -> Generation:
+        assert self.finish_reason is not None
+        logps = self.logps
+        rollout = (
+            None if any(lp is None for lp in logps) else np.concatenate(logps).astype(np.float32)
+        )
+        return Generation(
+            self.prompt,
+            np.concatenate(self.parts, dtype=np.int32),
+            self.finish_reason,
+            rollout,
+            loss_mask=np.concatenate(self.masks, dtype=np.uint8),
+            turns=self.turns,
+            tool_calls=self.tool_calls,
+            tool_errors=self.tool_errors,
+        )
+
+
+class MultiTurnEngine:
+    """A RolloutEngine whose answers may call tools between turns; the engine under it samples
+    every turn. Weights and closing are the engine's."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        toolbox: Toolbox,
+        max_turns: int,
+        max_turn_tokens: int = 0,
+    ):
+        if max_turns < 1 or max_turn_tokens < 0:
+            raise ValueError(f"need max_turns >= 1 and max_turn_tokens >= 0, got "
+                             f"{max_turns}, {max_turn_tokens}")  # fmt: skip
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.toolbox = toolbox
+        self.max_turns = max_turns
+        self.max_turn_tokens = max_turn_tokens
+
+    @property
+    def stop_event(self) -> threading.Event:
+        return self.engine.stop_event
+
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop: Sequence[str] = (),
+        greedy: bool = False,
+        seed: int = 0,
+        batch_size: int = 16,
+    ) -> list[Generation]:
+        """`n` answers per prompt, contiguous, each over up to max_turns turns (see the module
+        docstring for the budget). Returns [] once the stop event is set: a half-built batch
+        is never used (the sampler checks the event)."""
+        stops = [*stop, *self.toolbox.stop_strings]
+        answers = [_Answer(np.asarray(p, np.int32)) for p in prompts for _ in range(n)]
+        active, contexts, copies = answers, list(prompts), n
+        for turn in range(self.max_turns):
+            caps = [self._turn_cap(a, max_new_tokens) for a in active]
+            # One call for every answer still going, with the largest cap among them: each is
+            # then cut to its own. A cut keeps the distribution (sampling a prefix does not
+            # depend on the cap) and saves a call per distinct cap.
+            gens = self.engine.generate(
+                contexts, n=copies, max_new_tokens=max(caps), temperature=temperature,
+                top_p=top_p, top_k=top_k, stop=stops, greedy=greedy,
+                seed=seed + turn * _TURN_SEED, batch_size=batch_size,
+            )  # fmt: skip
+            if self.stop_event.is_set():
+                return []
+            last = turn == self.max_turns - 1
+            for answer, gen, cap in zip(active, gens, caps, strict=True):
+                self._take_turn(answer, gen, cap, stop, max_new_tokens, last)
+            active = [a for a in answers if a.finish_reason is None]
+            if not active:
+                break
+            contexts, copies = [a.context() for a in active], 1
+        return [a.generation() for a in answers]
+
+    def _turn_cap(self, answer: _Answer, budget: int) -> int:
+        left = budget - answer.length  # >= 1: a tool result is appended only with room after it
+        return min(self.max_turn_tokens or left, left)
+
+    def _take_turn(
+        self, answer: _Answer, gen: Generation, cap: int, stop: Sequence[str], budget: int,
+        last: bool,
+    ) -> None:  # fmt: skip
+        """Add one turn's tokens to `answer`, then end it or append the tool's result."""
+        ids = gen.completion_ids[:cap]
+        logp = None if gen.rollout_logp is None else gen.rollout_logp[:cap]
+        answer.add(ids, True, logp)
+        answer.turns += 1
+        if len(ids) < len(gen.completion_ids) or gen.finish_reason == "length":
+            answer.finish_reason = "length"
+            return
+        # special tokens kept, as HF's stop-string search decodes them (grpo.rollout.hf)
+        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        call = self.toolbox.find_call(text, stop)
+        if call is None:  # EOS or a rollout.stop string: the answer is complete
+            answer.finish_reason = "stop"
+            return
+        if last:  # no turn left to read the result
+            answer.finish_reason = "length"
+            return
+        result = self.toolbox.run(call)
+        result_ids = self.tokenizer(result.text, add_special_tokens=False).input_ids
+        if answer.length + len(result_ids) >= budget:
+            answer.finish_reason = "length"
+            return
+        answer.add(np.asarray(result_ids, np.int32), False, None)
+        answer.tool_calls += 1
+        answer.tool_errors += int(result.error)
+
+    def load_version(self, vdir: Path, version: int) -> Any:
+        return self.engine.load_version(vdir, version)
+
+    def close(self) -> None:
+        self.engine.close()

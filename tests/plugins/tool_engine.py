@@ -1,0 +1,90 @@
+"""A scripted rollout engine that calls the calculator: no model, exact token ids.
+
+Use it with `rollout.backend: tests.plugins.tool_engine:build`, `rollout.max_turns` >= 2 and
+`rollout.tools: [calculator]`. It answers each prompt by its last text:
+- a prompt that ends with a tool's result (a second turn): FINAL with the result's number, then
+  EOS (finish_reason "stop");
+- any other prompt (a first turn): answer j of its n is CALLS[j % 3], ended at the calculator's
+  closing tag as a stop string ends an engine's turn (finish_reason "stop", no EOS), or for
+  CALLS[2] (None) FINAL with 84 and EOS at once: no tool call.
+Every answer is cut at max_new_tokens (finish_reason "length"). It reports a log-prob of -0.5
+per token, as an engine that has them does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from grpo.rollout.base import EngineContext, Generation
+from grpo.tools import RESULT_CLOSE, RESULT_OPEN
+
+CALLS = ("<calc>12*7</calc>", "<calc>12/0</calc>", None)  # 84, an error, no call
+FINAL = "So the answer is\n#### {}"
+LOGP = -0.5
+
+
+def build(ctx: EngineContext) -> ToolEngine:
+    return ToolEngine(ctx.tokenizer, ctx.stop_event)
+
+
+class ToolEngine:
+    def __init__(self, tokenizer, stop_event: threading.Event | None = None):
+        self.tokenizer = tokenizer
+        self.stop_event = stop_event or threading.Event()
+        self.calls: list[dict] = []  # what each generate() was asked: for the tests
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def answer(self, prompt: np.ndarray, j: int) -> tuple[list[int], str]:
+        """(token ids, finish reason) of answer j to `prompt`, before the cap."""
+        text = self.tokenizer.decode(np.asarray(prompt).tolist(), skip_special_tokens=False)
+        if text.endswith(RESULT_CLOSE):  # a second turn: answer with the result's number
+            result = text[text.rfind(RESULT_OPEN) + len(RESULT_OPEN) : -len(RESULT_CLOSE)]
+            value = result if not result.startswith("error") else "unknown"
+            return [*self.ids(FINAL.format(value)), self.tokenizer.eos_token_id], "stop"
+        call = CALLS[j % len(CALLS)]
+        if call is None:
+            return [*self.ids(FINAL.format(84)), self.tokenizer.eos_token_id], "stop"
+        return self.ids(call), "stop"
+
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop: Sequence[str] = (),
+        greedy: bool = False,
+        seed: int = 0,
+        batch_size: int = 16,
+    ) -> list[Generation]:
+        # A turn ends at the closing tag only because the loop asks for it as a stop string.
+        assert "</calc>" in stop, f"the calculator's closing tag is not a stop string: {stop}"
+        self.calls.append({"prompts": [np.asarray(p) for p in prompts], "n": n,
+                           "max_new_tokens": max_new_tokens})  # fmt: skip
+        out = []
+        for prompt in prompts:
+            if self.stop_event.is_set():
+                break
+            for j in range(n):
+                ids, reason = self.answer(prompt, j)
+                if len(ids) > max_new_tokens:
+                    ids, reason = ids[:max_new_tokens], "length"
+                completion = np.asarray(ids, np.int32)
+                logp = np.full(len(completion), LOGP, np.float32)
+                out.append(Generation(np.asarray(prompt, np.int32), completion, reason, logp))
+        return out
+
+    def load_version(self, vdir: Path, version: int) -> None:
+        """No weights."""
+
+    def close(self) -> None:
+        """Nothing held."""
