@@ -197,3 +197,19 @@ def test_a_rejected_batch_stops_only_the_sampler_that_sent_it():
         assert sampler.stopped.wait(5)
         assert sampler.status.stop_reason == "the trainer rejected batch 4: it has 2 groups of 2"
         assert not sampler.status.done
+
+
+def test_a_stalled_trainer_stops_its_samplers_naming_the_phase():
+    """The trainer's main thread stuck in a working phase (its heartbeats go on): after
+    stall_timeout_s its own watchdog stops the samplers with the phase named."""
+    from grpo.progress import ACTIVITY, TRAINING
+
+    with (
+        ACTIVITY.during(TRAINING, "step 7"),
+        connected(peer_timeout_s=5, startup_timeout_s=5, stall_timeout_s=0.5) as (_, sampler),
+    ):
+        sampler.watchdog.limit_s = 0  # one process here: only the trainer's end watches it
+        assert sampler.stopped.wait(10)
+    assert sampler.status.stop_reason.startswith(
+        "trainer stopped: trainer: no progress in training (step 7) for "
+    ), sampler.status.stop_reason
