@@ -212,7 +212,7 @@ def test_ctrl_c_stops_both_roles(tmp_path, tiny_model_dir):
         if launch.poll() is None:
             launch.kill()
     assert launch.returncode == 130, out[-3000:]
-    assert "interrupted, stopping both roles" in out
+    assert "interrupted, stopping all roles" in out
     _assert_no_stray_processes(config)
 
 
