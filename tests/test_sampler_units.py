@@ -80,3 +80,25 @@ def test_shard_tokenizes_only_the_rows_it_draws_and_skips_long_ones(tmp_path, ba
     cfg = load_config(None, [f"data.train={train}", "data.max_prompt_tokens=5"])
     with pytest.raises(ValueError, match="no train prompt fits data.max_prompt_tokens=5"):
         Shard(cfg, get_task("gsm8k"), load_tokenizer(base_model_dir)).draw()
+
+
+def test_the_vllm_progress_bar_counts_even_under_tqdm_disable():
+    """launch.sh starts the sampler with TQDM_DISABLE=1; vLLM divides by its bar's elapsed
+    time, which a disabled bar reports as 0 (a ZeroDivisionError at the first answer). tqdm
+    reads the variable when it is imported: hence a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import time\n"
+        "from grpo.rollout.vllm import _CountingBar\n"
+        "bar = _CountingBar(total=2)\n"
+        "time.sleep(0.01)\n"
+        "bar.update()\n"
+        "assert not bar.disable and bar.format_dict['elapsed'] > 0 and bar.n == 1\n"
+    )
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]

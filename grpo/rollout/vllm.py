@@ -77,7 +77,9 @@ class _CountingBar(tqdm):
     stall check (grpo.progress), the one sign of life a blocking generate() gives."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **{**kwargs, "file": io.StringIO()})
+        # Never disabled, whatever TQDM_DISABLE says (launch.sh sets it for the sampler): vLLM
+        # divides by the bar's elapsed time, which a disabled bar reports as 0.
+        super().__init__(*args, **{**kwargs, "file": io.StringIO(), "disable": False})
 
     def update(self, n: float | None = 1) -> bool | None:
         ACTIVITY.tick(int(n or 0))
