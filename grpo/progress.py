@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-STARTING, WAITING, FINISHED = "starting", "waiting", "finished"
-IDLE_PHASES = frozenset({STARTING, WAITING, FINISHED})
+STARTING, WAITING = "starting", "waiting"
+IDLE_PHASES = frozenset({STARTING, WAITING})
 
 GENERATING, SCORING, REWARDING = "generating", "scoring", "rewarding"
 TRAINING, EVALUATING, PUBLISHING, SAVING = "training", "evaluating", "publishing", "saving"

@@ -76,7 +76,6 @@ class RewardClient:
             ClientKeys.load(Path(curve_dir), sampler_id).apply(self.sock)
         self.sock.connect(addr)
         self.resends = 0
-        self.failed_requests = 0  # answered ERROR
 
     def score(self, items: Sequence[Item]) -> list[Scored]:
         """(reward, info) per item, in order: every item scored once."""
@@ -123,7 +122,6 @@ class RewardClient:
                 log.warning("a malformed reply from the reward service (%s): resending", e)
                 return
         elif msg.kind == protocol.ERROR:
-            self.failed_requests += 1
             reason = f"reward service: {msg.body.get('reason', 'no reason given')}"
             log.warning("%s (%d answers score 0)", reason, len(request.items))
             results[rid] = [(0.0, {"reward_error": reason})] * len(request.items)
