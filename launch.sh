@@ -26,16 +26,13 @@ case $ROLE in both|sampler|trainer|reward) ;; *) echo "launch.sh: ROLE must be s
 
 # Validate the config once, up front (values, and the names of the loss, estimator, task and
 # engine), and place each role on this node's GPUs (none on a CPU node): a typo stops here with
-# one line naming the key. Sets TRAINER_GPUS, SAMPLER_GPUS, SHARED.
+# one line naming the key. Sets TRAINER_GPUS, SAMPLER_GPUS, SHARED, MODEL_PATH, RUN_DIR and
+# REWARD_BACKEND.
 placement=$(ROLE=$ROLE "$PY" -m grpo.placement "$@") || exit 2
 eval "$placement"
-get() { "$PY" -m grpo.config "$@" 2>/dev/null; }
-model_path=$(get "$@" --get model.path)
-run_dir="$(get "$@" --get output_dir)/$(get "$@" --get name)"
-reward_backend=$(get "$@" --get reward_server.backend)
 
 # Convert the embedded model once, before two processes would both want to.
-if [[ $model_path == embedded ]]; then
+if [[ $MODEL_PATH == embedded ]]; then
   "$PY" -m grpo.embedded >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
 fi
 
@@ -67,7 +64,7 @@ start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
 # One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.
 TQDM_DISABLE=1 start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
 reward_pid=
-if [[ -n $reward_backend ]]; then
+if [[ -n $REWARD_BACKEND ]]; then
   start_reward "$@" & reward_pid=$!; name_of[$reward_pid]="reward service"
 fi
 groups=("-$trainer_pid" "-$sampler_pid" ${reward_pid:+"-$reward_pid"})
@@ -103,6 +100,6 @@ while ((${#running[@]})); do
   fi
 done
 if [[ $status -eq 0 ]]; then
-  echo "launch.sh: run complete; outputs in $run_dir (metrics.jsonl, eval.jsonl, plot.png, versions/)"
+  echo "launch.sh: run complete; outputs in $RUN_DIR (metrics.jsonl, eval.jsonl, plot.png, versions/)"
 fi
 exit "$status"

@@ -10,8 +10,10 @@ no GPU both roles get none and run on CPU with the same command lines.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.names import check_names
@@ -99,7 +101,8 @@ def sampler_memory_fraction(cfg: Config) -> float:
 
 def main(argv: list[str]) -> int:
     """Check the config and print shell assignments for launch.sh: each role's
-    CUDA_VISIBLE_DEVICES value."""
+    CUDA_VISIBLE_DEVICES value, and the config values launch.sh needs (one Python start-up
+    for all of them: each costs a run a fraction of a second)."""
     role = os.environ.get("ROLE", "both")
     try:
         cfg = load_config(argv[0], argv[1:])
@@ -112,6 +115,9 @@ def main(argv: list[str]) -> int:
     print(f"TRAINER_GPUS={','.join(ids[i] for i in p.trainer)}")
     print(f"SAMPLER_GPUS={','.join(ids[i] for i in p.sampler)}")
     print(f"SHARED={int(p.shared)}")
+    print(f"MODEL_PATH={shlex.quote(cfg.model.path)}")
+    print(f"RUN_DIR={shlex.quote(str(Path(cfg.output_dir) / cfg.name))}")
+    print(f"REWARD_BACKEND={shlex.quote(cfg.reward_server.backend)}")
     return 0
 
 

@@ -274,15 +274,17 @@ def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir):
     first = start("both", config, overrides, tmp_path / "first.log")
     finish([first], timeout=300)
     assert first.returncode == 0, (tmp_path / "first.log").read_text()[-3000:]
-    for role, change, message in (
-        ("trainer", "train.num_ranks=1", "saved with world=2, this run has world=1"),
-        ("sampler", "data.shuffle=false", "saved with shuffle=True, this run has shuffle=False"),
-    ):
-        log = tmp_path / f"{role}.log"
-        proc = start(role, config, [*overrides, change, "--resume"], log)
-        finish([proc], timeout=300)
-        assert proc.returncode != 0, log.read_text()[-3000:]  # torchrun turns 2 into 1
-        assert message in log.read_text()
+    refusals = {
+        "trainer": ("train.num_ranks=1", "saved with world=2, this run has world=1"),
+        "sampler": ("data.shuffle=false", "saved with shuffle=True, this run has shuffle=False"),
+    }  # each refuses before it connects, so both start at once (one start-up's wait)
+    procs = {role: start(role, config, [*overrides, change, "--resume"], tmp_path / f"{role}.log")
+             for role, (change, _) in refusals.items()}  # fmt: skip
+    finish(list(procs.values()), timeout=300)
+    for role, (_, message) in refusals.items():
+        log = (tmp_path / f"{role}.log").read_text()
+        assert procs[role].returncode != 0, log[-3000:]  # torchrun turns 2 into 1
+        assert message in log
     # A finished run resumed as it was has nothing left to do, and says so.
     again = start("both", config, [*overrides, "--resume"], tmp_path / "again.log")
     finish([again], timeout=300)

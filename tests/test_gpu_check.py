@@ -13,7 +13,7 @@ import pytest
 from bench import gpu_check
 from grpo.config import load_config
 from grpo.sampler.weights import required_version
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, free_port
 
 SHRINK = [
     "model.dtype=float32",
@@ -39,6 +39,9 @@ def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_di
         # so masks with a tool's tokens in them cross the wire and reach the loss
         overrides += ["rollout.backend=tests.plugins.tool_engine:build",
                       "rollout.max_new_tokens=40"]  # fmt: skip
+    if "judge" in config:  # the tiny model judges too, on a port of its own
+        overrides += [f"reward_server.model={tiny_model_dir}", "reward_server.max_new_tokens=4",
+                      f"reward.service_addr=tcp://127.0.0.1:{free_port()}"]  # fmt: skip
     (r,) = gpu_check.run([config], 2, False, overrides, tmp_path)
     table = gpu_check.table([r])
     assert r.config == config and r.exit_code == 0 and r.steps == 2, f"{config}:\n{r.log_tail}"

@@ -110,7 +110,14 @@ def test_placement_command_for_launch_sh():
     done = subprocess.run([PYTHON, "-m", "grpo.placement", DEMO], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["TRAINER_GPUS=", "SAMPLER_GPUS=", "SHARED=0"]
+    assert done.stdout.split() == ["TRAINER_GPUS=", "SAMPLER_GPUS=", "SHARED=0",
+                                   "MODEL_PATH=embedded", "RUN_DIR=checkpoints/cpu_demo",
+                                   "REWARD_BACKEND=''"]  # fmt: skip
+    odd = subprocess.run([PYTHON, "-m", "grpo.placement", DEMO, "name=a b's run"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    shell = subprocess.run(["bash", "-c", odd.stdout + 'printf %s "$RUN_DIR"'],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert shell.stdout == "checkpoints/a b's run"  # quoted for launch.sh's eval
     bad = subprocess.run([PYTHON, "-m", "grpo.placement", DEMO, "train.gpus=[0]"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "train.gpus lists 1 GPUs" in bad.stderr

@@ -69,12 +69,13 @@ def test_a_killed_and_a_hung_sampler_are_dropped_by_name_and_the_pool_finishes(
     )
     assert silent, text["trainer"][-3000:]
     stall = f"no progress in generating (batch 1) for {STALL_S} s (limit {STALL_S} s)"
-    assert f"sampler sampler-2 stopped: {stall}" in text["trainer"]
+    # Its own stop message, or the trainer's stall clock first (the same limit, so a race).
+    assert re.search(f"sampler sampler-2 (stopped|dropped): {re.escape(stall)}", text["trainer"])
     assert f"sampler sampler-2: {stall}" in text["s2"]
     assert "exiting: sampler sampler-2" in text["s2"]
     ended_s = time.monotonic() - killed_at
     for line in text["trainer"].splitlines():  # for the record (pytest -s)
-        if "sampler-1 dropped" in line or "sampler-2 stopped" in line:
+        if "sampler-1 dropped" in line or "sampler-2 " in line:
             print(line)
     print(f"the run ended {ended_s:.0f} s after sampler-1 was killed")
 

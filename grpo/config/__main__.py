@@ -1,4 +1,4 @@
-"""`python -m grpo.config CONFIG [overrides] [--get key]`: validate and print (launch.sh)."""
+"""`python -m grpo.config CONFIG [overrides] [--get key]`: validate and print, or read one key."""
 
 import sys
 

@@ -2,8 +2,8 @@
 `package.module:name` imported) before a run starts: one line naming the key and the valid
 names, instead of an error deep inside the first step.
 
-Kept apart from the other checks because it imports the registries (torch and all): launch.sh
-reads single keys many times and should not pay for that each time.
+Kept apart from the other checks because it imports the registries (torch and all): reading a
+key (`python -m grpo.config CONFIG --get KEY`) should not pay for that.
 """
 
 from __future__ import annotations
