@@ -123,6 +123,12 @@ class Watchdog:
         self.clock = StallClock()
         self.fired = False
 
+    @property
+    def exit_grace_s(self) -> float:
+        """How long a stalled process gets to end by itself before it is exited: the stall
+        limit, at most 30 s (the limit already waited; a short one in tests waits short)."""
+        return min(30.0, self.limit_s)
+
     def check(self) -> None:
         self.clock.see(ACTIVITY.snapshot())
         if not self.fired and (why := self.clock.stalled(self.limit_s)) is not None:

@@ -129,9 +129,7 @@ class SamplerChannel:
         with contextlib.suppress(zmq.Again):
             self._beat.send_multipart(encode_message(stop))
         if self.exit_on_stall:
-            exit_soon(
-                f"sampler {self.sampler_id}: {why}", grace_s=min(30.0, self.cfg.stall_timeout_s)
-            )
+            exit_soon(f"sampler {self.sampler_id}: {why}", grace_s=self.watchdog.exit_grace_s)
 
     def _stop(self, reason: str) -> None:
         if self.status.stop_reason is None:

@@ -160,7 +160,7 @@ class TrainerChannel:
         log.error("trainer: %s", why)
         self.announce(messages.STOP, reason=f"trainer: {why}", version=self.published_version)
         if self.exit_on_stall:
-            exit_soon(f"trainer: {why}", grace_s=min(30.0, self.cfg.stall_timeout_s))
+            exit_soon(f"trainer: {why}", grace_s=self.watchdog.exit_grace_s)
 
     def announce(self, kind: str, **extra: Any) -> None:
         """Queue a control message (done, stop, version) for every sampler."""
