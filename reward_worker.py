@@ -3,6 +3,7 @@
 import sys
 
 from grpo.cli import main
+from grpo.lifetime import exit_now
 
 if __name__ == "__main__":
-    sys.exit(main("reward", sys.argv[1:]))
+    exit_now(main("reward", sys.argv[1:]))

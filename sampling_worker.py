@@ -3,6 +3,7 @@
 import sys
 
 from grpo.cli import main
+from grpo.lifetime import exit_now
 
 if __name__ == "__main__":  # the guard matters: rollout engines may spawn child processes
-    sys.exit(main("sampler", sys.argv[1:]))
+    exit_now(main("sampler", sys.argv[1:]))

@@ -49,7 +49,7 @@ def without_launcher_args(argv: list[str]) -> list[str]:
 
 
 def main(role: str, argv: list[str]) -> int:
-    die_with_parent()  # a trainer rank dies with torchrun, a role with launch.sh
+    die_with_parent()  # a trainer rank dies with its launcher, a role with launch.sh
     argv = without_launcher_args(argv)
     prog = {"sampler": "sampling_worker.py", "reward": "reward_worker.py"}.get(
         role, "training_worker.py"
@@ -77,6 +77,10 @@ def main(role: str, argv: list[str]) -> int:
             from grpo.reward_service.server import run_reward_server
 
             return run_reward_server(cfg)
+        import torch
+
+        # Named before DeepSpeed is imported, which guesses otherwise (with a warning on CPU).
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
         from grpo.trainer.loop import run_trainer
 
         return run_trainer(cfg)

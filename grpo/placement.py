@@ -17,6 +17,7 @@ from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.names import check_names
+from grpo.lifetime import exit_now
 
 # What the sampler's HF models may allocate of a GPU they share with the trainer: the
 # embedded model's policy and reference plus a KV cache for 128 answers fit in far less.
@@ -122,4 +123,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))

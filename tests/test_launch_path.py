@@ -11,7 +11,7 @@ import pytest
 from grpo.cli import without_launcher_args
 from grpo.config import ConfigError, load_config
 from grpo.placement import SHARED_SAMPLER_FRACTION, place, sampler_memory_fraction
-from grpo.trainer.launch import rank_env, torchrun_argv
+from grpo.trainer.launch import single_rank_env, torchrun_argv
 from tests.conftest import PYTHON, REPO
 
 DEMO = str(REPO / "configs" / "cpu_demo.yaml")
@@ -19,7 +19,7 @@ DEMO = str(REPO / "configs" / "cpu_demo.yaml")
 
 def test_trainer_command_is_the_same_on_cpu_and_gpu():
     """launch.sh has one trainer command (no device branch), and what it runs depends on the
-    config alone; only DeepSpeed's accelerator name differs with the device."""
+    config alone."""
     script = (REPO / "launch.sh").read_text()
     assert script.count("grpo.trainer.launch") == 1 and "deepspeed.launcher" not in script
     args = [DEMO, "train.lr=1e-5", "--resume"]
@@ -27,11 +27,13 @@ def test_trainer_command_is_the_same_on_cpu_and_gpu():
     assert argv == ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "2",
                     "--master_addr", "127.0.0.1", "--master_port", "29500",
                     "training_worker.py", *args]  # fmt: skip
-    assert rank_env(True, {}) == {"DS_ACCELERATOR": "cuda", "OMP_NUM_THREADS": "1"}
-    assert rank_env(False, {"OMP_NUM_THREADS": "4"}) == {
-        "DS_ACCELERATOR": "cpu",
-        "OMP_NUM_THREADS": "4",
-    }
+    # One rank on one node runs without torchrun, with the variables torchrun would set.
+    assert single_rank_env(load_config(DEMO, ["train.num_ranks=2"])) is None
+    assert single_rank_env(load_config(DEMO, ["train.num_ranks=1", "train.nnodes=2"])) is None
+    assert single_rank_env(load_config(DEMO, ["train.num_ranks=1"])) == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+    }  # fmt: skip
 
 
 def test_trainer_over_nodes_in_the_command_line():

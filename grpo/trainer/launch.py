@@ -2,14 +2,18 @@
 
 One command line on CPU and GPU: torchrun with the config's nodes, ranks and rendezvous
 address runs `training_worker.py CONFIG [overrides]` once per rank. Only the device differs,
-and the ranks find it themselves (DS_ACCELERATOR from torch.cuda.is_available(), nccl or gloo
-in grpo.trainer). torchrun passes each rank its place in environment variables (RANK,
+and the ranks find it themselves (DeepSpeed's accelerator and nccl or gloo: grpo.cli and
+grpo.trainer). torchrun passes each rank its place in environment variables (RANK,
 LOCAL_RANK, WORLD_SIZE), never as arguments, so the worker's own arguments stay as given
 (the DeepSpeed launcher's `--local_rank=N` in front of them is what broke the GPU path once).
 
 When the sampler fails or the user presses Ctrl-C, launch.sh sends SIGTERM to the trainer's
 process group; torchrun then raises SignalException and prints a long traceback that buries
 the one line saying why the run stopped, so that one is turned into a line.
+
+One rank on one node has nobody to meet: this process becomes that rank (exec) with the
+variables torchrun would have set. torchrun's own start-up (torch imported once more, about a
+second before the rank starts and 2-3 s of CPU) and shutdown buy nothing there.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 import sys
 
 from grpo.config import Config, ConfigError, load_config
-from grpo.lifetime import PARENT_ENV, die_with_parent
+from grpo.lifetime import PARENT_ENV, die_with_parent, exit_now
 
 WORKER = "training_worker.py"
 
@@ -34,27 +38,34 @@ def torchrun_argv(cfg: Config, worker_args: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def rank_env(cuda: bool, env: dict[str, str]) -> dict[str, str]:
-    """What the ranks need in their environment beyond `env`: DeepSpeed's accelerator named
-    (it guesses otherwise, with a warning on CPU) and one OpenMP thread per rank unless set."""
+def single_rank_env(cfg: Config) -> dict[str, str] | None:
+    """The variables torchrun gives a rank, when this node runs the whole trainer as one rank
+    (then it runs without torchrun); None when torchrun must start the ranks."""
+    t = cfg.train
+    if t.nnodes != 1 or t.num_ranks != 1:
+        return None
     return {
-        "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cuda" if cuda else "cpu"),
-        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-    }
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": t.master_addr, "MASTER_PORT": str(t.master_port),
+    }  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
-    import torch
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.run import main as torchrun
-
     try:
         cfg = load_config(argv[0] if argv else None, argv[1:])
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     die_with_parent()
-    os.environ.update(rank_env(torch.cuda.is_available(), dict(os.environ)))
+    # One OpenMP thread per rank unless set: ranks sharing a node's cores would oversubscribe.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if (env := single_rank_env(cfg)) is not None:
+        os.environ.update(env)
+        os.execv(sys.executable, [sys.executable, "-u", WORKER, *argv])
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun
+
     # torchrun puts each rank in a session of its own: without this, a SIGKILL of this
     # process (kill -9, the OOM killer) would leave the ranks running, holding the ports.
     os.environ[PARENT_ENV] = str(os.getpid())
@@ -67,4 +78,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))
