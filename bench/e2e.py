@@ -41,7 +41,7 @@ def run(quick: bool = False) -> list[Result]:
         overrides = ["eval.interval=0", f"train.total_steps={3 if quick else 4}"]
         if quick:
             tiny = build_tiny_model(tmp / "tiny", ensure_embedded_base())
-            overrides += [f"model.path={tiny}", "rollout.max_new_tokens=32", "train.num_ranks=1"]
+            overrides += [f"model.path={tiny}", "rollout.max_new_tokens=16", "train.num_ranks=1"]
         rows = launch_run(CONFIG, tmp, "e2e", overrides)
         overlapped = [] if quick else launch_run(CONFIG, tmp, "e2e_overlap",
                                                  [*overrides, "train.max_staleness=1"])  # fmt: skip

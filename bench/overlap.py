@@ -26,7 +26,8 @@ def run(quick: bool = False) -> list[Result]:
         tmp = Path(tmp_dir)
         tiny = build_tiny_model(tmp / "tiny", ensure_embedded_base())
         common = [f"model.path={tiny}", "train.num_ranks=1", "eval.interval=0",
-                  "rollout.max_new_tokens=64", "train.keep_versions=4"]  # fmt: skip
+                  f"rollout.max_new_tokens={16 if quick else 64}",
+                  "train.keep_versions=4"]  # fmt: skip
         if quick:  # the suite's smoke run: no calibration run, one epoch
             epochs, balance = 1, "not calibrated (--quick)"
         else:

@@ -65,7 +65,7 @@ def run(quick: bool = False) -> list[Result]:
         tmp = Path(tmp_dir)
         common = [f"output_dir={tmp}", *loopback_overrides(timeout_s=600), "eval.interval=0",
                   f"train.total_steps={total}", "train.state_interval=2",
-                  "rollout.max_new_tokens=64"]  # fmt: skip
+                  f"rollout.max_new_tokens={16 if quick else 64}"]  # fmt: skip
         if quick:  # the suite's smoke run: a tiny model on one rank
             common += [f"model.path={build_tiny_model(tmp / 'tiny', ensure_embedded_base())}",
                        "train.num_ranks=1"]  # fmt: skip

@@ -6,6 +6,7 @@ The vLLM rows need vLLM installed (scripts/setup.sh --dev or --vllm)."""
 import argparse
 
 from bench import e2e, logprobs, overlap, padding, recovery, transport, vllm, weight_sync
+from grpo.host_memory import keep_freed_memory
 
 # name -> module, in the order of the table; each module's run(quick) returns its rows
 BENCHMARKS = {
@@ -25,6 +26,7 @@ if __name__ == "__main__":
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append",
                         help="run this benchmark only (repeatable)")  # fmt: skip
     args = parser.parse_args()
+    keep_freed_memory()  # as the workers do: the in-process benchmarks time the same kernels
     print(f"{'benchmark':<34} {'baseline':>12} {'ours':>12} unit")
     results = []
     for name in args.only or BENCHMARKS:

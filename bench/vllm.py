@@ -1,8 +1,9 @@
 """vLLM backend: new weights loaded into the running engine vs a fresh engine, and generation
 tokens/s of vLLM vs HF generate on the same GSM8K prompts (n answers each, same sampling).
 
-Both use the embedded SmolLM2-135M in float32. HF generates all sequences in one batch (its
-best case here); vLLM schedules them itself. Engine start-up is excluded from tokens/s and
+Both use the embedded SmolLM2-135M in float32 (--quick, the suite's smoke run: the tiny random
+model). HF generates all sequences in one batch (its best case here); vLLM schedules them
+itself. Engine start-up is excluded from tokens/s and
 reported in the notes. Skipped (no rows) where vLLM is not installed.
 """
 
@@ -34,7 +35,7 @@ def run(quick: bool = False) -> list[Result]:
         print("vllm: not installed (bash scripts/setup.sh --vllm), skipped")
         return []
     from grpo.config import load_config
-    from grpo.models import ensure_embedded_base, load_causal_lm, load_tokenizer
+    from grpo.models import build_tiny_model, ensure_embedded_base, load_causal_lm, load_tokenizer
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.vllm import VllmRollout
     from grpo.sampler.data import encode_prompts
@@ -48,7 +49,10 @@ def run(quick: bool = False) -> list[Result]:
         # quick (the test suite): no compilation, so the two engine starts take ~30 s, not ~80
         + ["rollout.vllm.enforce_eager=true"] * quick,
     )
+    scratch = tempfile.TemporaryDirectory()
     base = ensure_embedded_base()
+    if quick:
+        base = build_tiny_model(Path(scratch.name) / "tiny", base, heads=2)
     tokenizer = load_tokenizer(base)
     task = get_task("gsm8k")
     rows = task.load(str(REPO / task.default_test))[:questions]
@@ -87,6 +91,7 @@ def run(quick: bool = False) -> list[Result]:
                 restart = time.perf_counter() - t0
     finally:
         engine.close()
+        scratch.cleanup()
     mb = sum(p.numel() * p.element_size() for p in policy.parameters()) / 1e6
     restart_is = "the first start (--quick)" if quick else "shut down + start from the version dir"
     sizes = f"{len(prompts)} GSM8K prompts x {n} answers, {new_tokens} new tokens"

@@ -8,6 +8,7 @@ import warnings
 
 from grpo.config import ConfigError, describe, load_config
 from grpo.config.names import check_names
+from grpo.host_memory import keep_freed_memory
 from grpo.lifetime import die_with_parent
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
@@ -50,6 +51,7 @@ def without_launcher_args(argv: list[str]) -> list[str]:
 
 def main(role: str, argv: list[str]) -> int:
     die_with_parent()  # a trainer rank dies with its launcher, a role with launch.sh
+    keep_freed_memory()
     argv = without_launcher_args(argv)
     prog = {"sampler": "sampling_worker.py", "reward": "reward_worker.py"}.get(
         role, "training_worker.py"

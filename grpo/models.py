@@ -131,10 +131,11 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
 
 
 def build_tiny_model(
-    dest: Path, tokenizer_dir: Path, seed: int = 0, reward_head: bool = False
+    dest: Path, tokenizer_dir: Path, seed: int = 0, reward_head: bool = False, heads: int = 4
 ) -> Path:
     """A randomly initialised Llama-shaped model (about 3 M parameters) for tests; no download.
-    `reward_head`: a sequence classifier with one label, as reward models are."""
+    `reward_head`: a sequence classifier with one label, as reward models are. `heads`: 2 gives
+    heads of 32 dimensions, the smallest vLLM's CPU attention takes (4 gives 16)."""
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(tokenizer_dir)
     cfg = AutoConfig.for_model(
@@ -143,8 +144,8 @@ def build_tiny_model(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
     )
