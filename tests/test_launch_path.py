@@ -27,12 +27,12 @@ def test_trainer_command_is_the_same_on_cpu_and_gpu():
     assert argv == ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "2",
                     "--master_addr", "127.0.0.1", "--master_port", "29500",
                     "training_worker.py", *args]  # fmt: skip
-    # One rank on one node runs without torchrun, with the variables torchrun would set.
+    # One rank on one node runs without torchrun, with the variables torchrun would set but
+    # the rendezvous port: it needs none (test_a_world_of_one_needs_no_free_port).
     assert single_rank_env(load_config(DEMO, ["train.num_ranks=2"])) is None
     assert single_rank_env(load_config(DEMO, ["train.num_ranks=1", "train.nnodes=2"])) is None
     assert single_rank_env(load_config(DEMO, ["train.num_ranks=1"])) == {
         "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
     }  # fmt: skip
 
 
@@ -123,3 +123,28 @@ def test_placement_command_for_launch_sh():
     bad = subprocess.run([PYTHON, "-m", "grpo.placement", DEMO, "train.gpus=[0]"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "train.gpus lists 1 GPUs" in bad.stderr
+
+
+def test_a_world_of_one_needs_no_free_port():
+    """The single rank's process group and DeepSpeed's start while another program listens on
+    the configured master port (a port picked free before the launch can be taken by then)."""
+    script = """
+import os, socket, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+import deepspeed
+from grpo.trainer.loop import join_world_of_one, without_deepspeed_shm_op
+taken = socket.create_server(("127.0.0.1", 0))
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken.getsockname()[1]),
+                  RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+without_deepspeed_shm_op()
+join_world_of_one("gloo", timedelta(seconds=30))
+deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=30))
+x = torch.ones(3)
+dist.all_reduce(x)
+print("world", dist.get_world_size(), x.tolist())
+"""
+    proc = subprocess.run([PYTHON, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world 1 [1.0, 1.0, 1.0]" in proc.stdout

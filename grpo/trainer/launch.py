@@ -40,14 +40,12 @@ def torchrun_argv(cfg: Config, worker_args: list[str]) -> list[str]:
 
 def single_rank_env(cfg: Config) -> dict[str, str] | None:
     """The variables torchrun gives a rank, when this node runs the whole trainer as one rank
-    (then it runs without torchrun); None when torchrun must start the ranks."""
+    (then it runs without torchrun); None when torchrun must start the ranks. No master
+    address or port: a world of one rank rendezvous in its own process (run_trainer)."""
     t = cfg.train
     if t.nnodes != 1 or t.num_ranks != 1:
         return None
-    return {
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": t.master_addr, "MASTER_PORT": str(t.master_port),
-    }  # fmt: skip
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
 
 
 def main(argv: list[str]) -> int:
