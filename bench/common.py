@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import subprocess
@@ -72,7 +73,36 @@ def interleaved_best_times(
     return best
 
 
+def _unassigned_ports() -> range:
+    """Ports the kernel never hands out by itself: those below its ephemeral range, split
+    between pytest-xdist's workers. A port from the ephemeral range, found free, can be taken
+    by any program's next connection or gloo's listener before the run that was given it
+    binds it (seen: EADDRINUSE in the suite)."""
+    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    ephemeral_low = int(path.read_text().split()[0]) if path.exists() else 32768
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    share = max(0, ephemeral_low - 10000) // workers
+    return range(10000 + worker * share, 10000 + (worker + 1) * share)
+
+
+_next_port = random.randrange(1 << 16)  # where this process starts in its share
+
+
 def free_port() -> int:
+    """A loopback port nobody listens on, from this process's share of the unassigned ones
+    (any free port where there are too few of those)."""
+    global _next_port
+    ports = _unassigned_ports()
+    for _ in range(min(len(ports), 1000)):
+        port = ports[_next_port % len(ports)]
+        _next_port += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -8,7 +8,6 @@ arrays with zero-copy receive, the practical limit. Pickle appears here only as 
 from __future__ import annotations
 
 import pickle
-import socket
 
 import numpy as np
 import zmq
@@ -39,11 +38,8 @@ def make_batch(n_episodes: int, tokens: int, prompt: int = 128, seed: int = 0) -
 
 def _pair() -> tuple[zmq.Socket, zmq.Socket]:
     ctx = zmq.Context.instance()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    pull.bind(f"tcp://127.0.0.1:{port}")
+    port = pull.bind_to_random_port("tcp://127.0.0.1")  # bound at once: no other taker
     push.connect(f"tcp://127.0.0.1:{port}")
     for sock in (pull, push):
         sock.setsockopt(zmq.LINGER, 0)

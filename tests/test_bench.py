@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,20 @@ def test_gpu_benchmark_code_runs_on_cpu(tmp_path):
     assert "padded sdpa" in row["notes"] and "packed sdpa" in row["notes"]
     gen = json.loads((tmp_path / "gpu_smoke_hf_generate_static_vs_dynamic_cache.json").read_text())
     assert gen["baseline"] > 0 and gen["ours"] > 0  # tokens/s of both KV caches
+
+
+def test_free_ports_come_from_this_workers_share_outside_the_kernels_range(monkeypatch):
+    import socket
+
+    import bench.common
+
+    # a share no worker of this run has (the suite runs 2)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "8")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw5")
+    share = bench.common._unassigned_ports()
+    monkeypatch.setattr(bench.common, "_next_port", 0)
+    with socket.create_server(("127.0.0.1", share[0])):  # taken: skipped
+        ports = [bench.common.free_port() for _ in range(3)]
+    assert ports == [share[1], share[2], share[3]]
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    assert share[-1] < int(ephemeral[0]) and share[0] == 10000 + 5 * len(share)
