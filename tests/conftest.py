@@ -39,6 +39,14 @@ def tiny_model_dir(tmp_path_factory, base_model_dir) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", base_model_dir)
 
 
+@pytest.fixture(scope="session")
+def tiny_vllm_model_dir(tmp_path_factory, base_model_dir) -> Path:
+    """The tiny model with heads vLLM's CPU attention takes (32 dimensions, not 16)."""
+    from grpo.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", base_model_dir, heads=2)
+
+
 # One definition of fresh loopback ports, shared with the benchmarks.
 free_port = bench.common.free_port
 transport_overrides = bench.common.loopback_overrides
