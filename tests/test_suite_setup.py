@@ -1,0 +1,35 @@
+"""The suite's own machinery: what pyproject.toml's addopts rely on still does its job."""
+
+import os
+import subprocess
+
+from tests.conftest import PYTHON
+
+GROUPED_TESTS = """
+import os
+import pytest
+
+@pytest.mark.xdist_group("g")
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(i):
+    with open(os.path.join(os.environ["RAN_DIR"], f"ran_{i}"), "w") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path):
+    """The embedded-model tests take turns on one worker and each module's engine or straight
+    run is set up once only if --dist loadgroup groups them; a pytest that breaks it does so
+    silently (pytest-dev/pytest-xdist#1386), spreading the tests over both workers."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_grouped.py").write_text(GROUPED_TESTS)
+    (tmp_path / "t" / "pytest.ini").write_text("[pytest]\n")
+    proc = subprocess.run(
+        [PYTHON, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+         "t"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "RAN_DIR": str(tmp_path), "PYTEST_ADDOPTS": ""},  # not the outer run's
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    workers = {(tmp_path / f"ran_{i}").read_text() for i in range(6)}
+    assert len(workers) == 1, f"one group ran on {sorted(workers)}"
