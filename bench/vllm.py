@@ -3,8 +3,8 @@ tokens/s of vLLM vs HF generate on the same GSM8K prompts (n answers each, same 
 
 Both use the embedded SmolLM2-135M in float32 (--quick, the suite's smoke run: the tiny random
 model). HF generates all sequences in one batch (its best case here); vLLM schedules them
-itself. Engine start-up is excluded from tokens/s and
-reported in the notes. Skipped (no rows) where vLLM is not installed.
+itself. Engine start-up is excluded from tokens/s and reported in the notes. Skipped (no rows)
+where vLLM is not installed.
 """
 
 from __future__ import annotations
