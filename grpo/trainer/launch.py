@@ -41,7 +41,7 @@ def torchrun_argv(cfg: Config, worker_args: list[str]) -> list[str]:
 def single_rank_env(cfg: Config) -> dict[str, str] | None:
     """The variables torchrun gives a rank, when this node runs the whole trainer as one rank
     (then it runs without torchrun); None when torchrun must start the ranks. No master
-    address or port: a world of one rank rendezvous in its own process (run_trainer)."""
+    address or port: a world of one rank is formed in its own process (join_trainer_world)."""
     t = cfg.train
     if t.nnodes != 1 or t.num_ranks != 1:
         return None

@@ -406,18 +406,22 @@ def without_deepspeed_shm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def join_world_of_one(backend: str, timeout: timedelta) -> None:
-    """A process group of one rank over an in-process store. The env:// rendezvous would
-    listen on train.master_port, a port picked before the launch that another program can
-    take meanwhile (EADDRINUSE); a world of one has nobody to meet there."""
+def join_trainer_world(backend: str, timeout: timedelta) -> None:
+    """This rank's process group, through DeepSpeed. A world of one rank is formed first over
+    an in-process store, and DeepSpeed keeps it: the env:// rendezvous would listen on
+    train.master_port, a port picked before the launch that another program can take
+    meanwhile (EADDRINUSE), and a world of one has nobody to meet there."""
+    import deepspeed
     import torch.distributed as dist
 
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
 def run_trainer(cfg: Config) -> int:
-    import deepspeed
-
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
@@ -425,10 +429,7 @@ def run_trainer(cfg: Config) -> int:
     else:
         without_deepspeed_shm_op()
     timeout_s = collective_timeout_s(cfg)
-    timeout = timedelta(seconds=timeout_s)
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        join_world_of_one(backend, timeout)  # DeepSpeed then keeps this process group
-    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    join_trainer_world(backend, timedelta(seconds=timeout_s))
     try:
         Trainer(cfg).run()
         return 0
