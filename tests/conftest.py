@@ -13,6 +13,8 @@ import bench.common
 from grpo.host_memory import keep_freed_memory
 
 REPO = Path(__file__).resolve().parent.parent
+
+pytest_plugins = ["tests.ci_skips"]
 PYTHON = sys.executable
 
 # One thread per process, in the test workers and every process their runs start: the

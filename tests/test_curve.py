@@ -138,6 +138,7 @@ def _non_loopback_ip() -> str | None:
     return None if ip.startswith("127.") else ip
 
 
+@pytest.mark.must_run_in_ci  # the only check of the host filter from another address
 @pytest.mark.skipif(_non_loopback_ip() is None, reason="no non-loopback interface")
 def test_without_curve_a_stop_counts_only_from_this_host(caplog):
     """A trainer listening beyond loopback without CURVE: a stop arriving over the host's

@@ -1,7 +1,7 @@
 """Sampler and trainer in two network namespaces joined by a veth pair, as on two nodes:
 TCP with CURVE on, weights streamed (the sampler writes only to its own output_dir). The run
 completes, and a third process without an authorised key is refused. Needs root (ip netns);
-skipped with the reason otherwise."""
+skipped with the reason otherwise, except under CI=true, where a skip fails the run."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from tests.conftest import PYTHON, REPO
 from tests.test_chaos import finish, wait_for
 from tests.test_integration import tiny_config
 
-pytestmark = pytest.mark.slow
+# The only test of CURVE between two hosts: CI must run it (tests/ci_skips.py).
+pytestmark = [pytest.mark.slow, pytest.mark.must_run_in_ci]
 
 TRAINER_IP, SAMPLER_IP = "10.77.0.1", "10.77.0.2"
 

@@ -3,7 +3,7 @@
 import os
 import subprocess
 
-from tests.conftest import PYTHON
+from tests.conftest import PYTHON, REPO
 
 GROUPED_TESTS = """
 import os
@@ -33,3 +33,38 @@ def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     workers = {(tmp_path / f"ran_{i}").read_text() for i in range(6)}
     assert len(workers) == 1, f"one group ran on {sorted(workers)}"
+
+
+MUST_RUN = """
+import pytest
+
+@pytest.mark.must_run_in_ci
+def test_needs_a_second_host():
+    pytest.skip("no second interface")
+
+def test_may_skip():
+    pytest.skip("optional here")
+"""
+
+
+def test_a_skip_ci_must_not_have_fails_under_ci_and_every_skip_is_printed(tmp_path):
+    """Under CI=true a skip of a `must_run_in_ci` test fails the run with its reason; other
+    skips, and every skip outside CI, are listed with their reasons (-rfEs)."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_skips.py").write_text(MUST_RUN)
+    (tmp_path / "t" / "pytest.ini").write_text("[pytest]\naddopts = -rfEs -p tests.ci_skips\n")
+    env = {**os.environ, "PYTEST_ADDOPTS": "", "PYTHONPATH": str(REPO)}
+    runs = {}
+    for ci in ("true", ""):
+        runs[ci] = subprocess.run(
+            [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "t"], cwd=tmp_path,
+            capture_output=True, text=True, timeout=120, env={**env, "CI": ci},
+        )  # fmt: skip
+    under_ci, elsewhere = runs["true"], runs[""]
+    assert under_ci.returncode == 1, under_ci.stdout[-2000:]
+    assert "skipped under CI=true, where this test must run: no second interface" in (
+        under_ci.stdout
+    ), under_ci.stdout[-2000:]
+    assert "SKIPPED [1] t/test_skips.py" in under_ci.stdout and "optional here" in under_ci.stdout
+    assert elsewhere.returncode == 0, elsewhere.stdout[-2000:]
+    assert "no second interface" in elsewhere.stdout and "optional here" in elsewhere.stdout

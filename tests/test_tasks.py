@@ -373,8 +373,9 @@ def test_load_rows_json_must_be_list(tmp_path):
 
 
 def test_load_rows_parquet(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), path)
     assert load_rows(str(path)) == ROWS

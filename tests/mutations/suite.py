@@ -1,0 +1,19 @@
+"""The suite's own machinery: a skip CI must not have."""
+
+from __future__ import annotations
+
+from tests.mutations import Mutation
+
+MUTATIONS = (
+    Mutation(
+        name="ci_skips_never_fail",
+        item="skips CI can see: a must-run skip under CI=true fails the run",
+        path="tests/ci_skips.py",
+        old='os.environ.get("CI") == "true"',
+        new='os.environ.get("CI") == "never"',
+        tests=(
+            "tests/test_suite_setup.py::"
+            "test_a_skip_ci_must_not_have_fails_under_ci_and_every_skip_is_printed",
+        ),
+    ),
+)
