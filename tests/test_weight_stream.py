@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from grpo.delivery.versions import publish_version, verify_version, version_dir
+from grpo.wire import messages, weight_stream
 from grpo.wire.codec import Message
 from grpo.wire.sampler_channel import SamplerChannel
 from grpo.wire.trainer_channel import TrainerChannel
@@ -39,8 +39,18 @@ def channels(tmp_path: Path):
     trainer.close()
 
 
-def test_a_version_arrives_in_chunks_and_checks_out(channels):
+def test_a_version_arrives_in_chunks_and_checks_out(channels, monkeypatch):
     trainer, sampler, tmp = channels
+    # Every request the trainer's weights server answers, as (kind, file, offset). The server
+    # thread looks _reply up at each request, and a fetch returns only after the answer to its
+    # last request, so the list is complete when fetch returns.
+    served: list[tuple[str, str | None, int | None]] = []
+
+    def counted_reply(run_dir: Path, request: Message) -> Message:
+        served.append((request.kind, request.body.get("file"), request.body.get("offset")))
+        return _reply(run_dir, request)
+
+    monkeypatch.setattr(weight_stream, "_reply", counted_reply)
     size = 2 * CHUNK_BYTES + 12345  # three chunks
     source = _publish(tmp / "trainer", 3, size)
     local = sampler.weights.fetch(tmp / "sampler", 3, keep=2)
@@ -48,9 +58,15 @@ def test_a_version_arrives_in_chunks_and_checks_out(channels):
     verify_version(local)
     for name in ("model.safetensors", "config.json"):
         assert (local / name).read_bytes() == (source / name).read_bytes()
-    started = time.monotonic()
-    assert sampler.weights.fetch(tmp / "sampler", 3, keep=2) == local  # intact: no transfer
-    assert time.monotonic() - started < 1.0
+    # The manifest, then each file (in the manifest's sorted order) chunk by chunk.
+    assert served == [
+        (messages.MANIFEST, None, None),
+        (messages.CHUNK, "config.json", 0),
+        *((messages.CHUNK, "model.safetensors", k * CHUNK_BYTES) for k in range(3)),
+    ]
+    served.clear()
+    assert sampler.weights.fetch(tmp / "sampler", 3, keep=2) == local
+    assert served == []  # intact: no transfer, not even the manifest asked for
     for v in (4, 5):
         _publish(tmp / "trainer", v, 1000)
         sampler.weights.fetch(tmp / "sampler", v, keep=2)

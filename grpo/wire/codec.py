@@ -47,6 +47,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "FrameError",
     "Message",
+    "UncheckedFrameError",
     "bytes_to_frames",
     "decode",
     "encode_batch",
@@ -99,6 +100,12 @@ _ALIGN = 8
 
 class FrameError(ValueError):
     """A frame that cannot be decoded; the receiver logs and drops it."""
+
+
+class UncheckedFrameError(FrameError):
+    """A frame refused by an exception that no check of the decoder raised (an IndexError, a
+    numpy ValueError...): a gap in the validation. Receivers drop it like any FrameError; the
+    tests tell it apart, since every refusal should come from a check that names its cause."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +274,9 @@ def _decode_arrays(
     descs = header["arrays"]
     _require(isinstance(descs, list), "arrays must be a list of descriptors")
     _require(all(isinstance(d, dict) for d in descs), "array descriptor is not a map")
-    present = {d.get("name") for d in descs}
+    # A name that is not a str (a list is not even hashable) names no array: the count or the
+    # name check below refuses its descriptor.
+    present = {d.get("name") for d in descs if isinstance(d.get("name"), str)}
     specs = [s for s in ARRAY_SPECS if s[0] not in OPTIONAL_ARRAYS or s[0] in present]
     _require(len(descs) == len(specs), f"arrays must list {len(specs)} known descriptors")
     _require(len(frames) == 1 + len(specs), f"got {len(frames)} frames, expected {1 + len(specs)}")
@@ -356,7 +365,7 @@ def decode(frames: Sequence[Any], max_frame_bytes: int = MAX_FRAME_BYTES) -> Epi
     except FrameError:
         raise
     except Exception as e:  # a validation gap must still surface as a droppable frame
-        raise FrameError(f"undecodable frames: {type(e).__name__}: {e}") from e
+        raise UncheckedFrameError(f"undecodable frames: {type(e).__name__}: {e}") from e
 
 
 def _decode(frames: Sequence[Any], max_frame_bytes: int) -> EpisodeBatch | Message:
