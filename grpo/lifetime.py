@@ -28,18 +28,30 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent() -> None:
     """If GRPO_PARENT_PID names our parent: have the kernel SIGKILL us when it exits (Linux
-    prctl PR_SET_PDEATHSIG), and exit now if it is already gone. A process started some
-    other way (a user's shell, nohup, a supervisor) is left alone."""
-    wanted = os.environ.get(PARENT_ENV, "")
-    if not wanted.isdigit() or not sys.platform.startswith("linux"):
+    prctl PR_SET_PDEATHSIG), and exit now if it is already gone. A process that merely
+    inherited the variable (from an ancestor that still runs) is left alone, as is one
+    started some other way (a user's shell, nohup, a supervisor)."""
+    wanted = _named_pid()
+    if wanted is None or not sys.platform.startswith("linux"):
         return
-    if os.getppid() != int(wanted):
+    if os.getppid() != wanted and alive(wanted):
         return  # not started by the launcher that set it (the variable was inherited)
+    # Here our parent is the launcher, or the launcher is gone: then it started us and died
+    # before we got here, and we were reparented (to init or a subreaper).
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return
-    if os.getppid() != int(wanted):  # the parent died between the two checks
+    # The kernel signals only a parent's exit after the signal is set: a parent gone before
+    # (before the check above or between the two) has left us reparented.
+    if os.getppid() != wanted:
         os._exit(1)
+
+
+def _named_pid() -> int | None:
+    """The pid GRPO_PARENT_PID holds; None if it holds none (unset, empty, not a number, or
+    0, which no process has: a value that cannot name a parent is left alone, not obeyed)."""
+    value = os.environ.get(PARENT_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def die_with_ancestor() -> None:
@@ -47,18 +59,18 @@ def die_with_ancestor() -> None:
     the engine process the sampler started (and which runs none of our code). When the
     process GRPO_PARENT_PID names is gone, a watch thread SIGKILLs the processes between it
     and us, then exits: the engine dies with its sampler and the worker with the engine."""
-    wanted = os.environ.get(PARENT_ENV, "")
-    if not wanted.isdigit() or not sys.platform.startswith("linux"):
+    wanted = _named_pid()
+    if wanted is None or not sys.platform.startswith("linux"):
         return
-    if os.getppid() == int(wanted):
+    if os.getppid() == wanted:
         die_with_parent()
         return
-    between = _ancestors_below(int(wanted))
+    between = _ancestors_below(wanted)
     if between is None:
         return  # not below it: the variable was inherited by something else
 
     def watch() -> None:
-        while alive(int(wanted)):
+        while alive(wanted):
             time.sleep(0.5)
         for pid in between:
             with contextlib.suppress(OSError):

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from grpo.trainer.ranks import collective_failure
+from tests.conftest import REPO, free_port
 
 # Two real gloo ranks: rank 0 stalls past the timeout while rank 1 waits in a broadcast.
 _STALLED_RANK = textwrap.dedent(
@@ -36,10 +37,14 @@ _STALLED_RANK = textwrap.dedent(
 def test_a_stalled_rank_is_reported_with_the_timeout_and_the_key(tmp_path):
     script = tmp_path / "stalled.py"
     script.write_text(_STALLED_RANK)
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
-    line = next(x for x in out.splitlines() if x.startswith("FAILURE: rank 1"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # A port of its own: torchrun's default (29500) may be held by another test's ranks.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           f"--master_port={free_port()}", str(script)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("FAILURE: rank 1")]
+    assert lines, done.stdout[-3000:] + done.stderr[-3000:]
+    line = lines[0]
     assert line.startswith("FAILURE: rank 1 gave up waiting for the other trainer ranks (Timed")
     assert "transport.startup_timeout_s + peer_timeout_s = 2 s" in line
 

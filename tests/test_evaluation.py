@@ -174,9 +174,6 @@ def test_tensorboard_off_writes_no_event_files(tmp_path):
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["metrics.jsonl"]
 
 
-@pytest.mark.skipif(
-    __import__("importlib").util.find_spec("wandb") is None, reason="wandb is not installed"
-)
 def _wandb_history(run_file) -> dict[str, str]:
     """The history items in an offline run's .wandb file: a LevelDB-style log (a 7-byte file
     header, then 32 KiB blocks of records: crc32, length, type (1 whole, 2-4 first, middle,
