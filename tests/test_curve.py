@@ -47,7 +47,7 @@ def _intruder(addr: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
 
 def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog):
     cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10, curve_dir=str(keys))
-    trainer = TrainerChannel(cfg, version=4)
+    trainer = TrainerChannel(cfg, status=lambda: {"version": 4})
     try:
         # Strangers first: a wrong key (that knows the trainer's public key), and no CURVE.
         stranger_public, stranger_secret = zmq.curve_keypair()

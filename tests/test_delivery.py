@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger, SeqSet, overtaken
 from grpo.delivery.spool import Spool
+from grpo.delivery.trainer_endpoint import TrainerEndpoint
 from grpo.delivery.versions import (
     discard_versions_after,
     publish_version,
@@ -24,7 +26,6 @@ from grpo.sampler.data import question_order
 from grpo.trainer.state import truncate_metrics
 from grpo.wire.codec import FrameError, encode_batch, frames_to_bytes
 from grpo.wire.sampler_channel import SamplerChannel
-from grpo.wire.trainer_channel import TrainerChannel
 from tests.test_episode import assert_batches_identical, make_batch
 from tests.test_transport import _cfg
 
@@ -177,20 +178,36 @@ def _wait(cond, timeout: float = 5.0) -> bool:
     return cond()
 
 
+def _endpoint(cfg, ledger: Ledger, version: int) -> TrainerEndpoint:
+    expected = Expected(groups=1, group_size=2, arrays=frozenset(), vocab_size=1000)
+    return TrainerEndpoint(cfg, ledger, expected, version, max_held=4)
+
+
 def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
+    """What the trainer's endpoint reports, from its ledger, in every heartbeat: the batches
+    saved (acks) and trained (consumed); a resumed trainer's older ones replace them."""
     cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10)
-    trainer = TrainerChannel(cfg, version=5)
+    ledger = Ledger()
+    trainer = _endpoint(cfg, ledger, version=5)
     sampler = SamplerChannel(cfg, "s0")
     try:
         assert _wait(lambda: sampler.status.version == 5)
-        trainer.acks = {"s0": SeqSet(low=3).to_json(), "other": SeqSet(low=9).to_json()}
-        trainer.consumed = {"s0": SeqSet(low=3, extra={6}).to_json()}
+        for seq in range(4):
+            ledger.consume("s0", seq)
+        ledger.consume("other", 0)
+        ledger.mark_durable()
+        trainer.saved()
+        ledger.consume("s0", 6)
+        trainer.consumed()
         assert _wait(lambda: 3 in sampler.status.acked and 6 in sampler.status.consumed)
-        assert 4 not in sampler.status.acked and sampler.status.restarts == 0
+        assert 4 not in sampler.status.acked and 6 not in sampler.status.acked
+        assert sampler.status.trained == {"s0": 5, "other": 1} and sampler.status.restarts == 0
+        trainer.published(6)
+        assert _wait(lambda: sampler.status.version == 6)
         trainer.close()
         # Resumed from an older state: version 2, fewer acknowledgements. The sampler follows.
         resumed = Ledger({"s0": SeqSet(low=1)})
-        trainer = TrainerChannel(cfg, version=2, ledger=resumed)
+        trainer = _endpoint(cfg, resumed, version=2)
         assert _wait(lambda: sampler.status.restarts == 1)
         assert sampler.status.version == 2
         # What the old trainer said it trained (up to 6) is forgotten: the new one has only 0, 1.

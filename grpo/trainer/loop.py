@@ -24,9 +24,9 @@ from grpo.config import Config, save_config
 from grpo.config.names import GAE
 from grpo.config.passes import scored_by
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.admission import Expected, misfit
+from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
-from grpo.delivery.ordering import InOrder
+from grpo.delivery.trainer_endpoint import Endpoint, SilentEndpoint, TrainerEndpoint
 from grpo.delivery.versions import discard_versions_after, publish_version
 from grpo.metrics import EVAL_FILE, METRICS_FILE, peak_memory_gib
 from grpo.models import (
@@ -64,11 +64,8 @@ from grpo.trainer.scoring import score_on_ranks
 from grpo.trainer.update import mini_batch_seqs, ppo_update, train_on_batch
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
-from grpo.wire.trainer_channel import TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
-
-KEEPALIVE_S = 60.0  # rank 0 tells the other ranks it is still waiting for a batch this often
 
 
 class Trainer:
@@ -102,19 +99,14 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.evaluator = VersionEvaluator(cfg, self.tokenizer, self.rank, self.world)
         self.run_log: RunLog | None = None  # rank 0's, once the run dir is open
-        self.channel: TrainerChannel | None = None
+        # Rank 0's talks to the samplers once run() opens it; the other ranks' never does.
+        self.endpoint: Endpoint = SilentEndpoint()
         self.version = 0
         self.kl_reward_coef = cfg.algo.kl_reward_coef  # adapted each step with kl_ctrl adaptive
-        self.ledger = Ledger()
-        self.duplicates_dropped = 0
-        self.rejected_batches = 0
+        self.ledger = Ledger()  # every rank keeps it: it is part of the saved state
         self.start_step = 0
         if cfg.train.resume != "never":
             self.resume()
-        # Each sampler's batches in seq order, whatever order they arrive in after a restart.
-        self.order = InOrder(
-            self.ledger, cfg.rollout.spool_max_batches, cfg.transport.peer_timeout_s
-        )
 
     # ------------------------------------------------------------------ durable state
 
@@ -167,8 +159,7 @@ class Trainer:
         state_dir = self.run_dir / "train_state"
         train_state.save(state_dir, step, self.engines, client_state, self.state_fingerprint())
         self.ledger.mark_durable()
-        if self.channel is not None:
-            self.channel.acks = self.ledger.acks()
+        self.endpoint.saved()
 
     def publish(self, step: int) -> float:
         """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it;
@@ -183,51 +174,16 @@ class Trainer:
 
                 publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
         self.version = step
-        if self.rank != 0:
-            return time.monotonic() - t0
-        assert self.channel is not None
-        self.channel.published_version = step
-        self.channel.announce(messages.VERSION, version=step)
+        self.endpoint.published(step)
         return time.monotonic() - t0
 
-    def reject(self, batch: EpisodeBatch, why: str) -> None:
-        """Drop a batch this trainer cannot train on, and tell its sampler, which stops with
-        the reason: the run goes on for any other sampler, and a peer cannot end it this way."""
-        assert self.channel is not None
-        self.rejected_batches += 1
-        log.warning("dropped batch %d from %s (%d so far): %s", batch.seq, batch.sampler_id,
-                    self.rejected_batches, why)  # fmt: skip
-        self.channel.announce(
-            messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq, reason=why
-        )
-
-    def already_have(self, batch: EpisodeBatch) -> bool:
-        """Trained on, or held until its predecessors are: a resend after a restart."""
-        sid, seq = batch.sampler_id, batch.seq
-        return self.ledger.is_duplicate(sid, seq) or self.order.is_held(sid, seq)
-
     def receive(self) -> tuple[EpisodeBatch | None, float]:
-        """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive; if that
-        fails, the other ranks are told to stop."""
-        if self.rank != 0:
-            return None, 0.0
-        assert self.channel is not None
+        """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive meanwhile;
+        if that fails, the other ranks are told to stop. The other ranks return at once."""
         t0 = time.monotonic()
         ACTIVITY.enter(WAITING, "for a batch")
         try:
-            while (batch := self.order.pop_ready()) is None:
-                batch = self.channel.recv_batch(wait_s=KEEPALIVE_S)
-                if batch is None:
-                    broadcast_size(KEEPALIVE)
-                elif self.already_have(batch):
-                    self.duplicates_dropped += 1  # a resend of a batch already trained on
-                    log.info("dropped batch %d from %s: already trained on or held",
-                             batch.seq, batch.sampler_id)  # fmt: skip
-                elif (why := misfit(batch, self.expected)) is not None:
-                    self.reject(batch, why)
-                else:
-                    self.order.hold(batch)  # and taken at once when it is the next one
-                    self.channel.consumed = self.order.received_json()
+            batch = self.endpoint.next_batch(keepalive=lambda: broadcast_size(KEEPALIVE))
         except BaseException:
             broadcast_batch(None, 0, self.cfg.transport.max_frame_bytes)
             raise
@@ -272,9 +228,7 @@ class Trainer:
         train_s = time.monotonic() - t0
         peak_mem = float(max_across_ranks(torch.tensor([peak_memory_gib()])))
         self.ledger.consume(batch.sampler_id, batch.seq)
-        if self.channel is not None:
-            self.channel.consumed = self.order.received_json()
-            self.channel.trained = self.ledger.trained_counts()
+        self.endpoint.consumed()
         publish_s, state_s = 0.0, 0.0
         last = step == cfg.train.total_steps
         if (step % cfg.train.sync_interval == 0 or last) and publishes_here(self.engine, self.rank):
@@ -289,10 +243,7 @@ class Trainer:
             step, batch, cfg, self.world,
             counters={
                 "published_version": self.version,
-                "duplicates_dropped": self.duplicates_dropped,
-                "rejected_frames": self.channel.rejected_frames if self.channel else 0,
-                "refused_messages": self.channel.refused_messages if self.channel else 0,
-                "rejected_batches": self.rejected_batches,
+                **self.endpoint.counters(),
                 **{f"{engine}_steps_skipped": n for engine, n in skipped.items()},
             },
             numbers=batch_numbers | {"kl_reward_coef": kl_coef_used} | train_metrics,
@@ -332,8 +283,10 @@ class Trainer:
         if self.rank == 0:
             # First: a busy port moves nothing. A resumed trainer announces its own version
             # and acknowledgements from its very first heartbeat.
-            self.channel = TrainerChannel(cfg.transport, self.version, self.ledger, self.run_dir)
-            self.channel.exit_on_stall = True
+            self.endpoint = TrainerEndpoint(
+                cfg.transport, self.ledger, self.expected, self.version,
+                max_held=cfg.rollout.spool_max_batches, run_dir=self.run_dir, exit_on_stall=True,
+            )  # fmt: skip
             self.open_run_dir()
             self.run_log = RunLog(cfg, self.start_step)
             log.info(
@@ -369,22 +322,15 @@ class Trainer:
                 self.evaluate(step)  # version `step` is out: the samplers go on meanwhile
             if self.start_step < cfg.train.total_steps:
                 self.save_state(cfg.train.total_steps)
-            if self.channel is not None:
-                self.channel.announce(messages.DONE, version=self.version)
-                if cfg.transport.weights_addr:
-                    self.channel.wait_for_byes()
+            self.endpoint.finish()
         except BaseException as e:
-            if self.rank == 0 and self.channel is not None:
-                failure = collective_failure(e, self.rank, collective_timeout_s(cfg))
-                reason = (
-                    messages.INTERRUPTED if isinstance(e, KeyboardInterrupt) else failure or str(e)
-                )
-                self.channel.announce(messages.STOP, reason=reason, version=self.version)
+            failure = collective_failure(e, self.rank, collective_timeout_s(cfg))
+            interrupted = isinstance(e, KeyboardInterrupt)
+            self.endpoint.stop(messages.INTERRUPTED if interrupted else failure or str(e))
             raise
         finally:
             bar.close()
-            if self.channel is not None:
-                self.channel.close()
+            self.endpoint.close()
             if self.run_log is not None:
                 self.run_log.close()
         if self.rank == 0:

@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ from zmq.utils.monitor import recv_monitor_message
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.ledger import Ledger
 from grpo.delivery.pool import SamplerPool
 from grpo.lifetime import exit_soon
 from grpo.progress import ACTIVITY, Watchdog
@@ -36,12 +36,16 @@ class TrainerChannel:
     def __init__(
         self,
         cfg: TransportConfig,
-        version: int = 0,
-        ledger: Ledger | None = None,
         run_dir: Path | None = None,
+        status: Callable[[], dict[str, Any]] = dict,
+        exit_on_stall: bool = False,
     ):
-        """`version`, `ledger`: a resumed trainer's, announced from the first heartbeat on.
-        `run_dir`: whose version dirs to serve on transport.weights_addr, if that is set."""
+        """`run_dir`: whose version dirs to serve on transport.weights_addr, if that is set.
+        `status`: what each heartbeat and announcement tells the samplers (version, acks,
+        consumed, trained), built by the delivery layer above (grpo.delivery.
+        trainer_endpoint); the channel adds only its own liveness fields. `exit_on_stall`:
+        end the process when its main thread stalls (the trainer's does; tests in-process
+        do not)."""
         self.cfg = cfg
         self.ctx = zmq.Context()
         self.pull = new_socket(self.ctx, zmq.PULL, linger_ms=0)
@@ -78,15 +82,11 @@ class TrainerChannel:
         self.pool = SamplerPool(cfg.peer_timeout_s, cfg.stall_timeout_s)
         self.opened_at = time.monotonic()  # startup_timeout_s counts from here
         self.alive = 0  # samplers alive, as the heartbeats tell them (they pace by it)
-        self.published_version = version
         self.incarnation = uuid.uuid4().hex[:12]
-        # Replaced whole by the trainer: acks at each state save, consumed after each step.
-        self.acks: dict[str, Any] = ledger.acks() if ledger else {}
-        self.consumed: dict[str, Any] = ledger.consumed_json() if ledger else {}
-        self.trained: dict[str, int] = ledger.trained_counts() if ledger else {}
+        self._status = status
         # Run in the heartbeat thread when this process's own work stalls (see grpo.progress).
         self.watchdog = Watchdog(cfg.stall_timeout_s, self._stalled)
-        self.exit_on_stall = False  # the trainer's process sets it; tests in-process do not
+        self._exit_on_stall = exit_on_stall
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
@@ -143,11 +143,8 @@ class TrainerChannel:
 
     def _body(self, **extra: Any) -> dict[str, Any]:
         return {
-            "version": self.published_version,
+            **self._status(),
             "incarnation": self.incarnation,
-            "acks": self.acks,
-            "consumed": self.consumed,
-            "trained": self.trained,
             "alive": self.alive,
             **ACTIVITY.snapshot().to_json(),
             **extra,
@@ -158,8 +155,8 @@ class TrainerChannel:
         the process, which a hung step would otherwise keep forever (torchrun then stops the
         other ranks)."""
         log.error("trainer: %s", why)
-        self.announce(messages.STOP, reason=f"trainer: {why}", version=self.published_version)
-        if self.exit_on_stall:
+        self.announce(messages.STOP, reason=f"trainer: {why}")
+        if self._exit_on_stall:
             exit_soon(f"trainer: {why}", grace_s=self.watchdog.exit_grace_s)
 
     def announce(self, kind: str, **extra: Any) -> None:
