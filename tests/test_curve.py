@@ -17,7 +17,7 @@ from grpo.wire.keys import generate
 from grpo.wire.sampler_channel import SamplerChannel
 from grpo.wire.trainer_channel import TrainerChannel
 from tests.conftest import PYTHON, REPO
-from tests.test_transport import _batch, _cfg
+from tests.test_transport import _batch, _cfg, trainer_endpoint
 
 
 @pytest.fixture
@@ -47,26 +47,26 @@ def _intruder(addr: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
 
 def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog):
     cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10, curve_dir=str(keys))
-    trainer = TrainerChannel(cfg, status=lambda: {"version": 4})
+    trainer = trainer_endpoint(cfg, version=4)
     try:
         # Strangers first: a wrong key (that knows the trainer's public key), and no CURVE.
         stranger_public, stranger_secret = zmq.curve_keypair()
         trainer_public, _ = zmq.auth.load_certificate(keys / "trainer.key")
         _intruder(cfg.episodes_addr, (stranger_public, stranger_secret, trainer_public))
         _intruder(cfg.episodes_addr, None)
-        assert trainer.recv_batch(wait_s=1.0) is None
+        assert trainer.receive_batch(wait_s=1.0) is None
         assert not trainer.pool.members  # not even their heartbeats counted
         deadline = time.monotonic() + 5
-        while trainer.refused_handshakes < 2 and time.monotonic() < deadline:
+        while trainer.channel.refused_handshakes < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert trainer.refused_handshakes >= 2
+        assert trainer.channel.refused_handshakes >= 2
         assert "refused a peer with an unauthorised CURVE key" in caplog.text
         assert "security handshake failed" in caplog.text
         # The sampler with its key: batches in, the trainer's version out.
         sampler = SamplerChannel(cfg, "sampler-0")
         try:
             sampler.send_batch(_batch(0))
-            assert trainer.recv_batch(wait_s=5).seq == 0
+            assert trainer.receive_batch(wait_s=5).seq == 0
             deadline = time.monotonic() + 5
             while sampler.status.version != 4 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -107,20 +107,20 @@ def test_a_message_counts_only_from_the_key_of_the_sampler_it_names(tmp_path, ca
 
     generate(tmp_path / "k", samplers=2)
     cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10, curve_dir=str(tmp_path / "k"))
-    trainer = TrainerChannel(cfg)
+    trainer = trainer_endpoint(cfg)
     impostor = SamplerChannel(cfg, "sampler-1")
     try:
         impostor.sampler_id = "sampler-0"  # its own key, another's name
         impostor.send_stop("let me end your run")
         impostor.send_batch(_batch(0))  # the batch's own sampler_id: sampler-0
-        assert trainer.recv_batch(wait_s=2) is None
-        assert trainer.refused_messages >= 2
+        assert trainer.receive_batch(wait_s=2) is None
+        assert trainer.channel.refused_messages >= 2
         assert "a stop in the name of 'sampler-0' with the key of 'sampler-1'" in caplog.text
         assert "a batch in the name of 'sampler-0' with the key of 'sampler-1'" in caplog.text
         impostor.sampler_id = "sampler-1"
         impostor.send_stop("my own reason")
         with pytest.raises(PeerError, match="sampler sampler-1 stopped: my own reason"):
-            trainer.recv_batch(wait_s=5)
+            trainer.receive_batch(wait_s=5)
     finally:
         impostor.close()
         trainer.close()
@@ -151,7 +151,7 @@ def test_without_curve_a_stop_counts_only_from_this_host(caplog):
     cfg = TransportConfig(episodes_addr=f"tcp://0.0.0.0:{port}",
                           control_addr=f"tcp://127.0.0.1:{free_port()}", heartbeat_s=0.1,
                           peer_timeout_s=10, startup_timeout_s=10)  # fmt: skip
-    trainer = TrainerChannel(cfg)
+    trainer = trainer_endpoint(cfg)
     ctx = zmq.Context()
     try:
         for host, reason in ((ip, "from afar"), ("127.0.0.1", "from here")):
@@ -161,11 +161,11 @@ def test_without_curve_a_stop_counts_only_from_this_host(caplog):
             stop = Message("stop", {"sampler_id": "sampler-0", "reason": reason})
             sock.send_multipart(encode_message(stop))
             if host == ip:
-                assert trainer.recv_batch(wait_s=2) is None
+                assert trainer.receive_batch(wait_s=2) is None
                 assert f"a stop from {ip}, not this host, on a port without CURVE" in caplog.text
             else:
                 with pytest.raises(PeerError, match="sampler sampler-0 stopped: from here"):
-                    trainer.recv_batch(wait_s=5)
+                    trainer.receive_batch(wait_s=5)
             sock.close()
     finally:
         trainer.close()

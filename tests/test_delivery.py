@@ -11,10 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo.delivery.admission import Expected
-from grpo.delivery.ledger import Ledger, SeqSet, overtaken
+from grpo.core.seqset import SeqSet
+from grpo.delivery.ledger import Ledger, overtaken
 from grpo.delivery.spool import Spool
-from grpo.delivery.trainer_endpoint import TrainerEndpoint
 from grpo.delivery.versions import (
     discard_versions_after,
     publish_version,
@@ -27,7 +26,7 @@ from grpo.trainer.state import truncate_metrics
 from grpo.wire.codec import FrameError, encode_batch, frames_to_bytes
 from grpo.wire.sampler_channel import SamplerChannel
 from tests.test_episode import assert_batches_identical, make_batch
-from tests.test_transport import _cfg
+from tests.test_transport import _cfg, trainer_endpoint
 
 # --------------------------------------------------------------------------- ledger
 
@@ -178,17 +177,12 @@ def _wait(cond, timeout: float = 5.0) -> bool:
     return cond()
 
 
-def _endpoint(cfg, ledger: Ledger, version: int) -> TrainerEndpoint:
-    expected = Expected(groups=1, group_size=2, arrays=frozenset(), vocab_size=1000)
-    return TrainerEndpoint(cfg, ledger, expected, version, max_held=4)
-
-
 def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
     """What the trainer's endpoint reports, from its ledger, in every heartbeat: the batches
     saved (acks) and trained (consumed); a resumed trainer's older ones replace them."""
     cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10)
     ledger = Ledger()
-    trainer = _endpoint(cfg, ledger, version=5)
+    trainer = trainer_endpoint(cfg, ledger, version=5)
     sampler = SamplerChannel(cfg, "s0")
     try:
         assert _wait(lambda: sampler.status.version == 5)
@@ -207,7 +201,7 @@ def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
         trainer.close()
         # Resumed from an older state: version 2, fewer acknowledgements. The sampler follows.
         resumed = Ledger({"s0": SeqSet(low=1)})
-        trainer = _endpoint(cfg, resumed, version=2)
+        trainer = trainer_endpoint(cfg, resumed, version=2)
         assert _wait(lambda: sampler.status.restarts == 1)
         assert sampler.status.version == 2
         # What the old trainer said it trained (up to 6) is forgotten: the new one has only 0, 1.

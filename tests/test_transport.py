@@ -10,6 +10,9 @@ import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import Episode, EpisodeBatch
+from grpo.delivery.admission import Expected
+from grpo.delivery.ledger import Ledger
+from grpo.delivery.trainer_endpoint import TrainerEndpoint
 from grpo.wire.channels import PeerError
 from grpo.wire.sampler_channel import SamplerChannel
 from grpo.wire.trainer_channel import TrainerChannel
@@ -25,11 +28,18 @@ def _cfg(**kw) -> TransportConfig:
     )
 
 
+def trainer_endpoint(cfg: TransportConfig, ledger: Ledger | None = None, version: int = 0):
+    """The trainer's delivery endpoint (over its channel), for batches of 1 group of 2."""
+    expected = Expected(groups=1, group_size=2, arrays=frozenset(), vocab_size=1000)
+    return TrainerEndpoint(cfg, ledger or Ledger(), expected, version, max_held=4)
+
+
 @contextmanager
-def connected(**kw) -> Iterator[tuple[TrainerChannel, SamplerChannel]]:
-    """A trainer and a sampler channel on fresh loopback ports, closed afterwards."""
+def connected(**kw) -> Iterator[tuple[TrainerEndpoint, SamplerChannel]]:
+    """The trainer's endpoint and a sampler channel on fresh loopback ports, closed
+    afterwards."""
     cfg = _cfg(**kw)
-    trainer = TrainerChannel(cfg)
+    trainer = trainer_endpoint(cfg)
     sampler = SamplerChannel(cfg, "s0")
     try:
         yield trainer, sampler
@@ -59,7 +69,7 @@ def test_batch_arrives_and_garbage_is_dropped():
     with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
         rogue = zmq.Context.instance().socket(zmq.PUSH)
         rogue.setsockopt(zmq.LINGER, 0)
-        rogue.connect(trainer.cfg.episodes_addr)
+        rogue.connect(trainer.transport.episodes_addr)
         rogue.send_multipart([b"garbage", b"\x00" * 10])
         rogue.send(b"\x93\x01\x02")
         time.sleep(0.3)
@@ -67,31 +77,31 @@ def test_batch_arrives_and_garbage_is_dropped():
         got = []
         for seq in range(6):
             sampler.send_batch(_batch(seq))
-            got.append(trainer.recv_batch())
-            if trainer.rejected_frames == 2:
+            got.append(trainer.receive_batch())
+            if trainer.channel.rejected_frames == 2:
                 break
         rogue.close()
         assert [b.seq for b in got] == list(range(len(got)))
         assert got[0].episodes[1].reward == 1.0
-        assert trainer.rejected_frames == 2
-        trainer.announce("version", version=4)
+        assert trainer.channel.rejected_frames == 2
+        trainer.channel.announce("version", version=4)
         deadline = time.monotonic() + 5
         while sampler.status.version != 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sampler.status.seen and sampler.status.version == 4
-        trainer.announce("done", version=4)
+        trainer.channel.announce("done", version=4)
         assert sampler.stopped.wait(5) and sampler.status.done
 
 
 def test_trainer_gives_up_on_a_silent_sampler():
-    """Across calls too: the trainer waits in slices (recv_batch(wait_s=...), to keep its other
-    ranks alive), and a new slice must not restart the startup clock."""
-    trainer = TrainerChannel(_cfg(peer_timeout_s=1, startup_timeout_s=1.5))
+    """Across calls too: the trainer waits in slices (receive_batch(wait_s=...), to keep its
+    other ranks alive), and a new slice must not restart the startup clock."""
+    trainer = trainer_endpoint(_cfg(peer_timeout_s=1, startup_timeout_s=1.5))
     deadline = time.monotonic() + 10
     try:
         with pytest.raises(PeerError, match="no message yet from any sampler"):
             while time.monotonic() < deadline:
-                trainer.recv_batch(wait_s=0.5)
+                trainer.receive_batch(wait_s=0.5)
     finally:
         trainer.close()
 
@@ -113,24 +123,24 @@ def test_the_last_samplers_stop_ends_the_trainer_with_its_reason():
         with pytest.raises(
             PeerError, match="^no sampler left: sampler s0 stopped: interrupted by SIGINT$"
         ):
-            trainer.recv_batch()
+            trainer.receive_batch()
 
 
 def test_a_stop_or_silence_drops_one_sampler_and_the_others_go_on():
     """Samplers are a pool: one stopping or going silent is dropped by name, with what it was
     last doing; batches from the others still arrive; the run ends when none is left."""
     with connected(peer_timeout_s=1.0, startup_timeout_s=5) as (trainer, s0):
-        s1, s2 = SamplerChannel(trainer.cfg, "s1"), SamplerChannel(trainer.cfg, "s2")
+        s1, s2 = SamplerChannel(trainer.transport, "s1"), SamplerChannel(trainer.transport, "s2")
         try:
             deadline = time.monotonic() + 5
             while len(trainer.pool.alive()) < 3 and time.monotonic() < deadline:
-                trainer.recv_batch(wait_s=0.2)
+                trainer.receive_batch(wait_s=0.2)
             assert trainer.pool.alive() == ["s0", "s1", "s2"]
             s1.send_stop("crashed: RuntimeError: boom")
             s2.close()  # silent from now on
             s0.send_batch(_batch(0, "s0"))
-            assert trainer.recv_batch().sampler_id == "s0"  # not ended by s1's stop
-            assert trainer.recv_batch(wait_s=2.5) is None  # s2 is dropped meanwhile
+            assert trainer.receive_batch().sampler_id == "s0"  # not ended by s1's stop
+            assert trainer.receive_batch(wait_s=2.5) is None  # s2 is dropped meanwhile
             assert trainer.pool.alive() == ["s0"]
             assert trainer.alive == 1
             why = {sid: m.why for sid, m in trainer.pool.members.items()}
@@ -138,7 +148,7 @@ def test_a_stop_or_silence_drops_one_sampler_and_the_others_go_on():
             assert why["s2"].startswith("sampler s2 dropped: silent for 1 s (limit 1 s); last ")
             s0.send_stop("done here")
             with pytest.raises(PeerError, match="^no sampler left: .*s0 stopped: done here"):
-                trainer.recv_batch()
+                trainer.receive_batch()
         finally:
             s1.close()
             s2.close()
@@ -159,16 +169,16 @@ def test_queued_heartbeats_count_after_a_long_training_step():
     next batch) are queued, not missing."""
     with connected(peer_timeout_s=1, startup_timeout_s=5) as (trainer, sampler):
         sampler.send_batch(_batch(0))
-        assert trainer.recv_batch().seq == 0
+        assert trainer.receive_batch().seq == 0
         time.sleep(1.5)  # "training"
         sampler.send_batch(_batch(1))
-        assert trainer.recv_batch().seq == 1
+        assert trainer.receive_batch().seq == 1
 
 
 def test_recv_returns_none_after_wait_while_the_sampler_lives():
     with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
         started = time.monotonic()
-        assert trainer.recv_batch(wait_s=1.0) is None
+        assert trainer.receive_batch(wait_s=1.0) is None
         assert 1.0 <= time.monotonic() - started < 3.0
 
 
@@ -192,8 +202,8 @@ def test_a_rejected_batch_stops_only_the_sampler_that_sent_it():
         deadline = time.monotonic() + 5
         while not sampler.status.seen and time.monotonic() < deadline:  # subscribed by now
             time.sleep(0.05)
-        trainer.announce("rejected", sampler_id="another", seq=3, reason="wrong shape")
-        trainer.announce("rejected", sampler_id="s0", seq=4, reason="it has 2 groups of 2")
+        trainer.channel.announce("rejected", sampler_id="another", seq=3, reason="wrong shape")
+        trainer.channel.announce("rejected", sampler_id="s0", seq=4, reason="it has 2 groups of 2")
         assert sampler.stopped.wait(5)
         assert sampler.status.stop_reason == "the trainer rejected batch 4: it has 2 groups of 2"
         assert not sampler.status.done

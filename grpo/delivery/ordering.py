@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.ledger import Ledger, SeqSet
+from grpo.core.seqset import SeqSet
+from grpo.delivery.ledger import Ledger
 
 log = logging.getLogger("grpo.trainer")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.ledger import SeqSet
+from grpo.core.seqset import SeqSet
 from grpo.delivery.versions import write_atomic
 from grpo.wire.codec import FrameError, bytes_to_frames, decode, frames_to_bytes
 

@@ -4,8 +4,9 @@ Below it, the channel (grpo.wire.trainer_channel) moves frames and keeps the soc
 the trainer asks for the next batch and reports what it did: trained on it, saved the state
 that holds it, published a version. The endpoint owns the protocol state in between: the
 ledger of what was trained and saved, the batches held until their predecessors arrive
-(grpo.delivery.ordering), the admission check (grpo.delivery.admission), and the status that
-every heartbeat carries, which it alone builds.
+(grpo.delivery.ordering), the admission check (grpo.delivery.admission), the pool of samplers
+and which of them are alive (grpo.delivery.pool), and the status that every heartbeat
+carries, which it alone builds.
 
 Rank 0 holds a `TrainerEndpoint`; every other rank a `SilentEndpoint`, which does nothing, so
 the training loop calls the same methods on every rank and checks no rank itself.
@@ -14,6 +15,7 @@ the training loop calls the same methods on every rank and checks no rank itself
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +25,10 @@ from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected, misfit
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
+from grpo.delivery.pool import SamplerPool
 from grpo.wire import messages
+from grpo.wire.channels import PeerError
+from grpo.wire.codec import Message
 from grpo.wire.trainer_channel import TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
@@ -63,12 +68,15 @@ class TrainerEndpoint:
         self.expected = expected
         self.version = version
         self.order = InOrder(ledger, max_held, transport.peer_timeout_s)
+        self.pool = SamplerPool(transport.peer_timeout_s, transport.stall_timeout_s)
+        self.alive = 0  # samplers alive, as the heartbeats tell them (they pace by it)
         self.duplicates_dropped = 0
         self.rejected_batches = 0
+        self.transport = transport
         self._status = self._current_status()
-        self._weights_served = bool(transport.weights_addr)
         # Last: the channel's heartbeat thread starts reading the status at once.
         self.channel = TrainerChannel(transport, run_dir, lambda: self._status, exit_on_stall)
+        self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
     def _current_status(self) -> dict[str, Any]:
         """What every heartbeat tells the samplers (rebuilt whole on each change: the
@@ -78,6 +86,7 @@ class TrainerEndpoint:
             "acks": self.ledger.acks(),
             "consumed": self.order.received_json(),
             "trained": self.ledger.trained_counts(),
+            "alive": self.alive,
         }
 
     def _refresh(self) -> None:
@@ -89,7 +98,7 @@ class TrainerEndpoint:
         `keepalive` every KEEPALIVE_S while none comes; raises PeerError when no sampler is
         left."""
         while (batch := self.order.pop_ready()) is None:
-            batch = self.channel.recv_batch(wait_s=KEEPALIVE_S)
+            batch = self.receive_batch(wait_s=KEEPALIVE_S)
             if batch is None:
                 keepalive()
             elif self._already_have(batch):
@@ -102,6 +111,60 @@ class TrainerEndpoint:
                 self.order.hold(batch)  # and taken at once when it is the next one
                 self._refresh()
         return batch
+
+    def receive_batch(self, wait_s: float | None = None) -> EpisodeBatch | None:
+        """The next batch to arrive, or None if `wait_s` passed without one, keeping the pool
+        up to date meanwhile. Raises PeerError when the samplers stop or go silent."""
+        started = time.monotonic()
+        while True:
+            item = self.channel.receive(timeout_ms=500)
+            if item is not None:
+                self._heard(item)
+            if isinstance(item, EpisodeBatch):
+                return item
+            if isinstance(item, Message) and item.kind == messages.STOP:
+                reason = str(item.body.get("reason", "no reason given"))
+                self.pool.stopped(str(item.body.get("sampler_id")), reason)
+                self._raise_if_none_left()
+            # Judge silence only once what is queued is read: after a long training step the
+            # samplers' heartbeats (and next batches) are waiting here, not missing.
+            if not self.channel.pending():
+                self._check_pool()
+            if wait_s is not None and time.monotonic() - started > wait_s:
+                return None
+
+    def _heard(self, item: EpisodeBatch | Message) -> None:
+        """Anything from a sampler shows it alive; its heartbeat also says what it is doing."""
+        batch = isinstance(item, EpisodeBatch)
+        sampler_id = item.sampler_id if batch else item.body.get("sampler_id")
+        if isinstance(sampler_id, str):
+            heartbeat = not batch and item.kind == messages.HEARTBEAT
+            self.pool.heard(sampler_id, item.body if heartbeat else None)
+
+    def _check_pool(self) -> None:
+        """Drop the samplers gone silent or stalled; raise PeerError when none is left, or
+        none came within transport.startup_timeout_s."""
+        if not self.pool.members:
+            # From the endpoint's opening, not this call's: the trainer calls again every
+            # KEEPALIVE_S, which would otherwise restart the clock for ever.
+            waited, limit = time.monotonic() - self.opened_at, self.transport.startup_timeout_s
+            if waited > limit:
+                raise PeerError(
+                    f"no message yet from any sampler on {self.transport.episodes_addr} for "
+                    f"{waited:.0f} s (limit {limit:.0f} s): is the sampler running and "
+                    "connecting to this address? Check its log."
+                )
+            return
+        self.pool.check()
+        self._raise_if_none_left()
+
+    def _raise_if_none_left(self) -> None:
+        alive = len(self.pool.alive())
+        if alive != self.alive:
+            self.alive = alive
+            self._refresh()
+        if (why := self.pool.none_left()) is not None:
+            raise PeerError(why)
 
     def _already_have(self, batch: EpisodeBatch) -> bool:
         """Trained on, or held until its predecessors are: a resend after a restart."""
@@ -134,8 +197,25 @@ class TrainerEndpoint:
     def finish(self) -> None:
         """The run is done: tell the samplers; serve weights until each has said bye."""
         self.channel.announce(messages.DONE)
-        if self._weights_served:
-            self.channel.wait_for_byes()
+        if self.transport.weights_addr:
+            self._wait_for_byes()
+
+    def _wait_for_byes(self) -> None:
+        """After done, with weights served from here: a sampler may still be fetching a
+        version, so serve until each has said bye or gone silent."""
+        waiting, members = set(self.pool.alive()), self.pool.members
+        while waiting:
+            item = self.channel.receive(timeout_ms=500)
+            if item is not None:
+                self._heard(item)
+            if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
+                waiting.discard(item.body.get("sampler_id"))
+            now = time.monotonic()
+            silent = {s for s in waiting
+                      if now - members[s].last_seen > self.transport.peer_timeout_s}  # fmt: skip
+            for sid in silent:
+                log.warning("sampler %s went silent before saying bye", sid)
+            waiting -= silent
 
     def stop(self, reason: str) -> None:
         self.channel.announce(messages.STOP, reason=reason)

@@ -16,7 +16,7 @@ import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.ledger import SeqSet
+from grpo.core.seqset import SeqSet
 from grpo.lifetime import exit_soon
 from grpo.progress import ACTIVITY, Watchdog
 from grpo.wire import messages

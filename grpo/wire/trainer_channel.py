@@ -1,13 +1,13 @@
-"""The trainer's end of the channels: binds, receives batches, announces versions, done, stop
-and acknowledgements in heartbeats, serves weights, and keeps the pool of samplers (which are
-alive, which to drop: grpo.delivery.pool)."""
+"""The trainer's end of the channels: binds, receives what authorised peers send, sends
+heartbeats and announcements, and serves weights. What the messages mean (which batch to
+train, which sampler is alive, what to acknowledge) is the delivery layer's:
+grpo.delivery.trainer_endpoint."""
 
 from __future__ import annotations
 
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +18,6 @@ from zmq.utils.monitor import recv_monitor_message
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.pool import SamplerPool
 from grpo.lifetime import exit_soon
 from grpo.progress import ACTIVITY, Watchdog
 from grpo.wire import messages
@@ -79,9 +78,6 @@ class TrainerChannel:
             self.ctx.term()
             raise
         self.rejected_frames = 0
-        self.pool = SamplerPool(cfg.peer_timeout_s, cfg.stall_timeout_s)
-        self.opened_at = time.monotonic()  # startup_timeout_s counts from here
-        self.alive = 0  # samplers alive, as the heartbeats tell them (they pace by it)
         self.incarnation = uuid.uuid4().hex[:12]
         self._status = status
         # Run in the heartbeat thread when this process's own work stalls (see grpo.progress).
@@ -145,7 +141,6 @@ class TrainerChannel:
         return {
             **self._status(),
             "incarnation": self.incarnation,
-            "alive": self.alive,
             **ACTIVITY.snapshot().to_json(),
             **extra,
         }
@@ -163,27 +158,16 @@ class TrainerChannel:
         """Queue a control message (done, stop, version) for every sampler."""
         self._outbox.put(Message(kind, self._body(**extra)))
 
-    def recv_batch(self, wait_s: float | None = None) -> EpisodeBatch | None:
-        """Next episode batch, or None if `wait_s` passed without one (the caller keeps other
-        ranks alive meanwhile). Raises PeerError when the sampler stops or is silent too long."""
-        started = time.monotonic()
-        poller = zmq.Poller()
-        poller.register(self.pull, zmq.POLLIN)
-        while True:
-            if poller.poll(timeout=500):
-                item = self._decode(self.pull.recv_multipart(copy=False))
-                if isinstance(item, EpisodeBatch):
-                    return item
-                if item is not None and item.kind == messages.STOP:
-                    sid = str(item.body.get("sampler_id"))
-                    self.pool.stopped(sid, str(item.body.get("reason", "no reason given")))
-                    self._raise_if_none_left()
-            # Judge silence only once what is queued is read: after a long training step the
-            # samplers' heartbeats (and next batches) are waiting here, not missing.
-            if not self.pull.poll(timeout=0):
-                self._check_pool()
-            if wait_s is not None and time.monotonic() - started > wait_s:
-                return None
+    def receive(self, timeout_ms: int = 500) -> EpisodeBatch | Message | None:
+        """The next batch or message from an authorised peer, or None when none came within
+        `timeout_ms` (a malformed or refused one is dropped, counted and logged here)."""
+        if not self.pull.poll(timeout=timeout_ms):
+            return None
+        return self._decode(self.pull.recv_multipart(copy=False))
+
+    def pending(self) -> bool:
+        """Something is queued to be received."""
+        return bool(self.pull.poll(timeout=0))
 
     def _decode(self, frames: list) -> EpisodeBatch | Message | None:
         try:
@@ -199,9 +183,6 @@ class TrainerChannel:
             self.refused_messages += 1
             log.warning("refused a message (%d so far): %s", self.refused_messages, why)
             return None
-        if isinstance(sampler_id, str):
-            heartbeat = isinstance(item, Message) and item.kind == messages.HEARTBEAT
-            self.pool.heard(sampler_id, item.body if heartbeat else None)
         return item
 
     def _unauthorised(
@@ -221,43 +202,6 @@ class TrainerChannel:
             if peer is not None and not _is_local(peer):
                 return f"a stop from {peer}, not this host, on a port without CURVE"
         return None
-
-    def wait_for_byes(self) -> None:
-        """After done, with weights served from here: a sampler may still be fetching a
-        version, so serve until each has said bye or gone silent."""
-        waiting, members = set(self.pool.alive()), self.pool.members
-        while waiting:
-            if self.pull.poll(timeout=500):
-                item = self._decode(self.pull.recv_multipart(copy=False))
-                if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
-                    waiting.discard(item.body.get("sampler_id"))
-            now = time.monotonic()
-            silent = {s for s in waiting if now - members[s].last_seen > self.cfg.peer_timeout_s}
-            for sid in silent:
-                log.warning("sampler %s went silent before saying bye", sid)
-            waiting -= silent
-
-    def _check_pool(self) -> None:
-        """Drop the samplers gone silent or stalled; raise PeerError when none is left, or
-        none came within transport.startup_timeout_s."""
-        if not self.pool.members:
-            # From the channel's opening, not this call's: the trainer calls again every
-            # KEEPALIVE_S, which would otherwise restart the clock for ever.
-            waited, limit = time.monotonic() - self.opened_at, self.cfg.startup_timeout_s
-            if waited > limit:
-                raise PeerError(
-                    f"no message yet from any sampler on {self.cfg.episodes_addr} for "
-                    f"{waited:.0f} s (limit {limit:.0f} s): is the sampler running and "
-                    "connecting to this address? Check its log."
-                )
-            return
-        self.pool.check()
-        self._raise_if_none_left()
-
-    def _raise_if_none_left(self) -> None:
-        self.alive = len(self.pool.alive())
-        if (why := self.pool.none_left()) is not None:
-            raise PeerError(why)
 
     def close(self) -> None:
         if self.ctx.closed:
