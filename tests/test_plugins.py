@@ -12,6 +12,8 @@ import torch
 from grpo.algos import policy_loss
 from grpo.config import load_config
 from grpo.config.names import check_names
+from grpo.models import load_tokenizer
+from grpo.sampler.data import encode_prompt
 from grpo.tasks import get_task
 from tests.conftest import run_launch, transport_overrides
 from tests.plugins import toy_task
@@ -28,23 +30,38 @@ def test_toy_loss_by_hand():
     loss, metrics = policy_loss(LOSS, old, logp, adv, mask, agg="token-mean")
     assert float(loss) == pytest.approx((0.5 - 2.0) / 2)  # mean of -A * logp over 2 tokens
     assert float(metrics["approx_kl"]) == pytest.approx((-0.5 - 1.0) / 2)
+    assert float(metrics["reinforce_logp"]) == pytest.approx((-0.5 - 1.0) / 2)  # its own
 
 
 def test_toy_task_is_found_and_scores():
     task = get_task(TASK)
     assert task is toy_task.TASK and len(task.load(task.default_train)) == 64
     assert task.reward("it is 7", {"answer": "7"})[0] == 1.0
+    assert task.reward("it is 8", {"answer": "7"})[0] == pytest.approx(-0.007)  # 7 characters
     check_names(load_config(None, [f"algo.loss={LOSS}", f"data.task={TASK}"]))  # no error
 
 
 @pytest.mark.slow
 def test_a_run_with_the_toy_loss_and_task(tmp_path, tiny_model_dir):
+    """The run is on-policy, where every loss reports much the same numbers: what shows that
+    the toy loss and task ran is what only they make, the loss's own metric, the task's
+    prompts and its rewards (below 0, where no built-in task's go)."""
     config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1},
-                         data={"task": TASK},  # its loader and prompts; rewards by length
+                         data={"task": TASK, "reward": ""},  # its loader, prompts and reward
                          algo={"loss": LOSS})  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["clip_frac"] == 0.0 and "loss" in r for r in rows)  # the toy loss's metrics
-    assert all(r["grad_norm"] > 0 for r in rows)
+    assert all(r["clip_frac"] == 0.0 and "loss" in r for r in rows)
+    assert all(r["reinforce_logp"] < 0 for r in rows)  # the toy loss's own metric
+    # The toy task's prompts ("Repeat the number N.") and its rewards: a random model never
+    # repeats the number, so each answer costs a thousandth per character, and they vary.
+    cfg = load_config(config)
+    tok = load_tokenizer(tiny_model_dir)
+    task = toy_task.TASK
+    lengths = {len(encode_prompt(task, row, tok, cfg.data.system_prompt))
+               for row in task.load(task.default_train)}  # fmt: skip
+    assert all(set(r["prompt_lens"]) <= lengths for r in rows), (lengths, rows)
+    assert all(-0.2 < r["reward_mean"] < 0 and r["reward_std"] > 0 for r in rows), rows
+    assert all(r["grad_norm"] > 0 for r in rows)  # and they trained the policy

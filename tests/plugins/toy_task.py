@@ -17,8 +17,12 @@ def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:
 
 
 def reward(completion: str, row: Row) -> tuple[float, dict]:
+    """1 for an answer that repeats the number; any other costs a thousandth per character
+    (a repeat is short): a signal that even a random model's answers vary on, and below 0,
+    where no built-in task's reward goes, so a run's rewards show that this one scored them."""
     correct = row["answer"] in completion
-    return float(correct), {"correct": correct, "formatted": any(c.isdigit() for c in completion)}
+    score = 1.0 if correct else -min(len(completion), 1000) / 1000
+    return score, {"correct": correct, "formatted": any(c.isdigit() for c in completion)}
 
 
 TASK = Task("toy_repeat", load, build_messages, reward, default_train="train", default_test="test")

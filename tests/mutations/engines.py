@@ -1,0 +1,56 @@
+"""Mutations of the engines' stop strings and of the plugins' lookup (issue 33, items 3 and 6).
+
+Item 3: either engine ending its answers anywhere but right after a stop string turns the vLLM
+stop-string test red. Item 6: the built-in loss or task used in place of the toy ones a config
+names turns the toy run red.
+"""
+
+from __future__ import annotations
+
+from tests.mutations import Mutation
+
+STOP_TEST = "tests/test_vllm.py::test_stop_strings_end_answers_like_hf"
+PLUGIN_RUN = "tests/test_plugins.py::test_a_run_with_the_toy_loss_and_task"
+
+MUTATIONS = (
+    Mutation(
+        name="vllm_ignores_stop_strings",
+        item="3: the stop strings fire in vLLM",
+        path="grpo/rollout/vllm.py",
+        old="            stop=list(stop) or None,\n",
+        new="            stop=None,\n",
+        tests=(STOP_TEST,),
+    ),
+    Mutation(
+        name="hf_keeps_what_follows_a_stop_string",
+        item="3: vLLM's answers are compared with HF's",
+        path="grpo/rollout/hf.py",
+        old="completion, reason = _cut_at_stop(completion, reason, self.tokenizer, stop)",
+        new="completion, reason = completion, reason",
+        tests=(STOP_TEST,),
+    ),
+    Mutation(
+        name="built_in_loss_for_a_plugin_one",
+        item="6: the toy loss leaves its own metric",
+        path="grpo/algos/losses.py",
+        old="return get_policy_loss(name)(old_logp, logp, advantages, mask, **given)",
+        new='return get_policy_loss("grpo")(old_logp, logp, advantages, mask, **given)',
+        tests=(PLUGIN_RUN,),
+    ),
+    Mutation(
+        name="built_in_task_for_a_plugin_one",
+        item="6: the toy task's prompts show in the run",
+        path="grpo/tasks/base.py",
+        old='task = resolve(_REGISTRY, "task", name)',
+        new='task = resolve(_REGISTRY, "task", "gsm8k" if ":" in name else name)',
+        tests=(PLUGIN_RUN,),
+    ),
+    Mutation(
+        name="built_in_reward_for_a_plugin_task",
+        item="6: the toy task's rewards show in the run",
+        path="grpo/tasks/base.py",
+        old="    return load_reward_fn(spec) if spec else task.reward\n",
+        new='    return load_reward_fn(spec) if spec else get_task("gsm8k").reward\n',
+        tests=(PLUGIN_RUN,),
+    ),
+)
