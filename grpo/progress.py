@@ -134,3 +134,16 @@ class Watchdog:
         if not self.fired and (why := self.clock.stalled(self.limit_s)) is not None:
             self.fired = True
             self.on_stall(why)
+
+
+class Stopwatch(dict):
+    """Seconds spent per named part of a step, in the order the parts ran:
+    `with seconds("train_s"): ...` adds that block's wall time to `seconds["train_s"]`."""
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.monotonic() - start

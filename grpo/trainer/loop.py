@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo.algos import adaptive_kl_coef
 from grpo.config import Config, save_config
 from grpo.config.names import GAE
 from grpo.config.passes import scored_by
@@ -38,21 +37,18 @@ from grpo.progress import (
     EVALUATING,
     PUBLISHING,
     SAVING,
-    SCORING,
-    TRAINING,
     WAITING,
+    Stopwatch,
 )
 from grpo.run_log import RunLog
 from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
 from grpo.trainer.evaluation import VersionEvaluator
-from grpo.trainer.experience import build_experience
 from grpo.trainer.outputs import rotate_run_dir, step_row, summarise_run
 from grpo.trainer.publishing import publishes_here, weights_to_publish
 from grpo.trainer.ranks import (
     KEEPALIVE,
-    average_across_ranks,
     broadcast_batch,
     broadcast_size,
     collective_failure,
@@ -60,8 +56,8 @@ from grpo.trainer.ranks import (
     gather_group_ids,
     max_across_ranks,
 )
-from grpo.trainer.scoring import score_on_ranks
-from grpo.trainer.update import mini_batch_seqs, ppo_update, train_on_batch
+from grpo.trainer.step import Models, Shard, StepResult, train_step
+from grpo.trainer.update import mini_batch_seqs
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 
@@ -77,11 +73,12 @@ class Trainer:
                 f"{cfg.rollout.questions_per_step} groups per batch cannot be split evenly over "
                 f"{self.world} ranks: make rollout.questions_per_step a multiple of {self.world}"
             )
-        self.groups_per_rank = cfg.rollout.questions_per_step // self.world
+        self.shard = Shard(self.rank, cfg.rollout.questions_per_step // self.world)
         torch.manual_seed(cfg.train.seed)
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
-        self.engine, vocab_size = policy_engine(cfg, self.model_path, self.world)
+        self.pad_id = self.tokenizer.pad_token_id
+        policy, vocab_size = policy_engine(cfg, self.model_path, self.world)
         self.expected = Expected(
             groups=cfg.rollout.questions_per_step,
             group_size=cfg.rollout.group_size,
@@ -89,13 +86,17 @@ class Trainer:
             vocab_size=vocab_size,
         )
         ds_config = deepspeed_config(cfg, self.world, mini_batch_seqs(cfg, self.world))
-        self.critic = Critic(cfg, ds_config) if cfg.algo.advantage == GAE else None
         # train.logprobs_on: trainer: the old and reference log-probs the run needs
         # (grpo.config.passes) are computed here.
-        self.scored_here = scored_by(cfg, "trainer")
-        self.reference = None
-        if "ref_logp" in self.scored_here:
-            self.reference = reference_model(cfg, self.model_path, ds_config, self.engine.device)
+        scored_here = scored_by(cfg, "trainer")
+        self.models = Models(
+            policy=policy,
+            reference=reference_model(cfg, self.model_path, ds_config, policy.device)
+            if "ref_logp" in scored_here
+            else None,
+            critic=Critic(cfg, ds_config) if cfg.algo.advantage == GAE else None,
+            scored_here=scored_here,
+        )
         self.run_dir = cfg.run_dir
         self.evaluator = VersionEvaluator(cfg, self.tokenizer, self.rank, self.world)
         self.run_log: RunLog | None = None  # rank 0's, once the run dir is open
@@ -110,10 +111,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ durable state
 
-    @property
-    def engines(self) -> dict[str, Any]:
-        return {"policy": self.engine} | ({"critic": self.critic.engine} if self.critic else {})
-
     def state_fingerprint(self) -> dict[str, Any]:
         """What a saved state must share with this run to be resumed (ZeRO-2 shards the
         optimizer per rank, so the world size is one of them)."""
@@ -123,12 +120,12 @@ class Trainer:
             "questions_per_step": cfg.rollout.questions_per_step,
             "group_size": cfg.rollout.group_size,
             "lora": cfg.model.lora.enabled,
-            "critic": self.critic is not None,
+            "critic": self.models.critic is not None,
         }
 
     def resume(self) -> None:
         state_dir = self.run_dir / "train_state"
-        resumed = train_state.load(state_dir, self.engines, self.state_fingerprint())
+        resumed = train_state.load(state_dir, self.models.engines(), self.state_fingerprint())
         if resumed is None:
             if self.cfg.train.resume == "always":
                 raise ValueError(f"--resume: no complete training state in {state_dir}")
@@ -143,11 +140,6 @@ class Trainer:
                 sum(len(s) for s in self.ledger.durable.values()),
             )
 
-    def skipped_steps(self) -> dict[str, int]:
-        """Optimizer steps each engine has skipped so far (DeepSpeed skips a step whose
-        gradients are not finite, as bf16 overflows make them, and only counts it)."""
-        return {name: engine.skipped_steps for name, engine in self.engines.items()}
-
     def save_state(self, step: int) -> None:
         """All ranks: the training state of `step` on disk, then its batches acknowledged."""
         client_state = {
@@ -157,7 +149,8 @@ class Trainer:
             "ledger": self.ledger.consumed_json(),
         }
         state_dir = self.run_dir / "train_state"
-        train_state.save(state_dir, step, self.engines, client_state, self.state_fingerprint())
+        engines, fingerprint = self.models.engines(), self.state_fingerprint()
+        train_state.save(state_dir, step, engines, client_state, fingerprint)
         self.ledger.mark_durable()
         self.endpoint.saved()
 
@@ -165,7 +158,7 @@ class Trainer:
         """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it;
         under ZeRO-3 every rank comes here, to gather the parameters (grpo.trainer.publishing)."""
         t0 = time.monotonic()
-        with weights_to_publish(self.engine, self.cfg.model.lora.enabled) as write:
+        with weights_to_publish(self.models.policy, self.cfg.model.lora.enabled) as write:
             if self.rank == 0:
 
                 def save(tmp: Path) -> None:
@@ -191,64 +184,45 @@ class Trainer:
 
     def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
         """Train on `batch` (every rank), publish and save as due; the step's metrics row."""
-        cfg, pad = self.cfg, self.tokenizer.pad_token_id
-        t_score = time.monotonic()
-        if self.scored_here:
-            policy = self.engine.module if "old_logp" in self.scored_here else None
-            with ACTIVITY.during(SCORING, f"step {step}"):
-                batch = score_on_ranks(
-                    policy, self.reference, batch, cfg, self.groups_per_rank, pad
-                )
-        score_s, t0 = time.monotonic() - t_score, time.monotonic()
-        ACTIVITY.enter(TRAINING, f"step {step}")
-        exp, batch_numbers = build_experience(batch, cfg, self.kl_reward_coef)
-        per_rank = self.groups_per_rank * batch.group_size  # this rank's whole groups
-        mine = exp.rows(range(self.rank * per_rank, (self.rank + 1) * per_rank))
-        skipped_before = self.skipped_steps()
-        if self.critic is None:
-            local = train_on_batch(self.engine, mine, cfg, pad)
-        else:
-            train_policy = step > cfg.critic.warmup_steps  # the policy waits while it warms up
-            local = ppo_update(self.engine, self.critic, mine, cfg, pad, train_policy)
-        train_metrics = average_across_ranks(local)
-        kl_coef_used = self.kl_reward_coef
-        if cfg.algo.kl_in_reward and cfg.algo.kl_ctrl == "adaptive":
-            algo = cfg.algo  # every rank sees the same batch: the same update everywhere
-            self.kl_reward_coef = adaptive_kl_coef(
-                self.kl_reward_coef, batch_numbers["rollout_kl_to_ref"], algo.kl_target,
-                algo.kl_horizon, len(exp),
-            )  # fmt: skip
-        g0 = self.rank * self.groups_per_rank
-        groups = gather_group_ids(batch.select_groups(g0, g0 + self.groups_per_rank))
-        skipped = {k: n - skipped_before[k] for k, n in self.skipped_steps().items()}
-        for engine, n in skipped.items():
+        cfg, seconds = self.cfg, Stopwatch(recv_s=recv_s)
+        result = train_step(self.models, batch, cfg, step, self.kl_reward_coef, self.shard,
+                            self.pad_id, seconds)  # fmt: skip
+        self.kl_reward_coef = result.kl_reward_coef
+        for engine, n in result.skipped.items():
             if n:  # DeepSpeed found non-finite gradients (bf16 overflow) and did not step
                 log.warning("step %d: %d %s optimizer step(s) skipped: non-finite gradients",
                             step, n, engine)  # fmt: skip
-        train_s = time.monotonic() - t0
-        peak_mem = float(max_across_ranks(torch.tensor([peak_memory_gib()])))
         self.ledger.consume(batch.sampler_id, batch.seq)
         self.endpoint.consumed()
-        publish_s, state_s = 0.0, 0.0
         last = step == cfg.train.total_steps
-        if (step % cfg.train.sync_interval == 0 or last) and publishes_here(self.engine, self.rank):
+        with seconds("publish_s"):
+            if step % cfg.train.sync_interval == 0 or last:
+                self.publish_if_here(step)
+        with seconds("state_s"):
+            if cfg.train.state_interval and step % cfg.train.state_interval == 0 and not last:
+                with ACTIVITY.during(SAVING, f"state of step {step}"):
+                    self.save_state(step)
+        return self.metrics_row(step, result, seconds)
+
+    def publish_if_here(self, step: int) -> None:
+        if publishes_here(self.models.policy, self.rank):
             with ACTIVITY.during(PUBLISHING, f"version {step}"):
-                publish_s = self.publish(step)
-        if cfg.train.state_interval and step % cfg.train.state_interval == 0 and not last:
-            t_state = time.monotonic()
-            with ACTIVITY.during(SAVING, f"state of step {step}"):
-                self.save_state(step)
-            state_s = time.monotonic() - t_state
+                self.publish(step)
+
+    def metrics_row(self, step: int, result: StepResult, seconds: Stopwatch) -> dict[str, Any]:
+        """Every rank takes part (two collectives); rank 0 logs the row."""
+        g0 = self.shard.rank * self.shard.groups
+        groups = gather_group_ids(result.batch.select_groups(g0, g0 + self.shard.groups))
+        peak_mem = float(max_across_ranks(torch.tensor([peak_memory_gib()])))
         return step_row(
-            step, batch, cfg, self.world,
+            step, result.batch, self.cfg, self.world,
             counters={
                 "published_version": self.version,
                 **self.endpoint.counters(),
-                **{f"{engine}_steps_skipped": n for engine, n in skipped.items()},
+                **{f"{engine}_steps_skipped": n for engine, n in result.skipped.items()},
             },
-            numbers=batch_numbers | {"kl_reward_coef": kl_coef_used} | train_metrics,
-            seconds={"recv_s": recv_s, "score_s": score_s, "train_s": train_s,
-                     "publish_s": publish_s, "state_s": state_s},
+            numbers=result.numbers,
+            seconds=seconds,
             peak_mem_gib=peak_mem,
             rank_group_ids=groups,
         )  # fmt: skip
@@ -274,7 +248,7 @@ class Trainer:
         """Every rank: evaluate the weights after `step` (version `step`) when it is due."""
         if self.evaluator.due(step, last=step == self.cfg.train.total_steps):
             with ACTIVITY.during(EVALUATING, f"version {step}"):
-                row = self.evaluator.evaluate(self.engine.module, step)
+                row = self.evaluator.evaluate(self.models.policy.module, step)
             if row is not None and self.run_log is not None:
                 self.run_log.eval(row)
 
@@ -292,8 +266,8 @@ class Trainer:
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
             )
-        if self.start_step and publishes_here(self.engine, self.rank):
-            self.publish(self.start_step)  # the sampler follows the trainer back to these weights
+        if self.start_step:
+            self.publish_if_here(self.start_step)  # the samplers follow back to these weights
         from tqdm import tqdm
 
         bar = tqdm(

@@ -1,0 +1,97 @@
+"""One training step, top to bottom: score the batch, build its experience, update the policy
+(and critic), adapt the KL coefficient. What surrounds a step (receiving the batch, publishing,
+saving, the metrics row) is the loop's: grpo.trainer.loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo.algos import adaptive_kl_coef
+from grpo.config import Config
+from grpo.core.episode import EpisodeBatch
+from grpo.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
+from grpo.trainer.critic import Critic
+from grpo.trainer.experience import build_experience
+from grpo.trainer.ranks import average_across_ranks
+from grpo.trainer.scoring import score_on_ranks
+from grpo.trainer.update import ppo_update, train_on_batch
+
+
+@dataclass(frozen=True)
+class Models:
+    """What a step trains and scores with."""
+
+    policy: Any  # the DeepSpeed engine of the policy
+    reference: torch.nn.Module | None  # when the trainer computes ref_logp itself
+    critic: Critic | None  # PPO's value model (algo.advantage: gae)
+    scored_here: frozenset[str]  # the log-probs the trainer computes (grpo.config.passes)
+
+    def engines(self) -> dict[str, Any]:
+        """The DeepSpeed engines, by the name their state is saved under."""
+        return {"policy": self.policy} | ({"critic": self.critic.engine} if self.critic else {})
+
+    def skipped_steps(self) -> dict[str, int]:
+        """Optimizer steps each engine has skipped so far (DeepSpeed skips a step whose
+        gradients are not finite, as bf16 overflows make them, and only counts it)."""
+        return {name: engine.skipped_steps for name, engine in self.engines().items()}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This rank's part of every batch: whole groups, the same on every step."""
+
+    rank: int
+    groups: int  # groups per rank
+
+    def rows(self, group_size: int) -> range:
+        per_rank = self.groups * group_size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    batch: EpisodeBatch  # as scored
+    numbers: dict[str, float]  # the batch's own, the KL coefficient used, the update's
+    kl_reward_coef: float  # for the next step
+    skipped: dict[str, int]  # optimizer steps DeepSpeed skipped, per engine
+
+
+def train_step(
+    models: Models,
+    batch: EpisodeBatch,
+    cfg: Config,
+    step: int,
+    kl_reward_coef: float,
+    shard: Shard,
+    pad_id: int,
+    seconds: Stopwatch,
+) -> StepResult:
+    """Every rank, on the same batch: score, build the experience, update on this rank's
+    groups, adapt the KL coefficient (the same on every rank: they see the same batch)."""
+    with seconds("score_s"):
+        if models.scored_here:
+            policy = models.policy.module if "old_logp" in models.scored_here else None
+            with ACTIVITY.during(SCORING, f"step {step}"):
+                batch = score_on_ranks(policy, models.reference, batch, cfg, shard.groups, pad_id)
+    with seconds("train_s"):
+        ACTIVITY.enter(TRAINING, f"step {step}")
+        exp, numbers = build_experience(batch, cfg, kl_reward_coef)
+        mine = exp.rows(shard.rows(batch.group_size))
+        skipped_before = models.skipped_steps()
+        if models.critic is None:
+            local = train_on_batch(models.policy, mine, cfg, pad_id)
+        else:
+            train_policy = step > cfg.critic.warmup_steps  # the policy waits while it warms up
+            local = ppo_update(models.policy, models.critic, mine, cfg, pad_id, train_policy)
+        skipped = {k: n - skipped_before[k] for k, n in models.skipped_steps().items()}
+        next_coef, algo = kl_reward_coef, cfg.algo
+        if algo.kl_in_reward and algo.kl_ctrl == "adaptive":
+            next_coef = adaptive_kl_coef(
+                kl_reward_coef, numbers["rollout_kl_to_ref"], algo.kl_target, algo.kl_horizon,
+                len(exp),
+            )  # fmt: skip
+        numbers |= {"kl_reward_coef": kl_reward_coef} | average_across_ranks(local)
+    return StepResult(batch, numbers, next_coef, skipped)
