@@ -83,7 +83,7 @@ def main(role: str, argv: list[str]) -> int:
 
         # Named before DeepSpeed is imported, which guesses otherwise (with a warning on CPU).
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-        from grpo.trainer.loop import run_trainer
+        from grpo.trainer.process import run_trainer
 
         return run_trainer(cfg)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

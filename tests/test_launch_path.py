@@ -132,7 +132,7 @@ def test_a_world_of_one_needs_no_free_port():
 import os, socket, sys
 from datetime import timedelta
 import torch, torch.distributed as dist
-from grpo.trainer.loop import join_trainer_world, without_deepspeed_shm_op
+from grpo.trainer.process import join_trainer_world, without_deepspeed_shm_op
 taken = socket.create_server(("127.0.0.1", 0))
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken.getsockname()[1]),
                   RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 from grpo.logprobs import (
     completion_logprobs,
@@ -137,7 +138,6 @@ def test_chunk_size_must_be_positive():
 
 @pytest.fixture(scope="module")
 def tiny_llama():
-    transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=100,

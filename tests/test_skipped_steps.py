@@ -50,7 +50,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.trainer.engines import policy_engine
     from grpo.trainer.experience import build_experience
-    from grpo.trainer.loop import join_trainer_world, without_deepspeed_shm_op
+    from grpo.trainer.process import join_trainer_world, without_deepspeed_shm_op
     from grpo.trainer.update import train_on_batch
 
     without_deepspeed_shm_op()  # as run_trainer does on CPU

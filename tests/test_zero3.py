@@ -103,7 +103,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
     from grpo.trainer.evaluation import VersionEvaluator
     from grpo.trainer.experience import build_experience
-    from grpo.trainer.loop import without_deepspeed_shm_op
+    from grpo.trainer.process import without_deepspeed_shm_op
     from grpo.trainer.publishing import weights_to_publish
     from grpo.trainer.scoring import score_on_ranks
     from grpo.trainer.update import mini_batch_seqs, ppo_update, train_on_batch

@@ -9,10 +9,7 @@ ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -309,61 +306,3 @@ class Trainer:
                 self.run_log.close()
         if self.rank == 0:
             summarise_run(self.run_dir, cfg.train.total_steps, self.version)
-
-
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def without_deepspeed_shm_op() -> None:
-    """On CPU, DeepSpeed's init_distributed JIT-compiles a shared-memory all-reduce op with g++
-    and ninja (about 40 s on a fresh install, and a rebuild whenever another virtualenv built
-    it last; every rank start runs ninja and waits on its lock). Only DeepSpeed's inference
-    all-reduce uses it; training's collectives go through gloo. Marking it incompatible, in
-    the dict DeepSpeed keeps for that, means it is never built."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-def join_trainer_world(backend: str, timeout: timedelta) -> None:
-    """This rank's process group, through DeepSpeed. A world of one rank is formed first over
-    an in-process store, and DeepSpeed keeps it: the env:// rendezvous would listen on
-    train.master_port, a port picked before the launch that another program can take
-    meanwhile (EADDRINUSE), and a world of one has nobody to meet there."""
-    import deepspeed
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        dist.init_process_group(
-            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
-        )
-    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
-
-
-def run_trainer(cfg: Config) -> int:
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    else:
-        without_deepspeed_shm_op()
-    timeout_s = collective_timeout_s(cfg)
-    join_trainer_world(backend, timedelta(seconds=timeout_s))
-    try:
-        Trainer(cfg).run()
-        return 0
-    except KeyboardInterrupt:
-        log.error("trainer stopping: interrupted")
-        return 130
-    except PeerError as e:
-        log.error("trainer stopping: %s", e)
-        return 1
-    except RuntimeError as e:
-        failure = collective_failure(e, dist.get_rank(), timeout_s)
-        if failure is None:
-            raise
-        log.error("trainer stopping: %s", failure)
-        return 1
-    finally:
-        dist.destroy_process_group()
