@@ -13,8 +13,7 @@ import torch
 from torch import Tensor
 
 from grpo.algos.losses import masked_mean
-
-CORRECTION_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+from grpo.core.vocabulary import CORRECTION_MODES
 
 # exp() of a log-ratio above ~88 overflows float32; e^20 is far past any threshold.
 _MAX_LOG_RATIO = 20.0

@@ -13,8 +13,7 @@ import torch
 from torch import Tensor
 
 from grpo.algos.registry import get_policy_loss, register_policy_loss
-
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from grpo.core.vocabulary import AGG_MODES, KL_KINDS
 
 # exp() of a log-ratio above ~88 overflows float32; anything past e^20 is already saturated by
 # the clip, so clamping the exponent only removes inf/NaN, never real signal.
@@ -72,7 +71,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
         return (torch.exp(log_r) - log_r - 1).clamp(-10.0, 10.0)
     if kind == "abs":
         return (logp - ref_logp).abs()
-    raise ValueError(f"unknown KL penalty {kind!r}; valid: ['k1', 'k2', 'k3', 'abs']")
+    raise ValueError(f"unknown KL penalty {kind!r}; valid: {list(KL_KINDS)}")
 
 
 def _token_advantages(advantages: Tensor) -> Tensor:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from grpo.config.checks import ConfigError
 from grpo.config.sections import Config
-
-# The advantage that is not an estimator function: GAE needs the critic's values.
-GAE = "gae"
+from grpo.core.vocabulary import GAE
 
 
 def check_names(cfg: Config) -> None:

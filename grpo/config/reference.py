@@ -197,7 +197,7 @@ def _loss_rows() -> list[tuple[str, ...]]:
 def _advantage_rows() -> list[tuple[str, ...]]:
     from grpo.algos import gae
     from grpo.algos.registry import ADVANTAGE_ESTIMATORS, TOKEN_ADVANTAGE_ESTIMATORS
-    from grpo.config.names import GAE
+    from grpo.core.vocabulary import GAE
 
     rows = []
     for table, kind in (

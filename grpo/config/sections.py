@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from grpo.config.checks import check_values
 from grpo.config.passes import default_staleness
+from grpo.core.vocabulary import AggMode, CorrectionMode, KlKind
 
 # Attention kernels that keep packed sequences apart without a square mask over the whole row.
 VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
@@ -231,11 +232,6 @@ class RolloutConfig:
     max_sampling_rounds: int = _f(3, "dynamic sampling: generation rounds per batch at most")
 
 
-AggMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-]
-
-
 @dataclass
 class AlgoConfig:
     loss: str = _f(
@@ -262,7 +258,7 @@ class AlgoConfig:
         "of the stop-gradient ratio; null = the loss's own default (off for ppo)",
     )
     kl_loss_coef: float = _f(0.04, "weight of the KL-to-reference penalty in the loss")
-    kl_kind: Literal["k1", "k2", "k3", "abs"] = _f("k3", "KL estimator per token")
+    kl_kind: KlKind = _f("k3", "KL estimator per token")
     advantage: str = _f(
         "grpo",
         "grpo: (r - group mean) / group std; dr_grpo: r - group mean; rloo: leave-one-out "
@@ -283,16 +279,14 @@ class AlgoConfig:
         False, "subtract kl_reward_coef * KL(old || ref) per token from the rewards (PPO-style)"
     )
     kl_reward_coef: float = _f(0.001, "initial coefficient of the in-reward KL penalty")
-    kl_reward_kind: Literal["k1", "k2", "k3", "abs"] = _f(
+    kl_reward_kind: KlKind = _f(
         "k1", "KL estimator charged in the reward (k1, as verl and OpenRLHF)"
     )
     kl_ctrl: Literal["fixed", "adaptive"] = _f("fixed", "keep the coefficient, or adapt it")
     kl_target: float = _f(0.1, "adaptive controller: the per-token KL to aim for")
     kl_horizon: float = _f(10000.0, "adaptive controller: samples over which to adapt")
     agg: AggMode | None = _f(None, "token-loss averaging; null = the loss's own default")
-    rollout_correction: Literal[
-        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
-    ] = _f(
+    rollout_correction: CorrectionMode = _f(
         "none",
         "importance weights for the rollout engine's numerical mismatch with the trainer, "
         "from ratio = pi_old / pi_rollout per token (token_*) or per answer (sequence_*, the "

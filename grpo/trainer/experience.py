@@ -25,9 +25,9 @@ from grpo.algos import (
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
 from grpo.algos.registry import advantage_kind
 from grpo.config import Config
-from grpo.config.names import GAE
 from grpo.core.batching import length_mask, pad_right
 from grpo.core.episode import EpisodeBatch
+from grpo.core.vocabulary import GAE
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import Config, save_config
-from grpo.config.names import GAE
 from grpo.config.passes import scored_by
 from grpo.core.episode import EpisodeBatch
+from grpo.core.vocabulary import GAE
 from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.trainer_endpoint import Endpoint, SilentEndpoint, TrainerEndpoint
