@@ -90,19 +90,28 @@ class WandbSink:
 
 
 class RunLog:
-    """Rank 0's writer of metrics and eval rows, to the files and to every tracker asked for."""
+    """Rank 0's writer of metrics and eval rows, to the files and to every tracker asked for,
+    and its progress bar on the terminal."""
 
     def __init__(self, cfg: Config, resumed_step: int = 0):
+        from tqdm import tqdm
+
         self.run_dir = cfg.run_dir
         self.sinks: list[Sink] = []
         if cfg.logging.tensorboard:
             self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))
         if cfg.logging.wandb != "off":
             self.sinks.append(WandbSink(cfg, cfg.logging.wandb))
+        self.bar = tqdm(total=cfg.train.total_steps, initial=resumed_step, desc="train")
 
     def step(self, row: dict[str, Any]) -> None:
         append_jsonl(self.run_dir / METRICS_FILE, row)
         self._track(row["step"], scalars_of(row, "train"))
+        shown = {"reward": ("reward_mean", ".3f"), "kl": ("kl", ".4f"), "acc": ("accuracy", ".2f")}
+        self.bar.set_postfix(
+            {name: format(row[key], spec) for name, (key, spec) in shown.items() if key in row}
+        )
+        self.bar.update()
 
     def eval(self, row: dict[str, Any]) -> None:
         append_jsonl(self.run_dir / EVAL_FILE, row)
@@ -113,6 +122,20 @@ class RunLog:
             sink.scalars(step, values)
 
     def close(self) -> None:
+        self.bar.close()
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+class SilentRunLog:
+    """Every trainer rank but 0: its rows are rank 0's to write."""
+
+    def step(self, row: dict[str, Any]) -> None:
+        pass
+
+    def eval(self, row: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -106,7 +106,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.trainer.process import without_deepspeed_shm_op
     from grpo.trainer.publishing import weights_to_publish
     from grpo.trainer.scoring import score_on_ranks
-    from grpo.trainer.update import mini_batch_seqs, ppo_update, train_on_batch
+    from grpo.trainer.update import ppo_update, train_on_batch
 
     tiny, tmp, files = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
     without_deepspeed_shm_op()
@@ -139,7 +139,7 @@ _SCRIPT = textwrap.dedent(
             self.cfg = config(name, *more)
             torch.manual_seed(0)
             self.engine, _ = policy_engine(self.cfg, tiny, 2)
-            self.ds = deepspeed_config(self.cfg, 2, mini_batch_seqs(self.cfg, 2))
+            self.ds = deepspeed_config(self.cfg, 2, self.cfg.mini_batch_seqs(2))
             self.reference = reference_model(self.cfg, tiny, self.ds, self.engine.device)
             self.scored, self.metrics = [], []
 

@@ -461,6 +461,12 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
 
+    def mini_batch_seqs(self, world: int) -> int:
+        """Sequences per optimizer step on one trainer rank of `world`."""
+        if self.train.mini_batch_size:
+            return self.train.mini_batch_size // world
+        return self.rollout.questions_per_step * self.rollout.group_size // world
+
     @property
     def spool_path(self) -> Path:
         """The sampler's spool: outside the run dir, which a new trainer run moves aside."""

@@ -95,14 +95,12 @@ def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
     """The policy as a DeepSpeed engine in train mode, and its embedding's vocabulary size."""
     import deepspeed
 
-    from grpo.trainer.update import mini_batch_seqs
-
     if cfg.model.attn_implementation == "flex_attention" and not torch.cuda.is_available():
         raise ValueError(
             "model.attn_implementation=flex_attention trains on GPU only (PyTorch has no "
             "CPU backward for it): use sdpa on CPU"
         )
-    ds = deepspeed_config(cfg, world, mini_batch_seqs(cfg, world))
+    ds = deepspeed_config(cfg, world, cfg.mini_batch_seqs(world))
     with partitioned_loading(ds):  # peft, too, asks transformers whether ZeRO-3 is on
         model = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
         vocab_size = model.get_input_embeddings().num_embeddings

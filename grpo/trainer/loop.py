@@ -37,7 +37,7 @@ from grpo.progress import (
     WAITING,
     Stopwatch,
 )
-from grpo.run_log import RunLog
+from grpo.run_log import RunLog, SilentRunLog
 from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
@@ -54,7 +54,6 @@ from grpo.trainer.ranks import (
     max_across_ranks,
 )
 from grpo.trainer.step import Models, Shard, StepResult, train_step
-from grpo.trainer.update import mini_batch_seqs
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 
@@ -82,7 +81,7 @@ class Trainer:
             arrays=scored_by(cfg, "sampler"),
             vocab_size=vocab_size,
         )
-        ds_config = deepspeed_config(cfg, self.world, mini_batch_seqs(cfg, self.world))
+        ds_config = deepspeed_config(cfg, self.world, cfg.mini_batch_seqs(self.world))
         # train.logprobs_on: trainer: the old and reference log-probs the run needs
         # (grpo.config.passes) are computed here.
         scored_here = scored_by(cfg, "trainer")
@@ -96,7 +95,7 @@ class Trainer:
         )
         self.run_dir = cfg.run_dir
         self.evaluator = VersionEvaluator(cfg, self.tokenizer, self.rank, self.world)
-        self.run_log: RunLog | None = None  # rank 0's, once the run dir is open
+        self.run_log: RunLog | SilentRunLog = SilentRunLog()  # rank 0's writes, once open
         # Rank 0's talks to the samplers once run() opens it; the other ranks' never does.
         self.endpoint: Endpoint = SilentEndpoint()
         self.version = 0
@@ -246,7 +245,7 @@ class Trainer:
         if self.evaluator.due(step, last=step == self.cfg.train.total_steps):
             with ACTIVITY.during(EVALUATING, f"version {step}"):
                 row = self.evaluator.evaluate(self.models.policy.module, step)
-            if row is not None and self.run_log is not None:
+            if row is not None:
                 self.run_log.eval(row)
 
     def run(self) -> None:
@@ -265,14 +264,6 @@ class Trainer:
             )
         if self.start_step:
             self.publish_if_here(self.start_step)  # the samplers follow back to these weights
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=cfg.train.total_steps,
-            initial=self.start_step,
-            desc="train",
-            disable=self.rank != 0,
-        )
         try:
             if self.start_step == 0:
                 self.evaluate(0)  # the initial weights, while the samplers make batch 0
@@ -281,15 +272,7 @@ class Trainer:
                 batch = broadcast_batch(batch, self.rank, cfg.transport.max_frame_bytes)
                 if batch is None:
                     raise PeerError("rank 0 ended the run")
-                row = self.step(step, batch, recv_s)
-                if self.run_log is not None:
-                    self.run_log.step(row)
-                    bar.set_postfix(
-                        reward=f"{row['reward_mean']:.3f}",
-                        kl=f"{row.get('kl', 0.0):.4f}",
-                        acc=f"{row['accuracy']:.2f}",
-                    )
-                    bar.update()
+                self.run_log.step(self.step(step, batch, recv_s))
                 self.evaluate(step)  # version `step` is out: the samplers go on meanwhile
             if self.start_step < cfg.train.total_steps:
                 self.save_state(cfg.train.total_steps)
@@ -300,9 +283,7 @@ class Trainer:
             self.endpoint.stop(messages.INTERRUPTED if interrupted else failure or str(e))
             raise
         finally:
-            bar.close()
             self.endpoint.close()
-            if self.run_log is not None:
-                self.run_log.close()
+            self.run_log.close()
         if self.rank == 0:
             summarise_run(self.run_dir, cfg.train.total_steps, self.version)

@@ -23,7 +23,6 @@ from grpo.metrics import (
     read_jsonl,
 )
 from grpo.tasks.runner import TIMEOUT
-from grpo.trainer.update import mini_batch_seqs
 
 log = logging.getLogger("grpo.trainer")
 
@@ -103,7 +102,7 @@ def step_row(
         "batch_seq": batch.seq,
         "policy_version": batch.policy_version,
         "staleness": (step - 1) - batch.policy_version,
-        "optimizer_steps": cfg.train.ppo_epochs * per_rank // mini_batch_seqs(cfg, world),
+        "optimizer_steps": cfg.train.ppo_epochs * per_rank // cfg.mini_batch_seqs(world),
         **counters,
         **batch_metrics(batch),
         **numbers,

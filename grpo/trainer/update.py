@@ -20,19 +20,12 @@ from grpo.trainer.objective import FALLBACK_AGG, micro_batch_loss, resolved_loss
 from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ranks
 
 
-def mini_batch_seqs(cfg: Config, world: int) -> int:
-    """Sequences per optimizer step on one rank."""
-    if cfg.train.mini_batch_size:
-        return cfg.train.mini_batch_size // world
-    return cfg.rollout.questions_per_step * cfg.rollout.group_size // world
-
-
 def train_on_batch(engine, mine: Experience, cfg: Config, pad_id: int) -> dict[str, float]:
     """`train.ppo_epochs` passes over this rank's rows `mine`, one optimizer step per
     mini-batch. The ratio's old log-probs are those recorded before the first update (by the
     sampler or the trainer), in every pass. Metrics stay on the device until the end: one
     transfer per batch, not one per micro-batch."""
-    size = mini_batch_seqs(cfg, dist.get_world_size())
+    size = cfg.mini_batch_seqs(dist.get_world_size())
     sums: dict[str, torch.Tensor] = {}
     total = 0.0
     for _ in range(cfg.train.ppo_epochs):
@@ -118,7 +111,7 @@ def ppo_update(
     mine = replace(mine, advantages=adv.masked_fill(mine.no_loss_rows, 0.0), returns=returns,
                    old_values=old_values)  # fmt: skip
     metrics = train_on_batch(engine, mine, cfg, pad_id) if train_policy else {}
-    size, passes, sums = mini_batch_seqs(cfg, dist.get_world_size()), 0, {}
+    size, passes, sums = cfg.mini_batch_seqs(dist.get_world_size()), 0, {}
     for _ in range(cfg.train.ppo_epochs):
         for start in range(0, len(mine), size):
             for key, value in critic.update(mine.rows(slice(start, start + size)),
