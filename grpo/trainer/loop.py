@@ -1,7 +1,9 @@
-"""The training loop: receive a batch, split whole groups across ranks, GRPO/GSPO step, publish.
+"""The training loop: next batch, one step (grpo.trainer.step: any policy loss, GRPO, GSPO, PPO
+with a critic...), publish and save as due, the metrics row.
 
-Rank 0 owns the ZeroMQ channel; it broadcasts each received batch as one encoded blob (the same
-pickle-free frames that crossed the wire) so every rank decodes exactly what rank 0 received.
+Rank 0 receives through its delivery endpoint (grpo.delivery.trainer_endpoint); it broadcasts
+each batch as one encoded blob (the same pickle-free frames that crossed the wire) so every rank
+decodes exactly what rank 0 received; the other ranks' endpoint and run log do nothing.
 Weights after step s are version s; every `train.sync_interval` steps rank 0 publishes them (under
 ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
 """
