@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -12,8 +13,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from grpo.lifetime import parent_of
 
@@ -28,20 +30,48 @@ def machine() -> str:
             f"torch {torch.__version__}")  # fmt: skip
 
 
+# How a row's ratio is computed and what meets its target, declared by each row:
+#   "baseline/ours": ours is a cost (seconds, bytes): ratio = baseline / ours >= target
+#   "ours/baseline": ours is a rate or a share of the baseline: ratio = ours / baseline >= target
+#   "ours<=target":  ours is an absolute level with a ceiling: met = ours <= target; the ratio,
+#                    baseline / ours, is shown only for comparison
+Direction = Literal["baseline/ours", "ours/baseline", "ours<=target"]
+DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
+
+
 @dataclass(frozen=True)
 class Result:
-    """baseline and ours in `unit`; ratio = how many times better ours is (higher is better);
-    met = ratio reached target."""
+    """One benchmark row. `ratio` and `met` are computed here from the measured `baseline`
+    and `ours`, the declared `direction` and `target`, never passed in: a row cannot claim a
+    target its numbers do not reach. Higher ratios are better. `quick` marks a --quick run
+    (small sizes, tiny model), whose numbers are not results."""
 
     name: str
     unit: str
     baseline: float
     ours: float
-    ratio: float
+    direction: Direction
+    ratio: float = field(init=False)
     target: float
-    met: bool
+    met: bool = field(init=False)
     machine: str
     notes: str = ""
+    quick: bool = False
+    date: str = field(default_factory=lambda: datetime.date.today().isoformat())
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"{self.name}: direction {self.direction!r} not one of {DIRECTIONS}")
+        ratio = (self.ours / self.baseline if self.direction == "ours/baseline"
+                 else self.baseline / self.ours)  # fmt: skip
+        met = self.ours <= self.target if self.direction == "ours<=target" else ratio >= self.target
+        object.__setattr__(self, "ratio", ratio)  # frozen: set once, here
+        object.__setattr__(self, "met", met)
+
+    def target_text(self) -> str:
+        if self.direction == "ours<=target":
+            return f"ours ≤ {self.target:.3g}"
+        return f"{self.target:.3g}"
 
 
 def report(result: Result, results_dir: Path = RESULTS) -> Result:
@@ -51,7 +81,7 @@ def report(result: Result, results_dir: Path = RESULTS) -> Result:
     tmp.write_text(json.dumps(asdict(result), indent=2) + "\n")
     os.replace(tmp, path)
     print(f"{result.name:<34} {result.baseline:>12.4g} {result.ours:>12.4g} {result.unit:<10} "
-          f"ratio {result.ratio:>6.2f}  target {result.target:>5.2f}  "
+          f"ratio {result.ratio:>6.2f}  target {result.target_text():>5}  "
           f"{'met' if result.met else 'NOT met'}  {result.notes}", flush=True)  # fmt: skip
     return result
 

@@ -1,12 +1,15 @@
 """End to end: the CPU demo (embedded SmolLM2-135M, its config, both roles) for a few steps.
 
-Generation tokens/s and trainer tokens/s are each reported twice: while the stage runs
-(baseline) and over the wall clock of the whole loop (ours); their ratio is how much of the
-wall clock the stage keeps busy. The share of wall time each stage takes is in the notes.
+One row: the busy share, the part of the wall clock the two stages that do the work
+(generation and training) run, against everything else a step spends (scoring passes,
+publishing and reloading weights, transfers, waits). Baseline = wall seconds per step,
+ours = generation + training seconds per step, ratio = ours / baseline. The demo is
+synchronous, so the share is at most 1; the target (our choice) is 0.9: at most a tenth of a
+step in overhead. Each stage's share, and its tokens/s while it runs, are in the notes.
 
-The demo is synchronous: each stage has both cores while it runs. The full run also times the
-same steps overlapped (train.max_staleness=1), which shows what bounds the shares on 2 cores:
-overlapped, the stages share the cores instead of taking turns, and a step is no shorter.
+Each stage has both cores while it runs. The full run also times the same steps overlapped
+(train.max_staleness=1), which shows what bounds a step on 2 cores: overlapped, the stages
+share the cores instead of taking turns, and a step is no shorter.
 """
 
 from __future__ import annotations
@@ -33,6 +36,18 @@ def stage_shares(rows: list[dict]) -> dict[str, float]:
     return shares
 
 
+def busy_and_wall(rows: list[dict]) -> tuple[float, float]:
+    """(generation + training seconds, wall seconds) per step, over the steps after the first
+    (which includes start-up)."""
+    timed = rows[1:]
+    busy = sum(r["sampler_gen_s"] + r["train_s"] for r in timed)
+    wall = rows[-1]["time"] - rows[0]["time"]
+    return busy / len(timed), wall / len(timed)
+
+
+BUSY_TARGET = 0.9  # at most a tenth of each step outside generation and training
+
+
 def run(quick: bool = False) -> list[Result]:
     from grpo.models import build_tiny_model, ensure_embedded_base
 
@@ -46,26 +61,20 @@ def run(quick: bool = False) -> list[Result]:
         overlapped = [] if quick else launch_run(CONFIG, tmp, "e2e_overlap",
                                                  [*overrides, "train.max_staleness=1"])  # fmt: skip
     timed = rows[1:]  # the first step includes start-up
-    wall = rows[-1]["time"] - rows[0]["time"]
-    gen_tokens = sum(r["sampler_gen_tokens"] for r in timed)
-    gen_s = sum(r["sampler_gen_s"] for r in timed)
+    busy, wall = busy_and_wall(rows)
+    gen_rate = sum(r["sampler_gen_tokens"] for r in timed) / sum(r["sampler_gen_s"] for r in timed)
     train_tokens = sum(sum(r["prompt_lens"]) + sum(r["completion_lens"]) for r in timed)
-    train_s = sum(r["train_s"] for r in timed)
-    shares = stage_shares(rows)
-    note = (f"{len(timed)} steps after the first, {wall / len(timed):.1f} s/step; wall time: "
-            + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))  # fmt: skip
+    train_rate = train_tokens / sum(r["train_s"] for r in timed)
+    note = (f"{len(timed)} steps after the first, {wall:.1f} s/step; wall time: "
+            + ", ".join(f"{k} {v:.0%}" for k, v in stage_shares(rows).items())
+            + f"; while running: generation {gen_rate:.1f} tokens/s, "
+            f"training {train_rate:.1f} tokens/s")  # fmt: skip
     if overlapped:
         per_step = (overlapped[-1]["time"] - overlapped[0]["time"]) / (len(overlapped) - 1)
         note += f"; the same steps overlapped (max_staleness 1): {per_step:.1f} s/step"
-    m = machine()
-    gen_rate, gen_wall = gen_tokens / gen_s, gen_tokens / wall
-    train_rate, train_wall = train_tokens / train_s, train_tokens / wall
-    # target (our choice): each stage keeps at least half of the wall clock busy
     return [
-        report(Result("e2e_generated_tokens_per_s", "tokens/s", gen_rate, gen_wall,
-                      gen_wall / gen_rate, 0.5, gen_wall / gen_rate >= 0.5, m, note)),
-        report(Result("e2e_trainer_tokens_per_s", "tokens/s", train_rate, train_wall,
-                      train_wall / train_rate, 0.5, train_wall / train_rate >= 0.5, m, note)),
+        report(Result("e2e_busy_share", "s/step", wall, busy, "ours/baseline", BUSY_TARGET,
+                      machine(), note, quick)),
     ]  # fmt: skip
 
 

@@ -61,17 +61,18 @@ def run(quick: bool = False) -> list[Result]:
     # (~10.8), where one float32 ulp is already ~1e-6
     logp_diff = float((a["logp"] - b["logp"]).abs().max())
     ent_diff = float(((a["ent"] - b["ent"]).abs() / a["ent"].abs().clamp(min=1.0)).max())
-    same = logp_diff <= 1e-5 and ent_diff <= 1e-5
+    if logp_diff > 1e-5 or ent_diff > 1e-5:  # a faster wrong answer is no result
+        raise RuntimeError(f"ours differs from log_softmax + gather: logp {logp_diff:.2e}, "
+                           f"entropy (relative) {ent_diff:.2e}")  # fmt: skip
     note = (f"B,T,V={shape}; logits {naive['logits_mb']:.0f} MB; max |diff| logp "
             f"{logp_diff:.2e}, entropy (relative) {ent_diff:.2e}")  # fmt: skip
     m = machine()
-    memory_ratio = naive["extra_mb"] / max(ours["extra_mb"], 1.0)
     return [
-        report(Result("logprobs_peak_extra_memory", "MB", naive["extra_mb"], ours["extra_mb"],
-                      memory_ratio, 2.0, memory_ratio >= 2.0 and same, m, note)),
-        report(Result("logprobs_time", "s", naive["seconds"], ours["seconds"],
-                      naive["seconds"] / ours["seconds"], 1.0,
-                      naive["seconds"] >= ours["seconds"] and same, m, note)),
+        # at least 1 MB: an extra peak below the allocator's granularity reads as 1 MB
+        report(Result("logprobs_peak_extra_memory", "MB", naive["extra_mb"],
+                      max(ours["extra_mb"], 1.0), "baseline/ours", 2.0, m, note, quick)),
+        report(Result("logprobs_time", "s", naive["seconds"], ours["seconds"], "baseline/ours",
+                      1.0, m, note, quick)),
     ]  # fmt: skip
 
 

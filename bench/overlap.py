@@ -45,10 +45,9 @@ def run(quick: bool = False) -> list[Result]:
             staleness_seen = max(r["staleness"] for r in rows)
             assert staleness_seen <= staleness, f"staleness {staleness_seen} > bound {staleness}"
     note = f"{steps} steps, tiny model, 1 trainer rank; {balance}, so ppo_epochs={epochs}"
-    ratio = rates[1] / rates[0]
     return [
-        report(Result("overlap_steps_per_hour", "steps/h", rates[0], rates[1], ratio, 1.6,
-                      ratio >= 1.6, machine(), note)),
+        report(Result("overlap_steps_per_hour", "steps/h", rates[0], rates[1], "ours/baseline",
+                      1.6, machine(), note, quick)),
     ]  # fmt: skip
 
 

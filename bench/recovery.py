@@ -100,10 +100,9 @@ def run(quick: bool = False) -> list[Result]:
     note = (f"{model}, killed after step {kill_after} of {total}, state every 2 steps "
             f"(one save {state_s:.1f} s); resumed: {total} batches trained once, "
             f"{duplicates} duplicate dropped, 0 lost")  # fmt: skip
-    ratio = baseline_s / ours_s
     return [
-        report(Result("recovery_resume_vs_restart", "s", baseline_s, ours_s, ratio, 1.5,
-                      ratio >= 1.5, machine(), note)),
+        report(Result("recovery_resume_vs_restart", "s", baseline_s, ours_s, "baseline/ours",
+                      1.5, machine(), note, quick)),
     ]  # fmt: skip
 
 

@@ -1,5 +1,9 @@
-"""The benchmarks still run (quick sizes) and write their JSON with the agreed keys."""
+"""The benchmarks still run (quick sizes), and every row, from a quick run or committed in
+bench/results/, is consistent: its ratio is baseline / ours or ours / baseline as it declares,
+and `met` is that ratio (or ours) against its target. The committed rows are full-size runs, and
+the table in docs/benchmarks.md is the one generated from them."""
 
+import difflib
 import importlib.util
 import json
 import os
@@ -12,14 +16,64 @@ import pytest
 from tests.conftest import REPO
 
 # The rows each benchmark writes; each runs as its own test, so that pytest-xdist spreads them.
-ROWS = {"transport": 6, "logprobs": 2, "padding": 3, "weight_sync": 1, "overlap": 1, "e2e": 2,
-        "recovery": 1, "vllm": 2 * (importlib.util.find_spec("vllm") is not None)}  # fmt: skip
+ROWS = {"transport": 6, "logprobs": 2, "padding": 3, "weight_sync": 1, "overlap": 1, "e2e": 1,
+        "recovery": 1, "vllm": 2}  # fmt: skip
+HAS_VLLM = importlib.util.find_spec("vllm") is not None  # without it the vllm benchmark writes none
+COMMITTED = sorted((REPO / "bench" / "results").glob("*.json"))
+KEYS = {"name", "unit", "baseline", "ours", "direction", "ratio", "target", "met", "machine",
+        "notes", "quick", "date"}  # fmt: skip
+
+
+def expected_ratio_and_met(row: dict) -> tuple[float, bool]:
+    """The row's ratio and met recomputed from its numbers, apart from bench.common's code."""
+    baseline, ours, target = row["baseline"], row["ours"], row["target"]
+    if row["direction"] == "baseline/ours":  # ours is a cost: seconds, megabytes
+        return baseline / ours, baseline / ours >= target
+    if row["direction"] == "ours/baseline":  # ours is a rate, or a share of the baseline
+        return ours / baseline, ours / baseline >= target
+    if row["direction"] == "ours<=target":  # ours has a ceiling; the ratio is for comparison
+        return baseline / ours, ours <= target
+    raise AssertionError(f"{row['name']}: unknown direction {row['direction']!r}")
+
+
+def check_row(row: dict) -> None:
+    assert row.keys() == KEYS, sorted(row.keys() ^ KEYS)
+    assert row["baseline"] > 0 and row["ours"] > 0, row
+    ratio, met = expected_ratio_and_met(row)
+    assert row["ratio"] == pytest.approx(ratio, rel=1e-9), row
+    assert row["met"] is met, row
 
 
 def test_every_benchmark_is_run_by_the_suite():
     from bench.run_all import BENCHMARKS
 
     assert list(BENCHMARKS) == list(ROWS)
+
+
+@pytest.mark.parametrize(
+    ("baseline", "ours", "direction", "target", "ratio", "met"),
+    [
+        (2.0, 1.0, "baseline/ours", 1.5, 2.0, True),
+        (2.0, 1.0, "baseline/ours", 3.0, 2.0, False),  # better than the baseline, not enough
+        (4.0, 3.0, "ours/baseline", 0.9, 0.75, False),
+        (4.0, 3.6, "ours/baseline", 0.9, 0.9, True),
+        (1.2, 1.1, "ours<=target", 1.05, 1.2 / 1.1, False),  # ratio above the target: not met
+        (1.2, 1.0, "ours<=target", 1.05, 1.2, True),
+    ],
+)  # fmt: skip
+def test_result_computes_ratio_and_met_from_its_numbers(baseline, ours, direction, target, ratio,
+                                                        met):  # fmt: skip
+    from bench.common import Result
+
+    row = Result("x", "s", baseline, ours, direction, target, "machine")
+    assert row.ratio == pytest.approx(ratio) and row.met is met
+
+
+def test_result_refuses_an_unknown_direction():
+    from bench.common import Result
+
+    with pytest.raises(ValueError, match="direction"):
+        Result("x", "s", 1.0, 1.0, "ours/target", 1.0, "machine")
 
 
 @pytest.mark.parametrize(
@@ -33,11 +87,59 @@ def test_benchmark_runs_quick(tmp_path, name):
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(tmp_path.glob("*.json"))
-    assert len(files) == ROWS[name], [f.name for f in files]
-    keys = {"name", "unit", "baseline", "ours", "ratio", "target", "met", "machine"}
-    for f in files:
-        row = json.loads(f.read_text())
-        assert keys <= row.keys() and row["baseline"] > 0 and row["ours"] > 0
+    assert len(files) == (ROWS[name] if name != "vllm" or HAS_VLLM else 0), [f.name for f in files]
+    rows = {f.stem: json.loads(f.read_text()) for f in files}
+    for row in rows.values():
+        check_row(row)
+        assert row["quick"] is True
+    if name == "padding":
+        # counted, not timed, so exact even at quick sizes: packed, the model is fed the real
+        # tokens and nothing else; padded, more
+        tokens = rows["padding_tokens_computed_per_real"]
+        assert tokens["ours"] == 1.0 and tokens["baseline"] > 1.0 and tokens["met"], tokens
+    if name == "e2e":  # synchronous: the stages take turns, so their share is at most 1
+        assert rows["e2e_busy_share"]["ratio"] <= 1, rows
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
+def test_committed_result_is_consistent_and_full_size(path):
+    row = json.loads(path.read_text())
+    assert row["name"] == path.stem
+    check_row(row)
+    assert row["quick"] is False, f"{path.name} is from a --quick run: not a result"
+
+
+def test_committed_results_are_the_rows_the_benchmarks_write():
+    """One file per row, no stale rows of a benchmark that writes others now."""
+    for name, count in ROWS.items():
+        written = [p.name for p in COMMITTED if p.stem.startswith(f"{name}_")]
+        assert len(written) == count, (name, written)
+    assert len(COMMITTED) == sum(ROWS.values())
+
+
+def test_e2e_busy_share_counts_generation_and_training():
+    from bench.e2e import busy_and_wall
+
+    # metrics rows: the first step's end starts the clock; 2 steps of 10 s after it
+    rows = [{"time": 100.0, "sampler_gen_s": 50.0, "train_s": 50.0}]
+    rows += [{"time": 110.0, "sampler_gen_s": 4.0, "train_s": 5.0},
+             {"time": 120.0, "sampler_gen_s": 3.0, "train_s": 4.0}]  # fmt: skip
+    assert busy_and_wall(rows) == pytest.approx((8.0, 10.0))
+
+
+def test_docs_table_is_generated_from_the_committed_results():
+    from bench import table
+
+    expected = table.render()
+    actual = table.in_page(table.PAGE.read_text(encoding="utf-8"))
+    if actual != expected:
+        diff = difflib.unified_diff(
+            actual.splitlines(), expected.splitlines(), "docs/benchmarks.md",
+            "bench.table.render()", lineterm="",
+        )  # fmt: skip
+        pytest.fail("docs/benchmarks.md's table is not the one generated from bench/results/; "
+                    "regenerate it with\n    .venv/bin/python -m bench.table\n"
+                    + "\n".join(diff))  # fmt: skip
 
 
 def test_gpu_benchmark_code_runs_on_cpu(tmp_path):
@@ -50,7 +152,9 @@ def test_gpu_benchmark_code_runs_on_cpu(tmp_path):
     assert 0 < row["ratio"] < 1  # a model FLOPs utilisation
     assert "padded sdpa" in row["notes"] and "packed sdpa" in row["notes"]
     gen = json.loads((tmp_path / "gpu_smoke_hf_generate_static_vs_dynamic_cache.json").read_text())
-    assert gen["baseline"] > 0 and gen["ours"] > 0  # tokens/s of both KV caches
+    for written in (row, gen):  # tokens/s of both KV caches; FLOP/s of the card and the model
+        check_row(written)
+        assert written["quick"] is True
 
 
 def test_free_ports_come_from_this_workers_share_outside_the_kernels_range(monkeypatch):
