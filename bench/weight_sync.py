@@ -42,7 +42,7 @@ def _save_parts(model, directory: Path) -> dict[str, float]:
     """What a publish spends its time on, best of 3 each from flushed dirty pages: HF's
     save_pretrained (serialise and write), the checksum of the written file (read back from
     the page cache) and deleting a version's file (what pruning the oldest costs)."""
-    from grpo.wire.checksum import file_digest
+    from grpo.core.checksum import file_digest
 
     best = {"save_pretrained": float("inf"), "checksum": float("inf"), "delete": float("inf")}
     for _ in range(3):

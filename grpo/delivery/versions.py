@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from grpo.wire.checksum import file_digest
+from grpo.core.checksum import file_digest
 
 VERSION_MARKER = "version.json"
 

@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from grpo.core.checksum import checksum
 from grpo.core.episode import (
     ARRAY_SPECS,
     LEN_DTYPE,
@@ -38,7 +39,6 @@ from grpo.core.episode import (
     is_int,
     is_real,
 )
-from grpo.wire.checksum import checksum
 
 __all__ = [
     "MAGIC",
