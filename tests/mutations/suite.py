@@ -16,4 +16,16 @@ MUTATIONS = (
             "test_a_skip_ci_must_not_have_fails_under_ci_and_every_skip_is_printed",
         ),
     ),
+    Mutation(
+        name="wandb_not_installed",
+        item="13: the W&B test needs wandb, a dev requirement: missing, it fails, not skips",
+        path="grpo/run_log.py",
+        old="""    def __init__(self, cfg: Config, mode: str):
+        import wandb
+""",
+        new="""    def __init__(self, cfg: Config, mode: str):
+        import wandb_is_not_installed as wandb  # noqa: F401
+""",
+        tests=("tests/test_evaluation.py::test_wandb_offline_run_records_the_scalars",),
+    ),
 )
