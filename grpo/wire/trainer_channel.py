@@ -41,8 +41,8 @@ class TrainerChannel:
     ):
         """`run_dir`: whose version dirs to serve on transport.weights_addr, if that is set.
         `status`: what each heartbeat and announcement tells the samplers (version, acks,
-        consumed, trained), built by the delivery layer above (grpo.delivery.
-        trainer_endpoint); the channel adds only its own liveness fields. `exit_on_stall`:
+        consumed, trained, alive), built by the delivery layer above (grpo.delivery.
+        trainer_endpoint); the channel adds its incarnation and activity. `exit_on_stall`:
         end the process when its main thread stalls (the trainer's does; tests in-process
         do not)."""
         self.cfg = cfg
