@@ -68,10 +68,17 @@ class Result:
         object.__setattr__(self, "ratio", ratio)  # frozen: set once, here
         object.__setattr__(self, "met", met)
 
-    def target_text(self) -> str:
-        if self.direction == "ours<=target":
-            return f"ours ≤ {self.target:.3g}"
-        return f"{self.target:.3g}"
+
+def number_text(value: float) -> str:
+    """Three significant digits, trailing zeros kept, no exponent."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:#.3g}".rstrip(".")
+
+
+def target_text(direction: Direction, target: float) -> str:
+    """What a row must reach: its ratio at least the target, or ours at most it."""
+    if direction == "ours<=target":
+        return f"ours ≤ {number_text(target)}"
+    return f"ratio ≥ {number_text(target)}"
 
 
 def report(result: Result, results_dir: Path = RESULTS) -> Result:
@@ -81,7 +88,7 @@ def report(result: Result, results_dir: Path = RESULTS) -> Result:
     tmp.write_text(json.dumps(asdict(result), indent=2) + "\n")
     os.replace(tmp, path)
     print(f"{result.name:<34} {result.baseline:>12.4g} {result.ours:>12.4g} {result.unit:<10} "
-          f"ratio {result.ratio:>6.2f}  target {result.target_text():>5}  "
+          f"ratio {result.ratio:>6.2f}  {target_text(result.direction, result.target)}  "
           f"{'met' if result.met else 'NOT met'}  {result.notes}", flush=True)  # fmt: skip
     return result
 

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from bench.common import number_text, target_text
+
 # The committed results (not bench.common.RESULTS, which BENCH_RESULTS may point elsewhere).
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -33,26 +35,15 @@ def load(results_dir: Path = RESULTS_DIR) -> list[dict]:
     return sorted(rows, key=order)
 
 
-def _number(value: float) -> str:
-    """Three significant digits, trailing zeros kept, no exponent."""
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:#.3g}".rstrip(".")
-
-
 def _amount(value: float, unit: str) -> str:
     if unit == "s" and value < 1:
-        return f"{_number(value * 1e3)} ms"
-    return f"{_number(value)} {unit}".rstrip()
+        return f"{number_text(value * 1e3)} ms"
+    return f"{number_text(value)} {unit}".rstrip()
 
 
 # what each declared direction divides (bench.common.Direction)
 RATIO_IS = {"baseline/ours": "baseline / ours", "ours/baseline": "ours / baseline",
             "ours<=target": "baseline / ours"}  # fmt: skip
-
-
-def _target(row: dict) -> str:
-    if row["direction"] == "ours<=target":
-        return f"ours ≤ {_number(row['target'])}"
-    return f"ratio ≥ {_number(row['target'])}"
 
 
 def render(results_dir: Path = RESULTS_DIR) -> str:
@@ -65,8 +56,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
     for r in rows:
         lines.append(
             f"| `{r['name']}` | {_amount(r['baseline'], r['unit'])} "
-            f"| {_amount(r['ours'], r['unit'])} | {_number(r['ratio'])} "
-            f"| {RATIO_IS[r['direction']]} | {_target(r)} | {'yes' if r['met'] else 'no'} "
+            f"| {_amount(r['ours'], r['unit'])} | {number_text(r['ratio'])} "
+            f"| {RATIO_IS[r['direction']]} | {target_text(r['direction'], r['target'])} "
+            f"| {'yes' if r['met'] else 'no'} "
             f"| {r['date']} |"
         )
     machines = sorted({r["machine"] for r in rows})
