@@ -11,7 +11,6 @@ ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +151,9 @@ class Trainer:
         self.ledger.mark_durable()
         self.endpoint.saved()
 
-    def publish(self, step: int) -> float:
+    def publish(self, step: int) -> None:
         """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it;
         under ZeRO-3 every rank comes here, to gather the parameters (grpo.trainer.publishing)."""
-        t0 = time.monotonic()
         with weights_to_publish(self.models.policy, self.cfg.model.lora.enabled) as write:
             if self.rank == 0:
 
@@ -166,23 +164,21 @@ class Trainer:
                 publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
         self.version = step
         self.endpoint.published(step)
-        return time.monotonic() - t0
 
-    def receive(self) -> tuple[EpisodeBatch | None, float]:
+    def receive(self) -> EpisodeBatch | None:
         """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive meanwhile;
         if that fails, the other ranks are told to stop. The other ranks return at once."""
-        t0 = time.monotonic()
         ACTIVITY.enter(WAITING, "for a batch")
         try:
-            batch = self.endpoint.next_batch(keepalive=lambda: broadcast_size(KEEPALIVE))
+            return self.endpoint.next_batch(keepalive=lambda: broadcast_size(KEEPALIVE))
         except BaseException:
             broadcast_batch(None, 0, self.cfg.transport.max_frame_bytes)
             raise
-        return batch, time.monotonic() - t0
 
-    def step(self, step: int, batch: EpisodeBatch, recv_s: float) -> dict[str, Any]:
-        """Train on `batch` (every rank), publish and save as due; the step's metrics row."""
-        cfg, seconds = self.cfg, Stopwatch(recv_s=recv_s)
+    def step(self, step: int, batch: EpisodeBatch, seconds: Stopwatch) -> dict[str, Any]:
+        """Train on `batch` (every rank), publish and save as due; the step's metrics row.
+        `seconds` holds the time spent receiving it and gets the rest of the step's parts."""
+        cfg = self.cfg
         result = train_step(self.models, batch, cfg, step, self.kl_reward_coef, self.shard,
                             self.pad_id, seconds)  # fmt: skip
         self.kl_reward_coef = result.kl_reward_coef
@@ -209,8 +205,7 @@ class Trainer:
 
     def metrics_row(self, step: int, result: StepResult, seconds: Stopwatch) -> dict[str, Any]:
         """Every rank takes part (two collectives); rank 0 logs the row."""
-        g0 = self.shard.rank * self.shard.groups
-        groups = gather_group_ids(result.batch.select_groups(g0, g0 + self.shard.groups))
+        groups = gather_group_ids(result.batch.select_groups(*self.shard.group_span))
         peak_mem = float(max_across_ranks(torch.tensor([peak_memory_gib()])))
         return step_row(
             step, result.batch, self.cfg, self.world,
@@ -270,11 +265,13 @@ class Trainer:
             if self.start_step == 0:
                 self.evaluate(0)  # the initial weights, while the samplers make batch 0
             for step in range(self.start_step + 1, cfg.train.total_steps + 1):
-                batch, recv_s = self.receive()
+                seconds = Stopwatch()
+                with seconds("recv_s"):
+                    batch = self.receive()
                 batch = broadcast_batch(batch, self.rank, cfg.transport.max_frame_bytes)
                 if batch is None:
                     raise PeerError("rank 0 ended the run")
-                self.run_log.step(self.step(step, batch, recv_s))
+                self.run_log.step(self.step(step, batch, seconds))
                 self.evaluate(step)  # version `step` is out: the samplers go on meanwhile
             if self.start_step < cfg.train.total_steps:
                 self.save_state(cfg.train.total_steps)

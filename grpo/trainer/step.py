@@ -46,9 +46,16 @@ class Shard:
     rank: int
     groups: int  # groups per rank
 
+    @property
+    def group_span(self) -> tuple[int, int]:
+        """This rank's groups of the batch: [first, end)."""
+        first = self.rank * self.groups
+        return first, first + self.groups
+
     def rows(self, group_size: int) -> range:
-        per_rank = self.groups * group_size
-        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+        """This rank's rows: its groups' answers."""
+        first, end = self.group_span
+        return range(first * group_size, end * group_size)
 
 
 @dataclass(frozen=True)
