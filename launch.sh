@@ -8,7 +8,7 @@
 #
 # The trainer runs train.num_ranks processes on this node (torchrun, on CPU and GPU alike; a
 # trainer over several nodes: ROLE=trainer with train.node_rank on each). Each role gets its
-# GPUs in CUDA_VISIBLE_DEVICES (grpo/placement.py). Addresses come from the config. If one
+# GPUs in CUDA_VISIBLE_DEVICES (grpo/runtime/placement.py). Addresses come from the config. If one
 # role fails, the other is stopped and this script exits non-zero; Ctrl-C stops both. With
 # reward_server.backend set, both roles come with the reward service (stopped at the end).
 # Relative paths in the config are relative to the repository root.
@@ -28,12 +28,12 @@ case $ROLE in both|sampler|trainer|reward) ;; *) echo "launch.sh: ROLE must be s
 # engine), and place each role on this node's GPUs (none on a CPU node): a typo stops here with
 # one line naming the key. Sets TRAINER_GPUS, SAMPLER_GPUS, SHARED, MODEL_PATH, RUN_DIR and
 # REWARD_BACKEND.
-placement=$(ROLE=$ROLE "$PY" -m grpo.placement "$@") || exit 2
+placement=$(ROLE=$ROLE "$PY" -m grpo.runtime.placement "$@") || exit 2
 eval "$placement"
 
 # Convert the embedded model once, before two processes would both want to.
 if [[ $MODEL_PATH == embedded ]]; then
-  "$PY" -m grpo.embedded >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
+  "$PY" -m grpo.models.convert >/dev/null || { echo "launch.sh: could not prepare the embedded model" >&2; exit 1; }
 fi
 
 gpus() { [[ -z $1 ]] || export CUDA_VISIBLE_DEVICES=$1; }
@@ -58,7 +58,7 @@ esac
 # Job control puts each role in its own process group, so stopping a role reaches every
 # process it started (the DeepSpeed launcher does not forward signals to its ranks).
 set -m
-export GRPO_PARENT_PID=$$  # both roles die with this script, even of a SIGKILL (grpo/lifetime.py)
+export GRPO_PARENT_PID=$$  # both roles die with this script, even of a SIGKILL (grpo/runtime/lifetime.py)
 declare -A name_of
 start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
 # One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.

@@ -3,7 +3,7 @@
 import sys
 
 from grpo.cli import main
-from grpo.lifetime import exit_now
+from grpo.runtime.lifetime import exit_now
 
 if __name__ == "__main__":
     exit_now(main("reward", sys.argv[1:]))

@@ -3,7 +3,7 @@
 import sys
 
 from grpo.cli import main
-from grpo.lifetime import exit_now
+from grpo.runtime.lifetime import exit_now
 
 if __name__ == "__main__":  # the guard matters: rollout engines may spawn child processes
     exit_now(main("sampler", sys.argv[1:]))

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
-from grpo.lifetime import parent_of
+from grpo.runtime.lifetime import parent_of
 
 # BENCH_RESULTS redirects the JSON (the test suite's quick run must not overwrite real results)
 RESULTS = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results"))

@@ -49,7 +49,8 @@ BUSY_TARGET = 0.9  # at most a tenth of each step outside generation and trainin
 
 
 def run(quick: bool = False) -> list[Result]:
-    from grpo.models import build_tiny_model, ensure_embedded_base
+    from grpo.models.convert import ensure_embedded_base
+    from tests.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

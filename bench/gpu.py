@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from bench.common import Result, machine, report
-from grpo.logprobs import pairs_logprobs
 from grpo.rollout.hf import HFRollout
+from grpo.scoring.forward import pairs_logprobs
 
 QWEN_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4_864,
                 num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,

@@ -15,7 +15,7 @@ from bench.common import Result, machine, report
 
 CHILD = r"""
 import json, resource, sys, time, torch
-from grpo.logprobs import token_logprobs_and_entropy
+from grpo.scoring.kernels import token_logprobs_and_entropy
 variant, B, T, V = sys.argv[1], *map(int, sys.argv[2:5])
 torch.manual_seed(0)
 logits = torch.randn(B, T, V)

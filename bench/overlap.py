@@ -19,7 +19,8 @@ CONFIG = REPO / "configs" / "cpu_demo.yaml"
 
 
 def run(quick: bool = False) -> list[Result]:
-    from grpo.models import build_tiny_model, ensure_embedded_base
+    from grpo.models.convert import ensure_embedded_base
+    from tests.tiny_model import build_tiny_model
 
     steps = 3 if quick else 10
     with tempfile.TemporaryDirectory() as tmp_dir:

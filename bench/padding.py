@@ -12,8 +12,8 @@ shared with other work, wall time measures the other work as much as ours, while
 thread's CPU time stays put (seen: wall times of 69 s and 155 s for the same forwards).
 
 Tokens computed are counted, not derived: a hook on the model adds up the tokens of every
-`input_ids` the trainer's code path (grpo.logprobs.pairs_logprobs) feeds it, padding included,
-so a packer that padded would show it.
+`input_ids` the trainer's code path (grpo.scoring.forward.pairs_logprobs) feeds it, padding
+included, so a packer that padded would show it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from bench.common import REPO, Result, machine, quiet_hf, report
-from grpo.logprobs import pairs_logprobs
+from grpo.scoring.forward import pairs_logprobs
 
 DEMO_METRICS = REPO / "checkpoints" / "cpu_demo" / "metrics.jsonl"
 # A snapshot of a demo run's lengths, used when no demo run is on this machine.
@@ -86,7 +86,9 @@ def run(quick: bool = False) -> list[Result]:
 
 def _run(quick: bool) -> list[Result]:
     from grpo.core.batching import length_order
-    from grpo.models import build_tiny_model, ensure_embedded_base, load_causal_lm
+    from grpo.models.convert import ensure_embedded_base
+    from grpo.models.loading import load_causal_lm
+    from tests.tiny_model import build_tiny_model
 
     quiet_hf()
     lengths, source = demo_lengths()

@@ -58,7 +58,8 @@ def _crash(tmp: Path, name: str, common: list[str], kill_after: int) -> tuple[fl
 
 
 def run(quick: bool = False) -> list[Result]:
-    from grpo.models import build_tiny_model, ensure_embedded_base
+    from grpo.models.convert import ensure_embedded_base
+    from tests.tiny_model import build_tiny_model
 
     total, kill_after = (4, 3) if quick else (6, 5)
     with tempfile.TemporaryDirectory() as tmp_dir:

@@ -6,7 +6,7 @@ The vLLM rows need vLLM installed (scripts/setup.sh --dev or --vllm)."""
 import argparse
 
 from bench import e2e, logprobs, overlap, padding, recovery, transport, vllm, weight_sync
-from grpo.host_memory import keep_freed_memory
+from grpo.runtime.host_memory import keep_freed_memory
 
 # name -> module, in the order of the table; each module's run(quick) returns its rows
 BENCHMARKS = {

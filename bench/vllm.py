@@ -35,11 +35,13 @@ def run(quick: bool = False) -> list[Result]:
         print("vllm: not installed (bash scripts/setup.sh --vllm), skipped")
         return []
     from grpo.config import load_config
-    from grpo.models import build_tiny_model, ensure_embedded_base, load_causal_lm, load_tokenizer
+    from grpo.models.convert import ensure_embedded_base
+    from grpo.models.loading import load_causal_lm, load_tokenizer
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.vllm import VllmRollout
     from grpo.sampler.data import encode_prompts
     from grpo.tasks import get_task
+    from tests.tiny_model import build_tiny_model
 
     quiet_hf()
     questions, n, new_tokens = (2, 2, 16) if quick else (16, 4, 128)

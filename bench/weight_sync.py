@@ -87,7 +87,9 @@ def _announce_latency(version: int) -> float:
 
 def run(quick: bool = False) -> list[Result]:
     from grpo.delivery.versions import load_state_dict, publish_version
-    from grpo.models import build_tiny_model, ensure_embedded_base, load_causal_lm
+    from grpo.models.convert import ensure_embedded_base
+    from grpo.models.loading import load_causal_lm
+    from tests.tiny_model import build_tiny_model
 
     quiet_hf()
     base = ensure_embedded_base()

@@ -1,12 +1,12 @@
 """`python -m grpo TOOL ...`: the package's command-line tools (the workers have their own).
 
 python -m grpo keys DIR          CURVE keys for the transport (grpo.wire.keys)
-python -m grpo eval RUN_DIR      evaluate a run's saved versions (grpo.eval_cli)
+python -m grpo eval RUN_DIR      evaluate a run's saved versions (grpo.eval.cli)
 """
 
 import sys
 
-from grpo import eval_cli
+from grpo.eval import cli as eval_cli
 from grpo.wire import keys
 
 TOOLS = {"keys": keys.main, "eval": eval_cli.main}

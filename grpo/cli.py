@@ -8,8 +8,8 @@ import warnings
 
 from grpo.config import ConfigError, describe, load_config
 from grpo.config.names import check_names
-from grpo.host_memory import keep_freed_memory
-from grpo.lifetime import die_with_parent
+from grpo.runtime.host_memory import keep_freed_memory
+from grpo.runtime.lifetime import die_with_parent
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
   e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import bench.common
-from grpo.host_memory import keep_freed_memory
+from grpo.runtime.host_memory import keep_freed_memory
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,14 +21,14 @@ PYTHON = sys.executable
 # parallelism comes from pytest-xdist's workers, and OpenMP threads of one run spinning while
 # another run's processes want the same cores cost CPU time and change nothing tested.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# As the workers do (grpo/host_memory.py): the tests' own forwards and backwards are faster.
+# As the workers do (grpo/runtime/host_memory.py): the tests' own forwards and backwards are faster.
 keep_freed_memory()
 
 
 @pytest.fixture(scope="session")
 def base_model_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF dir (converted from the packaged GGUF on first use)."""
-    from grpo.models import ensure_embedded_base
+    from grpo.models.convert import ensure_embedded_base
 
     return ensure_embedded_base()
 
@@ -36,7 +36,7 @@ def base_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, base_model_dir) -> Path:
     """A ~3 M parameter random Llama with SmolLM2's tokenizer: real weights, no download."""
-    from grpo.models import build_tiny_model
+    from tests.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", base_model_dir)
 
@@ -44,7 +44,7 @@ def tiny_model_dir(tmp_path_factory, base_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vllm_model_dir(tmp_path_factory, base_model_dir) -> Path:
     """The tiny model with heads vLLM's CPU attention takes (32 dimensions, not 16)."""
-    from grpo.models import build_tiny_model
+    from tests.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", base_model_dir, heads=2)
 

@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from bench.common import descendants, kill_tree, start_role
-from grpo.lifetime import alive
+from grpo.runtime.lifetime import alive
 from tests.conftest import PYTHON, transport_overrides
 from tests.test_integration import _assert_no_stray_processes, tiny_config
 

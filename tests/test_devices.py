@@ -23,8 +23,9 @@ from grpo.algos.registry import POLICY_LOSSES
 from grpo.config import load_config
 from grpo.core.batching import pack_pairs, pad_pairs
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.logprobs import Truncation, pairs_logprobs
 from grpo.rollout.hf import _StopWhenSet
+from grpo.scoring.forward import pairs_logprobs
+from grpo.scoring.kernels import Truncation
 from grpo.trainer.critic import completion_values
 from grpo.trainer.experience import build_experience
 from grpo.trainer.objective import micro_batch_loss

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo.config import ConfigError, load_config
-from grpo.evaluation import (
+from grpo.eval.questions import (
     EvalSpec,
     QuestionResult,
     eval_prompts,
@@ -23,7 +23,7 @@ from grpo.evaluation import (
     question_results,
     summarise,
 )
-from grpo.run_log import RunLog, scalars_of
+from grpo.observe.run_log import RunLog, scalars_of
 
 
 def spec(samples: int = 0, ks: tuple[int, ...] = ()) -> EvalSpec:
@@ -85,7 +85,7 @@ def test_pass_ks_and_the_config_checks():
 @pytest.fixture(scope="module")
 def tiny_eval(tiny_model_dir):
     """The tiny model's HF engine and the first 6 GSM8K test prompts."""
-    from grpo.models import load_causal_lm, load_tokenizer
+    from grpo.models.loading import load_causal_lm, load_tokenizer
     from grpo.rollout.hf import HFRollout
     from grpo.tasks import get_task
 

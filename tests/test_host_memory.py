@@ -1,4 +1,4 @@
-"""Freed large buffers are reused, not handed back to the kernel (grpo/host_memory.py)."""
+"""Freed large buffers are reused, not handed back to the kernel (grpo/runtime/host_memory.py)."""
 
 import subprocess
 import sys
@@ -11,7 +11,7 @@ from tests.conftest import REPO
 # 4 KiB page, each zeroed by the kernel) when glibc unmapped the first, a handful when reused.
 SECOND_BUFFER_FAULTS = """
 import ctypes, resource, sys
-from grpo.host_memory import keep_freed_memory
+from grpo.runtime.host_memory import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")

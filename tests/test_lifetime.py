@@ -19,7 +19,7 @@ from typing import BinaryIO
 import pytest
 import zmq
 
-from grpo.lifetime import PARENT_ENV, alive, die_with_parent, port_holders
+from grpo.runtime.lifetime import PARENT_ENV, alive, die_with_parent, port_holders
 from grpo.wire.channels import PeerError, bind
 from tests.conftest import REPO
 
@@ -31,7 +31,8 @@ _PARENT = textwrap.dedent(
     """
     import os, subprocess, sys
     child = subprocess.Popen(
-        [sys.executable, "-c", "from grpo.lifetime import die_with_parent; die_with_parent(); "
+        [sys.executable, "-c", "from grpo.runtime.lifetime import die_with_parent; "
+         "die_with_parent(); "
          "import os, time; print(os.getpid(), flush=True); time.sleep(600)"],
         env={**os.environ, "GRPO_PARENT_PID": str(os.getpid()) if sys.argv[1] == "set" else ""},
     )
@@ -86,7 +87,7 @@ _PARENT_GONE_FIRST = textwrap.dedent(
 _LATE_CHILD = textwrap.dedent(
     """
     import os, time
-    from grpo.lifetime import die_with_parent
+    from grpo.runtime.lifetime import die_with_parent
 
     parent, deadline = int(os.environ["GRPO_PARENT_PID"]), time.monotonic() + 60
     while os.getppid() == parent and time.monotonic() < deadline:
@@ -163,7 +164,7 @@ def test_a_busy_port_is_reported_with_the_pid_holding_it():
 _TOP = textwrap.dedent(
     """
     import os, subprocess, sys, time
-    leaf = ("from grpo.lifetime import die_with_ancestor; die_with_ancestor(); "
+    leaf = ("from grpo.runtime.lifetime import die_with_ancestor; die_with_ancestor(); "
             "import os, time; print(os.getppid(), os.getpid(), flush=True); time.sleep(600)")
     middle = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r]); "
               "time.sleep(600)" % leaf)

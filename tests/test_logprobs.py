@@ -5,12 +5,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from grpo.logprobs import (
-    completion_logprobs,
-    packed_completion_logprobs,
-    token_logprobs,
-    token_logprobs_and_entropy,
-)
+from grpo.scoring.forward import completion_logprobs, packed_completion_logprobs
+from grpo.scoring.kernels import token_logprobs, token_logprobs_and_entropy
 
 B, T, V = 3, 37, 1000
 
@@ -208,7 +204,7 @@ def test_completion_logprobs_is_differentiable(tiny_llama):
 
 
 def test_entropy_with_grad_matches_the_naive_formula_and_its_gradient():
-    from grpo.logprobs import token_entropy_with_grad
+    from grpo.scoring.kernels import token_entropy_with_grad
 
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 50, requires_grad=True)
@@ -295,7 +291,7 @@ def test_kept_log_mass_matches_transformers_warpers(top_p, top_k):
     """The kept set is HF's (and vLLM's): temperature, then top-k, then top-p."""
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-    from grpo.logprobs import Truncation, kept_log_mass
+    from grpo.scoring.kernels import Truncation, kept_log_mass
 
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 50) * 3
@@ -315,7 +311,8 @@ def test_kept_log_mass_matches_transformers_warpers(top_p, top_k):
 
 
 def test_pairs_logprobs_reports_kept_mass_only_when_truncating(tiny_llama):
-    from grpo.logprobs import Truncation, pairs_logprobs
+    from grpo.scoring.forward import pairs_logprobs
+    from grpo.scoring.kernels import Truncation
 
     prompts = [torch.arange(3, 8).numpy(), torch.arange(10, 13).numpy()]
     completions = [torch.arange(20, 24).numpy(), torch.arange(30, 32).numpy()]

@@ -2,7 +2,7 @@
 
 import json
 
-from grpo.metrics import plot_run, series
+from grpo.observe.metrics import plot_run, series
 
 
 def test_series_skips_rows_without_the_key():

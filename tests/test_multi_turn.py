@@ -11,9 +11,11 @@ import torch
 from grpo.algos import kl_penalty, masked_mean
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.logprobs import Truncation, pairs_logprobs, score_for_training
-from grpo.models import load_causal_lm, load_tokenizer
+from grpo.models.loading import load_causal_lm, load_tokenizer
 from grpo.rollout.multi_turn import MultiTurnEngine, tool_info, with_tools
+from grpo.scoring.forward import pairs_logprobs
+from grpo.scoring.kernels import Truncation
+from grpo.scoring.score import score_for_training
 from grpo.tasks import get_task, score
 from grpo.tools import Toolbox, get_tool
 from grpo.trainer.experience import build_experience

@@ -10,7 +10,7 @@ import torch
 from grpo.config import load_config
 from grpo.config.passes import scored_by, scoring_passes
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.logprobs import pairs_logprobs
+from grpo.scoring.forward import pairs_logprobs
 from grpo.trainer.experience import build_experience
 from grpo.trainer.objective import micro_batch_loss
 from tests.test_devices import COMPLETIONS, PROMPTS, StandInLM

@@ -12,7 +12,7 @@ import torch
 from grpo.algos import policy_loss
 from grpo.config import load_config
 from grpo.config.names import check_names
-from grpo.models import load_tokenizer
+from grpo.models.loading import load_tokenizer
 from grpo.sampler.data import encode_prompt
 from grpo.tasks import get_task
 from tests.conftest import run_launch, transport_overrides

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpo.delivery.pool import SamplerPool
-from grpo.progress import GENERATING, WAITING, Activity, Snapshot, StallClock, Watchdog
+from grpo.runtime.progress import GENERATING, WAITING, Activity, Snapshot, StallClock, Watchdog
 from grpo.sampler.weights import expected_batch, required_version
 
 
@@ -48,7 +48,7 @@ def test_activity_during_restores_the_phase_and_keeps_the_count():
 
 def test_watchdog_fires_once_with_the_reason(monkeypatch):
     activity = Activity()
-    monkeypatch.setattr("grpo.progress.ACTIVITY", activity)
+    monkeypatch.setattr("grpo.runtime.progress.ACTIVITY", activity)
     clock = Clock()
     fired: list[str] = []
     dog = Watchdog(2.0, fired.append)

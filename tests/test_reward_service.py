@@ -15,13 +15,14 @@ import pytest
 import torch
 import zmq
 
-from grpo.models import build_tiny_model, load_tokenizer
+from grpo.models.loading import load_tokenizer
 from grpo.reward_service import protocol
 from grpo.reward_service.backends import Classifier, Judge, normalised, score_in_reply
 from grpo.reward_service.client import RewardClient, RewardServiceError, combine
 from grpo.reward_service.protocol import Item
 from grpo.reward_service.server import RewardServer
 from tests.conftest import free_port
+from tests.tiny_model import build_tiny_model
 
 ITEMS = [Item(f"What is {i} + {i}?", f"It is {2 * i}.", str(2 * i)) for i in range(6)]
 

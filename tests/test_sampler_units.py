@@ -44,7 +44,7 @@ def test_question_order_without_shuffle_wraps_in_order():
 def test_hf_answers_end_at_the_first_stop_string(base_model_dir):
     """generate() pads a row that hit a stop string with EOS (the pad token here): the answer
     must end where the stop string appeared, as vLLM's does, with no EOS it never sampled."""
-    from grpo.models import load_tokenizer
+    from grpo.models.loading import load_tokenizer
     from grpo.rollout.hf import _cut_at_stop
 
     tok = load_tokenizer(base_model_dir)
@@ -60,7 +60,7 @@ def test_shard_tokenizes_only_the_rows_it_draws_and_skips_long_ones(tmp_path, ba
     import json
 
     from grpo.config import load_config
-    from grpo.models import load_tokenizer
+    from grpo.models.loading import load_tokenizer
     from grpo.sampler.data import Shard
     from grpo.tasks import get_task
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from grpo.logprobs import pairs_logprobs
-from grpo.models import load_causal_lm, load_tokenizer
+from grpo.models.loading import load_causal_lm, load_tokenizer
 from grpo.rollout.hf import HFRollout
+from grpo.scoring.forward import pairs_logprobs
 
 RNG = np.random.default_rng(0)
 PROMPTS = [RNG.integers(5, 1000, n).astype(np.int32) for n in (5, 9, 3)]

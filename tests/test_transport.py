@@ -212,7 +212,7 @@ def test_a_rejected_batch_stops_only_the_sampler_that_sent_it():
 def test_a_stalled_trainer_stops_its_samplers_naming_the_phase():
     """The trainer's main thread stuck in a working phase (its heartbeats go on): after
     stall_timeout_s its own watchdog stops the samplers with the phase named."""
-    from grpo.progress import ACTIVITY, TRAINING
+    from grpo.runtime.progress import ACTIVITY, TRAINING
 
     with (
         ACTIVITY.during(TRAINING, "step 7"),

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from grpo.config import Config, load_config
-from grpo.logprobs import Truncation, score_pairs
-from grpo.models import load_causal_lm, load_tokenizer
+from grpo.models.loading import load_causal_lm, load_tokenizer
+from grpo.scoring.kernels import Truncation
+from grpo.scoring.score import score_pairs
 
 pytestmark = [
     pytest.mark.slow,
@@ -298,7 +299,7 @@ def test_hung_in_place_reload_falls_back_to_a_restart(
 
 
 def test_lora_adapter_per_version_without_restart(base_model_dir, tmp_path):
-    from grpo.models import apply_lora
+    from grpo.models.loading import apply_lora
     from grpo.rollout.vllm import VllmRollout
 
     cfg = vllm_config("model.lora.enabled=true", "model.lora.r=8")

@@ -97,11 +97,11 @@ _SCRIPT = textwrap.dedent(
     from grpo.core.batching import length_order, micro_batch_ranges
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.delivery.versions import load_state_dict, publish_version, version_dir
-    from grpo.models import load_causal_lm, load_tokenizer
+    from grpo.models.loading import load_causal_lm, load_tokenizer
     from grpo.trainer import state as train_state
     from grpo.trainer.critic import Critic
     from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
-    from grpo.trainer.evaluation import VersionEvaluator
+    from grpo.eval.in_training import VersionEvaluator
     from grpo.trainer.experience import build_experience
     from grpo.trainer.process import without_deepspeed_shm_op
     from grpo.trainer.publishing import weights_to_publish

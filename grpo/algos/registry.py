@@ -13,7 +13,7 @@ values and also returns value targets) is exported as a plain function instead.
 from collections.abc import Callable
 from typing import TypeVar
 
-from grpo.plugins import resolve
+from grpo.core.plugins import resolve
 
 F = TypeVar("F", bound=Callable)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.progress import Snapshot, StallClock
+from grpo.runtime.progress import Snapshot, StallClock
 
 log = logging.getLogger("grpo.trainer")
 

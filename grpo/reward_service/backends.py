@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import torch
 
 from grpo.config import Config
-from grpo.models import load_causal_lm, load_tokenizer, resolve_model_path, torch_dtype
-from grpo.plugins import resolve
+from grpo.core.plugins import resolve
+from grpo.models.loading import load_causal_lm, load_tokenizer, resolve_model_path, torch_dtype
 from grpo.reward_service.protocol import Item
 
 log = logging.getLogger("grpo.reward")

@@ -25,9 +25,9 @@ from typing import Any
 
 import zmq
 
-from grpo.progress import ACTIVITY, WAITING
 from grpo.reward_service import protocol
 from grpo.reward_service.protocol import Item
+from grpo.runtime.progress import ACTIVITY, WAITING
 from grpo.wire.channels import PeerError, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 from grpo.wire.keys import ClientKeys
@@ -90,7 +90,7 @@ class RewardClient:
         for request in pending.values():
             self._send(request)
         # Waiting on a peer, not working: its silence is judged by service_timeout_s, not by
-        # the stall check (grpo.progress).
+        # the stall check (grpo.runtime.progress).
         with ACTIVITY.during(WAITING, f"for the reward service at {self.addr}"):
             while pending:
                 if self.stop_event.is_set():

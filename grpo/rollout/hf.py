@@ -11,8 +11,8 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpo.core.batching import pad_pairs
-from grpo.progress import ACTIVITY
 from grpo.rollout.base import EngineContext, Generation
+from grpo.runtime.progress import ACTIVITY
 
 
 class _StopWhenSet(StoppingCriteria):
@@ -23,7 +23,7 @@ class _StopWhenSet(StoppingCriteria):
         self.event = event
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        ACTIVITY.tick()  # a token step: progress for the stall check (grpo.progress)
+        ACTIVITY.tick()  # a token step: progress for the stall check (grpo.runtime.progress)
         # On the ids' device: generate() combines it with its own flags there (a CPU tensor
         # here stopped the first GPU run).
         return torch.full(

@@ -6,7 +6,7 @@ not import vLLM (or anything heavy) until that engine is asked for.
 
 from __future__ import annotations
 
-from grpo.plugins import load_object, resolve
+from grpo.core.plugins import load_object, resolve
 from grpo.rollout.base import EngineFactory
 
 ENGINES: dict[str, EngineFactory | str] = {

@@ -3,7 +3,7 @@ sampled token, and new weights loaded into the running engine.
 
 The engine reports log-probs of the distribution it sampled from (`processed_logprobs`:
 after temperature, top-k and top-p), so with top_p < 1 they are over the kept tokens only;
-`grpo.logprobs.kept_log_mass` puts them on the trainer's full vocabulary.
+`grpo.scoring.kernels.kept_log_mass` puts them on the trainer's full vocabulary.
 
 Seeding: one engine-level seed (rollout.seed). Per-request seeds crash the CPU build on large
 batches, so batches are not individually reproducible across engine restarts.
@@ -26,9 +26,9 @@ from tqdm import tqdm
 
 from grpo.config import Config
 from grpo.delivery.versions import is_adapter, weight_files
-from grpo.lifetime import PARENT_ENV
-from grpo.progress import ACTIVITY
 from grpo.rollout.base import EngineContext, Generation
+from grpo.runtime.lifetime import PARENT_ENV
+from grpo.runtime.progress import ACTIVITY
 
 log = logging.getLogger("grpo.vllm")
 T = TypeVar("T")
@@ -74,7 +74,7 @@ def _import_vllm():
 
 class _CountingBar(tqdm):
     """vLLM's progress bar, drawn nowhere: each request it finishes counts as progress for the
-    stall check (grpo.progress), the one sign of life a blocking generate() gives."""
+    stall check (grpo.runtime.progress), the one sign of life a blocking generate() gives."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         # Never disabled, whatever TQDM_DISABLE says (launch.sh sets it for the sampler): vLLM

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo.lifetime import die_with_ancestor
+from grpo.runtime.lifetime import die_with_ancestor
 
 # vLLM imports this module in its worker process (a child of the engine process the sampler
-# started, or that process itself): neither may outlive the sampler (grpo/lifetime.py; the
+# started, or that process itself): neither may outlive the sampler (grpo/runtime/lifetime.py; the
 # sampler names itself before the start).
 die_with_ancestor()
 

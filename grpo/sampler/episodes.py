@@ -11,14 +11,15 @@ from typing import Protocol
 from grpo.config import Config
 from grpo.config.passes import scored_by
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.logprobs import Truncation, score_for_training
-from grpo.metrics import peak_memory_gib
-from grpo.models import load_reference
-from grpo.progress import ACTIVITY, GENERATING, REWARDING, SCORING
+from grpo.models.loading import load_reference
+from grpo.observe.metrics import peak_memory_gib
 from grpo.rollout.base import Generation, RolloutEngine
 from grpo.rollout.multi_turn import tool_info
+from grpo.runtime.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.weights import Weights
+from grpo.scoring.kernels import Truncation
+from grpo.scoring.score import score_for_training
 from grpo.tasks import Row
 from grpo.wire.channels import PeerError
 
@@ -170,7 +171,7 @@ class BatchMaker:
 
     def score(self, gens: list[Generation]) -> tuple[list, list, list]:
         """(old, reference, rollout) log-probs per answer; None where not computed here
-        (see grpo.logprobs.score_for_training)."""
+        (see grpo.scoring.score.score_for_training)."""
         cfg = self.cfg.rollout
         return score_for_training(
             self.weights.policy if self.old_pass else None,

@@ -6,7 +6,7 @@ version it publishes in its heartbeats; before batch `seq` the sampler waits unt
 
 This module wires the parts together and runs them: the questions (grpo.sampler.data), the
 weights (.weights), the batches (.episodes) and their delivery (.outbox); and it turns
-Ctrl-C / SIGTERM into a clean stop. Evaluation is the trainer's (grpo.trainer.evaluation): a
+Ctrl-C / SIGTERM into a clean stop. Evaluation is the trainer's (grpo.eval.in_training): a
 sampler only generates.
 """
 
@@ -18,8 +18,8 @@ import threading
 
 from grpo.config import Config
 from grpo.delivery.spool import Spool
-from grpo.metrics import mean
-from grpo.models import load_tokenizer, resolve_model_path
+from grpo.models.loading import load_tokenizer, resolve_model_path
+from grpo.observe.metrics import mean
 from grpo.rollout.base import EngineContext, RolloutEngine
 from grpo.rollout.multi_turn import with_tools
 from grpo.rollout.registry import get_engine

@@ -11,7 +11,7 @@ from typing import Any
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
-from grpo.progress import ACTIVITY, WAITING
+from grpo.runtime.progress import ACTIVITY, WAITING
 from grpo.wire.codec import encode_batch
 from grpo.wire.sampler_channel import SamplerChannel
 

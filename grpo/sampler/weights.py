@@ -13,9 +13,9 @@ import torch
 
 from grpo.config import Config
 from grpo.delivery.versions import is_adapter, load_state_dict, verify_version, version_dir
-from grpo.models import apply_lora, load_causal_lm
-from grpo.placement import sampler_memory_fraction
+from grpo.models.loading import apply_lora, load_causal_lm
 from grpo.rollout.base import RolloutEngine
+from grpo.runtime.placement import sampler_memory_fraction
 from grpo.wire.sampler_channel import SamplerChannel
 
 if TYPE_CHECKING:

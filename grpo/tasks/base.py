@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo.plugins import load_object, resolve
+from grpo.core.plugins import load_object, resolve
 
 Row = dict[str, Any]
 RewardFn = Callable[[str, Row], float | tuple[float, dict]]

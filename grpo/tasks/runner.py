@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grpo.progress import ACTIVITY
+from grpo.runtime.progress import ACTIVITY
 
 from .base import RewardFn, Row, _fn_name, logger, score
 
@@ -63,7 +63,7 @@ class _Batch:
     def put(self, index: int, result: tuple[float, dict]) -> None:
         self.results[index] = result
         self.left -= 1
-        ACTIVITY.tick()  # an answer scored: progress for the stall check (grpo.progress)
+        ACTIVITY.tick()  # an answer scored: progress for the stall check (grpo.runtime.progress)
 
 
 @dataclass(frozen=True)

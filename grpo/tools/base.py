@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from grpo.plugins import resolve
+from grpo.core.plugins import resolve
 
 log = logging.getLogger("grpo.tools")
 

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from grpo.algos import value_loss
 from grpo.config import Config
 from grpo.core.batching import pack_pairs, pad_pairs
-from grpo.logprobs import device_of
-from grpo.models import resolve_model_path, torch_dtype
+from grpo.models.loading import resolve_model_path, torch_dtype
+from grpo.scoring.forward import device_of
 from grpo.trainer.engines import partitioned_loading
 from grpo.trainer.experience import Experience
 from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ranks

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from grpo.config import Config
-from grpo.models import apply_lora, load_causal_lm, load_reference
+from grpo.models.loading import apply_lora, load_causal_lm, load_reference
 
 
 def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, Any]:
@@ -65,11 +65,6 @@ def partitioned_loading(ds: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         del alive
-
-
-def params_partitioned(module: torch.nn.Module) -> bool:
-    """Whether `module`'s parameters are ZeRO-3 partitions (DeepSpeed gives those a ds_id)."""
-    return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
 def import_deepspeed_muon_uncompiled(ds: dict[str, Any]) -> None:

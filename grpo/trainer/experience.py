@@ -138,7 +138,7 @@ def build_experience(
     if c.rollout_logp is not None:
         rollout = pad_right([e.rollout_logp for e in eps], width)
     if rollout is not None and old is not None:
-        # rollout_logp is already on the full vocabulary (grpo.logprobs.score_for_training),
+        # rollout_logp is already on the full vocabulary (grpo.scoring.score.score_for_training),
         # so the ratio compares like with like under top-p / top-k too.
         metrics["rollout_vs_old_logp_abs_diff"] = logp_abs_diff(old, rollout, mask)
         if cfg.algo.rollout_correction != "none":

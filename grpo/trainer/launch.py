@@ -22,7 +22,7 @@ import os
 import sys
 
 from grpo.config import Config, ConfigError, load_config
-from grpo.lifetime import PARENT_ENV, die_with_parent, exit_now
+from grpo.runtime.lifetime import PARENT_ENV, die_with_parent, exit_now
 
 WORKER = "training_worker.py"
 

@@ -25,12 +25,11 @@ from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.trainer_endpoint import Endpoint, SilentEndpoint, TrainerEndpoint
 from grpo.delivery.versions import discard_versions_after, publish_version
-from grpo.metrics import EVAL_FILE, METRICS_FILE, peak_memory_gib
-from grpo.models import (
-    load_tokenizer,
-    resolve_model_path,
-)
-from grpo.progress import (
+from grpo.eval.in_training import VersionEvaluator
+from grpo.models.loading import load_tokenizer, resolve_model_path
+from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, peak_memory_gib
+from grpo.observe.run_log import RunLog, SilentRunLog
+from grpo.runtime.progress import (
     ACTIVITY,
     EVALUATING,
     PUBLISHING,
@@ -38,11 +37,9 @@ from grpo.progress import (
     WAITING,
     Stopwatch,
 )
-from grpo.run_log import RunLog, SilentRunLog
 from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
-from grpo.trainer.evaluation import VersionEvaluator
 from grpo.trainer.outputs import rotate_run_dir, step_row, summarise_run
 from grpo.trainer.publishing import publishes_here, weights_to_publish
 from grpo.trainer.ranks import (

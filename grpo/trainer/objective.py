@@ -12,7 +12,7 @@ import torch
 
 from grpo.algos import agg_loss, get_policy_loss, kl_penalty, masked_mean, policy_loss
 from grpo.config import Config
-from grpo.logprobs import pairs_logprobs
+from grpo.scoring.forward import pairs_logprobs
 from grpo.trainer.experience import Experience
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.versions import write_atomic
-from grpo.metrics import (
+from grpo.observe.metrics import (
     METRICS_FILE,
     SAMPLERS_FILE,
     info_rates,

@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
-from grpo.logprobs import Truncation, score_for_training
+from grpo.scoring.kernels import Truncation
+from grpo.scoring.score import score_for_training
 
 
 def score_on_ranks(
@@ -24,7 +25,7 @@ def score_on_ranks(
     """`batch` with old (the current weights, before this step's first update) and reference
     log-probs of every answer, each unless its model is None. The engine's log-probs are put
     on the full vocabulary here, as the sampler does when it scores
-    (grpo.logprobs.score_for_training)."""
+    (grpo.scoring.score.score_for_training)."""
     r = cfg.rollout
     g0 = dist.get_rank() * groups_per_rank
     mine = batch.select_groups(g0, g0 + groups_per_rank).episodes

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.versions import require_same, write_atomic
-from grpo.metrics import read_jsonl
+from grpo.observe.metrics import read_jsonl
 
 log = logging.getLogger("grpo.trainer")
 

@@ -12,7 +12,7 @@ import torch
 from grpo.algos import adaptive_kl_coef
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
-from grpo.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
+from grpo.runtime.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
 from grpo.trainer.critic import Critic
 from grpo.trainer.experience import build_experience
 from grpo.trainer.ranks import average_across_ranks

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from grpo.algos import gae
 from grpo.config import Config
-from grpo.progress import ACTIVITY
+from grpo.runtime.progress import ACTIVITY
 from grpo.trainer.critic import Critic
 from grpo.trainer.experience import Experience
 from grpo.trainer.objective import FALLBACK_AGG, micro_batch_loss, resolved_loss_options
@@ -75,7 +75,7 @@ def optimizer_step(
         else:
             share = len(index) / len(mini)
         accumulate_backward(engine, loss * share, last=i == len(parts) - 1)
-        ACTIVITY.tick()  # progress for the stall check (grpo.progress)
+        ACTIVITY.tick()  # progress for the stall check (grpo.runtime.progress)
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + tokens / n_tokens * value
     return sums, float(n_tokens)

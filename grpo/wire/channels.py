@@ -19,7 +19,7 @@ import logging
 
 import zmq
 
-from grpo.lifetime import port_holders
+from grpo.runtime.lifetime import port_holders
 
 log = logging.getLogger("grpo.transport")
 

@@ -17,8 +17,8 @@ import zmq
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
-from grpo.lifetime import exit_soon
-from grpo.progress import ACTIVITY, Watchdog
+from grpo.runtime.lifetime import exit_soon
+from grpo.runtime.progress import ACTIVITY, Watchdog
 from grpo.wire import messages
 from grpo.wire.channels import PeerError, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_batch, encode_message
@@ -65,7 +65,7 @@ class SamplerChannel:
         self._news = threading.Event()  # set whenever status changes, so waiters wake at once
         self._closing = threading.Event()
         self.incarnation = uuid.uuid4().hex[:12]  # this process: the trainer tells restarts apart
-        # Run in the watch thread when this process's own work stalls (see grpo.progress).
+        # Run in the watch thread when this process's own work stalls (see grpo.runtime.progress).
         self.watchdog = Watchdog(cfg.stall_timeout_s, self._stalled)
         self.exit_on_stall = False  # the sampler's process sets it; tests in-process do not
         self._thread = threading.Thread(target=self._watch_loop, daemon=True)

@@ -18,8 +18,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
-from grpo.lifetime import exit_soon
-from grpo.progress import ACTIVITY, Watchdog
+from grpo.runtime.lifetime import exit_soon
+from grpo.runtime.progress import ACTIVITY, Watchdog
 from grpo.wire import messages
 from grpo.wire.channels import HANDSHAKE_FAILURES, PeerError, bind, is_loopback, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
@@ -80,7 +80,8 @@ class TrainerChannel:
         self.rejected_frames = 0
         self.incarnation = uuid.uuid4().hex[:12]
         self._status = status
-        # Run in the heartbeat thread when this process's own work stalls (see grpo.progress).
+        # Run in the heartbeat thread when this process's own work stalls
+        # (see grpo.runtime.progress).
         self.watchdog = Watchdog(cfg.stall_timeout_s, self._stalled)
         self._exit_on_stall = exit_on_stall
         self._outbox: queue.Queue[Message] = queue.Queue()

@@ -21,7 +21,7 @@ MUTATIONS = (
     Mutation(
         name="packer_packs_nothing",
         item="2: packed tokens are counted from the packed forward, not from a formula",
-        path="grpo/logprobs.py",
+        path="grpo/scoring/forward.py",
         old="    if packed:\n        pairs = pack_pairs(prompts, completions)",
         new="    if False:\n        pairs = pack_pairs(prompts, completions)",
         tests=(PADDING_QUICK,),

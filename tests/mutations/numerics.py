@@ -36,7 +36,7 @@ MUTATIONS = (
     Mutation(
         name="logprob_gradient_1pct_off",
         item="9: the bf16 gradient is compared entry by entry, not to an absolute 1e-2",
-        path="grpo/logprobs.py",
+        path="grpo/scoring/kernels.py",
         old="grad_logits[:, sl] = grad.to(grad_logits.dtype)",
         new="grad_logits[:, sl] = grad.mul_(1.01).to(grad_logits.dtype)",
         tests=(BF16_TEST,),
@@ -44,7 +44,7 @@ MUTATIONS = (
     Mutation(
         name="logprob_gradient_without_the_labels_softmax_term",
         item="9: the bf16 gradient keeps the label's own -g p term",
-        path="grpo/logprobs.py",
+        path="grpo/scoring/kernels.py",
         old="grad.scatter_add_(-1, labels[:, sl, None], g)  # + g * onehot(label)",
         new="grad.scatter_(-1, labels[:, sl, None], g)  # + g * onehot(label)",
         tests=(BF16_TEST,),
@@ -52,7 +52,7 @@ MUTATIONS = (
     Mutation(
         name="logprob_gradient_without_temperature",
         item="9: the bf16 gradient is checked at a temperature too",
-        path="grpo/logprobs.py",
+        path="grpo/scoring/kernels.py",
         old="g = grad_out[:, sl, None].float() / t  # (B, c, 1)",
         new="g = grad_out[:, sl, None].float()  # (B, c, 1)",
         tests=(BF16_TEST,),

@@ -19,7 +19,7 @@ MUTATIONS = (
     Mutation(
         name="wandb_not_installed",
         item="13: the W&B test needs wandb, a dev requirement: missing, it fails, not skips",
-        path="grpo/run_log.py",
+        path="grpo/observe/run_log.py",
         old="""    def __init__(self, cfg: Config, mode: str):
         import wandb
 """,

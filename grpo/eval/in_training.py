@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import Config
-from grpo.evaluation import EvalSpec, eval_prompts, question_results, summarise
+from grpo.eval.questions import EvalSpec, eval_prompts, question_results, summarise
+from grpo.models.loading import params_partitioned
 from grpo.rollout.hf import HFRollout
 from grpo.rollout.multi_turn import with_tools
 from grpo.tasks import RewardRunner, get_task, run_reward
-from grpo.trainer.engines import params_partitioned
 
 log = logging.getLogger("grpo.trainer")
 

@@ -4,7 +4,8 @@ launch.sh starts each role with CUDA_VISIBLE_DEVICES set to its GPUs, so inside 
 first GPU is always `cuda:0` and the code needs no device indices of its own. On a node with
 no GPU both roles get none and run on CPU with the same command lines.
 
-    python -m grpo.placement CONFIG [overrides]   ->   TRAINER_GPUS=0,1  SAMPLER_GPUS=2  SHARED=0
+    python -m grpo.runtime.placement CONFIG [overrides]
+    -> TRAINER_GPUS=0,1  SAMPLER_GPUS=2  SHARED=0
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.names import check_names
-from grpo.lifetime import exit_now
+from grpo.runtime.lifetime import exit_now
 
 # What the sampler's HF models may allocate of a GPU they share with the trainer: the
 # embedded model's policy and reference plus a KV cache for 128 answers fit in far less.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from grpo.config import Config
-from grpo.metrics import EVAL_FILE, METRICS_FILE, append_jsonl
+from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, append_jsonl
 
 log = logging.getLogger("grpo.trainer")
 

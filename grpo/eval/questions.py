@@ -4,7 +4,7 @@
 The trainer's ranks run it between steps on the weights they hold (grpo.trainer.loop), so
 every `eval.interval`-th version is evaluated whichever versions the samplers load, and
 generation never waits for it; `python -m grpo eval` runs it on a finished run's versions
-(grpo.eval_cli). Each rank (or the one process) scores its share of the questions into
+(grpo.eval.cli). Each rank (or the one process) scores its share of the questions into
 `QuestionResult`s; `summarise` turns all of them into the row of eval.jsonl.
 """
 

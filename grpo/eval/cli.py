@@ -1,6 +1,6 @@
 """`python -m grpo eval RUN_DIR_OR_VERSION`: evaluate a finished run's saved versions (or one
 version dir) on held-out questions and print a table: greedy pass@1, format rate and, with
---samples N, pass@k for each --k (the unbiased estimator, grpo.evaluation).
+--samples N, pass@k for each --k (the unbiased estimator, grpo.eval.questions).
 
     python -m grpo eval checkpoints/cpu_demo                        base model and every version
     python -m grpo eval checkpoints/cpu_demo --versions 0,8 --samples 8 --k 1,4,8
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
-from grpo.metrics import append_jsonl
+from grpo.observe.metrics import append_jsonl
 
 log = logging.getLogger("grpo.eval")
 
@@ -97,8 +97,8 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
     """Each version in turn, with the HF policy (a LoRA run's adapter on its base model)."""
     from grpo.config.names import check_names
     from grpo.delivery.versions import verify_version, version_dir
-    from grpo.evaluation import EvalSpec, eval_prompts, evaluate
-    from grpo.models import load_tokenizer, resolve_model_path
+    from grpo.eval.questions import EvalSpec, eval_prompts, evaluate
+    from grpo.models.loading import load_tokenizer, resolve_model_path
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.multi_turn import with_tools
     from grpo.sampler.weights import Weights

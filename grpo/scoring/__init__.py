@@ -1,0 +1,1 @@
+"""Per-token log-probs: chunked kernels, the model forwards, scoring whole batches."""
