@@ -28,7 +28,7 @@ case $ROLE in both|sampler|trainer|reward) ;; *) echo "launch.sh: ROLE must be s
 # engine), and place each role on this node's GPUs (none on a CPU node): a typo stops here with
 # one line naming the key. Sets TRAINER_GPUS, SAMPLER_GPUS, SHARED, MODEL_PATH, RUN_DIR and
 # REWARD_BACKEND.
-placement=$(ROLE=$ROLE "$PY" -m grpo.runtime.placement "$@") || exit 2
+placement=$(ROLE=$ROLE "$PY" -m grpo launch-env "$@") || exit 2
 eval "$placement"
 
 # Convert the embedded model once, before two processes would both want to.

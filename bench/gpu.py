@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from bench.common import Result, machine, report
+from grpo.rollout.base import Sampling
 from grpo.rollout.hf import HFRollout
 from grpo.scoring.forward import pairs_logprobs
 
@@ -85,11 +86,12 @@ def generation_rates(smoke: bool, device: torch.device, dtype: torch.dtype) -> d
     n_seqs, prompt_len, new = (8, 16, 8) if smoke else (128, 128, 256)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 1000, prompt_len).astype(np.int32) for _ in range(n_seqs)]
+    sampling = Sampling(max_new_tokens=new, batch_size=n_seqs)
     rates = {}
     for cache in ("dynamic", "static"):
         rollout = HFRollout(model, _NoTokenizer(), cache=cache)
         seconds = _timed(
-            lambda r=rollout: r.generate(prompts, n=1, max_new_tokens=new, batch_size=n_seqs),
+            lambda r=rollout: r.generate(prompts, sampling),
             device,
             reps=1 if smoke else 2,
         )

@@ -37,6 +37,7 @@ def run(quick: bool = False) -> list[Result]:
     from grpo.config import load_config
     from grpo.models.convert import ensure_embedded_base
     from grpo.models.loading import load_causal_lm, load_tokenizer
+    from grpo.rollout.base import Sampling
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.vllm import VllmRollout
     from grpo.sampler.data import encode_prompts
@@ -59,7 +60,9 @@ def run(quick: bool = False) -> list[Result]:
     task = get_task("gsm8k")
     rows = task.load(str(REPO / task.default_test))[:questions]
     prompts = [p.ids for p in encode_prompts(task, rows, tokenizer, cfg.data.system_prompt, 512)]
-    args = dict(n=n, max_new_tokens=new_tokens, temperature=cfg.rollout.temperature)
+    # HF in one batch of every sequence (its best case); vLLM schedules its own
+    sampling = Sampling(n=n, max_new_tokens=new_tokens, temperature=cfg.rollout.temperature,
+                        batch_size=len(prompts) * n)  # fmt: skip
 
     hf = HFRollout(load_causal_lm(base).eval(), tokenizer)
     t0 = time.perf_counter()
@@ -68,10 +71,9 @@ def run(quick: bool = False) -> list[Result]:
     try:
         rates: dict[str, float] = {"hf": 0.0, "vllm": 0.0}
         for _ in range(1 if quick else 2):  # alternate, best of each
-            for name, rollout, extra in (("hf", hf, {"batch_size": len(prompts) * n}),
-                                         ("vllm", engine, {})):  # fmt: skip
+            for name, rollout in (("hf", hf), ("vllm", engine)):
                 t0 = time.perf_counter()
-                gens = rollout.generate(prompts, **args, **extra)
+                gens = rollout.generate(prompts, sampling)
                 tokens = sum(len(g.completion_ids) for g in gens)
                 rates[name] = max(rates[name], tokens / (time.perf_counter() - t0))
 

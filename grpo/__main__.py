@@ -2,17 +2,25 @@
 
 python -m grpo keys DIR          CURVE keys for the transport (grpo.wire.keys)
 python -m grpo eval RUN_DIR      evaluate a run's saved versions (grpo.eval.cli)
+python -m grpo check CONFIG      look up every name the config picks (grpo.plan)
+python -m grpo launch-env CONFIG check the config; print the GPUs and values launch.sh needs
 """
 
 import sys
 
-from grpo.eval import cli as eval_cli
-from grpo.wire import keys
+from grpo.core.registry import load_object
+from grpo.runtime.lifetime import exit_now
 
-TOOLS = {"keys": keys.main, "eval": eval_cli.main}
+# Imported only when chosen: `keys` should not pay for torch.
+TOOLS = {
+    "keys": "grpo.wire.keys:main",
+    "eval": "grpo.eval.cli:main",
+    "check": "grpo.plan:main",
+    "launch-env": "grpo.cli:launch_env",
+}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
         print(f"usage: python -m grpo {{{','.join(TOOLS)}}} ...", file=sys.stderr)
         sys.exit(2)
-    sys.exit(TOOLS[sys.argv[1]](sys.argv[2:]))
+    exit_now(load_object(TOOLS[sys.argv[1]], "tool")(sys.argv[2:]))

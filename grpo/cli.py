@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import sys
 import warnings
+from pathlib import Path
 
 from grpo.config import ConfigError, describe, load_config
-from grpo.config.names import check_names
+from grpo.plan import check_names
 from grpo.runtime.host_memory import keep_freed_memory
 from grpo.runtime.lifetime import die_with_parent
+from grpo.runtime.placement import placement_for, visible_gpus
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
   e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64
@@ -91,3 +95,25 @@ def main(role: str, argv: list[str]) -> int:
         # (GRPO_DEBUG=1 shows it).
         log.error("%s: %s", type(e).__name__, e, exc_info=bool(os.environ.get("GRPO_DEBUG")))
         return 2
+
+
+def launch_env(argv: list[str]) -> int:
+    """Check the config and print shell assignments for launch.sh: each role's
+    CUDA_VISIBLE_DEVICES value, and the config values launch.sh needs (one Python start-up
+    for all of them: each costs a run a fraction of a second)."""
+    role = os.environ.get("ROLE", "both")
+    try:
+        cfg = load_config(argv[0], argv[1:])
+        check_names(cfg)  # launch.sh's one up-front check, in the process that imports torch
+        ids = visible_gpus()
+        p = placement_for(cfg, role, len(ids))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    print(f"TRAINER_GPUS={','.join(ids[i] for i in p.trainer)}")
+    print(f"SAMPLER_GPUS={','.join(ids[i] for i in p.sampler)}")
+    print(f"SHARED={int(p.shared)}")
+    print(f"MODEL_PATH={shlex.quote(cfg.model.path)}")
+    print(f"RUN_DIR={shlex.quote(str(Path(cfg.output_dir) / cfg.name))}")
+    print(f"REWARD_BACKEND={shlex.quote(cfg.reward_server.backend)}")
+    return 0

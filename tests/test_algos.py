@@ -1,5 +1,6 @@
 """Hand-computed checks for grpo.algos (advantages, aggregation, KL, policy losses)."""
 
+import inspect
 import math
 
 import pytest
@@ -303,4 +304,23 @@ def test_registry_custom_loss():
         _, m = policy_loss("_test_const", old, logp, adv, mask, agg="token-mean", clip_c=None)
         assert m == {"kw": 1.0}  # only the options given (not None) are forwarded
     finally:
-        POLICY_LOSSES.pop("_test_const")
+        POLICY_LOSSES.remove("_test_const")
+
+
+BUILT_IN_LOSSES = (
+    "ppo", "grpo", "gspo", "sapo", "geo_mean", "gmpo", "clip_cov", "kl_cov", "cispo", "dppo_tv",
+    "dppo_kl",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BUILT_IN_LOSSES)
+def test_built_in_losses_follow_the_policy_loss_contract(name):
+    """grpo.algos.PolicyLoss: four positional tensors, then keyword-only options, each with its
+    default (the trainer and the config read a loss's defaults from its signature)."""
+    params = list(inspect.signature(get_policy_loss(name)).parameters.values())
+    assert [p.name for p in params[:4]] == ["old_logp", "logp", "advantages", "mask"]
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in params[:4])
+    options = params[4:]
+    assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in options), name
+    # every built-in loss takes an aggregation and the rollout correction's weights
+    assert {"agg", "weights"} <= {p.name for p in options}, name

@@ -20,7 +20,7 @@ from grpo.algos import (
     reinforce_pp_baseline_advantages,
 )
 from grpo.config import load_config
-from grpo.trainer.objective import resolved_loss_options
+from grpo.plan import own_default, plan_loss
 
 NEW_LOSSES = ["cispo", "sapo", "geo_mean", "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"]
 
@@ -483,13 +483,10 @@ def test_two_optimizer_steps_of_a_tiny_policy(name):
         old = model(prev, tokens)
     before = [p.detach().clone() for p in model.parameters()]
     cfg = load_config(None, [f"algo.loss={name}"])
-    agg, clip_low, clip_high = resolved_loss_options(cfg)
+    settled = plan_loss(cfg)
     for _ in range(2):
-        # exactly the options grpo.trainer.objective passes
-        loss, metrics = policy_loss(
-            name, old, model(prev, tokens), adv, mask,
-            agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=cfg.algo.clip_c, weights=None,
-        )  # fmt: skip
+        # exactly the call grpo.trainer.objective makes
+        loss, metrics = settled(old, model(prev, tokens), adv, mask, weights=None)
         assert torch.isfinite(loss) and all(torch.isfinite(v) for v in metrics.values())
         model.zero_grad()
         loss.backward()
@@ -503,11 +500,14 @@ def test_two_optimizer_steps_of_a_tiny_policy(name):
 def test_selectable_through_the_config(name):
     cfg = load_config("configs/gsm8k_grpo.yaml", [f"algo.loss={name}"])
     assert cfg.algo.loss == name
-    fn = get_policy_loss(cfg.algo.loss)  # the lookup grpo.config.names.check_names makes
-    options = ("agg", "clip_low", "clip_high")
-    for option, value in zip(options, resolved_loss_options(cfg), strict=True):
-        declared = fn.__kwdefaults__.get(option)
-        assert value == declared  # null in the config means the loss's own default
+    fn = get_policy_loss(cfg.algo.loss)  # the lookup grpo.plan.check_names makes
+    settled = plan_loss(cfg)
+    assert settled.fn is fn
+    for option in ("agg", "clip_low", "clip_high"):
+        # null in the config means the loss's own default: the option is not passed at all
+        assert option not in settled.options
+        assert own_default(fn, option) == fn.__kwdefaults__.get(option)
+    assert settled.agg == (fn.__kwdefaults__.get("agg") or "token-mean")
 
 
 @pytest.mark.parametrize("name", ["reinforce_pp_baseline", "grpo_passk"])

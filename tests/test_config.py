@@ -1,13 +1,13 @@
 import pytest
 
-from grpo.config import Config, ConfigError, load_config, parse_override, save_config
+from grpo.config import ConfigError, load_config, parse_override, save_config
 
 DEMO = "configs/cpu_demo.yaml"
 
 
 def test_defaults_are_valid_and_documented():
-    cfg = Config()
-    assert cfg.rollout.group_size >= 2
+    cfg = load_config(None)  # the defaults alone, settled and checked
+    assert cfg.rollout.group_size >= 2 and cfg.train.max_staleness == 1
     from grpo.config import describe
 
     lines = describe()
@@ -180,7 +180,7 @@ def test_rollout_correction_threshold_is_checked_with_vllm():
     ],
 )
 def test_names_are_checked_against_the_registries(override, message):
-    from grpo.config.names import check_names
+    from grpo.plan import check_names
 
     overrides = [override, "rollout.max_turns=2"] if "tools" in override else [override]
     with pytest.raises(ConfigError) as e:
@@ -189,7 +189,7 @@ def test_names_are_checked_against_the_registries(override, message):
 
 
 def test_the_calculator_config_checks():
-    from grpo.config.names import check_names
+    from grpo.plan import check_names
 
     cfg = load_config("configs/gsm8k_calculator.yaml")
     check_names(cfg)
@@ -205,7 +205,7 @@ def test_the_calculator_config_checks():
     ],
 )
 def test_an_option_the_loss_does_not_take_is_refused_before_the_run(overrides, message):
-    from grpo.config.names import check_names
+    from grpo.plan import check_names
 
     with pytest.raises(ConfigError) as e:
         check_names(load_config(DEMO, overrides))

@@ -12,21 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo.core.seqset import SeqSet
+from grpo.core.versions import verify_version, version_dir
 from grpo.delivery.ledger import Ledger, overtaken
 from grpo.delivery.spool import Spool
-from grpo.delivery.versions import (
-    discard_versions_after,
-    publish_version,
-    require_same,
-    verify_version,
-    version_dir,
-)
+from grpo.delivery.versions import discard_versions_after, publish_version, require_same
 from grpo.sampler.data import question_order
 from grpo.trainer.state import truncate_metrics
-from grpo.wire.codec import FrameError, encode_batch, frames_to_bytes
-from grpo.wire.sampler_channel import SamplerChannel
+from grpo.wire.blobs import frames_to_bytes
+from grpo.wire.codec import FrameError, encode_batch
 from tests.test_episode import assert_batches_identical, make_batch
-from tests.test_transport import _cfg, trainer_endpoint
+from tests.test_transport import _batch, _cfg, sampler_endpoint, trainer_endpoint
 
 # --------------------------------------------------------------------------- ledger
 
@@ -177,13 +172,13 @@ def _wait(cond, timeout: float = 5.0) -> bool:
     return cond()
 
 
-def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
+def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed(tmp_path: Path) -> None:
     """What the trainer's endpoint reports, from its ledger, in every heartbeat: the batches
     saved (acks) and trained (consumed); a resumed trainer's older ones replace them."""
     cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10)
     ledger = Ledger()
     trainer = trainer_endpoint(cfg, ledger, version=5)
-    sampler = SamplerChannel(cfg, "s0")
+    sampler = sampler_endpoint(cfg, tmp_path)
     try:
         assert _wait(lambda: sampler.status.version == 5)
         for seq in range(4):
@@ -208,6 +203,44 @@ def test_acks_reach_the_sampler_and_a_trainer_restart_is_noticed() -> None:
         # What the old trainer said it trained (up to 6) is forgotten: the new one has only 0, 1.
         assert _wait(lambda: sampler.status.consumed.highest() == 1)
         assert 1 in sampler.status.acked and 2 not in sampler.status.acked
+    finally:
+        sampler.close()
+        trainer.close()
+
+
+def _wait_on(sampler, cond, timeout: float = 5.0) -> bool:
+    """Wait as the sampler's loop does (keeping the spool in step), at most `timeout`."""
+    deadline = time.monotonic() + timeout
+    sampler.wait_until(lambda: cond() or time.monotonic() > deadline, "the test")
+    return cond()
+
+
+def test_the_spool_follows_the_acks_and_is_resent_to_a_restarted_trainer(tmp_path: Path):
+    """The sampler's endpoint keeps each batch it sends until the trainer saved it; a resumed
+    trainer is sent again what its saved state does not hold."""
+    cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10)
+    ledger = Ledger()
+    trainer = trainer_endpoint(cfg, ledger)
+    sampler = sampler_endpoint(cfg, tmp_path, sampler_id="sampler-0")
+    try:
+        sampler.wait_for_trainer()
+        for seq in range(3):
+            sampler.send(_batch(seq), {"next_seq": seq + 1})
+            batch = trainer.receive_batch(wait_s=5)
+            assert batch is not None and batch.seq == seq
+            ledger.consume("sampler-0", seq)
+            trainer.consumed()
+            if seq == 1:
+                ledger.mark_durable()
+                trainer.saved()
+        assert sampler.spool.read_state() == {"next_seq": 3}
+        assert _wait_on(sampler, lambda: sampler.spool.pending() == [2])  # 0, 1 saved
+        trainer.close()
+        trainer = trainer_endpoint(cfg, Ledger.from_acks(ledger.acks()))  # resumed: 0 and 1
+        assert _wait_on(sampler, lambda: sampler.status.restarts == 1)
+        sampler.wait_for_room()  # as before its next batch: the restart is handled
+        batch = trainer.receive_batch(wait_s=5)
+        assert batch is not None and batch.seq == 2
     finally:
         sampler.close()
         trainer.close()

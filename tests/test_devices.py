@@ -23,6 +23,7 @@ from grpo.algos.registry import POLICY_LOSSES
 from grpo.config import load_config
 from grpo.core.batching import pack_pairs, pad_pairs
 from grpo.core.episode import Episode, EpisodeBatch
+from grpo.plan import plan_loss
 from grpo.rollout.hf import _StopWhenSet
 from grpo.scoring.forward import pairs_logprobs
 from grpo.scoring.kernels import Truncation
@@ -133,7 +134,9 @@ def test_micro_batch_loss_stays_on_the_model_device(loss, extra):
     batch = EpisodeBatch((_episode(0), _episode(1)), group_size=2, policy_version=0, seq=0)
     exp, _ = build_experience(batch, cfg, kl_coef=0.0)  # CPU tensors, as a step builds them
     exp = replace(exp, weights=torch.ones_like(exp.mask))  # as with a rollout correction
-    loss_t, mask, metrics = micro_batch_loss(StandInLM(META), exp.rows([1, 0]), cfg, 0)
+    loss_t, mask, metrics = micro_batch_loss(
+        StandInLM(META), exp.rows([1, 0]), cfg, plan_loss(cfg), 0
+    )
     assert loss_t.device == META and loss_t.dim() == 0 and mask.device == META
     assert metrics and all(m.device == META and m.dim() == 0 for m in metrics.values())
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config import reference
+from scripts import config_reference as reference
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -66,7 +66,7 @@ def test_configuration_reference_is_generated_from_the_code():
     if actual != expected:
         diff = difflib.unified_diff(
             actual.splitlines(), expected.splitlines(),
-            "docs/configuration.md", "grpo.config.reference.markdown()", lineterm="", n=1,
+            "docs/configuration.md", "scripts.config_reference.markdown()", lineterm="", n=1,
         )  # fmt: skip
         pytest.fail(
             "docs/configuration.md is out of date with the config dataclasses or the registries; "
@@ -76,7 +76,7 @@ def test_configuration_reference_is_generated_from_the_code():
 
 def test_the_reference_module_prints_the_page():
     out = subprocess.run(
-        [sys.executable, "-m", "grpo.config.reference"],
+        [sys.executable, "-m", "scripts.config_reference"],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert out.stdout == reference.markdown()
@@ -87,7 +87,9 @@ def test_the_reference_lists_every_key_and_the_loss_defaults():
     for key in ("name", "model.lora.target_modules", "rollout.vllm.reload", "transport.curve_dir"):
         assert f"| `{key}` |" in page, key
     # The signature defaults, as the losses declare them (GSPO's paper values).
-    assert "| `gspo` | `grpo.algos.losses.gspo_policy_loss` | `seq-mean-token-mean` |" in page
+    assert (
+        "| `gspo` | `grpo.algos.losses.clipped.gspo_policy_loss` | `seq-mean-token-mean` |" in page
+    )
     assert "## Advantage estimators" in page and "| `gae` |" in page
     assert "| `gsm8k` |" in page and "| `vllm` | `grpo.rollout.vllm:build` |" in page
 

@@ -16,17 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo.core.episode import Episode, EpisodeBatch
+from grpo.wire.blobs import bytes_to_frames, frames_to_bytes
 from grpo.wire.codec import (
     MAGIC,
     SCHEMA_VERSION,
     FrameError,
     Message,
     UncheckedFrameError,
-    bytes_to_frames,
     decode,
     encode_batch,
     encode_message,
-    frames_to_bytes,
     seal,
 )
 

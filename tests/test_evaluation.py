@@ -24,11 +24,13 @@ from grpo.eval.questions import (
     summarise,
 )
 from grpo.observe.run_log import RunLog, scalars_of
+from grpo.rollout.base import Sampling
 
 
-def spec(samples: int = 0, ks: tuple[int, ...] = ()) -> EvalSpec:
-    return EvalSpec(max_new_tokens=8, samples=samples, ks=ks, temperature=1.0,
-                    top_p=1.0, stop=(), batch_size=8, seed=0)  # fmt: skip
+def spec(samples: int = 0, ks: tuple[int, ...] = (), max_new_tokens: int = 8,
+         batch_size: int = 8) -> EvalSpec:  # fmt: skip
+    greedy = Sampling(max_new_tokens=max_new_tokens, greedy=True, batch_size=batch_size)
+    return EvalSpec(greedy, replace(greedy, greedy=False, n=samples), ks)
 
 
 @given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n),
@@ -104,8 +106,7 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     from tests.rewards_for_tests import even_length_is_correct
 
     engine, prompts, tokenizer = tiny_eval
-    s = EvalSpec(max_new_tokens=10, samples=6, ks=(1, 3, 6), temperature=1.0,
-                 top_p=1.0, stop=(), batch_size=12, seed=0)  # fmt: skip
+    s = spec(6, (1, 3, 6), max_new_tokens=10, batch_size=12)
     reward = RewardRunner(even_length_is_correct, workers=3, timeout_s=60)
     row = evaluate(engine, prompts, tokenizer, reward, s, version=0)
     assert row["n"] == 6 and row["samples"] == 6 and len(prompts) == 6
@@ -118,7 +119,8 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     whole = question_results(engine, prompts, range(6), tokenizer, reward, s, 0)
     assert [q.greedy_correct for q in merged] == [q.greedy_correct for q in whole]
     assert [q.greedy_formatted for q in merged] == [q.greedy_formatted for q in whole]
-    greedy_only = evaluate(engine, prompts, tokenizer, reward, replace(s, samples=0, ks=()), 0)
+    no_samples = replace(s, sampled=replace(s.sampled, n=0), ks=())
+    greedy_only = evaluate(engine, prompts, tokenizer, reward, no_samples, 0)
     assert greedy_only["accuracy"] == row["accuracy"] and "pass@1" not in greedy_only
     reward.close()
 

@@ -109,18 +109,18 @@ def test_sampler_memory_cap(monkeypatch):
 def test_placement_command_for_launch_sh():
     """What launch.sh evals; on this CPU machine no role gets a GPU."""
     env = {**os.environ, "ROLE": "both"}
-    done = subprocess.run([PYTHON, "-m", "grpo.runtime.placement", DEMO], cwd=REPO, env=env,
+    done = subprocess.run([PYTHON, "-m", "grpo", "launch-env", DEMO], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["TRAINER_GPUS=", "SAMPLER_GPUS=", "SHARED=0",
                                    "MODEL_PATH=embedded", "RUN_DIR=checkpoints/cpu_demo",
                                    "REWARD_BACKEND=''"]  # fmt: skip
-    odd = subprocess.run([PYTHON, "-m", "grpo.runtime.placement", DEMO, "name=a b's run"], cwd=REPO,
+    odd = subprocess.run([PYTHON, "-m", "grpo", "launch-env", DEMO, "name=a b's run"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     shell = subprocess.run(["bash", "-c", odd.stdout + 'printf %s "$RUN_DIR"'],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert shell.stdout == "checkpoints/a b's run"  # quoted for launch.sh's eval
-    bad = subprocess.run([PYTHON, "-m", "grpo.runtime.placement", DEMO, "train.gpus=[0]"], cwd=REPO,
+    bad = subprocess.run([PYTHON, "-m", "grpo", "launch-env", DEMO, "train.gpus=[0]"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "train.gpus lists 1 GPUs" in bad.stderr
 

@@ -132,10 +132,8 @@ def test_chunk_size_must_be_positive():
 # ---------------------------------------------------------------- with a real (tiny) model
 
 
-@pytest.fixture(scope="module")
-def tiny_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+def _tiny_llama_config(**more) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
         vocab_size=100,
         hidden_size=32,
         intermediate_size=64,
@@ -144,8 +142,14 @@ def tiny_llama():
         num_key_value_heads=2,
         max_position_embeddings=64,
         pad_token_id=0,
+        **more,
     )
-    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(_tiny_llama_config()).eval()
 
 
 PAD = 0
@@ -284,6 +288,27 @@ def test_packed_logprobs_through_a_lora_model(tiny_llama):
     ref = completion_logprobs(model, padded.input_ids, padded.attention_mask, padded.prompt_len)[0]
     mask = padded.response_mask
     torch.testing.assert_close(packed * mask, ref * mask, atol=1e-5, rtol=0)
+
+
+def test_critic_values_are_its_head_at_the_policys_positions_padded_or_packed():
+    """The critic reads its values from the policy's forward (completion_outputs): value t is
+    the one-label head's output at the position that predicts completion token t."""
+    import numpy as np
+
+    from grpo.trainer.critic import completion_values
+
+    torch.manual_seed(0)
+    critic = transformers.LlamaForTokenClassification(_tiny_llama_config(num_labels=1)).eval()
+    prompts = [np.array(p) for p in ([11, 12, 13], [21, 22, 23, 24, 25], [7])]
+    completions = [np.array(c) for c in ([31, 32, 33], [41, 42, 43, 44], [])]
+    with torch.no_grad():
+        padded, mask = completion_values(critic, prompts, completions, False, PAD)
+        packed, packed_mask = completion_values(critic, prompts, completions, True, PAD)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            alone = critic(torch.tensor([[*p, *c]])).logits[0, len(p) - 1 : -1, 0]
+            torch.testing.assert_close(padded[i, : len(c)], alone, atol=1e-5, rtol=0)
+            torch.testing.assert_close(packed[i, : len(c)], alone, atol=1e-5, rtol=0)
+    assert padded.shape == (3, 4) and torch.equal(mask, packed_mask)
 
 
 @pytest.mark.parametrize("top_p,top_k", [(0.9, 0), (0.5, 0), (1.0, 7), (0.8, 20), (0.0001, 0)])

@@ -12,6 +12,8 @@ from grpo.algos import kl_penalty, masked_mean
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.models.loading import load_causal_lm, load_tokenizer
+from grpo.plan import plan_loss
+from grpo.rollout.base import Sampling
 from grpo.rollout.multi_turn import MultiTurnEngine, tool_info, with_tools
 from grpo.scoring.forward import pairs_logprobs
 from grpo.scoring.kernels import Truncation
@@ -68,7 +70,7 @@ def test_scripted_turns_are_token_exact_and_masked(tiny_model_dir):
     engine = ToolEngine(tok)
     loop = MultiTurnEngine(engine, tok, CALCULATOR, max_turns=3)
     prompt = chat_prompt(tok, [{"role": "user", "content": GSM8K_ROW["question"]}])
-    gens = loop.generate([prompt], n=3, max_new_tokens=64, seed=1)
+    gens = loop.generate([prompt], Sampling(n=3, max_new_tokens=64, seed=1))
 
     turn1, result = ids_of(tok, "<calc>12*7</calc>"), ids_of(tok, "<result>84</result>")
     turn2 = [*ids_of(tok, FINAL.format(84)), tok.eos_token_id]
@@ -122,7 +124,7 @@ def test_budgets_end_answers_with_length(tiny_model_dir):
 
     def answer(max_turns: int, budget: int, turn_tokens: int = 0):
         loop = MultiTurnEngine(ToolEngine(tok), tok, CALCULATOR, max_turns, turn_tokens)
-        return loop.generate([prompt], n=1, max_new_tokens=budget)[0]
+        return loop.generate([prompt], Sampling(max_new_tokens=budget))[0]
 
     full = answer(3, 64)
     assert full.finish_reason == "stop" and len(full.completion_ids) < 64
@@ -154,7 +156,7 @@ def test_the_hf_engine_calls_the_calculator_token_in_token_out(base_model_dir):
     model = load_causal_lm(base_model_dir, "float32", "sdpa").eval()
     loop = MultiTurnEngine(HFRollout(model, tok), tok, CALCULATOR, max_turns=3)
     prompt = few_shot_prompt(tok)
-    (g,) = loop.generate([prompt], n=1, max_new_tokens=40, greedy=True)
+    (g,) = loop.generate([prompt], Sampling(max_new_tokens=40, greedy=True))
     text = tok.decode(g.completion_ids)
     assert g.tool_calls == 1 and g.turns == 2 and "<calc>12*7</calc>" in text, text
     tool = np.flatnonzero(g.loss_mask == 0)
@@ -225,7 +227,7 @@ def test_a_tools_tokens_add_nothing_to_the_loss(loss):
     def run(batch: EpisodeBatch):
         model.zero_grad()
         exp, _ = build_experience(batch, cfg, kl_coef=0.0)
-        loss_t, mask, metrics = micro_batch_loss(model, exp, cfg, pad_id=0)
+        loss_t, mask, metrics = micro_batch_loss(model, exp, cfg, plan_loss(cfg), pad_id=0)
         loss_t.backward()
         return exp, loss_t.detach(), mask, [p.grad.clone() for p in model.parameters()]
 

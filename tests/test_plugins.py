@@ -11,8 +11,8 @@ import torch
 
 from grpo.algos import policy_loss
 from grpo.config import load_config
-from grpo.config.names import check_names
 from grpo.models.loading import load_tokenizer
+from grpo.plan import check_names
 from grpo.sampler.data import encode_prompt
 from grpo.tasks import get_task
 from tests.conftest import run_launch, transport_overrides

@@ -262,9 +262,10 @@ class _Engine:
 
     stop_event = threading.Event()
 
-    def generate(self, prompts, *, n: int, **kwargs):
+    def generate(self, prompts, sampling):
         from grpo.rollout.base import Generation
 
+        n = sampling.n
         return [
             Generation(p, np.array([k * n + j + 1, 2], dtype=np.int32), "stop")
             for k, p in enumerate(prompts)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from grpo.rollout.base import EngineContext
+from grpo.rollout.base import EngineContext, Sampling
 from grpo.rollout.registry import ENGINES, get_engine, register_engine
 from tests.conftest import run_launch, transport_overrides
 from tests.test_integration import tiny_config
@@ -32,7 +32,7 @@ def _toy_engine(stop_event: threading.Event | None = None):
 def test_toy_engine_built_by_name_answers_in_contiguous_groups():
     engine = _toy_engine()
     prompts = [np.arange(k + 3, dtype=np.int32) for k in range(3)]
-    gens = engine.generate(prompts, n=4, max_new_tokens=8, seed=7)
+    gens = engine.generate(prompts, Sampling(n=4, max_new_tokens=8, seed=7))
     assert len(gens) == 3 * 4
     for i, g in enumerate(gens):
         assert np.array_equal(g.prompt_ids, prompts[i // 4])  # prompt 0's answers first
@@ -48,7 +48,7 @@ def test_toy_engine_built_by_name_answers_in_contiguous_groups():
             assert 2 not in g.completion_ids
     assert {g.finish_reason for g in gens} == {"stop", "length"}
     # Seeded: the same call gives the same answers.
-    again = engine.generate(prompts, n=4, max_new_tokens=8, seed=7)
+    again = engine.generate(prompts, Sampling(n=4, max_new_tokens=8, seed=7))
     assert all(
         np.array_equal(a.completion_ids, b.completion_ids) for a, b in zip(gens, again, strict=True)
     )
@@ -66,14 +66,15 @@ def test_an_engine_registered_under_a_short_name():
         with pytest.raises(ValueError, match="already registered"):
             register_engine("hf", build)
     finally:
-        ENGINES.pop("toy", None)
+        ENGINES.remove("toy")
 
 
 def test_toy_engine_stops_when_told():
     stop = threading.Event()
     engine = _toy_engine(stop)
     stop.set()
-    assert engine.generate([np.arange(3, dtype=np.int32)] * 2, n=2, max_new_tokens=4) == []
+    prompts = [np.arange(3, dtype=np.int32)] * 2
+    assert engine.generate(prompts, Sampling(n=2, max_new_tokens=4)) == []
 
 
 @pytest.mark.slow

@@ -4,16 +4,20 @@ sequences with PyTorch's flex attention."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from grpo.models.loading import load_causal_lm, load_tokenizer
+from grpo.rollout.base import Sampling
 from grpo.rollout.hf import HFRollout
 from grpo.scoring.forward import pairs_logprobs
 
 RNG = np.random.default_rng(0)
 PROMPTS = [RNG.integers(5, 1000, n).astype(np.int32) for n in (5, 9, 3)]
+SAMPLING = Sampling(n=2, max_new_tokens=10, batch_size=4)
 
 
 @pytest.mark.slow
@@ -22,8 +26,8 @@ def test_static_kv_cache_samples_the_same_tokens(tiny_model_dir):
     out = {}
     for cache in ("dynamic", "static"):
         rollout = HFRollout(model, tok, cache=cache)
-        greedy = rollout.generate(PROMPTS, n=2, max_new_tokens=10, greedy=True, batch_size=4)
-        sampled = rollout.generate(PROMPTS, n=2, max_new_tokens=10, seed=3, batch_size=4)
+        greedy = rollout.generate(PROMPTS, replace(SAMPLING, greedy=True))
+        sampled = rollout.generate(PROMPTS, replace(SAMPLING, seed=3))
         out[cache] = [g.completion_ids.tolist() for g in greedy + sampled]
     assert out["static"] == out["dynamic"] and len(out["static"]) == 12
 

@@ -247,7 +247,7 @@ def test_duplicate_registration_raises():
 
 
 def test_register_new_task(monkeypatch):
-    monkeypatch.setattr(tasks_base, "_REGISTRY", dict(tasks_base._REGISTRY))
+    monkeypatch.setattr(tasks_base.TASKS, "_entries", dict(tasks_base.TASKS._entries))
     task = Task("toy", load_rows, build_messages, lambda c, r: 1.0, "a.jsonl", "b.jsonl")
     assert register_task(task) is task
     assert get_task("toy") is task

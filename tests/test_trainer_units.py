@@ -1,4 +1,5 @@
-"""The trainer's pure parts: reward shaping and advantages over a whole batch."""
+"""The trainer's pure parts: reward shaping and advantages over a whole batch, and the update's
+mini-batches and optimizer step (in a world of one rank)."""
 
 import numpy as np
 import pytest
@@ -115,26 +116,83 @@ def test_kl_in_reward_is_charged_per_token_and_summed_for_outcome_estimators():
     )
 
 
-def test_gae_across_one_rank_equals_the_pure_gae():
+@pytest.fixture
+def one_rank():
+    """A gloo world of one: the update's collectives then sum and max over this process."""
     import torch.distributed as dist
 
-    from grpo.algos import gae
-    from grpo.trainer.update import gae_across_ranks
     from tests.conftest import free_port
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
-    try:
-        torch.manual_seed(0)
-        mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float32)
-        rewards, values = torch.randn(2, 4) * mask, torch.randn(2, 4) * mask
-        adv, returns = gae_across_ranks(rewards, mask, values, 0.9, 0.8)
-        ref_adv, ref_returns = gae(rewards, values, mask, 0.9, 0.8)
-        assert torch.allclose(adv, ref_adv, atol=1e-5)
-        assert torch.allclose(returns, ref_returns, atol=1e-6)
-    finally:
-        dist.destroy_process_group()
+    yield
+    dist.destroy_process_group()
+
+
+def test_gae_across_one_rank_equals_the_pure_gae(one_rank):
+    from grpo.algos import gae
+    from grpo.trainer.update import gae_across_ranks
+
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float32)
+    rewards, values = torch.randn(2, 4) * mask, torch.randn(2, 4) * mask
+    adv, returns = gae_across_ranks(rewards, mask, values, 0.9, 0.8)
+    ref_adv, ref_returns = gae(rewards, values, mask, 0.9, 0.8)
+    assert torch.allclose(adv, ref_adv, atol=1e-5)
+    assert torch.allclose(returns, ref_returns, atol=1e-6)
+
+
+def test_mini_batches_are_consecutive_rows_once_per_epoch(one_rank):
+    from grpo.trainer.update import mini_batches
+
+    cfg = load_config(None, ["train.ppo_epochs=2", "train.mini_batch_size=2",
+                             "rollout.questions_per_step=2", "rollout.group_size=2"])  # fmt: skip
+    exp, _ = build_experience(_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), cfg, 0.0)
+    lengths = [[len(c) for c in mini.completions] for mini in mini_batches(exp, cfg)]
+    assert lengths == [[3, 1], [2, 4], [3, 1], [2, 4]]
+
+
+class RecordingEngine:
+    """The part of a DeepSpeed engine optimizer_step uses; records each backward's loss."""
+
+    def __init__(self, micro: int):
+        self.micro, self.losses, self.boundaries = micro, [], []
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.micro
+
+    def gradient_accumulation_steps(self) -> int:
+        return 1
+
+    def set_gradient_accumulation_boundary(self, last: bool) -> None:
+        self.boundaries.append(last)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.losses.append(float(loss))
+
+    def step(self) -> None:
+        """Called after every backward; DeepSpeed applies the optimizer at the boundary only."""
+
+
+@pytest.mark.parametrize("token_mean", [True, False])
+def test_optimizer_step_weights_each_micro_batch_by_its_share(one_rank, token_mean):
+    """A loss of 1 per micro-batch shows its weight: its share of the mini-batch's tokens (or
+    of its sequences), summing to 1; the accumulation boundary is the last micro-batch."""
+    from grpo.trainer.update import optimizer_step
+
+    cfg = load_config(None, ["train.micro_batch_size=2"])
+    mini, _ = build_experience(_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), cfg, 0.0)
+    engine = RecordingEngine(micro=2)
+
+    def loss_of(part):
+        return torch.tensor(1.0), part.loss_mask, {"metric": torch.tensor(2.0)}
+
+    metrics, tokens = optimizer_step(engine, mini, cfg, loss_of, mini.loss_mask, token_mean)
+    # micro-batches by length: the answers of 1 and 2 tokens, then of 3 and 4
+    assert engine.losses == pytest.approx([3 / 10, 7 / 10] if token_mean else [0.5, 0.5])
+    assert engine.boundaries == [False, True]
+    assert tokens == 10 and float(metrics["metric"]) == pytest.approx(2.0)
 
 
 def test_mask_truncated_takes_cut_answers_out_of_the_loss():

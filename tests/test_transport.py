@@ -1,8 +1,10 @@
 """Real ZeroMQ sockets on loopback: batches arrive, garbage is dropped and counted, silence ends."""
 
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ from grpo.config import TransportConfig
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
+from grpo.delivery.sampler_endpoint import SamplerEndpoint
+from grpo.delivery.spool import Spool
 from grpo.delivery.trainer_endpoint import TrainerEndpoint
 from grpo.wire.channels import PeerError
 from grpo.wire.sampler_channel import SamplerChannel
@@ -34,18 +38,23 @@ def trainer_endpoint(cfg: TransportConfig, ledger: Ledger | None = None, version
     return TrainerEndpoint(cfg, ledger or Ledger(), expected, version, max_held=4)
 
 
+def sampler_endpoint(cfg: TransportConfig, spool_dir: Path, sampler_id: str = "s0"):
+    """A sampler's delivery endpoint (over its channel), spooling into `spool_dir`."""
+    return SamplerEndpoint(cfg, sampler_id, Spool(spool_dir, max_batches=8))
+
+
 @contextmanager
-def connected(**kw) -> Iterator[tuple[TrainerEndpoint, SamplerChannel]]:
-    """The trainer's endpoint and a sampler channel on fresh loopback ports, closed
-    afterwards."""
+def connected(**kw) -> Iterator[tuple[TrainerEndpoint, SamplerEndpoint]]:
+    """The trainer's endpoint and a sampler's on fresh loopback ports, closed afterwards."""
     cfg = _cfg(**kw)
     trainer = trainer_endpoint(cfg)
-    sampler = SamplerChannel(cfg, "s0")
-    try:
-        yield trainer, sampler
-    finally:
-        sampler.close()
-        trainer.close()
+    with tempfile.TemporaryDirectory() as spool_dir:
+        sampler = sampler_endpoint(cfg, Path(spool_dir))
+        try:
+            yield trainer, sampler
+        finally:
+            sampler.close()
+            trainer.close()
 
 
 def _batch(seq: int, sampler_id: str = "sampler-0") -> EpisodeBatch:
@@ -76,7 +85,7 @@ def test_batch_arrives_and_garbage_is_dropped():
         # PULL fair-queues across connections: keep receiving until the rogue's turn came twice.
         got = []
         for seq in range(6):
-            sampler.send_batch(_batch(seq))
+            sampler.send(_batch(seq), {"next_seq": seq + 1})
             got.append(trainer.receive_batch())
             if trainer.channel.rejected_frames == 2:
                 break
@@ -89,6 +98,7 @@ def test_batch_arrives_and_garbage_is_dropped():
         while sampler.status.version != 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sampler.status.seen and sampler.status.version == 4
+        assert sampler.spool.pending() == list(range(len(got)))  # spooled: none acknowledged
         trainer.channel.announce("done", version=4)
         assert sampler.stopped.wait(5) and sampler.status.done
 
@@ -119,7 +129,8 @@ def test_sampler_notices_a_dead_trainer():
 
 def test_the_last_samplers_stop_ends_the_trainer_with_its_reason():
     with connected(peer_timeout_s=5, startup_timeout_s=5) as (trainer, sampler):
-        sampler.send_stop("interrupted by SIGINT")
+        sampler.stop("trainer stopped: it went away")  # not told back to the trainer
+        sampler.stop("interrupted by SIGINT")
         with pytest.raises(
             PeerError, match="^no sampler left: sampler s0 stopped: interrupted by SIGINT$"
         ):
@@ -138,7 +149,7 @@ def test_a_stop_or_silence_drops_one_sampler_and_the_others_go_on():
             assert trainer.pool.alive() == ["s0", "s1", "s2"]
             s1.send_stop("crashed: RuntimeError: boom")
             s2.close()  # silent from now on
-            s0.send_batch(_batch(0, "s0"))
+            s0.send(_batch(0, "s0"), {})
             assert trainer.receive_batch().sampler_id == "s0"  # not ended by s1's stop
             assert trainer.receive_batch(wait_s=2.5) is None  # s2 is dropped meanwhile
             assert trainer.pool.alive() == ["s0"]
@@ -146,7 +157,7 @@ def test_a_stop_or_silence_drops_one_sampler_and_the_others_go_on():
             why = {sid: m.why for sid, m in trainer.pool.members.items()}
             assert why["s1"] == "sampler s1 stopped: crashed: RuntimeError: boom"
             assert why["s2"].startswith("sampler s2 dropped: silent for 1 s (limit 1 s); last ")
-            s0.send_stop("done here")
+            s0.stop("done here")
             with pytest.raises(PeerError, match="^no sampler left: .*s0 stopped: done here"):
                 trainer.receive_batch()
         finally:
@@ -168,10 +179,10 @@ def test_queued_heartbeats_count_after_a_long_training_step():
     """A step longer than peer_timeout_s must not read as a dead sampler: its heartbeats (and
     next batch) are queued, not missing."""
     with connected(peer_timeout_s=1, startup_timeout_s=5) as (trainer, sampler):
-        sampler.send_batch(_batch(0))
+        sampler.send(_batch(0), {})
         assert trainer.receive_batch().seq == 0
         time.sleep(1.5)  # "training"
-        sampler.send_batch(_batch(1))
+        sampler.send(_batch(1), {})
         assert trainer.receive_batch().seq == 1
 
 
@@ -190,11 +201,10 @@ def test_oversized_batch_is_refused_by_the_sender():
         for _ in range(2)
     )
     limits = dict(peer_timeout_s=5, startup_timeout_s=5, max_frame_bytes=1 << 20)
-    with (
-        connected(**limits) as (_, sampler),
-        pytest.raises(PeerError, match="over transport.max_frame_bytes"),
-    ):
-        sampler.send_batch(EpisodeBatch(eps, 2, policy_version=0, seq=0))
+    with connected(**limits) as (_, sampler):
+        with pytest.raises(PeerError, match="over transport.max_frame_bytes"):
+            sampler.send(EpisodeBatch(eps, 2, policy_version=0, seq=0), {})
+        assert sampler.spool.pending() == []  # refused before it was spooled
 
 
 def test_a_rejected_batch_stops_only_the_sampler_that_sent_it():
@@ -218,7 +228,7 @@ def test_a_stalled_trainer_stops_its_samplers_naming_the_phase():
         ACTIVITY.during(TRAINING, "step 7"),
         connected(peer_timeout_s=5, startup_timeout_s=5, stall_timeout_s=0.5) as (_, sampler),
     ):
-        sampler.watchdog.limit_s = 0  # one process here: only the trainer's end watches it
+        sampler.channel.watchdog.limit_s = 0  # one process here: only the trainer's watches
         assert sampler.stopped.wait(10)
     assert sampler.status.stop_reason.startswith(
         "trainer stopped: trainer: no progress in training (step 7) for "

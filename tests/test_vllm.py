@@ -10,6 +10,7 @@ import importlib.util
 import shutil
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 from grpo.config import Config, load_config
 from grpo.models.loading import load_causal_lm, load_tokenizer
+from grpo.rollout.base import Sampling
 from grpo.scoring.kernels import Truncation
 from grpo.scoring.score import score_pairs
 
@@ -110,7 +112,7 @@ def diff_stats(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[float, float]:
 
 def test_rollout_logprobs_match_hf_on_the_same_tokens(engine, hf_base, base_model_dir):
     tok = load_tokenizer(base_model_dir)
-    gens = engine.generate(prompts(tok, QUESTIONS), n=4, max_new_tokens=24)
+    gens = engine.generate(prompts(tok, QUESTIONS), Sampling(n=4, max_new_tokens=24))
     assert len(gens) == 8 and all(g.rollout_logp is not None for g in gens)
     assert all(len(g.rollout_logp) == len(g.completion_ids) > 0 for g in gens)
     assert {g.finish_reason for g in gens} <= {"stop", "length"}
@@ -126,7 +128,7 @@ def test_top_p_ratios_centre_on_one_after_renormalising(engine, hf_base, base_mo
     """The engine reports log-probs over the kept tokens; the trainer's are over the whole
     vocabulary. Adding the kept mass makes them comparable; without it they are not."""
     tok = load_tokenizer(base_model_dir)
-    gens = engine.generate(prompts(tok, QUESTIONS), n=4, max_new_tokens=24, top_p=0.7)
+    gens = engine.generate(prompts(tok, QUESTIONS), Sampling(n=4, max_new_tokens=24, top_p=0.7))
     full, kept = hf_logprobs(hf_base, gens, Truncation(top_p=0.7))
     assert kept is not None
     on_full_vocab = [g.rollout_logp + m for g, m in zip(gens, kept, strict=True)]
@@ -178,7 +180,8 @@ def test_stop_strings_end_answers_like_hf(engine, hf_base, base_model_dir):
 
     tok = load_tokenizer(base_model_dir)
     asked = prompts(tok, QUESTIONS)
-    free = engine.generate(asked, n=1, max_new_tokens=24, greedy=True)
+    greedy = Sampling(max_new_tokens=24, greedy=True)
+    free = engine.generate(asked, greedy)
     stops, ends = zip(*(stop_string_at(tok, g.completion_ids) for g in free), strict=True)
     print(f"\nstop strings {stops} end the greedy answers at tokens {ends}")
     # Each answer runs on past its stop string without it, and meets no other one before it.
@@ -193,9 +196,8 @@ def test_stop_strings_end_answers_like_hf(engine, hf_base, base_model_dir):
     print(f"smallest gap between HF's best two tokens before them: {min(margins):.2e}")
     assert min(margins) > 2 * MAX_TOL
 
-    stopped = engine.generate(asked, n=1, max_new_tokens=24, greedy=True, stop=list(stops))
-    hf = HFRollout(hf_base, tok).generate(asked, n=1, max_new_tokens=24, greedy=True,
-                                          stop=list(stops))  # fmt: skip
+    stopped = engine.generate(asked, replace(greedy, stop=stops))
+    hf = HFRollout(hf_base, tok).generate(asked, replace(greedy, stop=stops))
     for g, h, f, stop, end in zip(stopped, hf, free, stops, ends, strict=True):
         assert g.finish_reason == h.finish_reason == "stop"
         # cut right after the stop string: its tokens kept, nothing after them
@@ -215,7 +217,7 @@ def test_multi_turn_answers_call_the_calculator_token_in_token_out(engine, hf_ba
 
     tok = load_tokenizer(base_model_dir)
     loop = MultiTurnEngine(engine, tok, CALCULATOR, max_turns=3)
-    (g,) = loop.generate([few_shot_prompt(tok)], n=1, max_new_tokens=40, greedy=True)
+    (g,) = loop.generate([few_shot_prompt(tok)], Sampling(max_new_tokens=40, greedy=True))
     text = tok.decode(g.completion_ids)
     assert g.tool_calls == 1 and g.turns == 2 and "<calc>12*7</calc>" in text, text
     tool = g.loss_mask == 0

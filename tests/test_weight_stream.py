@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.delivery.versions import publish_version, verify_version, version_dir
+from grpo.core.versions import verify_version, version_dir
+from grpo.delivery.versions import publish_version
 from grpo.wire import messages, weight_stream
 from grpo.wire.codec import Message
 from grpo.wire.sampler_channel import SamplerChannel

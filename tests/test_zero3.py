@@ -106,6 +106,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.trainer.process import without_deepspeed_shm_op
     from grpo.trainer.publishing import weights_to_publish
     from grpo.trainer.scoring import score_on_ranks
+    from grpo.plan import plan_loss
     from grpo.trainer.update import ppo_update, train_on_batch
 
     tiny, tmp, files = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
@@ -151,7 +152,8 @@ _SCRIPT = textwrap.dedent(
             return exp.rows(range(2 * rank, 2 * rank + 2))
 
         def step(self, seq):
-            self.metrics.append(train_on_batch(self.engine, self.mine(seq), self.cfg, pad))
+            loss = plan_loss(self.cfg)
+            self.metrics.append(train_on_batch(self.engine, self.mine(seq), self.cfg, loss, pad))
 
         def publish(self, name):  # what Trainer.publish does, every rank entering
             with weights_to_publish(self.engine, self.cfg.model.lora.enabled) as write:
@@ -263,7 +265,7 @@ _SCRIPT = textwrap.dedent(
     exp, _ = build_experience(scored, gae, 0.0)
     mine = exp.rows(range(2 * rank, 2 * rank + 2))
     before = critic.values(mine, pad)
-    metrics = ppo_update(zero3.engine, critic, mine, gae, pad, train_policy=False)
+    metrics = ppo_update(zero3.engine, critic, mine, gae, plan_loss(gae), pad, train_policy=False)
     after = critic.values(mine, pad)
     out["critic"] = {"vf_loss": metrics["vf_loss"],
                      "moved": float((after - before).abs().max())}

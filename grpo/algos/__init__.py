@@ -4,13 +4,13 @@ Importing this package registers the built-in policy losses ("ppo", "grpo", "gsp
 "sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome advantage
 estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk") and token advantage
 estimators ("reinforce_pp"). GAE and the value loss take extra inputs and are exported as plain
-functions.
+functions (grpo.algos.value). The losses are a package, one module per family
+(grpo.algos.losses).
 """
 
 from grpo.algos.advantages import (
     broadcast_to_tokens,
     dr_grpo_advantages,
-    gae,
     group_advantages,
     grpo_passk_advantages,
     masked_whiten,
@@ -23,6 +23,7 @@ from grpo.algos.correction import CORRECTION_MODES, logp_abs_diff, rollout_corre
 from grpo.algos.kl_control import adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
+    PolicyLoss,
     agg_loss,
     cispo_policy_loss,
     clip_cov_policy_loss,
@@ -36,7 +37,6 @@ from grpo.algos.losses import (
     policy_loss,
     ppo_policy_loss,
     sapo_policy_loss,
-    value_loss,
 )
 from grpo.algos.registry import (
     get_advantage_estimator,
@@ -47,6 +47,7 @@ from grpo.algos.registry import (
     register_token_advantage_estimator,
 )
 from grpo.algos.shaping import overlong_penalty
+from grpo.algos.value import gae, value_loss
 
 __all__ = [
     "CORRECTION_MODES",
@@ -55,6 +56,7 @@ __all__ = [
     "adaptive_kl_coef",
     "overlong_penalty",
     "AGG_MODES",
+    "PolicyLoss",
     "agg_loss",
     "broadcast_to_tokens",
     "cispo_policy_loss",

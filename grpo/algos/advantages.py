@@ -1,8 +1,9 @@
 """Advantage estimators and helpers to turn sequence rewards into per-token signals.
 
 Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline, GRPO pass@k) map per-sequence
-rewards (N,) to (N,); token estimators (REINFORCE++, GAE) work on (B, T) per-token rewards
+rewards (N,) to (N,); token estimators (REINFORCE++) work on (B, T) per-token rewards
 aligned with a response mask. Batch whitening follows verl's convention (masked_whiten).
+GAE, which also needs the critic's values, lives beside the value loss in grpo.algos.value.
 """
 
 import torch
@@ -110,7 +111,9 @@ def masked_whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, unbiased: bool 
     return (x - mean) * torch.rsqrt(var + eps) * m  # (B, T)
 
 
-def _as_float(x: Tensor) -> Tensor:
+def as_float(x: Tensor) -> Tensor:
+    """x as a float tensor (float32 if it is not floating already), so that integer or bool
+    rewards accumulate discounted sums without truncation."""
     return x if x.is_floating_point() else x.float()
 
 
@@ -132,7 +135,7 @@ def reinforce_pp_advantages(
     population variance). A global rather than per-group baseline is what distinguishes
     REINFORCE++ (Hu 2025, arXiv:2501.03262) from GRPO. Padding positions are 0.
     """
-    token_rewards = _as_float(token_rewards)
+    token_rewards = as_float(token_rewards)
     valid = mask > 0  # (B, T)
     returns = torch.zeros_like(token_rewards)  # (B, T)
     running = torch.zeros_like(token_rewards[:, 0])  # (B,), G of the next valid token
@@ -203,41 +206,3 @@ def grpo_passk_advantages(
         gap = gap / (grouped.std(dim=-1) + eps)
     adv = torch.zeros_like(grouped).scatter(1, top.indices[:, :1], gap[:, None])
     return adv.view(-1)  # (N,)
-
-
-# GAE is not registered: the token estimator convention is (token_rewards, mask) -> (B, T),
-# while GAE also needs the critic's values and returns value targets next to the advantages.
-def gae(
-    token_rewards: Tensor,
-    values: Tensor,
-    mask: Tensor,
-    gamma: float,
-    lam: float,
-    *,
-    unbiased: bool = True,
-) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation: (B, T) rewards, values, mask -> (advantages, returns).
-
-    delta_t = r_t + gamma * V_{t'} - V_t and A_t = delta_t + gamma * lam * A_{t'}, right to
-    left, where t' is the next valid token (padding is skipped) and V = 0 after the last valid
-    token because the episode ends there. returns = raw A + V (the critic's regression
-    target); the advantages are then whitened over valid tokens by masked_whiten (unbiased
-    variance, eps 1e-8 inside the root: verl's compute_gae_advantage_return; `unbiased=False`
-    for the population variance). Both are 0 on padding. Values are treated as constants (no
-    gradient).
-    """
-    with torch.no_grad():
-        dtype = torch.promote_types(_as_float(token_rewards).dtype, _as_float(values).dtype)
-        token_rewards, values = token_rewards.to(dtype), values.to(dtype)
-        valid = mask > 0  # (B, T)
-        adv = torch.zeros_like(values)  # (B, T)
-        next_value = torch.zeros_like(values[:, 0])  # (B,), V of the next valid token (0 at end)
-        next_adv = torch.zeros_like(values[:, 0])  # (B,)
-        for t in reversed(range(values.shape[-1])):
-            delta = token_rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
-            next_adv = torch.where(valid[:, t], delta + gamma * lam * next_adv, next_adv)
-            next_value = torch.where(valid[:, t], values[:, t], next_value)
-            adv[:, t] = next_adv
-        m = mask.to(dtype)
-        returns = (adv + values) * m  # (B, T)
-        return masked_whiten(adv, mask, eps=1e-8, unbiased=unbiased), returns

@@ -12,11 +12,8 @@ All tensors are (B, T) and aligned with `mask`; the weights carry no gradient.
 import torch
 from torch import Tensor
 
-from grpo.algos.losses import masked_mean
+from grpo.algos.losses.common import clamp_log_ratio, masked_mean
 from grpo.core.vocabulary import CORRECTION_MODES
-
-# exp() of a log-ratio above ~88 overflows float32; e^20 is far past any threshold.
-_MAX_LOG_RATIO = 20.0
 
 
 @torch.no_grad()
@@ -45,7 +42,7 @@ def rollout_correction_weights(
     level, how = mode.split("_")
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)  # (B, T)
-    ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
+    ratio = clamp_log_ratio(log_ratio).exp()  # e^20 is far past any threshold
     if how == "truncate":
         clipped = ratio > threshold
         weights = ratio.clamp(max=threshold)

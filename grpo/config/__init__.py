@@ -13,20 +13,22 @@ from grpo.config.loading import (
     save_config,
     to_dict,
 )
+from grpo.config.sampling import (
+    DataConfig,
+    RewardConfig,
+    RolloutConfig,
+    VllmConfig,
+)
 from grpo.config.sections import (
     VARLEN_ATTENTION,
     AlgoConfig,
     Config,
     CriticConfig,
-    DataConfig,
     EvalConfig,
     LoraConfig,
     ModelConfig,
-    RewardConfig,
-    RolloutConfig,
     TrainConfig,
     TransportConfig,
-    VllmConfig,
 )
 
 __all__ = [

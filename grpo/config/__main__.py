@@ -5,24 +5,21 @@ import sys
 import yaml
 
 from grpo.config import ConfigError, describe, get_value, load_config, to_dict
-from grpo.config.names import check_names
 
 
 def main(argv: list[str]) -> int:
-    """`python -m grpo.config CONFIG [overrides] [--get key] [--check]`: validate, print (for
-    launch.sh); --check also looks up the names of the loss, estimator, task and engine."""
+    """`python -m grpo.config CONFIG [overrides] [--get key]`: validate and print, or read one
+    key. Looking up the names of the loss, estimator, task and engine is `python -m grpo check`
+    (it imports the registries, torch and all)."""
     if argv and argv[0] == "--help-keys":
         print("\n".join(describe()))
         return 0
-    get, check = None, "--check" in argv
-    argv = [a for a in argv if a != "--check"]
+    get = None
     if "--get" in argv:
         i = argv.index("--get")
         get, argv = argv[i + 1], argv[:i] + argv[i + 2 :]
     try:
         cfg = load_config(argv[0] if argv else None, argv[1:])
-        if check:
-            check_names(cfg)
         print(get_value(cfg, get) if get else yaml.safe_dump(to_dict(cfg), sort_keys=False))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

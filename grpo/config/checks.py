@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from grpo.config.sections import Config, RolloutConfig, TransportConfig
+    from grpo.config.sampling import RolloutConfig
+    from grpo.config.sections import Config, TransportConfig
 
 
 class ConfigError(ValueError):

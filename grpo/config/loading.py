@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import yaml
 
-from grpo.config.checks import ConfigError
+from grpo.config.checks import ConfigError, check_values
+from grpo.config.passes import default_staleness
 from grpo.config.sections import Config
 
 
@@ -114,7 +115,16 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] = ()) 
         # `--resume` (launch.sh passes it to both roles) is short for train.resume=always.
         key, value = ("train.resume", "always") if text == "--resume" else parse_override(text)
         _set_dotted(tree, key, value)
-    return _build(Config, tree, "")
+    return settled(_build(Config, tree, ""))
+
+
+def settled(cfg: Config) -> Config:
+    """`cfg` with the defaults that depend on other keys worked out, then checked (ConfigError
+    naming the key). Every Config a run uses comes through here."""
+    if cfg.train.max_staleness is None:
+        cfg.train.max_staleness = default_staleness(cfg)
+    check_values(cfg)
+    return cfg
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

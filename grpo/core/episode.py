@@ -1,50 +1,34 @@
 """Episodes and episode batches: the plain data the sampler produces and the trainer consumes.
 
-An :class:`EpisodeBatch` is stored as columns (one array per field, concatenated over the
-batch), which is also its wire layout (grpo.wire.codec), so sending it gathers nothing.
+An :class:`EpisodeBatch` is stored as columns (grpo.core.columns: one array per field,
+concatenated over the batch), which is also its wire layout, so sending it gathers nothing.
 Constructors validate every field: a malformed batch raises ValueError before it is used.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import accumulate, chain
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
-FINISH_REASONS = frozenset({"stop", "length"})
-
-# (array name, wire dtype name, which per-episode length it follows), in frame order.
-ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
-    ("prompt_ids", "int32", "prompt_len"),
-    ("completion_ids", "int32", "completion_len"),
-    ("old_logp", "float32", "completion_len"),
-    ("ref_logp", "float32", "completion_len"),
-    ("rollout_logp", "float32", "completion_len"),
-    ("loss_mask", "uint8", "completion_len"),
+from grpo.core.columns import (
+    ARRAY_DTYPES,
+    FINISH_REASONS,
+    LEN_DTYPE,
+    OPTIONAL_ARRAYS,
+    REWARD_DTYPE,
+    WIRE_DTYPES,
+    Columns,
+    check_1d,
+    check_columns,
+    check_loss_mask,
+    is_int,
+    is_real,
+    plain_info,
 )
-# Per-token arrays a batch may leave out (None for the whole batch): the old-policy and
-# reference log-probs when the trainer computes them (train.logprobs_on: trainer), the rollout
-# engine's when the backend reports none, and the loss mask of single-turn answers (every
-# token the model's), so that their frames are what they were before multi-turn answers.
-OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp", "loss_mask")
-# Wire dtypes are explicit little-endian so sender and receiver agree on any host.
-WIRE_DTYPES: dict[str, np.dtype] = {
-    "int32": np.dtype("<i4"),
-    "float32": np.dtype("<f4"),
-    "uint8": np.dtype("u1"),
-}
-ARRAY_DTYPES = {name: dtype for name, dtype, _ in ARRAY_SPECS}
-ARRAYS_BY_LENGTH = {
-    lens: tuple(name for name, _, by in ARRAY_SPECS if by == lens)
-    for lens in ("prompt_len", "completion_len")
-}
-LEN_DTYPE = np.dtype(np.int64)  # per-episode lengths and group ids
-REWARD_DTYPE = np.dtype(np.float64)
-JSON_SCALARS = (str, int, float, bool, type(None))
 
 # --------------------------------------------------------------------------- data
 
@@ -68,31 +52,6 @@ class Episode:
     # uint8 or bool [C]: 1 on the tokens the model sampled, 0 on a tool's results (a multi-turn
     # answer, grpo.rollout.multi_turn); None: every token is the model's.
     loss_mask: np.ndarray | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class Columns:
-    """The arrays of a batch, each per-token array concatenated over its episodes.
-
-    This is the wire layout, so a batch held as columns is sent without gathering
-    and received as zero-copy views.
-    """
-
-    prompt_ids: np.ndarray  # int32, all prompts back to back
-    completion_ids: np.ndarray  # int32, all completions back to back
-    old_logp: np.ndarray | None  # float32, aligned with completion_ids, or None (whole batch)
-    ref_logp: np.ndarray | None  # idem
-    rollout_logp: np.ndarray | None  # idem
-    loss_mask: np.ndarray | None  # uint8 0/1, aligned with completion_ids, or None (all 1)
-    prompt_len: np.ndarray  # int64 [N]
-    completion_len: np.ndarray  # int64 [N]
-    reward: np.ndarray  # float64 [N]
-    group_id: np.ndarray  # int64 [N]
-    reward_info: tuple[dict[str, Any], ...]
-    finish_reason: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.reward)
 
 
 class EpisodeBatch:
@@ -129,7 +88,7 @@ class EpisodeBatch:
         sampler_id: str = "sampler-0",
         stats: dict[str, float] | None = None,
     ) -> EpisodeBatch:
-        _check_columns(columns)
+        check_columns(columns)
         batch = cls.__new__(cls)
         batch._init(columns, group_size, policy_version, seq, sampler_id, stats or {})
         batch._episodes = None
@@ -203,42 +162,22 @@ class EpisodeBatch:
 # --------------------------------------------------------------------------- validation
 
 
-def is_int(x: object) -> bool:
-    # bool is an int subclass, but True is never a sensible count or id.
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _check_1d(arr: object, kinds: str, what: str) -> int:
-    """Length of ``arr`` if it is a 1-D array of a dtype kind in ``kinds``."""
-    if not isinstance(arr, np.ndarray):
-        raise ValueError(f"{what} must be a numpy array, got {type(arr).__name__}")
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind not in kinds:
-        raise ValueError(f"{what} has dtype {arr.dtype}, expected kind in {kinds!r}")
-    return arr.shape[0]
-
-
 def _check_episode(ep: object, i: int) -> None:
     """Shape/type checks of one episode; reads only metadata, never copies arrays."""
     if not isinstance(ep, Episode):
         raise ValueError(f"episodes[{i}] is {type(ep).__name__}, not Episode")
-    _check_1d(ep.prompt_ids, "iu", f"episodes[{i}].prompt_ids")
-    n = _check_1d(ep.completion_ids, "iu", f"episodes[{i}].completion_ids")
+    check_1d(ep.prompt_ids, "iu", f"episodes[{i}].prompt_ids")
+    n = check_1d(ep.completion_ids, "iu", f"episodes[{i}].completion_ids")
     for name in OPTIONAL_ARRAYS:
         if getattr(ep, name) is None:
             continue
         # A mask of another integer type could wrap when cast to uint8 (256 -> 0): refused.
         kinds = "bu" if name == "loss_mask" else "f"
-        m = _check_1d(getattr(ep, name), kinds, f"episodes[{i}].{name}")
+        m = check_1d(getattr(ep, name), kinds, f"episodes[{i}].{name}")
         if m != n:
             raise ValueError(f"episodes[{i}].{name} has length {m}, completion_ids has {n}")
     if ep.loss_mask is not None:
-        _check_loss_mask(ep.loss_mask, f"episodes[{i}].loss_mask")
+        check_loss_mask(ep.loss_mask, f"episodes[{i}].loss_mask")
     if ep.finish_reason not in FINISH_REASONS:
         raise ValueError(
             f"episodes[{i}].finish_reason={ep.finish_reason!r}, expected one of "
@@ -250,69 +189,6 @@ def _check_episode(ep: object, i: int) -> None:
         raise ValueError(f"episodes[{i}].reward must be a real number, got {ep.reward!r}")
     if not isinstance(ep.reward_info, dict):
         raise ValueError(f"episodes[{i}].reward_info must be a dict")
-
-
-def _check_loss_mask(mask: np.ndarray, what: str) -> None:
-    if mask.dtype not in (np.bool_, np.uint8):
-        raise ValueError(f"{what} must be uint8 or bool, got {mask.dtype}")
-    if mask.size and int(mask.max()) > 1:
-        raise ValueError(f"{what} holds a value other than 0 and 1")
-
-
-def _check_columns(c: Columns) -> None:
-    """Vectorised checks of a batch's columns: cheap enough for every received batch."""
-    n = len(c.reward)
-    for name, dtype, shape in (
-        ("prompt_len", LEN_DTYPE, (n,)),
-        ("completion_len", LEN_DTYPE, (n,)),
-        ("group_id", LEN_DTYPE, (n,)),
-        ("reward", REWARD_DTYPE, (n,)),
-    ):
-        arr = getattr(c, name)
-        if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
-            raise ValueError(f"{name} must be a {dtype} array of shape {shape}")
-    if not np.isfinite(c.reward).all():
-        raise ValueError("reward holds a value that is not finite")
-    for lens_name, names in ARRAYS_BY_LENGTH.items():
-        lens = getattr(c, lens_name)
-        if (lens < 0).any():
-            raise ValueError(f"{lens_name} holds a value < 0")
-        total = int(lens.sum())
-        for name in names:
-            arr = getattr(c, name)
-            if arr is None and name in OPTIONAL_ARRAYS:
-                continue
-            dtype = WIRE_DTYPES[ARRAY_DTYPES[name]]
-            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1:
-                raise ValueError(f"{name} must be a 1-D {dtype} array")
-            if arr.shape[0] != total:
-                raise ValueError(f"{name}: {lens_name} does not sum to its {arr.shape[0]} values")
-    if c.loss_mask is not None:
-        _check_loss_mask(c.loss_mask, "loss_mask")
-    if len(c.finish_reason) != n or not FINISH_REASONS.issuperset(c.finish_reason):
-        raise ValueError(f"finish_reason must list {n} of {sorted(FINISH_REASONS)}")
-    if len(c.reward_info) != n:
-        raise ValueError(f"reward_info must list {n} maps")
-    if not _plain_infos(c.reward_info):  # the common case, checked in C; else say what is wrong
-        for info in c.reward_info:
-            if not isinstance(info, dict):
-                raise ValueError("reward_info entry is not a map")
-            for k, v in info.items():
-                if not isinstance(k, str) or not isinstance(v, JSON_SCALARS):
-                    raise ValueError(f"reward_info[{k!r}] is not a str key with a JSON scalar")
-
-
-_PLAIN_SCALARS = frozenset(JSON_SCALARS)
-
-
-def _plain_infos(infos: Sequence[Any]) -> bool:
-    """Whether every entry is a dict of str keys to scalars of exactly the JSON types (what
-    a decoded frame holds), without a Python-level loop per entry."""
-    if set(map(type, infos)) - {dict}:
-        return False
-    keys = chain.from_iterable(infos)
-    values = chain.from_iterable(map(dict.values, infos))
-    return set(map(type, keys)) <= {str} and set(map(type, values)) <= _PLAIN_SCALARS
 
 
 def check_batch(batch: EpisodeBatch) -> None:
@@ -427,21 +303,3 @@ def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
         reward_info=c.reward_info[start:stop],
         finish_reason=c.finish_reason[start:stop],
     )
-
-
-def plain_scalar(v: Any, where: str) -> Any:
-    """``v`` as a JSON-able Python scalar (numpy scalars unwrapped), else ValueError."""
-    if isinstance(v, np.generic):
-        v = v.item()
-    if not isinstance(v, JSON_SCALARS):
-        raise ValueError(f"{where} must be a JSON scalar, got {type(v).__name__}")
-    return v
-
-
-def plain_info(info: dict[str, Any], i: int) -> dict[str, Any]:
-    out = {}
-    for k, v in info.items():
-        if not isinstance(k, str):
-            raise ValueError(f"episodes[{i}].reward_info key {k!r} is not a str")
-        out[k] = plain_scalar(v, f"episodes[{i}].reward_info[{k!r}]")
-    return out

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-# How token losses are averaged (grpo.algos.losses.aggregate).
+# How token losses are averaged (grpo.algos.losses.common.agg_loss).
 AggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
-# Per-token estimators of KL(pi || pi_ref) (grpo.algos.losses.kl_penalty).
+# Per-token estimators of KL(pi || pi_ref) (grpo.algos.losses.common.kl_penalty).
 KlKind = Literal["k1", "k2", "k3", "abs"]
 KL_KINDS: tuple[str, ...] = get_args(KlKind)
 

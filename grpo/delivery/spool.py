@@ -19,7 +19,8 @@ from typing import Any
 from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
 from grpo.delivery.versions import write_atomic
-from grpo.wire.codec import FrameError, bytes_to_frames, decode, frames_to_bytes
+from grpo.wire.blobs import bytes_to_frames, frames_to_bytes
+from grpo.wire.codec import FrameError, decode
 
 STATE_FILE = "state.json"
 _BATCH_FILE = re.compile(r"b(\d{9})\.frames")

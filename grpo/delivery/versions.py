@@ -1,6 +1,6 @@
 """Versioned weight directories the sampler reloads, written atomically.
 
-Layout under a run dir:
+Layout under a run dir (where a version dir is, and its version.json: grpo.core.versions):
     versions/v000003/       model.safetensors (or adapter_model.safetensors) + version.json;
                             a larger model: model-0000k-of-0000n.safetensors + their index
     LATEST                  "3\n", replaced atomically after the version dir is complete
@@ -23,12 +23,8 @@ import torch
 from safetensors.torch import load_file
 
 from grpo.core.checksum import file_digest
-
-VERSION_MARKER = "version.json"
-
-
-def version_dir(run_dir: Path, version: int) -> Path:
-    return run_dir / "versions" / f"v{version:06d}"
+from grpo.core.versions import VERSION_MARKER, prune_versions, version_dir
+from grpo.core.versions import verify_version as verify_version  # grpo/eval/cli.py imports it here
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -59,29 +55,6 @@ def publish_version(
     write_atomic(run_dir / "LATEST", f"{version}\n")
     prune_versions(run_dir, keep)
     return final
-
-
-def prune_versions(run_dir: Path, keep: int) -> None:
-    versions = sorted(p for p in (run_dir / "versions").glob("v*") if p.is_dir())
-    for old in versions[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def verify_version(vdir: Path) -> None:
-    """Raise ValueError naming the problem unless every file version.json lists is intact."""
-    try:
-        files = json.loads((vdir / VERSION_MARKER).read_text())["files"]
-    except FileNotFoundError:
-        raise ValueError(f"{vdir} is missing or incomplete (no {VERSION_MARKER})") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{vdir / VERSION_MARKER} is unreadable: {e}") from None
-    for name, want in files.items():
-        try:
-            got = file_digest(vdir / name)
-        except OSError as e:
-            raise ValueError(f"{vdir / name}: {e}") from None
-        if got != want:
-            raise ValueError(f"{vdir / name} is corrupt: {got} where version.json says {want}")
 
 
 def require_same(saved: dict[str, Any], current: dict[str, Any], what: str, fix: str) -> None:

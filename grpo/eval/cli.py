@@ -95,10 +95,10 @@ def table(rows: list[dict]) -> str:
 
 def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -> list[dict]:
     """Each version in turn, with the HF policy (a LoRA run's adapter on its base model)."""
-    from grpo.config.names import check_names
     from grpo.delivery.versions import verify_version, version_dir
     from grpo.eval.questions import EvalSpec, eval_prompts, evaluate
     from grpo.models.loading import load_tokenizer, resolve_model_path
+    from grpo.plan import check_names
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.multi_turn import with_tools
     from grpo.sampler.weights import Weights

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from grpo.config import Config
-from grpo.rollout.base import RolloutEngine
+from grpo.rollout.base import RolloutEngine, Sampling
 from grpo.sampler.data import Prompt, encode_prompts
 from grpo.tasks import RewardRunner, Task
 
@@ -25,28 +25,31 @@ from grpo.tasks import RewardRunner, Task
 class EvalSpec:
     """How a version is evaluated (from the config's eval and rollout sections)."""
 
-    max_new_tokens: int
-    samples: int  # answers sampled per question for pass@k; 0 = greedy only
+    greedy: Sampling  # one greedy answer per question: pass@1 and the format rate
+    # `samples` answers per question for pass@k (n 0: greedy only); each version and batch
+    # offsets its seed
+    sampled: Sampling
     ks: tuple[int, ...]  # the k of each pass@k reported
-    temperature: float
-    top_p: float
-    stop: tuple[str, ...]
-    batch_size: int
-    seed: int
+
+    @property
+    def samples(self) -> int:
+        """Answers sampled per question for pass@k; 0 = greedy only."""
+        return self.sampled.n
 
     @classmethod
     def from_config(cls, cfg: Config) -> EvalSpec:
         e, r = cfg.eval, cfg.rollout
-        return cls(
-            max_new_tokens=e.max_new_tokens,
-            samples=e.samples,
-            ks=pass_ks(e.samples, e.k),
-            temperature=r.temperature,
-            top_p=r.top_p,
-            stop=tuple(r.stop),
+        greedy = Sampling(
+            max_new_tokens=e.max_new_tokens, greedy=True, stop=tuple(r.stop),
             batch_size=r.generation_batch_size,
+        )  # fmt: skip
+        # With the rollout's temperature and top_p but not its top_k (docs/configuration.md,
+        # eval.samples), seeded from train.seed.
+        sampled = replace(
+            greedy, greedy=False, n=e.samples, temperature=r.temperature, top_p=r.top_p,
             seed=cfg.train.seed,
-        )
+        )  # fmt: skip
+        return cls(greedy, sampled, pass_ks(e.samples, e.k))
 
 
 def pass_ks(samples: int, k: Sequence[int]) -> tuple[int, ...]:
@@ -102,7 +105,7 @@ def question_results(
     from tqdm import tqdm
 
     out: list[QuestionResult] = []
-    per_batch = max(1, spec.batch_size // max(1, spec.samples))
+    per_batch = max(1, spec.sampled.batch_size // max(1, spec.samples))
     # On a terminal only (disable=None): in a log file a bar is a line per update.
     bar = tqdm(
         total=len(indices), desc=f"eval v{version}", disable=None if progress else True,
@@ -111,14 +114,11 @@ def question_results(
     for start in range(0, len(indices), per_batch):
         mine = [prompts[i] for i in indices[start : start + per_batch]]
         ids = [p.ids for p in mine]
-        common = {"max_new_tokens": spec.max_new_tokens, "stop": spec.stop}
-        greedy = engine.generate(ids, n=1, greedy=True, batch_size=spec.batch_size, **common)
+        greedy = engine.generate(ids, spec.greedy)
         sampled = []
         if spec.samples:
-            sampled = engine.generate(
-                ids, n=spec.samples, temperature=spec.temperature, top_p=spec.top_p,
-                seed=spec.seed + version * 100_003 + start, batch_size=spec.batch_size, **common,
-            )  # fmt: skip
+            seed = spec.sampled.seed + version * 100_003 + start
+            sampled = engine.generate(ids, replace(spec.sampled, seed=seed))
 
         greedy_infos = _scored(greedy, [p.row for p in mine], tokenizer, rewards)
         sampled_rows = [p.row for p in mine for _ in range(spec.samples)]

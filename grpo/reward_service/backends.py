@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from grpo.config import Config
-from grpo.core.plugins import resolve
+from grpo.core.registry import Registry
 from grpo.models.loading import load_causal_lm, load_tokenizer, resolve_model_path, torch_dtype
 from grpo.reward_service.protocol import Item
 
@@ -129,13 +129,15 @@ class Judge:
         max_new_tokens: int,
         batch_size: int,
     ):
+        from grpo.rollout.base import Sampling
         from grpo.rollout.hf import HFRollout
 
         self.tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype).eval().to(_device())
         self.engine = HFRollout(model, self.tokenizer)
         self.template, self.scale = template, scale
-        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        # one greedy verdict per item
+        self.sampling = Sampling(max_new_tokens=max_new_tokens, greedy=True, batch_size=batch_size)
 
     def prompt(self, item: Item) -> str:
         text = self.template.format(
@@ -150,9 +152,7 @@ class Judge:
             ][0]
             for it in items
         ]
-        gens = self.engine.generate(
-            ids, n=1, greedy=True, max_new_tokens=self.max_new_tokens, batch_size=self.batch_size
-        )
+        gens = self.engine.generate(ids, self.sampling)
         replies = self.tokenizer.batch_decode(
             [g.completion_ids for g in gens], skip_special_tokens=True
         )
@@ -181,12 +181,13 @@ def _judge(cfg: Config) -> RewardBackend:
     )  # fmt: skip
 
 
-BACKENDS: dict[str, Callable[[Config], RewardBackend]] = {
-    "classifier": _classifier,
-    "judge": _judge,
-}
+BACKENDS: Registry[Callable[[Config], RewardBackend]] = Registry(
+    "reward backend", callable, "a factory"
+)
+BACKENDS.add("classifier", _classifier)
+BACKENDS.add("judge", _judge)
 
 
 def build_backend(cfg: Config) -> RewardBackend:
     """The backend reward_server.backend names: a registered one or 'package.module:name'."""
-    return resolve(BACKENDS, "reward backend", cfg.reward_server.backend)(cfg)
+    return BACKENDS.get(cfg.reward_server.backend)(cfg)

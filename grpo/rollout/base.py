@@ -41,6 +41,47 @@ class Generation:
         return len(self.completion_ids) if self.loss_mask is None else int(self.loss_mask.sum())
 
 
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How one generate() call samples: built once from the config (`from_config`; evaluation
+    builds its own, grpo.eval.questions.EvalSpec) and varied with `dataclasses.replace` where a
+    call differs (a batch's seed, a turn's cap). Each engine reads the fields it uses."""
+
+    max_new_tokens: int  # the cap on each answer's tokens
+    n: int = 1  # answers per prompt, contiguous
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    stop: tuple[str, ...] = ()  # an answer ends once its text holds one (kept in the answer)
+    greedy: bool = False  # argmax at every step: temperature, top_p and top_k do not apply
+    # Seeds the call's sampling where the engine can (HF: torch's RNG); vLLM is seeded once,
+    # by rollout.seed, when it starts (grpo.rollout.vllm).
+    seed: int = 0
+    # Sequences per forward batch where the engine batches them itself (HF); vLLM schedules
+    # its own.
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        # A config's list, or a caller's, frozen as the rest is: the object is shared by calls.
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Sampling:
+        """The sampler's: rollout.group_size answers per question as the rollout section says;
+        the seed is the run's (rollout.seed), which the sampler offsets per batch."""
+        r = cfg.rollout
+        return cls(
+            max_new_tokens=r.max_new_tokens,
+            n=r.group_size,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            stop=tuple(r.stop),
+            seed=r.seed,
+            batch_size=r.generation_batch_size,
+        )
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """What a factory may use to build an engine."""
@@ -57,22 +98,9 @@ class EngineContext:
 class RolloutEngine(Protocol):
     stop_event: threading.Event  # set when the run is stopping
 
-    def generate(
-        self,
-        prompts: Sequence[np.ndarray],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        greedy: bool = False,
-        seed: int = 0,
-        batch_size: int = 16,
-    ) -> list[Generation]:
-        """`n` answers per prompt, contiguous (prompt 0's n answers first). Returns early,
-        with whatever it has, once `stop_event` is set."""
+    def generate(self, prompts: Sequence[np.ndarray], sampling: Sampling) -> list[Generation]:
+        """`sampling.n` answers per prompt, contiguous (prompt 0's answers first). Returns
+        early, with whatever it has, once `stop_event` is set."""
         ...
 
     def load_version(self, vdir: Path, version: int) -> None:

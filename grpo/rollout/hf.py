@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpo.core.batching import pad_pairs
-from grpo.rollout.base import EngineContext, Generation
+from grpo.rollout.base import EngineContext, Generation, Sampling
 from grpo.runtime.progress import ACTIVITY
 
 
@@ -107,36 +107,24 @@ class HFRollout:
         )
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: Sequence[np.ndarray],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        greedy: bool = False,
-        seed: int = 0,
-        batch_size: int = 16,
-    ) -> list[Generation]:
+    def generate(self, prompts: Sequence[np.ndarray], sampling: Sampling) -> list[Generation]:
+        greedy, stop, max_new_tokens = sampling.greedy, sampling.stop, sampling.max_new_tokens
         gen_cfg = GenerationConfig(
             do_sample=not greedy,
-            temperature=temperature if not greedy else None,
-            top_p=top_p if not greedy else None,
-            top_k=top_k if not greedy else None,
+            temperature=sampling.temperature if not greedy else None,
+            top_p=sampling.top_p if not greedy else None,
+            top_k=sampling.top_k if not greedy else None,
             stop_strings=list(stop) or None,
             max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.eos,
             cache_implementation=None if self.cache == "dynamic" else self.cache,
         )
-        torch.manual_seed(seed)
-        rows = [p for p in prompts for _ in range(n)]
+        torch.manual_seed(sampling.seed)
+        rows = [p for p in prompts for _ in range(sampling.n)]
         out: list[Generation] = []
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
+        for start in range(0, len(rows), sampling.batch_size):
+            chunk = rows[start : start + sampling.batch_size]
             padded = pad_pairs(
                 chunk, [np.zeros(0, np.int32)] * len(chunk), self.tokenizer.pad_token_id
             )

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo.rollout.base import Generation, RolloutEngine
+from grpo.rollout.base import Generation, RolloutEngine, Sampling
 from grpo.tools import Toolbox, get_tool
 
 if TYPE_CHECKING:
@@ -122,41 +122,29 @@ class MultiTurnEngine:
     def stop_event(self) -> threading.Event:
         return self.engine.stop_event
 
-    def generate(
-        self,
-        prompts: Sequence[np.ndarray],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        greedy: bool = False,
-        seed: int = 0,
-        batch_size: int = 16,
-    ) -> list[Generation]:
-        """`n` answers per prompt, contiguous, each over up to max_turns turns (see the module
-        docstring for the budget). Returns [] once the stop event is set: a half-built batch
-        is never used (the sampler checks the event)."""
-        stops = [*stop, *self.toolbox.stop_strings]
-        answers = [_Answer(np.asarray(p, np.int32)) for p in prompts for _ in range(n)]
-        active, contexts, copies = answers, list(prompts), n
+    def generate(self, prompts: Sequence[np.ndarray], sampling: Sampling) -> list[Generation]:
+        """`sampling.n` answers per prompt, contiguous, each over up to max_turns turns (see the
+        module docstring for the budget). Returns [] once the stop event is set: a half-built
+        batch is never used (the sampler checks the event)."""
+        stop, budget = sampling.stop, sampling.max_new_tokens
+        stops = (*stop, *self.toolbox.stop_strings)
+        answers = [_Answer(np.asarray(p, np.int32)) for p in prompts for _ in range(sampling.n)]
+        active, contexts, copies = answers, list(prompts), sampling.n
         for turn in range(self.max_turns):
-            caps = [self._turn_cap(a, max_new_tokens) for a in active]
+            caps = [self._turn_cap(a, budget) for a in active]
             # One call for every answer still going, with the largest cap among them: each is
             # then cut to its own. A cut keeps the distribution (sampling a prefix does not
             # depend on the cap) and saves a call per distinct cap.
-            gens = self.engine.generate(
-                contexts, n=copies, max_new_tokens=max(caps), temperature=temperature,
-                top_p=top_p, top_k=top_k, stop=stops, greedy=greedy,
-                seed=seed + turn * _TURN_SEED, batch_size=batch_size,
+            turn_sampling = replace(
+                sampling, n=copies, max_new_tokens=max(caps), stop=stops,
+                seed=sampling.seed + turn * _TURN_SEED,
             )  # fmt: skip
+            gens = self.engine.generate(contexts, turn_sampling)
             if self.stop_event.is_set():
                 return []
             last = turn == self.max_turns - 1
             for answer, gen, cap in zip(active, gens, caps, strict=True):
-                self._take_turn(answer, gen, cap, stop, max_new_tokens, last)
+                self._take_turn(answer, gen, cap, stop, budget, last)
             active = [a for a in answers if a.finish_reason is None]
             if not active:
                 break

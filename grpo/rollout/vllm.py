@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from grpo.config import Config
 from grpo.delivery.versions import is_adapter, weight_files
-from grpo.rollout.base import EngineContext, Generation
+from grpo.rollout.base import EngineContext, Generation, Sampling
 from grpo.runtime.lifetime import PARENT_ENV
 from grpo.runtime.progress import ACTIVITY
 
@@ -119,30 +119,20 @@ class VllmRollout:
 
     # ------------------------------------------------------------------ generation
 
-    def generate(
-        self,
-        prompts: Sequence[np.ndarray],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        greedy: bool = False,
-        seed: int = 0,  # unused: the engine is seeded once (see the module docstring)
-        batch_size: int = 0,  # unused: the engine schedules its own batches
-    ) -> list[Generation]:
+    def generate(self, prompts: Sequence[np.ndarray], sampling: Sampling) -> list[Generation]:
+        """Reads neither `sampling.seed` (the engine is seeded once: see the module docstring)
+        nor `sampling.batch_size` (the engine schedules its own batches)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        greedy = sampling.greedy
         params = SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else top_p,
-            top_k=0 if greedy else top_k,
-            max_tokens=max_new_tokens,
-            stop=list(stop) or None,
+            n=sampling.n,
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k,
+            max_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
         )
         requests = [TokensPrompt(prompt_token_ids=np.asarray(p).tolist()) for p in prompts]

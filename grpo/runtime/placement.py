@@ -4,21 +4,15 @@ launch.sh starts each role with CUDA_VISIBLE_DEVICES set to its GPUs, so inside 
 first GPU is always `cuda:0` and the code needs no device indices of its own. On a node with
 no GPU both roles get none and run on CPU with the same command lines.
 
-    python -m grpo.runtime.placement CONFIG [overrides]
-    -> TRAINER_GPUS=0,1  SAMPLER_GPUS=2  SHARED=0
+launch.sh reads them through `python -m grpo launch-env CONFIG` (grpo.cli.launch_env).
 """
 
 from __future__ import annotations
 
 import os
-import shlex
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from grpo.config import Config, ConfigError, load_config
-from grpo.config.names import check_names
-from grpo.runtime.lifetime import exit_now
+from grpo.config import Config, ConfigError
 
 # What the sampler's HF models may allocate of a GPU they share with the trainer: the
 # embedded model's policy and reference plus a KV cache for 128 answers fit in far less.
@@ -99,29 +93,3 @@ def sampler_memory_fraction(cfg: Config) -> float:
     if cfg.rollout.gpu_memory_fraction:
         return cfg.rollout.gpu_memory_fraction
     return SHARED_SAMPLER_FRACTION if os.environ.get("GRPO_SHARED_GPU") == "1" else 0.0
-
-
-def main(argv: list[str]) -> int:
-    """Check the config and print shell assignments for launch.sh: each role's
-    CUDA_VISIBLE_DEVICES value, and the config values launch.sh needs (one Python start-up
-    for all of them: each costs a run a fraction of a second)."""
-    role = os.environ.get("ROLE", "both")
-    try:
-        cfg = load_config(argv[0], argv[1:])
-        check_names(cfg)  # launch.sh's one up-front check, in the process that imports torch
-        ids = visible_gpus()
-        p = placement_for(cfg, role, len(ids))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    print(f"TRAINER_GPUS={','.join(ids[i] for i in p.trainer)}")
-    print(f"SAMPLER_GPUS={','.join(ids[i] for i in p.sampler)}")
-    print(f"SHARED={int(p.shared)}")
-    print(f"MODEL_PATH={shlex.quote(cfg.model.path)}")
-    print(f"RUN_DIR={shlex.quote(str(Path(cfg.output_dir) / cfg.name))}")
-    print(f"REWARD_BACKEND={shlex.quote(cfg.reward_server.backend)}")
-    return 0
-
-
-if __name__ == "__main__":
-    exit_now(main(sys.argv[1:]))

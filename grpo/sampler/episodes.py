@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from grpo.config import Config
@@ -13,7 +13,7 @@ from grpo.config.passes import scored_by
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.models.loading import load_reference
 from grpo.observe.metrics import peak_memory_gib
-from grpo.rollout.base import Generation, RolloutEngine
+from grpo.rollout.base import Generation, RolloutEngine, Sampling
 from grpo.rollout.multi_turn import tool_info
 from grpo.runtime.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.sampler.data import Prompt, Shard
@@ -66,6 +66,7 @@ class BatchMaker:
         self.rewards = rewards
         self.shard = shard
         self.weights = weights
+        self.sampling = Sampling.from_config(cfg)
         scored = scored_by(cfg, "sampler")
         self.old_pass = "old_logp" in scored
         self.reference = None
@@ -85,7 +86,8 @@ class BatchMaker:
         while len(kept) < Q and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             prompts = self.shard.draw()
             ACTIVITY.enter(GENERATING, f"batch {seq}")
-            groups = self.sample_groups(prompts, engine, cfg.seed + seq + rounds * 1_000_003)
+            seed = self.sampling.seed + seq + rounds * 1_000_003  # per batch and round
+            groups = self.sample_groups(prompts, engine, seed)
             rounds += 1
             n_tokens += sum(g.sampled_tokens for group in groups for g in group.gens)
             for g in groups:
@@ -117,18 +119,8 @@ class BatchMaker:
         """G answers per prompt, decoded (a tool's results included) and scored, all of the
         round's answers at once, each call within reward.timeout_s (grpo.tasks.runner); a
         multi-turn answer's turns and tool calls go into its reward info."""
-        cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
-        gens = engine.generate(
-            [p.ids for p in prompts],
-            n=G,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            stop=cfg.stop,
-            seed=seed,
-            batch_size=cfg.generation_batch_size,
-        )
+        G = self.sampling.n
+        gens = engine.generate([p.ids for p in prompts], replace(self.sampling, seed=seed))
         raise_if_stopped(engine)
         texts = self.tokenizer.batch_decode(
             [g.completion_ids for g in gens], skip_special_tokens=True
@@ -172,16 +164,17 @@ class BatchMaker:
     def score(self, gens: list[Generation]) -> tuple[list, list, list]:
         """(old, reference, rollout) log-probs per answer; None where not computed here
         (see grpo.scoring.score.score_for_training)."""
-        cfg = self.cfg.rollout
+        # The distribution the answers were sampled from: its temperature and truncation.
+        s = self.sampling
         return score_for_training(
             self.weights.policy if self.old_pass else None,
             self.reference,
             [g.prompt_ids for g in gens],
             [g.completion_ids for g in gens],
             [g.rollout_logp for g in gens],
-            truncation=Truncation(cfg.top_p, cfg.top_k),
+            truncation=Truncation(s.top_p, s.top_k),
             pad_id=self.tokenizer.pad_token_id,
-            temperature=cfg.temperature,
-            batch_size=cfg.generation_batch_size,
+            temperature=s.temperature,
+            batch_size=self.cfg.rollout.generation_batch_size,
             packed=self.cfg.packed,
         )

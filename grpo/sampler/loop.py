@@ -5,9 +5,9 @@ version it publishes in its heartbeats; before batch `seq` the sampler waits unt
 >= seq - max_staleness is out, reloads it from the run dir, and tags the batch with it.
 
 This module wires the parts together and runs them: the questions (grpo.sampler.data), the
-weights (.weights), the batches (.episodes) and their delivery (.outbox); and it turns
-Ctrl-C / SIGTERM into a clean stop. Evaluation is the trainer's (grpo.eval.in_training): a
-sampler only generates.
+weights (.weights), the batches (.episodes) and their delivery to the trainer (the endpoint of
+grpo.delivery.sampler_endpoint); and it turns Ctrl-C / SIGTERM into a clean stop. Evaluation
+is the trainer's (grpo.eval.in_training): a sampler only generates.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import signal
 import threading
 
 from grpo.config import Config
+from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool
 from grpo.models.loading import load_tokenizer, resolve_model_path
 from grpo.observe.metrics import mean
@@ -25,13 +26,11 @@ from grpo.rollout.multi_turn import with_tools
 from grpo.rollout.registry import get_engine
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
-from grpo.sampler.outbox import Outbox
 from grpo.sampler.rewards import SamplerRewards
 from grpo.sampler.weights import Weights, expected_batch, required_version
 from grpo.tasks import get_task
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
-from grpo.wire.sampler_channel import SamplerChannel, TrainerStatus
 
 log = logging.getLogger("grpo.sampler")
 
@@ -62,31 +61,29 @@ class Sampler:
         if self.next_seq >= cfg.train.total_steps and not self.spool.pending():
             log.info("this sampler made all %d batches of the run: nothing left", self.next_seq)
             return 0
-        channel = SamplerChannel(cfg.transport, cfg.rollout.sampler_id)
-        channel.exit_on_stall = True
-        self.rewards.stop_on(channel.stopped)
-        outbox = Outbox(self.spool, channel, cfg.transport.heartbeat_s)
-        self.engine = engine = self.make_engine(channel.stopped)
-        self.weights.connect(channel, engine)
-        signalled = _stop_on_signals(channel)
+        endpoint = SamplerEndpoint(
+            cfg.transport, cfg.rollout.sampler_id, self.spool, exit_on_stall=True
+        )
+        self.rewards.stop_on(endpoint.stopped)
+        self.engine = engine = self.make_engine(endpoint.stopped)
+        self.weights.connect(endpoint, engine)
+        signalled = _stop_on_signals(endpoint)
         try:
-            self.loop(engine, outbox)
-            if channel.status.done:
-                self.finish(outbox)
-                channel.send_bye()
-                channel.close()
+            self.loop(engine, endpoint)
+            if endpoint.status.done:
+                endpoint.finish()
+                log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
+                endpoint.close()
                 return 0
-            reason = channel.status.stop_reason or "stopped"
+            reason = endpoint.status.stop_reason or "stopped"
         except PeerError as e:
-            reason = channel.status.stop_reason or str(e)
+            reason = endpoint.status.stop_reason or str(e)
         except BaseException as e:
-            channel.send_stop(f"crashed: {type(e).__name__}: {e}")
-            channel.close()
+            endpoint.stop(f"crashed: {type(e).__name__}: {e}")
+            endpoint.close()
             raise
-        # Tell the trainer why (it names this sampler), unless it is the one that went away.
-        if not reason.startswith((messages.TRAINER_STOPPED, messages.TRAINER_SILENT)):
-            channel.send_stop(reason)
-        channel.close()
+        endpoint.stop(reason)
+        endpoint.close()
         log.error("sampler stopping: %s", reason)
         return 130 if signalled.is_set() else 1
 
@@ -113,32 +110,30 @@ class Sampler:
         t = self.cfg.train
         return required_version(self.expected_batch(status), t.max_staleness, t.sync_interval)
 
-    def loop(self, engine: RolloutEngine, outbox: Outbox) -> None:
+    def loop(self, engine: RolloutEngine, endpoint: SamplerEndpoint) -> None:
         """Batches while the run needs more, then wait for the trainer's done. The samplers are
         a pool: none has a quota, each makes the batches the trainer is expected to train next
         (see expected_batch), so when one dies the others make its share."""
-        cfg, channel, weights = self.cfg, outbox.channel, self.weights
-        status, total = channel.status, cfg.train.total_steps
-        log.info("waiting for the trainer on %s", cfg.transport.control_addr)
-        outbox.wait_until(lambda: status.seen, "the trainer")
-        outbox.resend(self.spool.pending())  # left by an earlier run; duplicates are dropped
+        cfg, weights = self.cfg, self.weights
+        status, total = endpoint.status, cfg.train.total_steps
+        endpoint.wait_for_trainer()
         from tqdm import tqdm
 
         # launch.sh turns it off (TQDM_DISABLE=1) when the trainer's bar shares the terminal.
         alone = cfg.rollout.num_samplers == 1
         bar = tqdm(total=total if alone else None, initial=self.next_seq, desc="sample")
-        # Bounded waits: the watch thread sets `stopped` on done, stop, or a silent trainer.
-        while not channel.stopped.is_set():
+        # Bounded waits: the endpoint sets `stopped` on done, stop, or a lost trainer.
+        while not endpoint.stopped.is_set():
             if self.expected_batch(status) >= total:  # enough on the way: wait (and see)
-                outbox.wait_until(lambda: self.expected_batch(status) < total, "the run's end")
+                endpoint.wait_until(lambda: self.expected_batch(status) < total, "the run's end")
                 continue
-            weights.wait_for_version(lambda: self.version_needed(status), outbox)
-            outbox.wait_for_room()
-            if channel.stopped.is_set():
+            weights.wait_for_version(lambda: self.version_needed(status))
+            endpoint.wait_for_room()
+            if endpoint.stopped.is_set():
                 break
             batch = self.batches.make(self.next_seq, engine)
             self.next_seq = batch.seq + 1
-            outbox.send_new(batch, self.shard.state(self.next_seq))
+            endpoint.send(batch, self.shard.state(self.next_seq))
             log.info(
                 "sent batch %d (version %d): reward %.3f, %.0f tokens/s",
                 batch.seq,
@@ -151,23 +146,14 @@ class Sampler:
             bar.update()
         bar.close()
 
-    def finish(self, outbox: Outbox) -> None:
-        """After the trainer's done: the final acknowledgements; anything never acknowledged
-        stays in the spool for a resumed run."""
-        outbox.sync_with_trainer()  # done carries the final acknowledgements
-        if left := self.spool.pending():
-            log.warning("%d batches were never acknowledged by the trainer: %s", len(left), left)
-        log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
 
-
-def _stop_on_signals(channel: SamplerChannel) -> threading.Event:
+def _stop_on_signals(endpoint: SamplerEndpoint) -> threading.Event:
     """Ctrl-C / SIGTERM end generation at the next token and the run cleanly; returns the flag."""
     signalled = threading.Event()
 
     def handler(signum, frame):
-        channel.status.stop_reason = f"{messages.INTERRUPTED} by {signal.Signals(signum).name}"
         signalled.set()
-        channel.stopped.set()
+        endpoint.interrupt(f"{messages.INTERRUPTED} by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)

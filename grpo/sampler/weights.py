@@ -7,19 +7,16 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from grpo.config import Config
-from grpo.delivery.versions import is_adapter, load_state_dict, verify_version, version_dir
+from grpo.core.versions import verify_version, version_dir
+from grpo.delivery.sampler_endpoint import SamplerEndpoint
+from grpo.delivery.versions import is_adapter, load_state_dict
 from grpo.models.loading import apply_lora, load_causal_lm
 from grpo.rollout.base import RolloutEngine
 from grpo.runtime.placement import sampler_memory_fraction
-from grpo.wire.sampler_channel import SamplerChannel
-
-if TYPE_CHECKING:
-    from grpo.sampler.outbox import Outbox
 
 log = logging.getLogger("grpo.sampler")
 
@@ -69,7 +66,7 @@ class Weights:
         self.device = hf_device(cfg)
         self.policy: torch.nn.Module | None = None
         self.engine: RolloutEngine | None = None
-        self.channel: SamplerChannel | None = None
+        self.endpoint: SamplerEndpoint | None = None
         self.version = 0
         self.reload_s = 0.0
         self.failed_reloads: set[int] = set()  # versions whose files failed their checksums
@@ -85,10 +82,10 @@ class Weights:
             self.policy = policy.to(self.device)
         return self.policy
 
-    def connect(self, channel: SamplerChannel, engine: RolloutEngine) -> None:
-        """From now on, fetch versions over `channel` (when it streams weights) and load them
-        into `engine` too."""
-        self.channel, self.engine = channel, engine
+    def connect(self, endpoint: SamplerEndpoint, engine: RolloutEngine) -> None:
+        """From now on, wait for versions from `endpoint`'s trainer (fetched over the channel
+        when it streams weights) and load them into `engine` too."""
+        self.endpoint, self.engine = endpoint, engine
 
     def reload(self, version: int) -> None:
         """Load published version `version` into the HF policy and the engine (if any).
@@ -97,8 +94,8 @@ class Weights:
         keeps its current weights, says why, and tries again at the next announced version."""
         vdir = version_dir(self.run_dir, version)
         try:
-            if self.channel is not None and self.channel.weights is not None:
-                self.channel.weights.fetch(self.run_dir, version, self.cfg.train.keep_versions)
+            if self.endpoint is not None and self.endpoint.weights is not None:
+                self.endpoint.weights.fetch(self.run_dir, version, self.cfg.train.keep_versions)
             verify_version(vdir)
         except ValueError as e:
             self.failed_reloads.add(version)
@@ -135,7 +132,7 @@ class Weights:
                     f"{vdir} does not match the policy: missing {missing}, unexpected {unexpected}"
                 )
 
-    def wait_for_version(self, needed: Callable[[], int], outbox: Outbox) -> None:
+    def wait_for_version(self, needed: Callable[[], int]) -> None:
         """Wait until the trainer published `needed()` (the staleness bound, which moves as
         samplers come and go), then load it.
 
@@ -143,13 +140,14 @@ class Weights:
         samples a batch then never depends on timing, so a run with overlap repeats exactly.
         Several samplers load the newest (the trainer is further ahead of each of them).
         Either may be older than the one this sampler had, after a trainer restart."""
-        assert self.channel is not None
-        status = self.channel.status
-        outbox.wait_until(lambda: status.version >= needed(), "a newer version")
+        endpoint = self.endpoint
+        assert endpoint is not None
+        status = endpoint.status
+        endpoint.wait_until(lambda: status.version >= needed(), "a newer version")
         target = needed() if self.cfg.rollout.num_samplers == 1 else status.version
         if (
             target != self.version
             and target not in self.failed_reloads
-            and not self.channel.stopped.is_set()
+            and not endpoint.stopped.is_set()
         ):
             self.reload(target)

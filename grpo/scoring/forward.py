@@ -1,10 +1,11 @@
-"""The model forwards that score completions: padded (prompts left-padded, completions
-right-padded) or packed (every pair end to end in one row), both returning per-token
-log-probs laid out (rows, completion length)."""
+"""The model forward over (prompt, completion) pairs: padded (prompts left-padded, completions
+right-padded) or packed (every pair end to end in one row), cut to the positions that predict
+completion tokens (:func:`completion_outputs`). The policy's log-probs and the critic's values
+(grpo.trainer.critic) are both read from it, laid out (rows, completion length)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -47,14 +48,16 @@ def completion_logprobs(
     Returns (logp, entropy or None), float32. Positions that are padding (attention_mask 0
     in the completion part) hold arbitrary finite values: callers mask them.
     """
-    logits, labels = _completion_logits(model, input_ids, attention_mask, prompt_len)
+    logits, labels = _completion_logits(
+        model, input_ids, attention_mask, prompt_len, skip_prompt_logits=True
+    )
     return _logprobs_and_entropy(
         logits, labels, temperature, with_entropy, entropy_grad, chunk_size
     )
 
 
 def _completion_logits(
-    model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int
+    model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, skip_prompt_logits: bool
 ) -> tuple[Tensor, Tensor]:
     """The logits that predict the completion tokens, (B, C, V), and those tokens, (B, C)."""
     B, L = input_ids.shape
@@ -68,7 +71,7 @@ def _completion_logits(
         position_ids=position_ids,
         use_cache=False,
         # Only project the completion part through the LM head (skips the prompt's logits).
-        logits_to_keep=n_keep,
+        **({"logits_to_keep": n_keep} if skip_prompt_logits else {}),
     )
     # Slicing from the end works whether the model honoured logits_to_keep or returned all L.
     logits = out.logits[:, -n_keep:-1]  # (B, L - prompt_len, V), predicts input_ids[:, prompt_len:]
@@ -108,14 +111,14 @@ def packed_completion_logprobs(
     (``logits_to_keep`` given as indices), then the per-token results are scattered
     back to the padded (B, C) layout the losses use.
     """
-    logits, labels = _packed_logits(model, packed)
+    logits, labels = _packed_logits(model, packed, skip_prompt_logits=True)
     logp, entropy = _logprobs_and_entropy(
         logits, labels, temperature, with_entropy, entropy_grad, chunk_size
     )
     return packed.unpack(logp), None if entropy is None else packed.unpack(entropy)
 
 
-def _packed_logits(model, packed: PackedPairs) -> tuple[Tensor, Tensor]:
+def _packed_logits(model, packed: PackedPairs, skip_prompt_logits: bool) -> tuple[Tensor, Tensor]:
     """The logits that predict the packed completion tokens, (1, K, V), and those tokens."""
     device = device_of(model)
     index = packed.logit_index.to(device)
@@ -123,17 +126,66 @@ def _packed_logits(model, packed: PackedPairs) -> tuple[Tensor, Tensor]:
         input_ids=packed.input_ids.to(device),
         position_ids=packed.position_ids.to(device),
         use_cache=False,
-        logits_to_keep=index,
+        **({"logits_to_keep": index} if skip_prompt_logits else {}),
     )
     logits = out.logits  # (1, K, V)
     if logits.shape[1] != index.numel():
-        logits = logits[:, index]  # a model that ignores logits_to_keep returns all S positions
+        logits = logits[:, index]  # a model not given or ignoring logits_to_keep: all S positions
     return logits, packed.labels.to(device)[None]
 
 
 def device_of(model) -> torch.device:
     device = getattr(model, "device", None)
     return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+class CompletionOutputs(NamedTuple):
+    """What :func:`completion_outputs` returns: the model's outputs at the positions that predict
+    a completion token, in the forward's own layout, and how to lay them out (B, C)."""
+
+    logits: Tensor  # (B, C, V) padded or (1, K, V) packed; V = 1 for the critic's value head
+    labels: Tensor  # (B, C) or (1, K): the completion token each of those positions predicts
+    mask: Tensor  # (B, C) float on the CPU, 1.0 on real completion tokens
+    to_rows: Callable[[Tensor], Tensor]  # a per-position result of this layout -> (B, C)
+
+
+def completion_outputs(
+    model,
+    prompts: Sequence[np.ndarray],
+    completions: Sequence[np.ndarray],
+    *,
+    packed: bool,
+    pad_id: int,
+    skip_prompt_logits: bool = True,
+) -> CompletionOutputs:
+    """One forward of `model` over the (prompt, completion) pairs, cut to the positions that
+    predict the completion tokens; the policy turns these logits into log-probs, the critic
+    (a one-label token classifier) reads them as values.
+
+    `packed` puts the pairs back to back in one row instead of padding them to a rectangle;
+    both give the same numbers. `skip_prompt_logits` passes transformers' `logits_to_keep`, so
+    a causal LM's head computes no logits for the prompts; the critic's token classifier takes
+    no such argument (it goes on to its base model) and computes every position's value.
+    """
+    if packed:
+        pairs = pack_pairs(prompts, completions)
+        logits, labels = _packed_logits(model, pairs, skip_prompt_logits)
+        return CompletionOutputs(logits, labels, pairs.response_mask, pairs.unpack)
+    padded = pad_pairs(prompts, completions, pad_id)
+    device = device_of(model)
+    logits, labels = _completion_logits(
+        model,
+        padded.input_ids.to(device),
+        padded.attention_mask.to(device),
+        padded.prompt_len,
+        skip_prompt_logits,
+    )
+    return CompletionOutputs(logits, labels, padded.response_mask, _already_rows)
+
+
+def _already_rows(t: Tensor) -> Tensor:
+    """The padded layout's per-position results are (B, C) already."""
+    return t
 
 
 class PairsLogprobs(NamedTuple):
@@ -158,35 +210,22 @@ def pairs_logprobs(
     truncation: Truncation | None = None,
     chunk_size: int = 1024,
 ) -> PairsLogprobs:
-    """Log-probs (and entropy) of each completion given its prompt, in one forward.
+    """Log-probs (and entropy) of each completion given its prompt, in one forward
+    (:func:`completion_outputs`, whose `packed` this is).
 
-    `packed` puts the pairs back to back in one row instead of padding them to a rectangle;
-    both give the same numbers. `truncation` (the sampler's top-p / top-k) adds the log of
-    the probability mass the sampler kept at each position, from the same logits.
+    `truncation` (the sampler's top-p / top-k) adds the log of the probability mass the
+    sampler kept at each position, from the same logits.
     """
-    if packed:
-        pairs = pack_pairs(prompts, completions)
-        logits, labels = _packed_logits(model, pairs)
-        restore, mask = pairs.unpack, pairs.response_mask
-    else:
-        padded = pad_pairs(prompts, completions, pad_id)
-        device = device_of(model)
-        logits, labels = _completion_logits(
-            model,
-            padded.input_ids.to(device),
-            padded.attention_mask.to(device),
-            padded.prompt_len,
-        )
-        restore, mask = (lambda t: t), padded.response_mask
+    out = completion_outputs(model, prompts, completions, packed=packed, pad_id=pad_id)
     logp, entropy = _logprobs_and_entropy(
-        logits, labels, temperature, with_entropy, entropy_grad, chunk_size
+        out.logits, out.labels, temperature, with_entropy, entropy_grad, chunk_size
     )
     kept = None
     if truncation is not None and truncation.active:
-        kept = restore(kept_log_mass(logits, truncation, temperature=temperature))
+        kept = out.to_rows(kept_log_mass(out.logits, truncation, temperature=temperature))
     return PairsLogprobs(
-        restore(logp),
-        None if entropy is None else restore(entropy),
-        mask.to(logp.device),
+        out.to_rows(logp),
+        None if entropy is None else out.to_rows(entropy),
+        out.mask.to(logp.device),
         kept,
     )

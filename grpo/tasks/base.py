@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo.core.plugins import load_object, resolve
+from grpo.core.registry import Registry, load_object
 
 Row = dict[str, Any]
 RewardFn = Callable[[str, Row], float | tuple[float, dict]]
@@ -41,28 +41,17 @@ class Task:
 # Registry
 # ---------------------------------------------------------------------------
 
-_REGISTRY: dict[str, Task] = {}
+TASKS: Registry[Task] = Registry("task", lambda t: isinstance(t, Task), "a grpo.tasks.Task")
 
 
 def register_task(task: Task) -> Task:
     """Add a task to the registry; a name clash is an error, never an overwrite."""
-    if task.name in _REGISTRY:
-        raise ValueError(f"task {task.name!r} is already registered")
-    _REGISTRY[task.name] = task
+    TASKS.add(task.name, task)
     return task
 
 
-def task_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_task(name: str) -> Task:
-    """A registered task, or the Task object a `package.module:name` spec names; the error
-    lists the valid names and the closest match."""
-    task = resolve(_REGISTRY, "task", name)
-    if not isinstance(task, Task):
-        raise ValueError(f"task {name!r} is a {type(task).__name__}, not a grpo.tasks.Task")
-    return task
+task_names = TASKS.names
+get_task = TASKS.get
 
 
 # ---------------------------------------------------------------------------

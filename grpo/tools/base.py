@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from grpo.core.plugins import resolve
+from grpo.core.registry import Registry
 
 log = logging.getLogger("grpo.tools")
 
@@ -57,28 +57,17 @@ class ToolResult:
 
 # --------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, Tool] = {}
+TOOLS: Registry[Tool] = Registry("tool", lambda t: isinstance(t, Tool), "a grpo.tools.Tool")
 
 
 def register_tool(tool: Tool) -> Tool:
     """Add a tool to the registry; a name clash is an error, never an overwrite."""
-    if tool.name in _REGISTRY:
-        raise ValueError(f"tool {tool.name!r} is already registered")
-    _REGISTRY[tool.name] = tool
+    TOOLS.add(tool.name, tool)
     return tool
 
 
-def tool_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_tool(name: str) -> Tool:
-    """A registered tool, or the Tool a `package.module:name` spec names; the error lists the
-    valid names."""
-    tool = resolve(_REGISTRY, "tool", name)
-    if not isinstance(tool, Tool):
-        raise ValueError(f"tool {name!r} is a {type(tool).__name__}, not a grpo.tools.Tool")
-    return tool
+tool_names = TOOLS.names
+get_tool = TOOLS.get
 
 
 # --------------------------------------------------------------------------- calls

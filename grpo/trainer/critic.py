@@ -1,7 +1,9 @@
 """The value model of PPO: the policy's architecture with a scalar head, as a DeepSpeed engine.
 
 V(s_t) for completion token t is read at the position that predicts token t (the same
-alignment as the policy's logits), so values line up with the response mask.
+alignment as the policy's logits, from the same forward: grpo.scoring.forward), so values line
+up with the response mask. Its optimizer steps are the policy's (grpo.trainer.update), with
+the value loss of :meth:`Critic.micro_batch_loss`.
 """
 
 from __future__ import annotations
@@ -10,41 +12,25 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from grpo.algos import value_loss
 from grpo.config import Config
-from grpo.core.batching import pack_pairs, pad_pairs
 from grpo.models.loading import resolve_model_path, torch_dtype
-from grpo.scoring.forward import device_of
+from grpo.scoring.forward import completion_outputs
 from grpo.trainer.engines import partitioned_loading
 from grpo.trainer.experience import Experience
-from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ranks
 
 
 def completion_values(
     model, prompts: list[np.ndarray], completions: list[np.ndarray], packed: bool, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, C) values of the completion positions and the (B, C) response mask."""
-    device = device_of(model)
-    if packed:
-        pairs = pack_pairs(prompts, completions)
-        out = model(
-            input_ids=pairs.input_ids.to(device),
-            position_ids=pairs.position_ids.to(device),
-            use_cache=False,
-        )
-        flat = out.logits[:, pairs.logit_index.to(device), 0].float()  # (1, K)
-        return pairs.unpack(flat), pairs.response_mask.to(device)
-    padded = pad_pairs(prompts, completions, pad_id)
-    attention_mask = padded.attention_mask.to(device)
-    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)  # (B, L)
-    out = model(
-        input_ids=padded.input_ids.to(device), attention_mask=attention_mask,
-        position_ids=position_ids, use_cache=False,
-    )  # fmt: skip
-    values = out.logits[:, padded.prompt_len - 1 : -1, 0].float()  # (B, C)
-    return values, padded.response_mask.to(device)
+    """(B, C) values of the completion positions and the (B, C) response mask, on the model's
+    device: the one-label head's output where the policy has its logits."""
+    out = completion_outputs(
+        model, prompts, completions, packed=packed, pad_id=pad_id, skip_prompt_logits=False
+    )
+    values = out.to_rows(out.logits[..., 0].float())
+    return values, out.mask.to(values.device)
 
 
 class Critic:
@@ -89,33 +75,21 @@ class Critic:
             out[start : start + len(part), : values.shape[1]] = values * part.mask
         return out
 
-    def update(self, mini: Experience, pad_id: int) -> dict[str, float]:
-        """One optimizer step of the clipped value loss towards `mini.returns`, centred on
-        `mini.old_values` (micro-batched)."""
-        assert mini.returns is not None and mini.old_values is not None
-        parts = micro_batches(mini.sizes, self.cfg, self.engine.train_micro_batch_size_per_gpu())
-        n_tokens = max(1, int(mini.mask.sum()))
-        # a token mean over all ranks' tokens, as for the policy (DeepSpeed averages the ranks)
-        world = dist.get_world_size()
-        all_tokens = max(1.0, float(sum_across_ranks(torch.tensor([float(n_tokens)]))))
-        sums: dict[str, torch.Tensor] = {}
-        for i, index in enumerate(parts):
-            part = mini.rows(index)
-            values, _ = self._values(part, pad_id)
-            # the experience's mask, not the forward's: no value loss on a tool's tokens
-            mask = part.mask.to(values.device)
-            target, old = (t.to(mask.device) for t in (part.returns, part.old_values))
-            loss, metrics = value_loss(
-                values, target, old, mask, clip=self.cfg.critic.value_clip, agg="token-mean"
-            )
-            tokens = float(mask.sum())
-            accumulate_backward(
-                self.engine, loss * tokens / all_tokens * world, last=i == len(parts) - 1
-            )
-            metrics["vf_loss"] = loss.detach()
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * tokens / n_tokens
-        return {key: float(value) for key, value in sums.items()}  # one transfer per update
+    def micro_batch_loss(
+        self, part: Experience, pad_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped value loss of the micro-batch `part` towards `part.returns`, centred on
+        `part.old_values`, as a token mean; its (B, C) mask and its metrics (0-d tensors), on
+        the critic's device, as grpo.trainer.objective.micro_batch_loss gives the policy's."""
+        assert part.returns is not None and part.old_values is not None
+        values, _ = self._values(part, pad_id)
+        # the experience's mask, not the forward's: no value loss on a tool's tokens
+        mask = part.mask.to(values.device)
+        target, old = (t.to(mask.device) for t in (part.returns, part.old_values))
+        loss, metrics = value_loss(
+            values, target, old, mask, clip=self.cfg.critic.value_clip, agg="token-mean"
+        )
+        return loss, mask, metrics | {"vf_loss": loss.detach()}
 
 
 def _with_lr(ds_config: dict[str, Any], lr: float) -> dict[str, Any]:

@@ -17,18 +17,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo.config import Config, save_config
-from grpo.config.passes import scored_by
+from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
 from grpo.core.vocabulary import GAE
 from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.trainer_endpoint import Endpoint, SilentEndpoint, TrainerEndpoint
-from grpo.delivery.versions import discard_versions_after, publish_version
+from grpo.delivery.versions import publish_version
 from grpo.eval.in_training import VersionEvaluator
 from grpo.models.loading import load_tokenizer, resolve_model_path
-from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, peak_memory_gib
+from grpo.observe.metrics import peak_memory_gib
 from grpo.observe.run_log import RunLog, SilentRunLog
+from grpo.plan import plan_run
 from grpo.runtime.progress import (
     ACTIVITY,
     EVALUATING,
@@ -40,7 +40,7 @@ from grpo.runtime.progress import (
 from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
-from grpo.trainer.outputs import rotate_run_dir, step_row, summarise_run
+from grpo.trainer.outputs import open_run_dir, step_row, summarise_run
 from grpo.trainer.publishing import publishes_here, weights_to_publish
 from grpo.trainer.ranks import (
     KEEPALIVE,
@@ -62,11 +62,7 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if cfg.rollout.questions_per_step % self.world:
-            raise ValueError(
-                f"{cfg.rollout.questions_per_step} groups per batch cannot be split evenly over "
-                f"{self.world} ranks: make rollout.questions_per_step a multiple of {self.world}"
-            )
+        self.plan = plan_run(cfg, self.world)
         self.shard = Shard(self.rank, cfg.rollout.questions_per_step // self.world)
         torch.manual_seed(cfg.train.seed)
         self.model_path = resolve_model_path(cfg.model.path)
@@ -76,13 +72,13 @@ class Trainer:
         self.expected = Expected(
             groups=cfg.rollout.questions_per_step,
             group_size=cfg.rollout.group_size,
-            arrays=scored_by(cfg, "sampler"),
+            arrays=self.plan.scored_by_sampler,
             vocab_size=vocab_size,
         )
-        ds_config = deepspeed_config(cfg, self.world, cfg.mini_batch_seqs(self.world))
+        ds_config = deepspeed_config(cfg, self.world, self.plan.mini_batch_seqs)
         # train.logprobs_on: trainer: the old and reference log-probs the run needs
         # (grpo.config.passes) are computed here.
-        scored_here = scored_by(cfg, "trainer")
+        scored_here = self.plan.scored_by_trainer
         self.models = Models(
             policy=policy,
             reference=reference_model(cfg, self.model_path, ds_config, policy.device)
@@ -106,16 +102,7 @@ class Trainer:
     # ------------------------------------------------------------------ durable state
 
     def state_fingerprint(self) -> dict[str, Any]:
-        """What a saved state must share with this run to be resumed (ZeRO-2 shards the
-        optimizer per rank, so the world size is one of them)."""
-        cfg = self.cfg
-        return {
-            "world": self.world,
-            "questions_per_step": cfg.rollout.questions_per_step,
-            "group_size": cfg.rollout.group_size,
-            "lora": cfg.model.lora.enabled,
-            "critic": self.models.critic is not None,
-        }
+        return train_state.fingerprint(self.cfg, self.world, self.models.critic is not None)
 
     def resume(self) -> None:
         state_dir = self.run_dir / "train_state"
@@ -176,8 +163,8 @@ class Trainer:
         """Train on `batch` (every rank), publish and save as due; the step's metrics row.
         `seconds` holds the time spent receiving it and gets the rest of the step's parts."""
         cfg = self.cfg
-        result = train_step(self.models, batch, cfg, step, self.kl_reward_coef, self.shard,
-                            self.pad_id, seconds)  # fmt: skip
+        result = train_step(self.models, batch, cfg, self.plan.loss, step, self.kl_reward_coef,
+                            self.shard, self.pad_id, seconds)  # fmt: skip
         self.kl_reward_coef = result.kl_reward_coef
         for engine, n in result.skipped.items():
             if n:  # DeepSpeed found non-finite gradients (bf16 overflow) and did not step
@@ -217,23 +204,6 @@ class Trainer:
             rank_group_ids=groups,
         )  # fmt: skip
 
-    def open_run_dir(self) -> None:
-        """Rank 0: a new run moves the previous one aside; a resumed one drops what the crashed
-        run did after its last saved state (run() then republishes the resumed weights)."""
-        if self.start_step == 0:
-            rotate_run_dir(self.run_dir)
-            save_config(self.cfg, self.run_dir / "config.yaml")
-            return
-        dropped = train_state.truncate_metrics(self.run_dir / METRICS_FILE, self.start_step)
-        train_state.truncate_metrics(self.run_dir / EVAL_FILE, self.start_step, key="version")
-        discarded = discard_versions_after(self.run_dir, self.start_step)
-        log.info(
-            "resuming after step %d: dropped %d metric rows and versions %s of the crashed run",
-            self.start_step,
-            dropped,
-            discarded or "none",
-        )
-
     def evaluate(self, step: int) -> None:
         """Every rank: evaluate the weights after `step` (version `step`) when it is due."""
         if self.evaluator.due(step, last=step == self.cfg.train.total_steps):
@@ -251,7 +221,7 @@ class Trainer:
                 cfg.transport, self.ledger, self.expected, self.version,
                 max_held=cfg.rollout.spool_max_batches, run_dir=self.run_dir, exit_on_stall=True,
             )  # fmt: skip
-            self.open_run_dir()
+            open_run_dir(cfg, self.start_step)
             self.run_log = RunLog(cfg, self.start_step)
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr

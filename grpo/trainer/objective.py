@@ -5,40 +5,13 @@ Reads its rows of the step's Experience; everything it returns is on the model's
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
-
 import torch
 
-from grpo.algos import agg_loss, get_policy_loss, kl_penalty, masked_mean, policy_loss
+from grpo.algos import agg_loss, kl_penalty, masked_mean
 from grpo.config import Config
+from grpo.plan import LossPlan
 from grpo.scoring.forward import pairs_logprobs
 from grpo.trainer.experience import Experience
-
-
-def loss_default(loss_name: str, option: str) -> Any:
-    """A policy loss's own default for `option` (what `null` in the config means): its
-    signature is the one place it is written. None when it takes no such option."""
-    parameter = inspect.signature(get_policy_loss(loss_name)).parameters.get(option)
-    if parameter is None or parameter.default is inspect.Parameter.empty:
-        return None
-    return parameter.default
-
-
-def resolved_loss_options(cfg: Config) -> tuple[str, float, float]:
-    """(agg, clip_low, clip_high), the config's or else the loss's own."""
-    algo = cfg.algo
-    agg, clip_low, clip_high = (
-        loss_default(algo.loss, key) if value is None else value
-        for key, value in (("agg", algo.agg), ("clip_low", algo.clip_low),
-                           ("clip_high", algo.clip_high))
-    )  # fmt: skip
-    return agg, clip_low, clip_high
-
-
-# How the KL and entropy terms, and the micro-batches' shares, are averaged when neither the
-# config nor the loss names an aggregation.
-FALLBACK_AGG = "token-mean"
 
 
 def widen(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -47,13 +20,13 @@ def widen(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def micro_batch_loss(
-    model, part: Experience, cfg: Config, pad_id: int
+    model, part: Experience, cfg: Config, policy_loss: LossPlan, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of the micro-batch `part`, its (B, C) loss mask and its metrics (0-d tensors), on
-    the model's device; `part`'s tensors come from the CPU and are moved here, once."""
+    the model's device; `part`'s tensors come from the CPU and are moved here, once.
+    `policy_loss`: the run plan's (grpo.plan), its options settled before the run."""
     algo = cfg.algo
-    loss_agg, clip_low, clip_high = resolved_loss_options(cfg)
-    agg = loss_agg or FALLBACK_AGG
+    agg = policy_loss.agg
     logp, entropy, mask, _ = pairs_logprobs(
         model,
         part.prompts,
@@ -77,18 +50,7 @@ def micro_batch_loss(
         width = max(mask.shape[1], cfg.rollout.max_new_tokens)
         old, adv, mask, logp, entropy = (widen(t, width) for t in (old, adv, mask, logp, entropy))
         ref, is_w = (None if t is None else widen(t, width) for t in (ref, is_w))
-    pg_loss, pg_metrics = policy_loss(
-        algo.loss,
-        old,
-        logp,
-        adv,
-        mask,
-        agg=loss_agg,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        clip_c=algo.clip_c,
-        weights=is_w,  # rollout correction
-    )
+    pg_loss, pg_metrics = policy_loss(old, logp, adv, mask, weights=is_w)  # rollout correction
     loss = pg_loss
     kl = None if ref is None else kl_penalty(logp, ref, algo.kl_kind)
     if kl is not None and algo.kl_loss_coef:

@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo.config import Config
+from grpo.config import Config, save_config
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.versions import write_atomic
+from grpo.delivery.versions import discard_versions_after, write_atomic
 from grpo.observe.metrics import (
+    EVAL_FILE,
     METRICS_FILE,
     SAMPLERS_FILE,
     info_rates,
@@ -23,6 +24,7 @@ from grpo.observe.metrics import (
     read_jsonl,
 )
 from grpo.tasks.runner import TIMEOUT
+from grpo.trainer.state import truncate_metrics
 
 log = logging.getLogger("grpo.trainer")
 
@@ -35,6 +37,25 @@ def rotate_run_dir(run_dir: Path) -> None:
         os.replace(run_dir, prev)
         log.info("previous run moved to %s", prev)
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def open_run_dir(cfg: Config, start_step: int) -> None:
+    """Rank 0: a new run moves the previous one aside; a resumed one drops what the crashed
+    run did after its last saved state (the trainer then republishes the resumed weights)."""
+    run_dir = cfg.run_dir
+    if start_step == 0:
+        rotate_run_dir(run_dir)
+        save_config(cfg, run_dir / "config.yaml")
+        return
+    dropped = truncate_metrics(run_dir / METRICS_FILE, start_step)
+    truncate_metrics(run_dir / EVAL_FILE, start_step, key="version")
+    discarded = discard_versions_after(run_dir, start_step)
+    log.info(
+        "resuming after step %d: dropped %d metric rows and versions %s of the crashed run",
+        start_step,
+        dropped,
+        discarded or "none",
+    )
 
 
 def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:

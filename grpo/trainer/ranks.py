@@ -11,7 +11,8 @@ import torch.distributed as dist
 from grpo.config import Config
 from grpo.core.batching import length_order, micro_batch_ranges, split_to_count
 from grpo.core.episode import EpisodeBatch
-from grpo.wire.codec import bytes_to_frames, decode, encode_batch, frames_to_bytes
+from grpo.wire.blobs import bytes_to_frames, frames_to_bytes
+from grpo.wire.codec import decode, encode_batch
 
 # How gloo reports a peer rank that hung past the timeout or went away; nccl raises
 # torch.distributed.DistError subclasses.

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from grpo.config import Config
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.versions import require_same, write_atomic
 from grpo.observe.metrics import read_jsonl
@@ -36,6 +37,18 @@ class Resumed:
     version: int
     kl_reward_coef: float
     ledger: Ledger
+
+
+def fingerprint(cfg: Config, world: int, critic: bool) -> dict[str, Any]:
+    """What a saved state must share with this run to be resumed (ZeRO-2 shards the
+    optimizer per rank, so the world size is one of them)."""
+    return {
+        "world": world,
+        "questions_per_step": cfg.rollout.questions_per_step,
+        "group_size": cfg.rollout.group_size,
+        "lora": cfg.model.lora.enabled,
+        "critic": critic,
+    }
 
 
 def tag_of(step: int) -> str:

@@ -12,6 +12,7 @@ import torch
 from grpo.algos import adaptive_kl_coef
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
+from grpo.plan import LossPlan
 from grpo.runtime.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
 from grpo.trainer.critic import Critic
 from grpo.trainer.experience import build_experience
@@ -70,6 +71,7 @@ def train_step(
     models: Models,
     batch: EpisodeBatch,
     cfg: Config,
+    loss: LossPlan,
     step: int,
     kl_reward_coef: float,
     shard: Shard,
@@ -89,10 +91,11 @@ def train_step(
         mine = exp.rows(shard.rows(batch.group_size))
         skipped_before = models.skipped_steps()
         if models.critic is None:
-            local = train_on_batch(models.policy, mine, cfg, pad_id)
+            local = train_on_batch(models.policy, mine, cfg, loss, pad_id)
         else:
             train_policy = step > cfg.critic.warmup_steps  # the policy waits while it warms up
-            local = ppo_update(models.policy, models.critic, mine, cfg, pad_id, train_policy)
+            local = ppo_update(models.policy, models.critic, mine, cfg, loss, pad_id,
+                               train_policy)  # fmt: skip
         skipped = {k: n - skipped_before[k] for k, n in models.skipped_steps().items()}
         next_coef, algo = kl_reward_coef, cfg.algo
         if algo.kl_in_reward and algo.kl_ctrl == "adaptive":

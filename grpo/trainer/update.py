@@ -1,56 +1,62 @@
 """The update: `train.ppo_epochs` passes over this rank's rows of the experience, one optimizer
 step per mini-batch, micro-batched; with PPO, GAE from the critic's values first and the
 critic's own updates after.
+
+The policy and the critic share the passes (:func:`mini_batches`) and the optimizer step
+(:func:`optimizer_step`: the micro-batches' backwards, each weighted by its share, then the
+step); each brings its own micro-batch loss.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from grpo.algos import gae
 from grpo.config import Config
+from grpo.plan import LossPlan
 from grpo.runtime.progress import ACTIVITY
 from grpo.trainer.critic import Critic
 from grpo.trainer.experience import Experience
-from grpo.trainer.objective import FALLBACK_AGG, micro_batch_loss, resolved_loss_options
+from grpo.trainer.objective import micro_batch_loss
 from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ranks
 
+# A micro-batch's loss, its (B, C) mask of the tokens that loss counts, and its metrics (0-d
+# tensors), all on the model's device: grpo.trainer.objective.micro_batch_loss for the policy,
+# Critic.micro_batch_loss for the critic.
+MicroBatchLoss = Callable[[Experience], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 
-def train_on_batch(engine, mine: Experience, cfg: Config, pad_id: int) -> dict[str, float]:
-    """`train.ppo_epochs` passes over this rank's rows `mine`, one optimizer step per
-    mini-batch. The ratio's old log-probs are those recorded before the first update (by the
-    sampler or the trainer), in every pass. Metrics stay on the device until the end: one
-    transfer per batch, not one per micro-batch."""
+
+def mini_batches(mine: Experience, cfg: Config) -> Iterator[Experience]:
+    """This rank's rows `mine` as the update takes them, one optimizer step each:
+    `train.ppo_epochs` passes, each over consecutive mini-batches of `cfg.mini_batch_seqs` rows
+    in the experience's order (:func:`optimizer_step` splits each into micro-batches)."""
     size = cfg.mini_batch_seqs(dist.get_world_size())
-    sums: dict[str, torch.Tensor] = {}
-    total = 0.0
     for _ in range(cfg.train.ppo_epochs):
         for start in range(0, len(mine), size):
-            metrics, tokens = optimizer_step(engine, mine.rows(slice(start, start + size)), cfg,
-                                             pad_id)  # fmt: skip
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + tokens * value
-            total += tokens
-    out = {key: float(value) / max(total, 1.0) for key, value in sums.items()}
-    grad_norm = engine.get_global_grad_norm()  # of the last step; None or inf when skipped
-    if grad_norm is not None and math.isfinite(float(grad_norm)):
-        out["grad_norm"] = float(grad_norm)
-    return out
+            yield mine.rows(slice(start, start + size))
 
 
 def optimizer_step(
-    engine, mini: Experience, cfg: Config, pad_id: int
-) -> tuple[dict[str, torch.Tensor], float]:
-    """Forward/backward every micro-batch of one mini-batch, then one optimizer step.
+    engine,
+    mini: Experience,
+    cfg: Config,
+    loss_of: MicroBatchLoss,
+    counted: torch.Tensor,
+    token_mean: bool,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Forward/backward every micro-batch of the mini-batch `mini` with `loss_of`, then one
+    optimizer step of `engine`. `counted` is the mini-batch's (N, C) mask of the tokens the
+    loss counts.
 
-    Returns token-weighted mean metrics (0-d tensors on the device) and this rank's token
-    count."""
-    agg = resolved_loss_options(cfg)[0] or FALLBACK_AGG
-    n_tokens = mini.loss_tokens()
+    Returns token-weighted mean metrics (0-d tensors on the device) and this rank's count of
+    the tokens the loss counts."""
+    n_tokens = max(1, int(counted.sum()))
     # token-mean is over the tokens of all ranks: each rank's gradient gets its token share
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
     world = dist.get_world_size()
@@ -58,27 +64,55 @@ def optimizer_step(
     parts = micro_batches(mini.sizes, cfg, engine.train_micro_batch_size_per_gpu())
     sums: dict[str, torch.Tensor] = {}
     for i, index in enumerate(parts):
-        loss, mask, metrics = micro_batch_loss(engine, mini.rows(index), cfg, pad_id)
-        # The one sync per micro-batch, and a needed one: a non-finite loss stops the run
-        # before the optimizer applies it.
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"non-finite loss ({float(loss)}): lower train.lr or check the rewards; "
-                "this optimizer step was not applied and nothing more was published"
-            )
+        loss, mask, metrics = loss_of(mini.rows(index))
         # Weight each micro-batch by its share of the mini-batch's tokens (or of the rank's
         # sequences): the sum is the aggregate over the mini-batch, not a mean of micro-batch
         # means.
         tokens = mask.sum()
-        if agg == "token-mean":
-            share = tokens / max(all_tokens, 1.0) * world
-        else:
-            share = len(index) / len(mini)
+        share = tokens / max(all_tokens, 1.0) * world if token_mean else len(index) / len(mini)
         accumulate_backward(engine, loss * share, last=i == len(parts) - 1)
         ACTIVITY.tick()  # progress for the stall check (grpo.runtime.progress)
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + tokens / n_tokens * value
-    return sums, float(n_tokens)
+    return sums, n_tokens
+
+
+def train_on_batch(
+    engine, mine: Experience, cfg: Config, loss: LossPlan, pad_id: int
+) -> dict[str, float]:
+    """`train.ppo_epochs` passes over this rank's rows `mine`, one optimizer step per
+    mini-batch. The ratio's old log-probs are those recorded before the first update (by the
+    sampler or the trainer), in every pass. Metrics stay on the device until the end: one
+    transfer per batch, not one per micro-batch."""
+    token_mean = loss.agg == "token-mean"
+    policy_loss = partial(finite_policy_loss, engine, cfg=cfg, policy_loss=loss, pad_id=pad_id)
+    sums: dict[str, torch.Tensor] = {}
+    total = 0.0
+    for mini in mini_batches(mine, cfg):
+        metrics, tokens = optimizer_step(engine, mini, cfg, policy_loss, mini.loss_mask, token_mean)
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + tokens * value
+        total += tokens
+    out = {key: float(value) / max(total, 1.0) for key, value in sums.items()}
+    grad_norm = engine.get_global_grad_norm()  # of the last step; None or inf when skipped
+    if grad_norm is not None and math.isfinite(float(grad_norm)):
+        out["grad_norm"] = float(grad_norm)
+    return out
+
+
+def finite_policy_loss(
+    engine, part: Experience, cfg: Config, policy_loss: LossPlan, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy's micro_batch_loss, refusing a non-finite loss."""
+    loss, mask, metrics = micro_batch_loss(engine, part, cfg, policy_loss, pad_id)
+    # The one sync per micro-batch, and a needed one: a non-finite loss stops the run before
+    # the optimizer applies it.
+    if not torch.isfinite(loss):
+        raise FloatingPointError(
+            f"non-finite loss ({float(loss)}): lower train.lr or check the rewards; "
+            "this optimizer step was not applied and nothing more was published"
+        )
+    return loss, mask, metrics
 
 
 def gae_across_ranks(
@@ -100,7 +134,13 @@ def gae_across_ranks(
 
 
 def ppo_update(
-    engine, critic: Critic, mine: Experience, cfg: Config, pad_id: int, train_policy: bool
+    engine,
+    critic: Critic,
+    mine: Experience,
+    cfg: Config,
+    loss: LossPlan,
+    pad_id: int,
+    train_policy: bool,
 ) -> dict[str, float]:
     """PPO with a critic: values before the update, GAE, then the policy's update (unless the
     critic is still warming up) and the critic's, as many passes and mini-batches as the
@@ -110,12 +150,16 @@ def ppo_update(
                                     cfg.algo.lam)  # fmt: skip
     mine = replace(mine, advantages=adv.masked_fill(mine.no_loss_rows, 0.0), returns=returns,
                    old_values=old_values)  # fmt: skip
-    metrics = train_on_batch(engine, mine, cfg, pad_id) if train_policy else {}
-    size, passes, sums = cfg.mini_batch_seqs(dist.get_world_size()), 0, {}
-    for _ in range(cfg.train.ppo_epochs):
-        for start in range(0, len(mine), size):
-            for key, value in critic.update(mine.rows(slice(start, start + size)),
-                                            pad_id).items():  # fmt: skip
-                sums[key] = sums.get(key, 0.0) + value
-            passes += 1
-    return metrics | {key: value / passes for key, value in sums.items()}
+    metrics = train_on_batch(engine, mine, cfg, loss, pad_id) if train_policy else {}
+    value_loss = partial(critic.micro_batch_loss, pad_id=pad_id)
+    sums: dict[str, float] = {}
+    steps = 0
+    for mini in mini_batches(mine, cfg):
+        # the value loss is a token mean over all ranks' tokens, as the policy's by default
+        step_metrics, _ = optimizer_step(
+            critic.engine, mini, cfg, value_loss, mini.mask, token_mean=True
+        )
+        for key, value in step_metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)  # one transfer per step and metric
+        steps += 1
+    return metrics | {key: value / steps for key, value in sums.items()}

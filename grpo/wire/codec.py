@@ -20,7 +20,7 @@ log and drop a bad frame without crashing, so no other exception type may escape
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,17 +28,17 @@ import msgpack
 import numpy as np
 
 from grpo.core.checksum import checksum
-from grpo.core.episode import (
+from grpo.core.columns import (
     ARRAY_SPECS,
     LEN_DTYPE,
     OPTIONAL_ARRAYS,
     REWARD_DTYPE,
     WIRE_DTYPES,
     Columns,
-    EpisodeBatch,
     is_int,
     is_real,
 )
+from grpo.core.episode import EpisodeBatch
 
 __all__ = [
     "MAGIC",
@@ -48,11 +48,9 @@ __all__ = [
     "FrameError",
     "Message",
     "UncheckedFrameError",
-    "bytes_to_frames",
     "decode",
     "encode_batch",
     "encode_message",
-    "frames_to_bytes",
     "seal",
 ]
 
@@ -91,11 +89,7 @@ _EPISODE_HEADER_KEYS = frozenset(
 )
 _MESSAGE_HEADER_KEYS = frozenset({"magic", "schema", "kind", "msg_kind", "body"})
 _ARRAY_DESC_KEYS = frozenset({"name", "dtype", "count"})
-# frames_to_bytes layout: magic, u64 frame count, u64 lengths, 8-byte aligned payloads.
-_BLOB_MAGIC = b"GRPOFRM1"
-_U64 = struct.Struct("<Q")
 _SUM = struct.Struct("<Q")
-_ALIGN = 8
 
 
 class FrameError(ValueError):
@@ -184,7 +178,7 @@ def encode_message(msg: Message) -> list[bytes]:
 # --------------------------------------------------------------------------- decode
 
 
-def _as_bytes(frame: Any) -> memoryview:
+def as_bytes(frame: Any) -> memoryview:
     """A flat byte view of a bytes/memoryview/zmq.Frame without copying."""
     try:
         # zmq.Frame exposes its data via .buffer; plain buffers are used directly.
@@ -199,13 +193,13 @@ def _as_bytes(frame: Any) -> memoryview:
         raise FrameError(f"frame is not a byte buffer: {type(frame).__name__}") from e
 
 
-def _require(cond: bool, what: str) -> None:
+def require(cond: bool, what: str) -> None:
     if not cond:
         raise FrameError(what)
 
 
 def _unpack_header(raw: memoryview, limit: int) -> dict[str, Any]:
-    _require(0 < raw.nbytes <= limit, f"header size {raw.nbytes} not in 1..{limit}")
+    require(0 < raw.nbytes <= limit, f"header size {raw.nbytes} not in 1..{limit}")
     try:
         # unpackb takes the whole buffer (Unpacker's max_buffer_size does not apply);
         # bounding every container by the header size stops a tiny header from
@@ -224,9 +218,9 @@ def _unpack_header(raw: memoryview, limit: int) -> dict[str, Any]:
         )
     except Exception as e:  # msgpack raises many types (ExtraData, StackError, ValueError...)
         raise FrameError(f"header is not valid msgpack: {type(e).__name__}: {e}") from e
-    _require(isinstance(header, dict), "header is not a msgpack map")
-    _require(header.get("magic") == MAGIC, "bad magic")
-    _require(
+    require(isinstance(header, dict), "header is not a msgpack map")
+    require(header.get("magic") == MAGIC, "bad magic")
+    require(
         header.get("schema") == SCHEMA_VERSION and is_int(header.get("schema")),
         f"unsupported schema {header.get('schema')!r}",
     )
@@ -243,10 +237,10 @@ def _check_keys(d: dict[str, Any], expected: frozenset[str], what: str) -> None:
 
 def _int_array(header: dict[str, Any], key: str, n: int) -> np.ndarray:
     v = header[key]
-    _require(isinstance(v, list) and len(v) == n, f"{key} must be a list of {n} ints")
+    require(isinstance(v, list) and len(v) == n, f"{key} must be a list of {n} ints")
     # msgpack yields exact ints; this refuses floats, bools and strings in one pass (the
     # types are gathered in C: per-element Python was a fifth of decoding 64 episodes).
-    _require(set(map(type, v)) <= {int}, f"{key} holds a non-int")
+    require(set(map(type, v)) <= {int}, f"{key} holds a non-int")
     try:
         return np.array(v, dtype=LEN_DTYPE)
     except OverflowError as e:
@@ -255,11 +249,11 @@ def _int_array(header: dict[str, Any], key: str, n: int) -> np.ndarray:
 
 def _decode_message(header: dict[str, Any], frames: list[memoryview]) -> Message:
     _check_keys(header, _MESSAGE_HEADER_KEYS, "message header")
-    _require(len(frames) == 1, f"message has {len(frames)} frames, expected 1")
+    require(len(frames) == 1, f"message has {len(frames)} frames, expected 1")
     kind, body = header["msg_kind"], header["body"]
-    _require(isinstance(kind, str) and bool(kind), "msg_kind must be a non-empty str")
-    _require(isinstance(body, dict), "message body must be a map")
-    _require(all(isinstance(k, str) for k in body), "message body keys must be str")
+    require(isinstance(kind, str) and bool(kind), "msg_kind must be a non-empty str")
+    require(isinstance(body, dict), "message body must be a map")
+    require(all(isinstance(k, str) for k in body), "message body keys must be str")
     return Message(kind=kind, body=body)
 
 
@@ -272,32 +266,32 @@ def _decode_arrays(
     OPTIONAL_ARRAYS, in spec order.
     """
     descs = header["arrays"]
-    _require(isinstance(descs, list), "arrays must be a list of descriptors")
-    _require(all(isinstance(d, dict) for d in descs), "array descriptor is not a map")
+    require(isinstance(descs, list), "arrays must be a list of descriptors")
+    require(all(isinstance(d, dict) for d in descs), "array descriptor is not a map")
     # A name that is not a str (a list is not even hashable) names no array: the count or the
     # name check below refuses its descriptor.
     present = {d.get("name") for d in descs if isinstance(d.get("name"), str)}
     specs = [s for s in ARRAY_SPECS if s[0] not in OPTIONAL_ARRAYS or s[0] in present]
-    _require(len(descs) == len(specs), f"arrays must list {len(specs)} known descriptors")
-    _require(len(frames) == 1 + len(specs), f"got {len(frames)} frames, expected {1 + len(specs)}")
+    require(len(descs) == len(specs), f"arrays must list {len(specs)} known descriptors")
+    require(len(frames) == 1 + len(specs), f"got {len(frames)} frames, expected {1 + len(specs)}")
     out: dict[str, np.ndarray] = {}
     for desc, buf, (name, dtype_name, len_key) in zip(descs, frames[1:], specs, strict=True):
-        _require(isinstance(desc, dict), "array descriptor is not a map")
+        require(isinstance(desc, dict), "array descriptor is not a map")
         _check_keys(desc, _ARRAY_DESC_KEYS, "array descriptor")
-        _require(desc["name"] == name, f"array {desc['name']!r} where {name!r} was expected")
-        _require(
+        require(desc["name"] == name, f"array {desc['name']!r} where {name!r} was expected")
+        require(
             isinstance(desc["dtype"], str) and desc["dtype"] in WIRE_DTYPES,
             f"array {name}: dtype {desc['dtype']!r} not allowed",
         )
-        _require(desc["dtype"] == dtype_name, f"array {name}: dtype must be {dtype_name}")
+        require(desc["dtype"] == dtype_name, f"array {name}: dtype must be {dtype_name}")
         count = desc["count"]
-        _require(is_int(count) and count >= 0, f"array {name}: bad count {count!r}")
+        require(is_int(count) and count >= 0, f"array {name}: bad count {count!r}")
         dtype = WIRE_DTYPES[dtype_name]
-        _require(
+        require(
             buf.nbytes == count * dtype.itemsize,
             f"array {name}: {buf.nbytes} bytes for {count} x {dtype_name}",
         )
-        _require(
+        require(
             int(lens[len_key].sum()) == count, f"array {name}: {len_key} does not sum to {count}"
         )
         out[name] = np.frombuffer(buf, dtype=dtype, count=count)
@@ -307,20 +301,20 @@ def _decode_arrays(
 def _decode_batch(header: dict[str, Any], frames: list[memoryview]) -> EpisodeBatch:
     _check_keys(header, _EPISODE_HEADER_KEYS, "episodes header")
     for key in ("group_size", "policy_version", "seq"):
-        _require(is_int(header[key]), f"{key} must be an int")
-    _require(isinstance(header["sampler_id"], str), "sampler_id must be a str")
+        require(is_int(header[key]), f"{key} must be an int")
+    require(isinstance(header["sampler_id"], str), "sampler_id must be a str")
     stats = header["stats"]
-    _require(isinstance(stats, dict), "stats must be a map")
+    require(isinstance(stats, dict), "stats must be a map")
     for k, v in stats.items():
-        _require(isinstance(k, str) and is_real(v), "stats must map str to float")
+        require(isinstance(k, str) and is_real(v), "stats must map str to float")
 
     rewards = header["reward"]
-    _require(isinstance(rewards, list) and len(rewards) > 0, "reward must be a non-empty list")
+    require(isinstance(rewards, list) and len(rewards) > 0, "reward must be a non-empty list")
     n = len(rewards)
-    _require(set(map(type, rewards)) <= {int, float}, "reward holds a non-finite number")
+    require(set(map(type, rewards)) <= {int, float}, "reward holds a non-finite number")
     infos, reasons = header["reward_info"], header["finish_reason"]
-    _require(isinstance(infos, list) and len(infos) == n, f"reward_info must list {n} maps")
-    _require(
+    require(isinstance(infos, list) and len(infos) == n, f"reward_info must list {n} maps")
+    require(
         isinstance(reasons, list) and set(map(type, reasons)) <= {str},
         f"finish_reason must list {n} strs",
     )
@@ -328,7 +322,7 @@ def _decode_batch(header: dict[str, Any], frames: list[memoryview]) -> EpisodeBa
     group_id = _int_array(header, "group_id", n)
     for key, arr in lens.items():
         # Bounding each length keeps their int64 sum exact (n is far below 2**31).
-        _require(bool(((arr >= 0) & (arr < 1 << 31)).all()), f"{key} holds a value < 0 or >= 2**31")
+        require(bool(((arr >= 0) & (arr < 1 << 31)).all()), f"{key} holds a value < 0 or >= 2**31")
     arrays = _decode_arrays(header, frames, lens)
     try:
         columns = Columns(
@@ -369,16 +363,16 @@ def decode(frames: Sequence[Any], max_frame_bytes: int = MAX_FRAME_BYTES) -> Epi
 
 
 def _decode(frames: Sequence[Any], max_frame_bytes: int) -> EpisodeBatch | Message:
-    _require(isinstance(frames, Sequence) and not isinstance(frames, (bytes, str)), "bad frames")
-    _require(1 <= len(frames) <= _MAX_FRAMES, f"got {len(frames)} frames")
-    views = [_as_bytes(f) for f in frames]
+    require(isinstance(frames, Sequence) and not isinstance(frames, (bytes, str)), "bad frames")
+    require(1 <= len(frames) <= _MAX_FRAMES, f"got {len(frames)} frames")
+    views = [as_bytes(f) for f in frames]
     total = sum(v.nbytes for v in views)
-    _require(total <= max_frame_bytes, f"message is {total} bytes > limit {max_frame_bytes}")
-    _require(views[0].nbytes > _SUM.size, "frame 0 is too short for a checksum")
+    require(total <= max_frame_bytes, f"message is {total} bytes > limit {max_frame_bytes}")
+    require(views[0].nbytes > _SUM.size, "frame 0 is too short for a checksum")
     (expected,) = _SUM.unpack(views[0][: _SUM.size])
     views[0] = views[0][_SUM.size :]
     got = checksum(views)
-    _require(got == expected, f"checksum mismatch ({got:016x}, frame says {expected:016x})")
+    require(got == expected, f"checksum mismatch ({got:016x}, frame says {expected:016x})")
     header = _unpack_header(views[0], min(MAX_HEADER_BYTES, max_frame_bytes))
     kind = header.get("kind")
     if kind == KIND_EPISODES:
@@ -386,49 +380,3 @@ def _decode(frames: Sequence[Any], max_frame_bytes: int) -> EpisodeBatch | Messa
     if kind == KIND_MESSAGE:
         return _decode_message(header, views)
     raise FrameError(f"unknown kind {kind!r}")
-
-
-# --------------------------------------------------------------------------- blobs
-
-
-def _pad(n: int) -> int:
-    return -n % _ALIGN
-
-
-def frames_to_bytes(frames: Iterable[Any]) -> bytes:
-    """Frames as one length-prefixed blob, e.g. to broadcast as a single uint8 tensor.
-
-    Layout: magic, u64 count, u64 length per frame, then the payloads, each padded
-    to 8 bytes so that the int32/float32 views made by decode stay aligned.
-    """
-    views = [_as_bytes(f) for f in frames]
-    parts: list[bytes | memoryview] = [_BLOB_MAGIC, _U64.pack(len(views))]
-    parts += [_U64.pack(v.nbytes) for v in views]
-    for v in views:
-        parts += [v, b"\0" * _pad(v.nbytes)]
-    return b"".join(parts)
-
-
-def bytes_to_frames(blob: Any) -> list[memoryview]:
-    """Inverse of :func:`frames_to_bytes`; the frames are views into ``blob``.
-
-    Accepts any byte buffer (bytes, bytearray, a uint8 numpy array). Raises FrameError.
-    """
-    mv = _as_bytes(blob)
-    head = len(_BLOB_MAGIC) + _U64.size
-    _require(mv.nbytes >= head, f"blob of {mv.nbytes} bytes is too short")
-    _require(bytes(mv[: len(_BLOB_MAGIC)]) == _BLOB_MAGIC, "bad blob magic")
-    (n,) = _U64.unpack_from(mv, len(_BLOB_MAGIC))
-    # Bound n by what the blob can hold before reading the length table.
-    _require(n <= (mv.nbytes - head) // _U64.size, f"blob claims {n} frames")
-    lengths = [_U64.unpack_from(mv, head + i * _U64.size)[0] for i in range(n)]
-    pos = head + n * _U64.size
-    _require(
-        pos + sum(ln + _pad(ln) for ln in lengths) == mv.nbytes,
-        "blob length does not match its frame table",
-    )
-    out = []
-    for ln in lengths:
-        out.append(mv[pos : pos + ln])
-        pos += ln + _pad(ln)
-    return out

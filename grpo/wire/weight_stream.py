@@ -17,12 +17,13 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from grpo.delivery.versions import VERSION_MARKER, prune_versions, verify_version, version_dir
+from grpo.core.versions import VERSION_MARKER, prune_versions, verify_version, version_dir
 from grpo.wire import messages
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 
@@ -150,7 +151,13 @@ class WeightFetcher:
     """The sampler's end: one DEALER socket, re-made after a failed fetch so a late answer to
     an abandoned request is never taken for the next one's."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, timeout_s: float, secure=None):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        addr: str,
+        timeout_s: float,
+        secure: Callable[[zmq.Socket], None] | None = None,
+    ):
         self.ctx, self.addr, self.timeout_s, self.secure = ctx, addr, timeout_s, secure
         self.socket = self._connect()
 

@@ -17,7 +17,7 @@ MUTATIONS = (
         name="vllm_ignores_stop_strings",
         item="3: the stop strings fire in vLLM",
         path="grpo/rollout/vllm.py",
-        old="            stop=list(stop) or None,\n",
+        old="            stop=list(sampling.stop) or None,\n",
         new="            stop=None,\n",
         tests=(STOP_TEST,),
     ),
@@ -32,7 +32,7 @@ MUTATIONS = (
     Mutation(
         name="built_in_loss_for_a_plugin_one",
         item="6: the toy loss leaves its own metric",
-        path="grpo/algos/losses.py",
+        path="grpo/algos/losses/common.py",
         old="return get_policy_loss(name)(old_logp, logp, advantages, mask, **given)",
         new='return get_policy_loss("grpo")(old_logp, logp, advantages, mask, **given)',
         tests=(PLUGIN_RUN,),
@@ -41,8 +41,8 @@ MUTATIONS = (
         name="built_in_task_for_a_plugin_one",
         item="6: the toy task's prompts show in the run",
         path="grpo/tasks/base.py",
-        old='task = resolve(_REGISTRY, "task", name)',
-        new='task = resolve(_REGISTRY, "task", "gsm8k" if ":" in name else name)',
+        old="get_task = TASKS.get",
+        new='get_task = lambda name: TASKS.get("gsm8k" if ":" in name else name)  # noqa: E731',
         tests=(PLUGIN_RUN,),
     ),
     Mutation(

@@ -16,7 +16,7 @@ MUTATIONS = (
         name="wire_frame_0_length_unchecked",
         item="1: random frames reach the framing checks",
         path=CODEC,
-        old='    _require(views[0].nbytes > _SUM.size, "frame 0 is too short for a checksum")\n',
+        old='    require(views[0].nbytes > _SUM.size, "frame 0 is too short for a checksum")\n',
         new="",
         tests=(f"{EPISODE_TESTS}::test_fuzz_random_frames",),
     ),
@@ -24,7 +24,7 @@ MUTATIONS = (
         name="wire_magic_unchecked",
         item="1: bit-flipped headers are re-sealed and reach the checks",
         path=CODEC,
-        old='    _require(header.get("magic") == MAGIC, "bad magic")\n',
+        old='    require(header.get("magic") == MAGIC, "bad magic")\n',
         new="",
         tests=(f"{EPISODE_TESTS}::test_fuzz_bit_flipped_headers",),
     ),
@@ -32,7 +32,7 @@ MUTATIONS = (
         name="wire_int_lists_take_any_type",
         item="1: mutated fields are re-sealed and reach the checks",
         path=CODEC,
-        old='    _require(set(map(type, v)) <= {int}, f"{key} holds a non-int")\n',
+        old='    require(set(map(type, v)) <= {int}, f"{key} holds a non-int")\n',
         new="",
         tests=(f"{EPISODE_TESTS}::test_fuzz_mutated_fields_and_truncated_buffers",),
     ),
@@ -40,7 +40,7 @@ MUTATIONS = (
         name="wire_array_size_unchecked",
         item="1: truncated buffers are re-sealed and reach the size check",
         path=CODEC,
-        old="""        _require(
+        old="""        require(
             buf.nbytes == count * dtype.itemsize,
             f"array {name}: {buf.nbytes} bytes for {count} x {dtype_name}",
         )
@@ -52,7 +52,7 @@ MUTATIONS = (
         name="wire_batch_frame_count_unchecked",
         item="10: extra and missing batch frames meet the frame-count check",
         path=CODEC,
-        old='    _require(len(frames) == 1 + len(specs), f"got {len(frames)} frames, expected '
+        old='    require(len(frames) == 1 + len(specs), f"got {len(frames)} frames, expected '
         '{1 + len(specs)}")\n',
         new="",
         tests=(f"{EPISODE_TESTS}::test_rejects_extra_and_missing_frames",),
@@ -61,7 +61,7 @@ MUTATIONS = (
         name="wire_message_frame_count_unchecked",
         item="10: an extra message frame meets the frame-count check",
         path=CODEC,
-        old='    _require(len(frames) == 1, f"message has {len(frames)} frames, expected 1")\n',
+        old='    require(len(frames) == 1, f"message has {len(frames)} frames, expected 1")\n',
         new="",
         tests=(f"{EPISODE_TESTS}::test_rejects_extra_and_missing_frames",),
     ),

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from grpo.rollout import hf
-from grpo.rollout.base import EngineContext, Generation
+from grpo.rollout.base import EngineContext, Generation, Sampling
 
 HANG_AT = "GRPO_TEST_HANG_AT"
 
@@ -28,11 +28,11 @@ class HangingEngine:
         self.calls = 0
         self.hang_at = int(os.environ.get(HANG_AT, "-1"))
 
-    def generate(self, prompts: Any, **kwargs: Any) -> list[Generation]:
+    def generate(self, prompts: Any, sampling: Sampling) -> list[Generation]:
         call, self.calls = self.calls, self.calls + 1
         if call == self.hang_at:
             threading.Event().wait()  # forever, deaf to stop_event
-        return self.inner.generate(prompts, **kwargs)
+        return self.inner.generate(prompts, sampling)
 
     def load_version(self, vdir: Any, version: int) -> None:
         self.inner.load_version(vdir, version)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo.rollout.base import EngineContext, Generation
+from grpo.rollout.base import EngineContext, Generation, Sampling
 from grpo.tools import RESULT_CLOSE, RESULT_OPEN
 
 CALLS = ("<calc>12*7</calc>", "<calc>12/0</calc>", None)  # 84, an error, no call
@@ -52,32 +52,20 @@ class ToolEngine:
             return [*self.ids(FINAL.format(84)), self.tokenizer.eos_token_id], "stop"
         return self.ids(call), "stop"
 
-    def generate(
-        self,
-        prompts: Sequence[np.ndarray],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        greedy: bool = False,
-        seed: int = 0,
-        batch_size: int = 16,
-    ) -> list[Generation]:
+    def generate(self, prompts: Sequence[np.ndarray], sampling: Sampling) -> list[Generation]:
+        stop, cap = sampling.stop, sampling.max_new_tokens
         # A turn ends at the closing tag only because the loop asks for it as a stop string.
         assert "</calc>" in stop, f"the calculator's closing tag is not a stop string: {stop}"
-        self.calls.append({"prompts": [np.asarray(p) for p in prompts], "n": n,
-                           "max_new_tokens": max_new_tokens})  # fmt: skip
+        self.calls.append({"prompts": [np.asarray(p) for p in prompts], "n": sampling.n,
+                           "max_new_tokens": cap})  # fmt: skip
         out = []
         for prompt in prompts:
             if self.stop_event.is_set():
                 break
-            for j in range(n):
+            for j in range(sampling.n):
                 ids, reason = self.answer(prompt, j)
-                if len(ids) > max_new_tokens:
-                    ids, reason = ids[:max_new_tokens], "length"
+                if len(ids) > cap:
+                    ids, reason = ids[:cap], "length"
                 completion = np.asarray(ids, np.int32)
                 logp = np.full(len(completion), LOGP, np.float32)
                 out.append(Generation(np.asarray(prompt, np.int32), completion, reason, logp))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo.rollout.base import EngineContext, Generation
+from grpo.rollout.base import EngineContext, Generation, Sampling
 
 RANGE = 64  # how many token ids the answers are drawn from
 
@@ -37,34 +37,23 @@ class ToyEngine:
         self.version = 0  # the last version load_version was given
         self.loaded: list[int] = []
 
-    def generate(
-        self,
-        prompts: Sequence[np.ndarray],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        greedy: bool = False,
-        seed: int = 0,
-        batch_size: int = 16,
-    ) -> list[Generation]:
-        rng = np.random.default_rng(seed)
+    def generate(self, prompts: Sequence[np.ndarray], sampling: Sampling) -> list[Generation]:
+        """Reads only n, max_new_tokens and seed: a scripted engine has no distribution for the
+        rest to shape."""
+        rng, cap = np.random.default_rng(sampling.seed), sampling.max_new_tokens
         out: list[Generation] = []
         for prompt in prompts:
             if self.stop_event.is_set():  # stop early with what there is
                 break
             prompt_ids = np.asarray(prompt, dtype=np.int32)
-            for _ in range(n):
+            for _ in range(sampling.n):
                 if rng.random() < 0.5:  # ends with EOS somewhere within the cap
-                    length = int(rng.integers(1, max_new_tokens + 1))
+                    length = int(rng.integers(1, cap + 1))
                     drawn = rng.choice(self.token_ids, size=length - 1)
                     ids = np.append(drawn, self.eos_id).astype(np.int32)
                     reason = "stop"
                 else:  # cut at the cap
-                    ids = rng.choice(self.token_ids, size=max_new_tokens).astype(np.int32)
+                    ids = rng.choice(self.token_ids, size=cap).astype(np.int32)
                     reason = "length"
                 logp = np.full(len(ids), self.token_logp, dtype=np.float32)
                 out.append(Generation(prompt_ids, ids, reason, logp))

@@ -1,6 +1,6 @@
 """docs/configuration.md, generated from the config dataclasses and the registries.
 
-`python -m grpo.config.reference > docs/configuration.md` writes the page; tests/test_docs.py
+`python -m scripts.config_reference > docs/configuration.md` writes the page; tests/test_docs.py
 fails when the page and the code disagree. Everything on the page comes from the code: each
 key's type annotation, default and `help`, and the keyword defaults of each policy loss's
 signature (the one place those defaults are written).
@@ -17,17 +17,17 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from grpo.config.sections import Config
+from grpo.plan import LOSS_OPTIONS
 
-REGENERATE = ".venv/bin/python -m grpo.config.reference > docs/configuration.md"
+REGENERATE = ".venv/bin/python -m scripts.config_reference > docs/configuration.md"
 
 # The keyword options the trainer passes to a policy loss (None = the loss's own default).
-LOSS_OPTIONS = ("agg", "clip_low", "clip_high", "clip_c")
 
 _HEADER = f"""\
 # Configuration reference
 
 Generated from the config dataclasses (`grpo/config/sections.py`) and the registries by
-`grpo/config/reference.py`; do not edit it by hand. Regenerate it after changing a key, a
+`scripts/config_reference.py`; do not edit it by hand. Regenerate it after changing a key, a
 default, a help text or a registered name:
 
 ```bash
@@ -42,7 +42,7 @@ A run's config is built in three layers: the defaults below, then the YAML file,
 `sampling_worker.py` and `training_worker.py`. An unknown key is an error naming the closest
 valid one; a value of the wrong type, or outside what the key allows, is an error naming the key.
 Names of a loss, an advantage estimator, a task or a rollout engine are checked against the
-registries before a run starts (by `launch.sh`, by `python -m grpo.config CONFIG --check`, and
+registries before a run starts (by `launch.sh`, by `python -m grpo check CONFIG`, and
 again at worker start-up). `python training_worker.py --help-keys` prints the same keys as
 YAML with their defaults.
 
@@ -176,8 +176,8 @@ def _loss_rows() -> list[tuple[str, ...]]:
     from grpo.algos.registry import POLICY_LOSSES
 
     rows = []
-    for name in sorted(POLICY_LOSSES):
-        fn = POLICY_LOSSES[name]
+    for name in POLICY_LOSSES:
+        fn = POLICY_LOSSES.entry(name)
         if not _builtin(fn):
             continue
         params = inspect.signature(fn).parameters
@@ -204,8 +204,8 @@ def _advantage_rows() -> list[tuple[str, ...]]:
         (ADVANTAGE_ESTIMATORS, "outcome: rewards (N,) -> (N,)"),
         (TOKEN_ADVANTAGE_ESTIMATORS, "token: rewards (B, T) -> (B, T)"),
     ):
-        for name in sorted(table):
-            fn = table[name]
+        for name in table:
+            fn = table.entry(name)
             if _builtin(fn):
                 rows.append((_code(name), kind, _code(_qualname(fn)), _summary(fn)))
     rows.append(
@@ -234,8 +234,8 @@ def _engine_rows() -> list[tuple[str, ...]]:
     from grpo.rollout.registry import ENGINES
 
     rows = []
-    for name in sorted(ENGINES):
-        factory = ENGINES[name]
+    for name in ENGINES:
+        factory = ENGINES.entry(name)
         if _builtin(factory):
             where = factory if isinstance(factory, str) else _qualname(factory)
             rows.append((_code(name), _code(where)))

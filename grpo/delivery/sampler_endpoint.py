@@ -1,0 +1,218 @@
+"""The sampler's side of delivery: exactly-once batches, and what the trainer last said.
+
+Below it, the channel (grpo.wire.sampler_channel) moves frames, beats, and hands up each
+control message from the trainer, or why it lost the trainer; above it, the sampler's loop
+sends batches, waits (for the trainer, a version, room in the spool, the run's end) and reads
+the trainer's status. The endpoint owns the protocol in between: what the trainer's messages
+mean (its version, its acknowledgements and the batches it received, its restarts, done, stop,
+a rejection), the spool (each new batch is spooled before it is sent and dropped once
+acknowledged), and the resends (the whole spool after a trainer restart, a batch the trainer
+passed over).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo.config import TransportConfig
+from grpo.core.episode import EpisodeBatch
+from grpo.core.seqset import SeqSet
+from grpo.delivery.ledger import overtaken
+from grpo.delivery.spool import Spool
+from grpo.runtime.progress import ACTIVITY, WAITING
+from grpo.wire import messages
+from grpo.wire.codec import Message
+from grpo.wire.sampler_channel import SamplerChannel
+from grpo.wire.weight_stream import WeightFetcher
+
+log = logging.getLogger("grpo.sampler")
+
+
+@dataclass
+class TrainerStatus:
+    """What the trainer last said: written by the channel's thread, read by the sampler's."""
+
+    seen: bool = False  # any message from the trainer yet
+    done: bool = False
+    stop_reason: str | None = None
+    version: int = 0
+    incarnation: str | None = None  # changes when the trainer restarts
+    restarts: int = 0  # trainer restarts seen
+    acked: SeqSet = field(default_factory=SeqSet)  # this sampler's batches the trainer saved
+    consumed: SeqSet = field(default_factory=SeqSet)  # ... it received (trained or held)
+    trained: dict[str, int] = field(default_factory=dict)  # batches trained, per sampler
+    alive: int = 0  # samplers the trainer counts as alive (this one included, once heard)
+
+
+class SamplerEndpoint:
+    """One sampler's delivery: its batches in the spool until acknowledged, and the trainer's
+    status."""
+
+    def __init__(
+        self,
+        transport: TransportConfig,
+        sampler_id: str,
+        spool: Spool,
+        exit_on_stall: bool = False,
+    ):
+        """`spool`: this sampler's, with what an earlier run left unacknowledged (resent once
+        the trainer is heard, see wait_for_trainer). `exit_on_stall`: end the process when its
+        main thread stalls (the sampler's does; tests in-process do not)."""
+        self.sampler_id = sampler_id
+        self.spool = spool
+        self.transport = transport
+        self.status = TrainerStatus()
+        self.stopped = threading.Event()  # set on done, stop, a rejection, or a lost trainer
+        self._news = threading.Event()  # set whenever status changes, so waiters wake at once
+        self._restarts_handled = 0
+        self._resent_at: dict[int, float] = {}  # seq -> when last resent
+        # Last: the channel's thread hands up what it hears at once.
+        self.channel = SamplerChannel(transport, sampler_id, self._heard, self._stop, exit_on_stall)
+
+    @property
+    def weights(self) -> WeightFetcher | None:
+        """Where versions come from when the trainer streams them (transport.weights_addr)."""
+        return self.channel.weights
+
+    # ------------------------------------------------------------------ the trainer's word
+
+    def _heard(self, msg: Message) -> None:
+        """A control message from the trainer (in the channel's thread): update the status."""
+        status, body = self.status, msg.body
+        status.seen = True
+        version = body.get("version")
+        incarnation = body.get("incarnation")
+        if isinstance(incarnation, str) and incarnation != status.incarnation:
+            if status.incarnation is not None:
+                # A resumed trainer may be behind the version this sampler had: follow it, and
+                # forget what the old one said it trained (the new one may not have all of it).
+                status.restarts += 1
+                if isinstance(version, int):
+                    status.version = version
+                status.acked, status.consumed = SeqSet(), SeqSet()
+                log.warning("the trainer restarted (version %s): resending the spool", version)
+            status.incarnation = incarnation
+        if isinstance(version, int) and version > status.version:
+            status.version = version
+        trained, alive = body.get("trained"), body.get("alive")
+        if isinstance(trained, dict) and all(isinstance(n, int) for n in trained.values()):
+            status.trained = trained
+        if isinstance(alive, int):
+            status.alive = alive
+        for attr, key in (("acked", "acks"), ("consumed", "consumed")):
+            per_sampler = body.get(key)
+            if isinstance(per_sampler, dict) and self.sampler_id in per_sampler:
+                try:
+                    setattr(status, attr, SeqSet.from_json(per_sampler[self.sampler_id]))
+                except ValueError as e:
+                    log.warning("ignored a malformed %s set from the trainer: %s", key, e)
+        if msg.kind == messages.DONE:
+            status.done = True
+            self.stopped.set()
+        elif msg.kind == messages.STOP:
+            self._stop(f"{messages.TRAINER_STOPPED}: {body.get('reason', 'no reason')}")
+        elif msg.kind == messages.REJECTED and body.get("sampler_id") == self.sampler_id:
+            self._stop(f"the trainer rejected batch {body.get('seq')}: {body.get('reason')}")
+        self._news.set()
+
+    def _stop(self, reason: str) -> None:
+        """Stop sampling; the first reason is the one reported."""
+        if self.status.stop_reason is None:
+            self.status.stop_reason = reason
+        self.stopped.set()
+        self._news.set()
+
+    def interrupt(self, reason: str) -> None:
+        """A signal: stop for `reason`, whatever stopped the sampler before (the signal is
+        what its exit code and its stop to the trainer report)."""
+        self.status.stop_reason = reason
+        self.stopped.set()
+
+    # ------------------------------------------------------------------ batches
+
+    def send(self, batch: EpisodeBatch, state: dict[str, Any]) -> None:
+        """Spool, then record the position (`state`), then send: a crash anywhere loses
+        nothing."""
+        frames = self.channel.encode(batch)
+        self.spool.put(batch.seq, frames)
+        self.spool.write_state(state)
+        self.channel.send_frames(frames, batch.seq)
+
+    def _resend(self, seqs: list[int]) -> None:
+        for seq in seqs:
+            self.channel.send_frames(self.spool.frames(seq), seq)
+            self._resent_at[seq] = time.monotonic()
+        if seqs:
+            log.info("resent %d unacknowledged batches: %s", len(seqs), seqs)
+
+    def _sync(self) -> None:
+        """Drop acknowledged batches from the spool; resend the rest after a trainer restart,
+        and any batch the trainer passed over (lost on the way)."""
+        status = self.status
+        self.spool.acknowledge(status.acked)
+        if status.restarts != self._restarts_handled:
+            self._restarts_handled = status.restarts
+            self._resend(self.spool.pending())
+            return
+        # A resend needs a few heartbeats to show up as consumed: do not repeat it before.
+        patience = 10 * self.transport.heartbeat_s
+        now = time.monotonic()
+        lost = [s for s in overtaken(self.spool.pending(), status.consumed)
+                if now - self._resent_at.get(s, 0.0) > patience]  # fmt: skip
+        if lost:
+            log.warning("the trainer passed over batches %s (lost on the way): resending", lost)
+            self._resend(lost)
+
+    # ------------------------------------------------------------------ waits
+
+    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+        """Sleep until `ready()` or the sampler stops, keeping the spool in step meanwhile.
+
+        `ready` is checked after each change of the status: it is updated before the news is
+        set, so a change that lands between the check and the wait is never missed."""
+        last_note = time.monotonic()
+        ACTIVITY.enter(WAITING, f"for {what}")
+        while True:
+            self._sync()
+            if ready() or self.stopped.is_set():
+                return
+            self._news.wait(timeout=5.0)
+            self._news.clear()
+            if time.monotonic() - last_note > 60:
+                log.info("waiting for %s (trainer at version %d)", what, self.status.version)
+                last_note = time.monotonic()
+
+    def wait_for_trainer(self) -> None:
+        """Wait for the trainer's first word, then resend what an earlier run left in the
+        spool (the trainer drops what it already has)."""
+        log.info("waiting for the trainer on %s", self.transport.control_addr)
+        self.wait_until(lambda: self.status.seen, "the trainer")
+        self._resend(self.spool.pending())
+
+    def wait_for_room(self) -> None:
+        """Wait while the spool is full (the trainer is behind on its acknowledgements)."""
+        self.wait_until(lambda: not self.spool.full(), "acknowledgements (spool full)")
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self) -> None:
+        """After the trainer's done: take the final acknowledgements (done carries them) and
+        say bye. Anything never acknowledged stays in the spool for a resumed run."""
+        self._sync()
+        if left := self.spool.pending():
+            log.warning("%d batches were never acknowledged by the trainer: %s", len(left), left)
+        self.channel.send_bye()
+
+    def stop(self, reason: str) -> None:
+        """Tell the trainer why this sampler stops (it names the sampler), unless the trainer
+        is the one that went away."""
+        if not reason.startswith((messages.TRAINER_STOPPED, messages.TRAINER_SILENT)):
+            self.channel.send_stop(reason)
+
+    def close(self) -> None:
+        self.channel.close()

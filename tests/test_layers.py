@@ -1,0 +1,100 @@
+"""The package's shape holds: imports point one way, and no module or class grows past what a
+reader takes in at once. Read from the source (ast), so nothing is imported or run.
+
+Layers, each importing only those before it: core <- config <- runtime <- wire <- delivery;
+the maths (algos) imports core alone (no config, no torch-free vocabulary's users); and the
+packages as a whole import each other without a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+GRPO = Path(__file__).resolve().parent.parent / "grpo"
+
+# What each lower package may import (itself included); the roles and tools above them may
+# import anything below that does not close a circle.
+ALLOWED = {
+    "core": {"core"},
+    "config": {"core", "config"},
+    "runtime": {"core", "config", "runtime"},
+    "wire": {"core", "config", "runtime", "wire"},
+    "delivery": {"core", "config", "runtime", "wire", "delivery"},
+    "algos": {"core", "algos"},
+}
+MAX_MODULE_LINES = 400
+MAX_CLASS_LINES = 200
+
+
+def _unit(dotted: str) -> str:
+    """grpo.wire.codec -> wire; grpo.plan -> plan."""
+    return dotted.split(".")[1]
+
+
+def _modules() -> dict[Path, ast.Module]:
+    return {f: ast.parse(f.read_text(), str(f)) for f in sorted(GRPO.rglob("*.py"))}
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    """Every grpo module a file imports, at its top, in a function or under TYPE_CHECKING."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.startswith("grpo.")}
+
+
+def _package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path, tree in _modules().items():
+        rel = path.relative_to(GRPO.parent).with_suffix("")
+        if len(rel.parts) < 2 or rel.parts[1] in ("__init__", "__main__"):
+            continue
+        me = rel.parts[1]
+        graph[me] |= {_unit(m) for m in _imports(tree)} - {me}
+    return graph
+
+
+@pytest.mark.parametrize("package", list(ALLOWED))
+def test_a_lower_layer_imports_nothing_above_it(package):
+    above = _package_graph()[package] - ALLOWED[package]
+    assert not above, f"grpo/{package}/ imports {sorted(above)}, above its layer"
+
+
+def test_the_packages_import_each_other_without_a_circle():
+    graph = _package_graph()
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            circle = path[path.index(node) :] + [node]
+            raise AssertionError("import circle: " + " -> ".join(circle))
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+def test_no_module_or_class_is_too_long_to_read():
+    too_long = []
+    for path, tree in _modules().items():
+        name = path.relative_to(GRPO.parent)
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                span = node.end_lineno - node.lineno + 1
+                if span > MAX_CLASS_LINES:
+                    too_long.append(f"{name}:{node.name}: {span} lines")
+    assert not too_long, "over the limits: " + "; ".join(too_long)
