@@ -61,7 +61,10 @@ def _save_parts(model, directory: Path) -> dict[str, float]:
 
 def _announce_latency(version: int) -> float:
     """Seconds from TrainerChannel.announce to SamplerChannel seeing the version."""
+    import queue
+
     from grpo.config import TransportConfig
+    from grpo.wire.codec import Message
     from grpo.wire.sampler_channel import SamplerChannel
     from grpo.wire.trainer_channel import TrainerChannel
 
@@ -70,15 +73,16 @@ def _announce_latency(version: int) -> float:
         control_addr=f"tcp://127.0.0.1:{free_port()}",
         heartbeat_s=0.5,
     )
-    trainer, sampler = TrainerChannel(cfg), SamplerChannel(cfg, "bench")
+    heard: queue.Queue[Message] = queue.Queue()
+    trainer, sampler = TrainerChannel(cfg), SamplerChannel(cfg, "bench", heard=heard.put)
     try:
-        while not sampler.status.seen:  # PUB/SUB joins late: wait for a heartbeat first
+        while heard.empty():  # PUB/SUB joins late: wait for a heartbeat first
             trainer.announce("heartbeat")
             time.sleep(0.05)
         t0 = time.perf_counter()
         trainer.announce("version", version=version)
-        while sampler.status.version < version:
-            sampler.wait_for_news(timeout_s=5.0)
+        while heard.get(timeout=5.0).body.get("version") != version:
+            pass
         return time.perf_counter() - t0
     finally:
         sampler.close()

@@ -17,7 +17,7 @@ from grpo.wire.keys import generate
 from grpo.wire.sampler_channel import SamplerChannel
 from grpo.wire.trainer_channel import TrainerChannel
 from tests.conftest import PYTHON, REPO
-from tests.test_transport import _batch, _cfg, trainer_endpoint
+from tests.test_transport import _batch, _cfg, sampler_endpoint, trainer_endpoint
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def _intruder(addr: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
         ctx.term()
 
 
-def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog):
+def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog, tmp_path):
     cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10, curve_dir=str(keys))
     trainer = trainer_endpoint(cfg, version=4)
     try:
@@ -63,9 +63,9 @@ def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog):
         assert "refused a peer with an unauthorised CURVE key" in caplog.text
         assert "security handshake failed" in caplog.text
         # The sampler with its key: batches in, the trainer's version out.
-        sampler = SamplerChannel(cfg, "sampler-0")
+        sampler = sampler_endpoint(cfg, tmp_path / "spool", "sampler-0")
         try:
-            sampler.send_batch(_batch(0))
+            sampler.send(_batch(0), {})
             assert trainer.receive_batch(wait_s=5).seq == 0
             deadline = time.monotonic() + 5
             while sampler.status.version != 4 and time.monotonic() < deadline:
