@@ -57,11 +57,8 @@ class LossPlan:
 @dataclass(frozen=True)
 class RunPlan:
     loss: LossPlan
-    advantage: str  # "outcome", "token" or GAE (the critic's values)
-    estimator: Callable | None  # the advantage estimator; None with GAE
     scored_by_sampler: frozenset[str]  # the log-prob arrays each role computes (config.passes)
     scored_by_trainer: frozenset[str]
-    world: int  # trainer ranks
     mini_batch_seqs: int  # sequences per rank per optimizer step
 
 
@@ -88,19 +85,24 @@ def plan_loss(cfg: Config) -> LossPlan:
 
 def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     """The plan of a run of `cfg` on `world` trainer ranks (the config's, by default);
-    ConfigError naming the key when a name does not resolve."""
-    check_names(cfg)
-    world = cfg.world if world is None else world
-    kind, estimator = "gae", None
+    ConfigError naming the key when a name does not resolve. Each name is looked up once."""
+    loss = plan_loss(cfg)
+    _looked_up("rollout.backend", check_engine_name, cfg.rollout.backend)
+    _looked_up("data.task", get_task, cfg.data.task)
+    if cfg.rollout.tools:
+        _looked_up("rollout.tools", lambda names: Toolbox([get_tool(n) for n in names]),
+                   cfg.rollout.tools)  # fmt: skip
+    _check_trackers(cfg)
     if cfg.algo.advantage != GAE:
-        kind, estimator = advantage_kind(cfg.algo.advantage)
+        try:
+            advantage_kind(cfg.algo.advantage)
+        except ValueError as e:
+            raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
+    world = cfg.world if world is None else world
     return RunPlan(
-        loss=plan_loss(cfg),
-        advantage=kind,
-        estimator=estimator,
+        loss=loss,
         scored_by_sampler=scored_by(cfg, "sampler"),
         scored_by_trainer=scored_by(cfg, "trainer"),
-        world=world,
         mini_batch_seqs=cfg.mini_batch_seqs(world),
     )
 
@@ -108,19 +110,7 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
 def check_names(cfg: Config) -> None:
     """Every name in `cfg` that picks an implementation resolves, and the loss takes the options
     the config sets; else ConfigError naming the key and the valid names."""
-    _looked_up("algo.loss", get_policy_loss, cfg.algo.loss)
-    _looked_up("rollout.backend", check_engine_name, cfg.rollout.backend)
-    _looked_up("data.task", get_task, cfg.data.task)
-    if cfg.rollout.tools:
-        _looked_up("rollout.tools", lambda names: Toolbox([get_tool(n) for n in names]),
-                   cfg.rollout.tools)  # fmt: skip
-    _check_loss_options(cfg, get_policy_loss(cfg.algo.loss))
-    _check_trackers(cfg)
-    if cfg.algo.advantage != GAE:
-        try:
-            advantage_kind(cfg.algo.advantage)
-        except ValueError as e:
-            raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
+    plan_run(cfg)
 
 
 def _looked_up(key: str, lookup: Callable[[Any], Any], value: Any) -> Any:
