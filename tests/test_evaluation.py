@@ -224,7 +224,7 @@ def test_wandb_offline_run_records_the_scalars(tmp_path, monkeypatch):
 def test_a_missing_tracker_is_named_before_the_run(monkeypatch):
     import importlib.util
 
-    from grpo.config.names import check_names
+    from grpo.plan import check_names
 
     real = importlib.util.find_spec
     without_wandb = lambda name, *a: None if name == "wandb" else real(name, *a)  # noqa: E731

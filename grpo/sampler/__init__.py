@@ -1,2 +1,2 @@
 """The sampling role, one job per module: data (the questions), weights (the versions),
-episodes (the batches), outbox (their delivery), loop (the run)."""
+episodes (the batches), the delivery endpoint (grpo.delivery.sampler_endpoint), loop (the run)."""
