@@ -3,8 +3,8 @@ and how to fix it (types and unknown keys are grpo.config.loading's job)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,6 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
         ("train.keep_versions", cfg.train.keep_versions),
         ("rollout.num_samplers", cfg.rollout.num_samplers),
         ("rollout.spool_max_batches", cfg.rollout.spool_max_batches),
-        ("transport.heartbeat_s", cfg.transport.heartbeat_s),
         ("transport.peer_timeout_s", cfg.transport.peer_timeout_s),
         ("transport.startup_timeout_s", cfg.transport.startup_timeout_s),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens),
@@ -46,6 +45,7 @@ def _positive(cfg: Config) -> list[tuple[str, Any]]:
 
 def check_values(cfg: Config) -> None:
     """Reject values that are well-typed but unusable, saying how to fix them."""
+    _check_waits(cfg)
     _check_signs(cfg)
     _check_rollout(cfg)
     _check_eval(cfg)
@@ -80,6 +80,53 @@ def _check_signs(cfg: Config) -> None:
     ):
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value!r}")
+
+
+# Both roles' heartbeat threads wake every transport.heartbeat_s (their socket polls and queue
+# waits take it as the timeout, in whole milliseconds): a heartbeat of 0, or a hair above it,
+# makes them spin and floods the peer with heartbeats.
+MIN_HEARTBEAT_S = 0.01
+# ZeroMQ takes its waits (SNDTIMEO, poll) as a C int of milliseconds: 24.8 days at most; a
+# longer one overflows where the socket is set up, mid-run.
+MAX_WAIT_S = (2**31 - 1) // 1000
+
+
+def durations(node: Any, prefix: str = "") -> list[tuple[str, float, float]]:
+    """Every wait of the config tree, found by its name: (key, value, seconds) of each key
+    ending in _s (seconds) or _ms (milliseconds), so a new timeout is bounded unlisted."""
+    found = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            found += durations(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (int, float)) and f.name.endswith(("_s", "_ms")):
+            seconds = value / 1000 if f.name.endswith("_ms") else value
+            found.append((f"{prefix}{f.name}", value, seconds))
+    return found
+
+
+def _check_waits(cfg: Config) -> None:
+    """Bounds on every wait (finite it is already: grpo.config.loading): none negative, none
+    beyond ZeroMQ's, and none so short that the loop waiting on it spins."""
+    for key, value, seconds in durations(cfg):
+        if seconds < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value!r}")
+        if seconds > MAX_WAIT_S:
+            raise ConfigError(
+                f"{key} must be at most {MAX_WAIT_S} s (ZeroMQ takes waits as 32-bit "
+                f"milliseconds), got {value!r}"
+            )
+    if cfg.transport.heartbeat_s < MIN_HEARTBEAT_S:
+        raise ConfigError(
+            f"transport.heartbeat_s must be >= {MIN_HEARTBEAT_S} s, got "
+            f"{cfg.transport.heartbeat_s!r}: shorter, both roles' heartbeat threads spin"
+        )
+    reload_s = cfg.rollout.vllm.reload_timeout_s
+    if reload_s <= 0:
+        raise ConfigError(
+            f"rollout.vllm.reload_timeout_s must be > 0, got {reload_s!r}: every in-place "
+            "load would count as failed and restart the engine"
+        )
 
 
 def _check_algo(cfg: Config) -> None:
@@ -185,19 +232,18 @@ def _check_rollout(cfg: Config) -> None:
 
 def _check_reward(cfg: Config) -> None:
     r = cfg.reward
-    # Finite: an infinite limit is no limit, and one hung reward would stall the run again.
-    if not (r.timeout_s > 0 and math.isfinite(r.timeout_s)):
+    # Finite (as every float key, grpo.config.loading): an infinite limit is no limit, and one
+    # hung reward would stall the run again.
+    if r.timeout_s <= 0:
         raise ConfigError(f"reward.timeout_s must be a finite number > 0, got {r.timeout_s!r}")
     if r.workers < 1:
         raise ConfigError(f"reward.workers must be >= 1, got {r.workers!r}")
-    if not (r.service_timeout_s > 0 and math.isfinite(r.service_timeout_s)):
+    if r.service_timeout_s <= 0:
         raise ConfigError(
             f"reward.service_timeout_s must be a finite number > 0, got {r.service_timeout_s!r}"
         )
     if r.service_retries < 0 or r.service_batch < 1:
         raise ConfigError("reward.service_retries must be >= 0 and reward.service_batch >= 1")
-    if not (math.isfinite(r.rule_weight) and math.isfinite(r.model_weight)):
-        raise ConfigError("reward.rule_weight and reward.model_weight must be finite")
     t = cfg.transport
     if r.service_addr and r.service_addr in (t.episodes_addr, t.control_addr, t.weights_addr):
         raise ConfigError(f"reward.service_addr {r.service_addr} is a transport.* address too")
@@ -303,6 +349,8 @@ def _check_deepspeed(path: str) -> None:
         ds = json.loads(Path(path).read_text())
     except FileNotFoundError:
         return
+    except OSError as e:  # a directory, a device, no permission
+        raise ConfigError(f"train.deepspeed_config: cannot read {path!r} ({e.strerror})") from None
     except ValueError as e:
         raise ConfigError(f"train.deepspeed_config: {path} is not valid JSON ({e})") from None
     where = f"train.deepspeed_config {path}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -43,17 +44,37 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a list, got {value!r}")
         (item_tp,) = typing.get_args(tp)
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):
-        # YAML 1.1 reads 1e-6 (no dot) as a string; a float field should still take it.
-        with contextlib.suppress(ValueError):
-            return float(value)
+    if tp is float:
+        return _finite_float(value, key)
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     if tp is int and isinstance(value, bool) or not isinstance(value, tp):
         raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
     return value
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """The one check every float key gets, wherever it is read from (YAML, overrides, a list
+    entry): a finite number. NaN passes every later comparison (`nan <= 0` is False) and inf
+    every upper bound, and no key means "no limit" by infinity (0 or null does, where a key
+    has that meaning), so both are refused here rather than key by key."""
+    number: float | None = None
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            number = math.inf
+    elif isinstance(value, str):
+        # YAML 1.1 reads 1e-6 (no dot) as a string; a float field should still take it.
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if number is None:
+        raise ConfigError(f"{key} must be float, got {value!r}")
+    if not math.isfinite(number):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return number
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
