@@ -308,3 +308,10 @@ def test_an_unreadable_deepspeed_config_is_refused_by_key(path):
     one) raised IsADirectoryError out of load_config instead of a line naming the key."""
     with pytest.raises(ConfigError, match=r"^train.deepspeed_config: cannot read "):
         load_config(None, [f"train.deepspeed_config={path}"])
+
+
+def test_an_override_nested_too_deeply_is_refused_by_key():
+    """Found with the config fuzz test's inputs: PyYAML recurses per level of nesting, and
+    its RecursionError left load_config instead of a line naming the key."""
+    with pytest.raises(ConfigError, match=r"^rollout.stop must be a list, got "):
+        load_config(None, ["rollout.stop=" + "[" * 3000])

@@ -114,7 +114,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r} must look like section.key=value")
     try:
         value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # kept as typed: the key's type check judges it
         value = raw
     return key.strip(), value
 
@@ -128,8 +128,10 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] = ()) 
             raise ConfigError(f"config file not found: {p}")
         try:
             tree = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        except RecursionError:  # PyYAML's composer recurses once per level of nesting
+            raise ConfigError(f"{p} is not valid YAML: nested too deeply") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{p} must hold a mapping of sections, got {type(tree).__name__}")
     for text in overrides:
