@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from grpo.config.bounds import check_waits
 from grpo.config.checks import ConfigError, check_values
 from grpo.config.passes import default_staleness
 from grpo.config.sections import Config
@@ -146,6 +147,7 @@ def settled(cfg: Config) -> Config:
     naming the key). Every Config a run uses comes through here."""
     if cfg.train.max_staleness is None:
         cfg.train.max_staleness = default_staleness(cfg)
+    check_waits(cfg)
     check_values(cfg)
     return cfg
 
