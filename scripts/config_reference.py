@@ -41,6 +41,9 @@ A run's config is built in three layers: the defaults below, then the YAML file,
 `'model.lora.target_modules=[q_proj, v_proj]'`). The same overrides work for `launch.sh`,
 `sampling_worker.py` and `training_worker.py`. An unknown key is an error naming the closest
 valid one; a value of the wrong type, or outside what the key allows, is an error naming the key.
+Every float must be a finite number: NaN and infinity are refused (where a key can mean "no
+limit", 0 or `null` says so). Every wait (a key ending in `_s` or `_ms`) is at least 0 and at
+most 2147483 s, ZeroMQ's limit, and `transport.heartbeat_s` at least 0.01 s.
 Names of a loss, an advantage estimator, a task or a rollout engine are checked against the
 registries before a run starts (by `launch.sh`, by `python -m grpo check CONFIG`, and
 again at worker start-up). `python training_worker.py --help-keys` prints the same keys as

@@ -1,6 +1,9 @@
+import dataclasses
+import typing
+
 import pytest
 
-from grpo.config import ConfigError, load_config, parse_override, save_config
+from grpo.config import Config, ConfigError, load_config, parse_override, save_config
 
 DEMO = "configs/cpu_demo.yaml"
 
@@ -211,3 +214,104 @@ def test_an_option_the_loss_does_not_take_is_refused_before_the_run(overrides, m
         check_names(load_config(DEMO, overrides))
     assert message in str(e.value)
     check_names(load_config(DEMO, overrides[:1]))  # the loss alone is fine
+
+
+def _float_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, bool]]:
+    """Every float key of the config tree, found from the annotations (a new float key is
+    covered without editing this test): (dotted key, whether it holds a list of floats)."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys += _float_keys(tp, f"{prefix}{f.name}.")
+        elif typing.get_origin(tp) is list and typing.get_args(tp) == (float,):
+            keys.append((f"{prefix}{f.name}", True))
+        elif tp is float or float in typing.get_args(tp):  # float, float | None
+            keys.append((f"{prefix}{f.name}", False))
+    return keys
+
+
+FLOAT_KEYS = _float_keys()
+
+
+def test_the_float_keys_are_found():
+    found = dict(FLOAT_KEYS)
+    assert found["transport.stall_timeout_s"] is False and found["algo.clip_c"] is False
+    assert found["reward_server.score_range"] is True
+    assert len(found) > 20
+
+
+@pytest.mark.parametrize("key, is_list", FLOAT_KEYS)
+@pytest.mark.parametrize("bad", [".nan", ".inf", "-.inf", "nan", "inf", "1e999"])
+def test_every_float_key_refuses_nan_and_inf(key, is_list, bad):
+    """finding 12: NaN passes every sign check (`nan <= 0` is False) and inf every upper one;
+    one check where values are typed refuses both for every float key, naming it."""
+    value = f"[{bad}, 1.0]" if is_list else bad
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}={value}"])
+    named = f"{key}[0]" if is_list else key
+    assert str(e.value).startswith(f"{named} must be a finite number, got "), str(e.value)
+
+
+def test_nan_and_inf_in_a_yaml_file_are_refused_by_key(tmp_path):
+    """finding 12: the same check for values read from a file (YAML's .nan and .inf)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("transport:\n  stall_timeout_s: .nan\n")
+    with pytest.raises(ConfigError, match=r"^transport.stall_timeout_s must be a finite number"):
+        load_config(path)
+    path.write_text("transport:\n  peer_timeout_s: .inf\n")
+    with pytest.raises(ConfigError, match=r"^transport.peer_timeout_s must be a finite number"):
+        load_config(path)
+
+
+def test_an_int_too_large_for_a_float_key_is_refused_by_key():
+    """finding 12: float(10**400) raises OverflowError; the key is named instead."""
+    with pytest.raises(ConfigError, match=r"^train.lr must be a finite number"):
+        load_config(None, [f"train.lr={10**400}"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("transport.stall_timeout_s=nan", "transport.stall_timeout_s must be a finite number"),
+        ("transport.peer_timeout_s=inf", "transport.peer_timeout_s must be a finite number"),
+        ("transport.heartbeat_s=0", "transport.heartbeat_s must be >= 0.01"),
+        ("transport.heartbeat_s=0.0001", "transport.heartbeat_s must be >= 0.01"),
+        ("transport.heartbeat_s=-1", "transport.heartbeat_s must be >= 0,"),
+        ("transport.stall_timeout_s=-5", "transport.stall_timeout_s must be >= 0"),
+        ("transport.peer_timeout_s=1e10", "transport.peer_timeout_s must be at most 2147483 s"),
+        ("transport.startup_timeout_s=1e10", "transport.startup_timeout_s must be at most"),
+        ("transport.stall_timeout_s=1e10", "transport.stall_timeout_s must be at most"),
+        ("rollout.vllm.reload_timeout_s=0", "rollout.vllm.reload_timeout_s must be > 0"),
+        ("reward.timeout_s=1e10", "reward.timeout_s must be at most 2147483 s"),
+    ],
+)
+def test_waits_that_would_spin_or_overflow_are_refused(override, message):
+    """finding 12: a heartbeat of 0 (or a hair above it) makes both roles' heartbeat threads
+    spin; a timeout beyond ZeroMQ's 32-bit milliseconds overflows when the socket is set up."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_usable_waits_still_load():
+    """0 still means "never" for the stall check; the smallest usable heartbeat loads."""
+    cfg = load_config(None, ["transport.stall_timeout_s=0", "transport.heartbeat_s=0.01"])
+    assert cfg.transport.stall_timeout_s == 0 and cfg.transport.heartbeat_s == 0.01
+    assert load_config(None, ["algo.clip_c=null"]).algo.clip_c is None
+
+
+@pytest.mark.parametrize("path", ["", "/"])
+def test_an_unreadable_deepspeed_config_is_refused_by_key(path):
+    """A deepspeed_config naming a directory ('' is the current
+    one) raised IsADirectoryError out of load_config instead of a line naming the key."""
+    with pytest.raises(ConfigError, match=r"^train.deepspeed_config: cannot read "):
+        load_config(None, [f"train.deepspeed_config={path}"])
+
+
+def test_an_override_nested_too_deeply_is_refused_by_key():
+    """Found with the config fuzz test's inputs: PyYAML recurses per level of nesting, and
+    its RecursionError left load_config instead of a line naming the key."""
+    with pytest.raises(ConfigError, match=r"^rollout.stop must be a list, got "):
+        load_config(None, ["rollout.stop=" + "[" * 3000])

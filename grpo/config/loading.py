@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from grpo.config.bounds import check_waits
 from grpo.config.checks import ConfigError, check_values
 from grpo.config.passes import default_staleness
 from grpo.config.sections import Config
@@ -43,17 +45,37 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a list, got {value!r}")
         (item_tp,) = typing.get_args(tp)
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):
-        # YAML 1.1 reads 1e-6 (no dot) as a string; a float field should still take it.
-        with contextlib.suppress(ValueError):
-            return float(value)
+    if tp is float:
+        return _finite_float(value, key)
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     if tp is int and isinstance(value, bool) or not isinstance(value, tp):
         raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
     return value
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """The one check every float key gets, wherever it is read from (YAML, overrides, a list
+    entry): a finite number. NaN passes every later comparison (`nan <= 0` is False) and inf
+    every upper bound, and no key means "no limit" by infinity (0 or null does, where a key
+    has that meaning), so both are refused here rather than key by key."""
+    number: float | None = None
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            number = math.inf
+    elif isinstance(value, str):
+        # YAML 1.1 reads 1e-6 (no dot) as a string; a float field should still take it.
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if number is None:
+        raise ConfigError(f"{key} must be float, got {value!r}")
+    if not math.isfinite(number):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return number
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -93,7 +115,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r} must look like section.key=value")
     try:
         value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # kept as typed: the key's type check judges it
         value = raw
     return key.strip(), value
 
@@ -107,8 +129,10 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] = ()) 
             raise ConfigError(f"config file not found: {p}")
         try:
             tree = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        except RecursionError:  # PyYAML's composer recurses once per level of nesting
+            raise ConfigError(f"{p} is not valid YAML: nested too deeply") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{p} must hold a mapping of sections, got {type(tree).__name__}")
     for text in overrides:
@@ -123,6 +147,7 @@ def settled(cfg: Config) -> Config:
     naming the key). Every Config a run uses comes through here."""
     if cfg.train.max_staleness is None:
         cfg.train.max_staleness = default_staleness(cfg)
+    check_waits(cfg)
     check_values(cfg)
     return cfg
 

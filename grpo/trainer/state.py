@@ -4,15 +4,19 @@
                                 rng_rank<r>.pt, critic/ (PPO)
     train_state/COMPLETE        {"tag", "step", "world", ...}: written last, atomically
 
-A state is complete only once every rank has written its part and rank 0 has replaced
-COMPLETE; a crash mid-save leaves the previous COMPLETE naming the previous (kept) state, so
-a half-written state is never loaded. Only the state COMPLETE names is kept after a save.
+A state is complete only once every rank has written its part and made it durable (every file
+and every directory holding one fsynced), and rank 0 has then replaced COMPLETE durably (its
+file fsynced, renamed, the state dir fsynced). A crash mid-save, a power loss included, leaves
+the previous COMPLETE naming the previous state, which is kept until the new COMPLETE is on
+disk, so a half-written state is never loaded. Only the state COMPLETE names is kept after a
+save: the samplers delete the batches it acknowledges.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +27,7 @@ import torch.distributed as dist
 
 from grpo.config import Config
 from grpo.delivery.ledger import Ledger
-from grpo.delivery.versions import require_same, write_atomic
+from grpo.delivery.versions import require_same
 from grpo.observe.metrics import read_jsonl
 
 log = logging.getLogger("grpo.trainer")
@@ -55,6 +59,43 @@ def tag_of(step: int) -> str:
     return f"step{step:06d}"
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (the names created or renamed in it),
+    to the disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Every file under `root`, then every directory bottom-up, `root` included. A file gone
+    meanwhile was another rank's temporary one: that rank syncs what it became."""
+    dirs = []
+    for dirpath, _, filenames in os.walk(root):
+        dirs.append(Path(dirpath))
+        for name in filenames:
+            try:
+                fsync_path(Path(dirpath) / name)
+            except FileNotFoundError:
+                continue
+    for d in reversed(dirs):
+        fsync_path(d)
+
+
+def write_durable(path: Path, data: str) -> None:
+    """`path` holds the old content or the new, never a part, and after a power loss too:
+    the new content is fsynced before its rename and the rename before this returns."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
 def read_marker(state_dir: Path) -> dict[str, Any] | None:
     try:
         marker = json.loads((state_dir / MARKER).read_text())
@@ -82,17 +123,25 @@ def save(
     """Every rank calls this; returns once the state is complete on disk."""
     tag, rank = tag_of(step), dist.get_rank()
     fingerprint = with_zero_stage(fingerprint, engines)
-    for name, engine in engines.items():
-        where = state_dir if name == "policy" else state_dir / name
+    wheres = [state_dir if name == "policy" else state_dir / name for name in engines]
+    for where, engine in zip(wheres, engines.values(), strict=True):
         engine.save_checkpoint(str(where), tag=tag, client_state=client_state, save_latest=False)
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     torch.save(rng, state_dir / tag / f"rng_rank{rank}.pt")
-    dist.barrier()  # every rank's shards are written before the state is declared complete
+    # DeepSpeed writes without fsync. Each rank syncs everything there after its own writes,
+    # so every file is synced by the rank that wrote it (a clean file's fsync costs nothing);
+    # then the dirs above the tags, which hold their names.
+    for where in wheres:
+        fsync_tree(where / tag)
+    for where in dict.fromkeys([*wheres, state_dir]):
+        fsync_path(where)
+    dist.barrier()  # every rank's shards are durable before the state is declared complete
     if rank == 0:
         marker = {"tag": tag, "step": step, **fingerprint}
-        write_atomic(state_dir / MARKER, json.dumps(marker) + "\n")
+        write_durable(state_dir / MARKER, json.dumps(marker) + "\n")
+        # Only now is the new state the one a restart finds, power loss or not.
         for old in [*state_dir.glob("step*"), *state_dir.glob("*/step*")]:
             if old.name != tag:
                 shutil.rmtree(old, ignore_errors=True)
@@ -141,5 +190,5 @@ def truncate_metrics(path: Path, step: int, key: str = "step") -> int:
     rows = read_jsonl(path)
     kept = [r for r in rows if r.get(key, 0) <= step]
     if len(kept) < len(rows):
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+        write_durable(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)
