@@ -60,11 +60,14 @@ def test_the_largest_token_id_must_index_an_embedding():
 
 
 @pytest.mark.parametrize("name", ["old_logp", "ref_logp", "rollout_logp"])
-def test_a_log_prob_that_is_not_finite_does_not_fit(name):
+def test_a_log_prob_that_is_not_finite_is_no_batch(name):
+    """Refused before admission, by the batch itself (grpo.core.columns), so that a sampler
+    cannot build one either (issue 29, finding 4)."""
     batch = make_batch()
     values = getattr(batch.columns, name).copy()
     values[len(values) // 2] = np.nan
-    assert name in misfit(_with_columns(batch, **{name: values}), FITS)
+    with pytest.raises(ValueError, match=f"batch 17 from 'sampler-0': {name} holds nan"):
+        _with_columns(batch, **{name: values})
 
 
 def test_a_multi_turn_batch_with_its_loss_mask_fits():

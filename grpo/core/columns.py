@@ -4,6 +4,7 @@ batch goes through."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,16 @@ ARRAYS_BY_LENGTH = {
 }
 LEN_DTYPE = np.dtype(np.int64)  # per-episode lengths and group ids
 REWARD_DTYPE = np.dtype(np.float64)
+# The largest magnitude a reward or a log-prob may have. Finite in float64 is not enough: the
+# trainer computes in float32 (largest 3.4e38), where a reward of 1e39 becomes inf; and a value
+# that fits float32 still overflows what is made of it: a group's sum, the differences from its
+# mean and their squares (the std, whitening, the k2 KL, the critic's loss), summed over the
+# batch's tokens. At 1e12, (2e12)**2 = 4e24 times 2**28 tokens (a message of 1 GiB holds no
+# more int32 ids) is about 1e33: finite with room to spare. No reward scale or log-prob a model
+# can produce comes near it, so only a bug or a hostile peer is refused.
+VALUE_LIMIT = 1e12
+# The float arrays bounded by VALUE_LIMIT: the rewards, and the per-token log-probs.
+BOUNDED = ("reward", "old_logp", "ref_logp", "rollout_logp")
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -81,6 +92,16 @@ def is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def is_finite_real(x: object) -> bool:
+    """A real number (not a bool) that float() takes and that is neither NaN nor infinite."""
+    if not is_real(x):
+        return False
+    try:
+        return math.isfinite(x)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond float's range
+        return False
+
+
 def check_1d(arr: object, kinds: str, what: str) -> int:
     """Length of ``arr`` if it is a 1-D array of a dtype kind in ``kinds``."""
     if not isinstance(arr, np.ndarray):
@@ -99,6 +120,19 @@ def check_loss_mask(mask: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} holds a value other than 0 and 1")
 
 
+def check_bounded(values: np.ndarray | None, what: str) -> None:
+    """``values`` finite and within +-VALUE_LIMIT (see there), when present."""
+    if values is None or not values.size:
+        return
+    bad = ~(np.abs(values) <= VALUE_LIMIT)  # NaN compares False: caught with inf and the huge
+    if bad.any():
+        first = values[np.flatnonzero(bad)[0]].item()
+        raise ValueError(
+            f"{what} holds {first!r}: not a finite number within +-{VALUE_LIMIT:g} (what the "
+            "trainer's float32 arithmetic takes)"
+        )
+
+
 def check_columns(c: Columns) -> None:
     """Vectorised checks of a batch's columns: cheap enough for every received batch."""
     n = len(c.reward)
@@ -111,12 +145,13 @@ def check_columns(c: Columns) -> None:
         arr = getattr(c, name)
         if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
             raise ValueError(f"{name} must be a {dtype} array of shape {shape}")
-    if not np.isfinite(c.reward).all():
-        raise ValueError("reward holds a value that is not finite")
     for lens_name, names in ARRAYS_BY_LENGTH.items():
         lens = getattr(c, lens_name)
-        if (lens < 0).any():
-            raise ValueError(f"{lens_name} holds a value < 0")
+        # An answer may be empty; a prompt may not: the forwards predict the first answer
+        # token from the last prompt token.
+        least = 1 if lens_name == "prompt_len" else 0
+        if n and int(lens.min()) < least:
+            raise ValueError(f"{lens_name} holds {int(lens.min())}, below {least}")
         total = int(lens.sum())
         for name in names:
             arr = getattr(c, name)
@@ -127,6 +162,14 @@ def check_columns(c: Columns) -> None:
                 raise ValueError(f"{name} must be a 1-D {dtype} array")
             if arr.shape[0] != total:
                 raise ValueError(f"{name}: {lens_name} does not sum to its {arr.shape[0]} values")
+    for name in ("prompt_ids", "completion_ids"):
+        ids = getattr(c, name)
+        # A negative id indexes the embedding from its end on the CPU and asserts on a GPU;
+        # the trainer's admission checks the other end, its vocabulary.
+        if ids.size and (low := int(ids.min())) < 0:
+            raise ValueError(f"{name} holds token id {low}, below 0")
+    for name in BOUNDED:
+        check_bounded(getattr(c, name), name)
     if c.loss_mask is not None:
         check_loss_mask(c.loss_mask, "loss_mask")
     if len(c.finish_reason) != n or not FINISH_REASONS.issuperset(c.finish_reason):

@@ -7,7 +7,8 @@ Constructors validate every field: a malformed batch raises ValueError before it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import Any
@@ -25,6 +26,7 @@ from grpo.core.columns import (
     check_1d,
     check_columns,
     check_loss_mask,
+    is_finite_real,
     is_int,
     is_real,
     plain_info,
@@ -73,9 +75,14 @@ class EpisodeBatch:
         stats: dict[str, float] | None = None,
     ) -> None:
         episodes = tuple(episodes)
-        for i, ep in enumerate(episodes):
-            _check_episode(ep, i)
-        self._init(_gather(episodes), group_size, policy_version, seq, sampler_id, stats or {})
+        with _naming(seq, sampler_id):
+            for i, ep in enumerate(episodes):
+                _check_episode(ep, i)
+            columns = _gather(episodes)
+            # The checks a receiver makes (finite rewards and log-probs...): a sampler never
+            # builds, spools and sends a batch that the trainer would refuse.
+            check_columns(columns)
+            self._init(columns, group_size, policy_version, seq, sampler_id, stats or {})
         self._episodes: tuple[Episode, ...] | None = episodes
 
     @classmethod
@@ -88,9 +95,10 @@ class EpisodeBatch:
         sampler_id: str = "sampler-0",
         stats: dict[str, float] | None = None,
     ) -> EpisodeBatch:
-        check_columns(columns)
         batch = cls.__new__(cls)
-        batch._init(columns, group_size, policy_version, seq, sampler_id, stats or {})
+        with _naming(seq, sampler_id):
+            check_columns(columns)
+            batch._init(columns, group_size, policy_version, seq, sampler_id, stats or {})
         batch._episodes = None
         return batch
 
@@ -162,6 +170,16 @@ class EpisodeBatch:
 # --------------------------------------------------------------------------- validation
 
 
+@contextmanager
+def _naming(seq: object, sampler_id: object) -> Iterator[None]:
+    """A refusal names the batch and its sender: the one line a receiver logs says whose
+    batch was bad and which field (the id as claimed: it is checked after this)."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"batch {seq!r:.20} from {sampler_id!r:.80}: {e}") from None
+
+
 def _check_episode(ep: object, i: int) -> None:
     """Shape/type checks of one episode; reads only metadata, never copies arrays."""
     if not isinstance(ep, Episode):
@@ -207,6 +225,9 @@ def check_batch(batch: EpisodeBatch) -> None:
         isinstance(k, str) and is_real(v) for k, v in batch.stats.items()
     ):
         raise ValueError("stats must be a dict[str, float]")
+    for key, value in batch.stats.items():
+        if not is_finite_real(value):  # every metrics row carries them, as floats
+            raise ValueError(f"stats[{key!r:.80}] is {value!r:.40}, not a finite float")
     ids = batch.columns.group_id.reshape(-1, g)
     mixed = np.flatnonzero((ids != ids[:, :1]).any(axis=1))
     if mixed.size:

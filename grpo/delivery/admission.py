@@ -1,15 +1,25 @@
-"""Does a well-formed batch fit this trainer? Decoding proved the frames are a batch; this
-checks that it is one the trainer can train on. A batch that does not fit is dropped and
-its sampler told why, rather than stopping every rank in the middle of a step."""
+"""Does a well-formed batch fit this trainer? Decoding proved the frames are a batch whose
+values are sane on their own (grpo.core.columns: token ids >= 0, prompts not empty, rewards and
+log-probs finite and bounded, stats finite); this checks it against the run: its shape, its
+log-probs, its vocabulary and its lengths, and the fields the trainer's metrics read. A batch
+that does not fit is dropped and its sampler told why, rather than stopping every rank in the
+middle of a step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
+from grpo.config import Config
 from grpo.config.passes import SCORED_ARRAYS
+from grpo.core.columns import is_finite_real
 from grpo.core.episode import EpisodeBatch
+
+# Reward-info keys the trainer's metrics row averages as numbers (grpo.trainer.outputs
+# .tool_metrics: float() of each), so a batch must carry numbers there or nothing.
+NUMERIC_INFO = ("turns", "tool_calls", "tool_errors")
+# Stat names the metrics row cannot take: it writes a stat `k` as `sampler_k`, and
+# `sampler_id` is the row's own (which sampler sent the batch).
+RESERVED_STATS = frozenset({"id"})
 
 
 @dataclass(frozen=True)
@@ -18,11 +28,30 @@ class Expected:
     group_size: int
     arrays: frozenset[str]  # the log-probs the sampler computes: passes.scored_by(cfg, "sampler")
     vocab_size: int  # token ids at or above it would index past the embedding table
+    # data.max_prompt_tokens and rollout.max_new_tokens: a longer prompt or answer than the
+    # run samples is no answer of this run, and an unbounded one runs the trainer out of
+    # memory. None: not checked (a test's trainer with no config); see for_run.
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def for_run(cls, cfg: Config, arrays: frozenset[str], vocab_size: int) -> Expected:
+        """What this run's trainer takes: `arrays` as the plan scores them on the sampler,
+        `vocab_size` the policy's embedding rows."""
+        r = cfg.rollout
+        return cls(
+            groups=r.questions_per_step,
+            group_size=r.group_size,
+            arrays=arrays,
+            vocab_size=vocab_size,
+            max_prompt_tokens=cfg.data.max_prompt_tokens,
+            max_new_tokens=r.max_new_tokens,
+        )
 
 
 def misfit(batch: EpisodeBatch, want: Expected) -> str | None:
-    """Why the trainer cannot train on ``batch`` (a message naming the config key to align),
-    or None when it fits."""
+    """Why the trainer cannot train on ``batch`` (a message naming the field, and the config
+    key to align when the two roles disagree), or None when it fits."""
     got = (batch.num_groups, batch.group_size)
     if got != (want.groups, want.group_size):
         return (
@@ -38,15 +67,44 @@ def misfit(batch: EpisodeBatch, want: Expected) -> str | None:
                 f"{'it' if name in want.arrays else 'none'} (train.logprobs_on and the passes "
                 "the algo section needs): start both roles with the same config"
             )
+    return _token_misfit(batch, want) or _metrics_misfit(batch)
+
+
+def _token_misfit(batch: EpisodeBatch, want: Expected) -> str | None:
+    """Token ids within [0, vocab), lengths within the run's maxima."""
     c = batch.columns
-    top = max((int(ids.max()) for ids in (c.prompt_ids, c.completion_ids) if ids.size), default=0)
-    if top >= want.vocab_size:
-        return (
-            f"it holds token id {top}, beyond the model's {want.vocab_size} embeddings: start "
-            "the sampler and the trainer with the same model.path"
-        )
-    for name in ("old_logp", "ref_logp", "rollout_logp"):
-        values = getattr(c, name)
-        if values is not None and not np.isfinite(values).all():
-            return f"its {name} holds a value that is not finite"
+    for name in ("prompt_ids", "completion_ids"):
+        ids = getattr(c, name)
+        if not ids.size:
+            continue
+        low, top = int(ids.min()), int(ids.max())
+        if low < 0:  # refused by decoding already; kept so that this check is whole alone
+            return f"its {name} holds token id {low}, below 0"
+        if top >= want.vocab_size:
+            return (
+                f"its {name} holds token id {top}, beyond the model's {want.vocab_size} "
+                "embeddings: start the sampler and the trainer with the same model.path"
+            )
+    for lens, key, limit in (
+        (c.prompt_len, "data.max_prompt_tokens", want.max_prompt_tokens),
+        (c.completion_len, "rollout.max_new_tokens", want.max_new_tokens),
+    ):
+        if limit is not None and lens.size and (longest := int(lens.max())) > limit:
+            return (
+                f"it holds a {'prompt' if key.startswith('data') else 'completion'} of "
+                f"{longest} tokens, over the trainer's {key}={limit}: start both roles with "
+                f"the same {key}"
+            )
+    return None
+
+
+def _metrics_misfit(batch: EpisodeBatch) -> str | None:
+    """Fields the trainer's metrics row reads as they are: stat names, numeric infos."""
+    if reserved := sorted(RESERVED_STATS & batch.stats.keys()):
+        return f"its stats name {reserved}, which the metrics row keeps for itself"
+    for info in batch.columns.reward_info:
+        for key in NUMERIC_INFO:
+            value = info.get(key)
+            if value is not None and not is_finite_real(value):
+                return f"its reward_info[{key!r}] is {value!r:.40}, not a finite number"
     return None

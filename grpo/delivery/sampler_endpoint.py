@@ -20,17 +20,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config import TransportConfig
+from grpo.core.columns import is_int
 from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
-from grpo.runtime.progress import ACTIVITY, WAITING
+from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.wire import messages
 from grpo.wire.codec import Message
 from grpo.wire.sampler_channel import SamplerChannel
 from grpo.wire.weight_stream import WeightFetcher
 
 log = logging.getLogger("grpo.sampler")
+
+# Waiting for room in a full spool is work on delivery, not idling: a working phase (it is not in
+# grpo.runtime.progress.IDLE_PHASES), so that the stall check counts it (see wait_for_room).
+DELIVERING = "delivering"
+# Times a batch the trainer passed over is resent before the sampler stops (see _sync).
+MAX_LOST_RESENDS = 3
 
 
 @dataclass
@@ -47,6 +54,7 @@ class TrainerStatus:
     consumed: SeqSet = field(default_factory=SeqSet)  # ... it received (trained or held)
     trained: dict[str, int] = field(default_factory=dict)  # batches trained, per sampler
     alive: int = 0  # samplers the trainer counts as alive (this one included, once heard)
+    activity: Snapshot | None = None  # what the trainer last said it was doing
 
 
 class SamplerEndpoint:
@@ -71,6 +79,7 @@ class SamplerEndpoint:
         self._news = threading.Event()  # set whenever status changes, so waiters wake at once
         self._restarts_handled = 0
         self._resent_at: dict[int, float] = {}  # seq -> when last resent
+        self._lost_resends: dict[int, int] = {}  # seq -> resends as passed over (see _sync)
         # Last: the channel's thread hands up what it hears at once.
         self.channel = SamplerChannel(transport, sampler_id, self._heard, self._stop, exit_on_stall)
 
@@ -104,6 +113,8 @@ class SamplerEndpoint:
             status.trained = trained
         if isinstance(alive, int):
             status.alive = alive
+        if (activity := Snapshot.from_json(body)) is not None:
+            status.activity = activity
         for attr, key in (("acked", "acks"), ("consumed", "consumed")):
             per_sampler = body.get(key)
             if isinstance(per_sampler, dict) and self.sampler_id in per_sampler:
@@ -116,8 +127,12 @@ class SamplerEndpoint:
             self.stopped.set()
         elif msg.kind == messages.STOP:
             self._stop(f"{messages.TRAINER_STOPPED}: {body.get('reason', 'no reason')}")
-        elif msg.kind == messages.REJECTED and body.get("sampler_id") == self.sampler_id:
-            self._stop(f"the trainer rejected batch {body.get('seq')}: {body.get('reason')}")
+        elif (
+            msg.kind == messages.REJECTED
+            and body.get("sampler_id") == self.sampler_id
+            and (reason := own_rejection(body, self.spool)) is not None
+        ):
+            self._stop(reason)
         self._news.set()
 
     def _stop(self, reason: str) -> None:
@@ -158,31 +173,42 @@ class SamplerEndpoint:
         if status.restarts != self._restarts_handled:
             self._restarts_handled = status.restarts
             self._resend(self.spool.pending())
+            self._lost_resends.clear()  # a new trainer: nothing passed over yet
             return
         # A resend needs a few heartbeats to show up as consumed: do not repeat it before.
         patience = 10 * self.transport.heartbeat_s
         now = time.monotonic()
         lost = [s for s in overtaken(self.spool.pending(), status.consumed)
                 if now - self._resent_at.get(s, 0.0) > patience]  # fmt: skip
-        if lost:
-            log.warning("the trainer passed over batches %s (lost on the way): resending", lost)
-            self._resend(lost)
+        if not lost:
+            return
+        if (reason := passed_over_too_often(lost, self._lost_resends)) is not None:
+            self._stop(reason)
+            return
+        log.warning("the trainer passed over batches %s (lost on the way): resending", lost)
+        self._resend(lost)
 
     # ------------------------------------------------------------------ waits
 
-    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+    def wait_until(self, ready: Callable[[], bool], what: str, working: bool = False) -> None:
         """Sleep until `ready()` or the sampler stops, keeping the spool in step meanwhile.
 
         `ready` is checked after each change of the status: it is updated before the news is
-        set, so a change that lands between the check and the wait is never missed."""
+        set, so a change that lands between the check and the wait is never missed.
+        `working`: the wait is in phase DELIVERING, which progresses only while the trainer
+        works (see wait_for_room), instead of the idle WAITING."""
         last_note = time.monotonic()
-        ACTIVITY.enter(WAITING, f"for {what}")
+        ACTIVITY.enter(DELIVERING if working else WAITING, f"for {what}")
+        seen = self.status.activity
         while True:
             self._sync()
             if ready() or self.stopped.is_set():
                 return
             self._news.wait(timeout=5.0)
             self._news.clear()
+            if working and _trainer_moved(seen, now := self.status.activity):
+                ACTIVITY.tick()
+                seen = now
             if time.monotonic() - last_note > 60:
                 log.info("waiting for %s (trainer at version %d)", what, self.status.version)
                 last_note = time.monotonic()
@@ -195,8 +221,15 @@ class SamplerEndpoint:
         self._resend(self.spool.pending())
 
     def wait_for_room(self) -> None:
-        """Wait while the spool is full (the trainer is behind on its acknowledgements)."""
-        self.wait_until(lambda: not self.spool.full(), "acknowledgements (spool full)")
+        """Wait while the spool is full (the trainer is behind on its acknowledgements).
+
+        The trainer saves, and so acknowledges, at least every rollout.spool_max_batches
+        batches (a config check), so a full spool waits on a trainer that is working. One that
+        sits waiting itself (for a batch) will never free a slot: the two wait on each other.
+        So this wait is a working phase whose counter moves with the trainer's work, and a
+        stall after transport.stall_timeout_s without it: the sampler stops naming it, and the
+        trainer drops it, instead of both waiting in silence."""
+        self.wait_until(lambda: not self.spool.full(), "acknowledgements (spool full)", True)
 
     # ------------------------------------------------------------------ the end
 
@@ -216,3 +249,54 @@ class SamplerEndpoint:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _trainer_moved(before: Snapshot | None, now: Snapshot | None) -> bool:
+    """Whether the trainer's activity shows work since `before`: a new phase or progress in a
+    working one. Waiting (for a batch) is not work; nor is a snapshot in DELIVERING, which no
+    trainer enters: it is this process's own (trainer and sampler in one process, in tests)."""
+    if now is None or now == before:
+        return False
+    return now.phase not in IDLE_PHASES and now.phase != DELIVERING
+
+
+def own_rejection(body: dict[str, Any], spool: Spool) -> str | None:
+    """The reason to stop for, when the trainer's rejection under this sampler's id is of its
+    own batch (the checksum it names is the spooled batch's); None, logged, when it is not.
+
+    Stop, not drop the batch and go on: a batch this sampler builds has passed every check a
+    batch can pass alone (grpo.core.columns), so the trainer refuses it only for what the two
+    roles disagree on (batch shape, log-probs, vocabulary, lengths), and would refuse every
+    later batch as well: going on would burn the shard. The batch stays in the spool: if the
+    trainer is the one restarted with the matching config, it is trained then. A rejection
+    naming another checksum was of a batch some other peer sent in this sampler's name: it is
+    ignored (this sampler's batch of that seq still counts). One without a checksum comes from
+    a trainer that names none, and counts."""
+    seq, digest = body.get("seq"), body.get("digest")
+    reason = f"the trainer rejected batch {seq}: {body.get('reason')}"
+    if digest is None or (is_int(seq) and spool.digest(seq) == digest):
+        return reason
+    log.warning("ignored the trainer's rejection of batch %s: not the batch this sampler sent "
+                "under that seq (another peer used its id): %.300s", seq, reason)  # fmt: skip
+    return None
+
+
+def passed_over_too_often(lost: list[int], resends: dict[int, int]) -> str | None:
+    """Count a resend of each batch in `lost` (passed over by the trainer); the reason to stop
+    once one was resent more than MAX_LOST_RESENDS times, else None.
+
+    A batch lost on the way arrives when resent. One passed over again and again is refused
+    on arrival where no rejection can name it (its frames fail decoding at the trainer: a spool
+    file damaged on disk, a lower transport.max_frame_bytes there): resending it for ever would
+    hold its spool slot for ever. Stop, naming it, rather than drop it: it is data the run has
+    not trained, and the cause is on one of the two machines, for its operator to see."""
+    for seq in lost:
+        resends[seq] = resends.get(seq, 0) + 1
+    worst = max(lost, key=resends.__getitem__)
+    if resends[worst] <= MAX_LOST_RESENDS:
+        return None
+    return (
+        f"the trainer passed over batch {worst} after it was sent and resent "
+        f"{MAX_LOST_RESENDS} times: it refuses it on arrival (look for 'dropped a malformed "
+        "frame' in the trainer's log); the batch stays in the spool"
+    )

@@ -26,9 +26,10 @@ from grpo.delivery.admission import Expected, misfit
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
+from grpo.delivery.spool import frames_digest
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
-from grpo.wire.codec import Message
+from grpo.wire.codec import Message, encode_batch
 from grpo.wire.trainer_channel import TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
@@ -108,13 +109,17 @@ class TrainerEndpoint:
             elif (why := misfit(batch, self.expected)) is not None:
                 self._reject(batch, why)
             else:
+                # Only now does the batch count as its sampler's: a refused one is no sign of
+                # life, and a made-up sampler id must not join the pool (samplers pace by it).
+                self.pool.heard(batch.sampler_id)
                 self.order.hold(batch)  # and taken at once when it is the next one
                 self._refresh()
         return batch
 
     def receive_batch(self, wait_s: float | None = None) -> EpisodeBatch | None:
         """The next batch to arrive, or None if `wait_s` passed without one, keeping the pool
-        up to date meanwhile. Raises PeerError when the samplers stop or go silent."""
+        up to date meanwhile.
+        Raises PeerError when the samplers stop or go silent."""
         started = time.monotonic()
         while True:
             item = self.channel.receive(timeout_ms=500)
@@ -134,11 +139,14 @@ class TrainerEndpoint:
                 return None
 
     def _heard(self, item: EpisodeBatch | Message) -> None:
-        """Anything from a sampler shows it alive; its heartbeat also says what it is doing."""
-        batch = isinstance(item, EpisodeBatch)
-        sampler_id = item.sampler_id if batch else item.body.get("sampler_id")
+        """A message from a sampler shows it alive; its heartbeat also says what it is doing.
+        A batch does not yet: only once admitted (next_batch), so that a refused one leaves no
+        trace in the pool."""
+        if isinstance(item, EpisodeBatch):
+            return
+        sampler_id = item.body.get("sampler_id")
         if isinstance(sampler_id, str):
-            heartbeat = not batch and item.kind == messages.HEARTBEAT
+            heartbeat = item.kind == messages.HEARTBEAT
             self.pool.heard(sampler_id, item.body if heartbeat else None)
 
     def _check_pool(self) -> None:
@@ -173,12 +181,19 @@ class TrainerEndpoint:
 
     def _reject(self, batch: EpisodeBatch, why: str) -> None:
         """Drop a batch this trainer cannot train on, and tell its sampler, which stops with
-        the reason: the run goes on for any other sampler, and a peer cannot end it this way."""
+        the reason: the run goes on for any other sampler. Nothing is recorded of it (ledger,
+        held batches, pool), so the real batch of that seq is still taken. The rejection names
+        the batch by its checksum: a sampler stops only for its own batch, never for one that
+        another peer sent in its name."""
         self.rejected_batches += 1
         log.warning("dropped batch %d from %s (%d so far): %s", batch.seq, batch.sampler_id,
                     self.rejected_batches, why)  # fmt: skip
         self.channel.announce(
-            messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq, reason=why
+            messages.REJECTED,
+            sampler_id=batch.sampler_id,
+            seq=batch.seq,
+            reason=why,
+            digest=frames_digest(encode_batch(batch)),
         )
 
     def consumed(self) -> None:

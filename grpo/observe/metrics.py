@@ -59,18 +59,25 @@ def info_rates(infos: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def per_sampler(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each sampler's share of a run: batches, mean reward, accuracy, generation speed."""
+    """Each sampler's share of a run: batches, mean reward, accuracy, generation speed. A
+    number some rows lack (a sampler's own stats: a batch need not carry them) is the mean
+    of the rows that have it, NaN if none does: the run's end never fails on a missing key."""
     out: dict[str, dict[str, float]] = {}
-    for sid in sorted({r["sampler_id"] for r in rows}):
-        mine = [r for r in rows if r["sampler_id"] == sid]
+    for sid in sorted({str(r.get("sampler_id")) for r in rows}):
+        mine = [r for r in rows if str(r.get("sampler_id")) == sid]
+        staleness = [r["staleness"] for r in mine if "staleness" in r]
         out[sid] = {
             "batches": len(mine),
-            "reward_mean": mean([r["reward_mean"] for r in mine]),
-            "accuracy": mean([r["accuracy"] for r in mine]),
-            "gen_tokens_per_s": mean([r["sampler_gen_tokens_per_s"] for r in mine]),
-            "staleness_max": max(r["staleness"] for r in mine),
+            "reward_mean": mean(_present(mine, "reward_mean")),
+            "accuracy": mean(_present(mine, "accuracy")),
+            "gen_tokens_per_s": mean(_present(mine, "sampler_gen_tokens_per_s")),
+            "staleness_max": max(staleness, default=0),
         }
     return out
+
+
+def _present(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if isinstance(r.get(key), (int, float))]
 
 
 def series(rows: list[dict[str, Any]], key: str, x: str = "step") -> tuple[list, list]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.core.columns import VALUE_LIMIT, is_finite_real
+
 SCORE, SCORES, ERROR, PING, PONG = "score", "scores", "error", "ping", "pong"
 ITEM_FIELDS = ("prompt", "answer", "reference")
 
@@ -63,4 +65,14 @@ def parse_scores(body: dict[str, Any], n: int) -> list[tuple[float, dict[str, An
         raise ValueError("a scores reply has a reward that is not a number")
     if not all(isinstance(i, dict) for i in infos):
         raise ValueError("a scores reply has an info that is not a map")
-    return [(float(r), i) for r, i in zip(rewards, infos, strict=True)]
+    return [_checked(r, i) for r, i in zip(rewards, infos, strict=True)]
+
+
+def _checked(reward: float, info: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """One score as the service sent it, or, if it is not a number the trainer can train on,
+    0 with a reward_error (as an ERROR reply scores): refused here, where it enters, and only
+    this answer's, so the rest of the reply counts and a cached reply is not asked for again."""
+    if is_finite_real(reward) and abs(reward) <= VALUE_LIMIT:
+        return float(reward), info
+    why = f"reward service: score {reward!r:.40} is not a finite number within +-{VALUE_LIMIT:g}"
+    return 0.0, {**info, "reward_error": why}

@@ -4,13 +4,17 @@ weighted and summed (grpo.reward_service.client.combine)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
 from grpo.config import Config
+from grpo.core.columns import VALUE_LIMIT, is_finite_real
 from grpo.reward_service.client import RewardClient, Scored, combine
 from grpo.reward_service.protocol import Item
 from grpo.tasks import RewardRunner, Row, Task, run_reward
+
+log = logging.getLogger("grpo.sampler")
 
 
 class SamplerRewards:
@@ -47,12 +51,31 @@ class SamplerRewards:
     def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[Scored]:
         rule = self.rules.score_all(calls)
         if self.service is None:
-            return rule
+            return checked_rewards(rule)
         model = self.service.score([self.item(text, row) for text, row in calls])
         r = self.cfg.reward
-        return combine(rule, model, r.rule_weight, r.model_weight)
+        return checked_rewards(combine(rule, model, r.rule_weight, r.model_weight))
 
     def close(self) -> None:
         self.rules.close()
         if self.service is not None:
             self.service.close()
+
+
+def checked_rewards(scored: Sequence[Scored]) -> list[Scored]:
+    """Each reward as it is, or, when it is not a finite number within the trainer's bound
+    (a reward function's 1e39, weights that push a sum past it), 0 with a reward_error, as a
+    failed reward call scores (grpo.tasks.score): the batch is then one the trainer takes,
+    where a batch holding it would be refused whole. One line names the answers."""
+    out, bad = [], []
+    for i, (reward, info) in enumerate(scored):
+        if is_finite_real(reward) and abs(reward) <= VALUE_LIMIT:
+            out.append((reward, info))
+            continue
+        bad.append(i)
+        why = f"reward {reward!r:.40} is not a finite number within +-{VALUE_LIMIT:g}"
+        out.append((0.0, {**info, "reward_error": why}))
+    if bad:
+        log.warning("answers %s scored a reward that is not a finite number within +-%g: they "
+                    "score 0 (reward_error)", ", ".join(map(str, bad)), VALUE_LIMIT)  # fmt: skip
+    return out
