@@ -203,11 +203,6 @@ def test_reward_replies(body: dict[str, Any], n: int) -> None:
     parsed_scores(body, n)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 4: parse_scores takes NaN and inf rewards; fixed by the part validating "
-    "at the edge (item 1)",
-)
 @FUZZ
 @example({"rewards": [math.nan], "infos": [{}]}, 1)
 @given(REPLY, st.integers(0, 4))

@@ -69,12 +69,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id
         policy, vocab_size = policy_engine(cfg, self.model_path, self.world)
-        self.expected = Expected(
-            groups=cfg.rollout.questions_per_step,
-            group_size=cfg.rollout.group_size,
-            arrays=self.plan.scored_by_sampler,
-            vocab_size=vocab_size,
-        )
+        self.expected = Expected.for_run(cfg, self.plan.scored_by_sampler, vocab_size)
         ds_config = deepspeed_config(cfg, self.world, self.plan.mini_batch_seqs)
         # train.logprobs_on: trainer: the old and reference log-probs the run needs
         # (grpo.config.passes) are computed here.
