@@ -8,15 +8,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import zmq
 
-from bench.common import descendants, kill_tree, start_role
+from bench.common import descendants, free_port, kill_tree, start_role
 from grpo.runtime.lifetime import alive
 from tests.conftest import PYTHON, transport_overrides
 from tests.test_integration import _assert_no_stray_processes, tiny_config
@@ -208,63 +205,49 @@ def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_
     )
 
 
-def _hostile_peer(addr: str, stop: threading.Event, sent: list[int]) -> None:
-    """Garbage, truncated and oversized frames at the trainer's episode port, and a
-    well-formed batch of a shape the trainer does not train on."""
-    from grpo.wire.codec import Message, encode_batch, encode_message
-    from tests.test_episode import make_batch
+@pytest.mark.xdist_group("crash_tests")  # with the crash tests: one straight run for all
+def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straight_run):
+    """The soak test: for the whole run a local peer sends malformed batches under the real
+    sampler's id and sequence numbers, noise, truncated and oversized frames, headers that
+    swell when unpacked, control messages of the wrong types and malformed weight requests
+    (tests/hostile_peer.py). The run completes, every batch trained once, and its weights
+    equal the straight run's bit for bit: nothing the peer sent was trained, counted as seen
+    or obeyed. Samplers fetch weights over ZeroMQ here, so the weight server is attacked
+    while it serves the real sampler."""
+    from tests.hostile_peer import HostilePeer
 
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.setsockopt(zmq.SNDTIMEO, 1000)
-    push.connect(addr)
-    rng = np.random.default_rng(0)
-    real = encode_message(Message("heartbeat", {"sampler_id": "evil"}))[0]
-    kinds = [
-        lambda: [rng.bytes(int(rng.integers(1, 2000)))],  # noise
-        lambda: [real[: int(rng.integers(1, len(real)))]],  # truncated
-        lambda: [real, rng.bytes(64)],  # an extra frame
-        lambda: [bytes(2 << 20)],  # over transport.max_frame_bytes (1 MiB here)
-        lambda: encode_batch(make_batch(num_groups=3)),  # the run's batches hold 4 groups
-    ]
-    try:
-        while not stop.is_set():
-            try:
-                push.send_multipart(kinds[sent[0] % len(kinds)]())
-                sent[0] += 1
-            except zmq.Again:
-                pass
-            time.sleep(0.02)
-    finally:
-        push.close()
-        ctx.term()
-
-
-def test_garbage_truncated_and_oversized_frames_during_a_run(tmp_path, tiny_model_dir):
-    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir, ranks=1)
-    overrides = [*overrides, "transport.max_frame_bytes=1048576", "train.total_steps=4"]
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    weights_addr = f"tcp://127.0.0.1:{free_port()}"
+    max_frame = 1 << 20
+    overrides = [*overrides, f"transport.max_frame_bytes={max_frame}",
+                 f"transport.weights_addr={weights_addr}"]  # fmt: skip
     addr = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.episodes_addr"))
-    log = tmp_path / "both.log"
-    launch = start("both", config, overrides, log)
-    stop, sent = threading.Event(), [0]
-    peer = threading.Thread(target=_hostile_peer, args=(addr, stop, sent), daemon=True)
-    peer.start()
+    # The sampler as on a node of its own: its own output dir, weights fetched from the server.
+    node = tmp_path / "sampler-node"
+    spool = node / "spool/tiny/sampler-0"
+    logs = {role: tmp_path / f"{role}.log" for role in ("trainer", "sampler")}
+    procs = [
+        start("trainer", config, overrides, logs["trainer"]),
+        start("sampler", config, [*overrides, f"output_dir={node}"], logs["sampler"]),
+    ]
+    peer = HostilePeer(addr, weights_addr, max_frame).start()
     try:
-        finish([launch], timeout=600)
+        finish(procs, timeout=600)
     finally:
-        stop.set()
-        peer.join(timeout=10)
-    assert launch.returncode == 0, log.read_text()[-3000:]
-    rows = rows_of(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+        sent = peer.stop()
+    trainer, sampler = (logs[role].read_text() for role in ("trainer", "sampler"))
+    assert all(p.returncode == 0 for p in procs), trainer[-3000:] + sampler[-3000:]
+    assert "fetched weights" in sampler or "fetched version" in sampler, sampler[-3000:]
+    rows = assert_exactly_once(run_dir, spool, sampler)
+    diff = assert_same_as_straight(run_dir, straight_run)
     assert rows[-1]["rejected_frames"] > 0 and rows[-1]["rejected_batches"] > 0
-    text = log.read_text()
-    assert "dropped a malformed frame" in text
-    assert "dropped batch 17 from sampler-3" in text and "rollout.questions_per_step" in text
-    print(f"\nchaos/garbage: {sent[0]} hostile messages sent, {rows[-1]['rejected_frames']} "
-          f"malformed and {rows[-1]['rejected_batches']} misfit batches rejected by the last "
-          "step, run completed")  # fmt: skip
+    assert "dropped a malformed frame" in trainer
+    assert all(n > 0 for n in sent.values()) and len(sent) >= 20, sent
+    counts = ", ".join(f"{where}/{kind} {n}" for (where, kind), n in sorted(sent.items()))
+    print(f"\nchaos/soak: sent {sum(sent.values())} hostile messages ({counts}); "
+          f"{rows[-1]['rejected_frames']} malformed frames and {rows[-1]['rejected_batches']} "
+          f"misfit batches rejected by the last step; final weights vs the straight run: "
+          f"max |diff| {diff}")  # fmt: skip
     _assert_no_stray_processes(config)
 
 
