@@ -5,7 +5,7 @@ The vLLM rows need vLLM installed (scripts/setup.sh --dev or --vllm)."""
 
 import argparse
 
-from bench import e2e, logprobs, overlap, padding, recovery, transport, vllm, weight_sync
+from bench import e2e, hostile, logprobs, overlap, padding, recovery, transport, vllm, weight_sync
 from grpo.runtime.host_memory import keep_freed_memory
 
 # name -> module, in the order of the table; each module's run(quick) returns its rows
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "overlap": overlap,
     "e2e": e2e,
     "recovery": recovery,
+    "hostile": hostile,
     "vllm": vllm,
 }
 
