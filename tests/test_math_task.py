@@ -118,6 +118,25 @@ def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: "\\boxed{" * (n // 7),  # none closes
+        lambda n: "\\boxed{" * (n // 16) + "\\boxed{ }" + "}" * (n // 16),  # nested, empty
+    ],
+    ids=["unclosed", "nested"],
+)
+def test_extract_boxed_is_linear(make):
+    """finding 5: balancing each `\\boxed{` from its start read the rest of the text once per
+    box (quadratic Python); the Python lines run now grow with the text, not its square."""
+    from tests.growth import FACTOR, line_events
+
+    assert extract_boxed(make(8000)) is None
+    assert extract_boxed(make(8000) + r" \boxed{x^2}") == "x^2"
+    small, large = line_events(extract_boxed, make(500)), line_events(extract_boxed, make(4000))
+    assert large <= FACTOR * small * 1.2 + 50, (small, large)
+
+
 def test_reward_values_and_info():
     row = {"problem": "p", "answer": r"\frac{1}{2}"}
     assert reward(r"so \boxed{0.5}", row) == (

@@ -179,10 +179,29 @@ def test_a_failing_backend_scores_zero_with_the_reason():
     ("reply", "score"),
     [("The answer is right. Score: 9", 9.0), ("score=3.5 because...", 3.5),
      ("Score: 2. On reflection, Score: 7", 7.0), ("It deserves 8", 8.0),
-     ("8 out of ten, roughly: wrong", None), ("no idea", None)],
+     ("8 out of ten, roughly: wrong", None), ("no idea", None), ("so: -3 .", -3.0),
+     ("1.2.3", 2.3), ("10-5", -5.0), ("x.5", 5.0), ("it is 7 -", 7.0), ("--4!", -4.0),
+     ("a 12.50\n\n", 12.5), ("", None), ("Score :\t 4", 4.0)],
 )  # fmt: skip
 def test_the_judges_score_is_the_last_score_or_a_final_number(reply, score):
     assert score_in_reply(reply) == score
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda n: "1" + " " * n + "x", lambda n: "1" + " -" * (n // 2) + "x",
+     lambda n: "score" + " " * n + ":x", lambda n: "7" * n + "x"],
+    ids=["blanks", "signs", "score blanks", "digits"],
+)  # fmt: skip
+def test_reading_the_judges_score_is_linear(make):
+    """finding 5: the last-number pattern `(-?\\d+(?:\\.\\d+)?)\\s*\\W*\\s*$` split a run of
+    blanks between its three quantifiers, from every start: cubic (0.8 s at 800 characters).
+    Times on 100 and 800 characters grow as the text does."""
+    from tests.growth import LINEAR_BOUND, time_growth
+
+    assert score_in_reply(make(5000)) is None
+    assert score_in_reply(make(5000) + " 6") == 6.0
+    assert time_growth(score_in_reply, make, 100) < LINEAR_BOUND
 
 
 def test_judge_scores_are_scaled_and_clipped():

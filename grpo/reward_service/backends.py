@@ -95,17 +95,22 @@ class Classifier:
 
 
 _SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-_LAST_NUMBER = re.compile(r"(-?\d+(?:\.\d+)?)\s*\W*\s*$")
+# A number ending the reply, read backwards from the end: the reply reversed, then a run of
+# non-word characters (blanks and punctuation after the number) and the number reversed.
+# Matched once at the start, not searched from every position: linear, where the forward
+# pattern "(-?\d+(?:\.\d+)?)\s*\W*\s*$" split a run of blanks between its three
+# quantifiers from every start, cubic (issue 29, finding 5).
+_LAST_NUMBER_REVERSED = re.compile(r"\W*((?:\d+\.)?\d+-?)")
 
 
 def score_in_reply(reply: str) -> float | None:
-    """The judge's score: the last 'Score: N' in its reply, else a number ending the reply;
-    None if there is neither."""
+    """The judge's score: the last 'Score: N' in its reply, else a number ending the reply
+    (blanks and punctuation may follow it); None if there is neither."""
     found = _SCORE.findall(reply)
     if found:
         return float(found[-1])
-    end = _LAST_NUMBER.search(reply)
-    return float(end.group(1)) if end else None
+    end = _LAST_NUMBER_REVERSED.match(reply[::-1])
+    return float(end.group(1)[::-1]) if end else None
 
 
 def normalised(value: float, low: float, high: float) -> float:

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from .base import REPO_ROOT, Row, Task, load_rows_with, question_messages, register_task
-from .gsm8k import FORMAT_REWARD, _boxed_contents
+from .gsm8k import FORMAT_REWARD, boxed_spans
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -59,10 +59,11 @@ class CheckerError(RuntimeError):
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last non-empty ``\\boxed{...}`` (nested braces balanced), else None."""
-    for _, content in sorted(_boxed_contents(text), reverse=True):
-        if content.strip():
-            return content.strip()
+    """Content of the last non-empty innermost ``\\boxed{...}`` (nested braces balanced), else
+    None. Linear in the text (`grpo.tasks.gsm8k.boxed_spans`): the contents do not overlap."""
+    for _, start, end in sorted(boxed_spans(text), reverse=True):
+        if content := text[start:end].strip():
+            return content
     return None
 
 
