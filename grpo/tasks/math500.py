@@ -11,6 +11,8 @@ or thread can stop the hangs that matter most: SymPy evaluating ``10^{10^{10^{10
 one C call and never returns to the interpreter. A child that does not answer within
 `CHECK_TIMEOUT_S` is killed (the next check starts a new one) and the check raises, which
 `grpo.tasks.score` records as a ``reward_error`` with reward 0. Any thread may call `reward`.
+The child dies with its parent (`grpo.tasks.children`): a sampler or reward worker killed
+during a hung check leaves no SymPy process behind.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import threading
 import time
 from typing import Any
 
+from . import children
 from .base import REPO_ROOT, Row, Task, load_rows_with, question_messages, register_task
+from .children import die_with_parent
 from .gsm8k import FORMAT_REWARD, boxed_spans
 
 __all__ = [
@@ -96,6 +100,7 @@ def check(gold: str, pred: str) -> tuple[bool, bool]:
 
 def _serve() -> None:
     """The child: one JSON request per stdin line, one JSON reply per line on the real stdout."""
+    die_with_parent()  # a check hung in C never reads stdin again, so never sees its EOF
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which closes stdin
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # anything a library prints goes to stderr, not into the replies
@@ -155,7 +160,7 @@ class _Checker:
         self._stop()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        self._proc = subprocess.Popen(
+        self._proc = children.start(
             [sys.executable, "-c", "from grpo.tasks.math500 import _serve; _serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
