@@ -36,12 +36,14 @@ class RewardConfig:
     timeout_s: float = knob(
         60.0,
         "seconds one reward call may run, from its start; past it the answer scores 0 with "
-        "reward_error 'timeout' (the step's reward_timeouts) and its thread is abandoned",
+        "reward_error 'timeout' (the step's reward_timeouts) and its worker process is killed "
+        "and replaced",
     )
     workers: int = knob(
         4,
-        "threads scoring answers at once (sampler and evaluation); with more than 1 the reward "
-        "function must be thread-safe; 1 = one call at a time, in order",
+        "worker processes scoring answers at once (sampler and evaluation), kept for the run; "
+        "the reward function must be importable (a top-level function of a module); 1 = one "
+        "call at a time, in order",
     )
     service_addr: str = knob(
         "",

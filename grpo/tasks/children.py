@@ -2,13 +2,14 @@
 
 A reward worker or math-verify's checker can be stuck in one C call (a catastrophic regex,
 SymPy evaluating ``10^{10^{10^{10}}}``) that never reads its input again, so it would never see
-its parent go; docs/reliability.md promises no orphans. On Linux the child asks the kernel for
-a SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)``, `die_with_parent`, the child's
-first act). The kernel sends it when the *thread* that forked the child ends, not the process,
-so `start` forks every child from one daemon thread that lives as long as the process: a child
-started from a short-lived thread (an evaluation's, a test's) is not killed with that thread.
-Elsewhere than Linux there is no such signal: a child then ends only on its own (at the end of
-its input), which a hung one never reaches.
+its parent go; docs/reliability.md promises no orphans. The child calls
+`grpo.runtime.lifetime.die_with_parent` first thing: on Linux the kernel then SIGKILLs it when
+its parent dies (``prctl(PR_SET_PDEATHSIG)``). The kernel sends that signal when the *thread*
+that forked the child ends, not the process, so `start` forks every child from one daemon
+thread that lives as long as the process: a child started from a short-lived thread (an
+evaluation's, a test's) is not killed with that thread. Elsewhere than Linux there is no such
+signal: a child then ends only on its own (at the end of its input), which a hung one never
+reaches.
 
 Children are started with fork and exec (``subprocess``), as a fresh interpreter: safe in a
 process with threads, ZeroMQ sockets and CUDA, which a bare fork is not.
@@ -16,21 +17,16 @@ process with threads, ZeroMQ sockets and CUDA, which a bare fork is not.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
-import signal
 import subprocess
-import sys
 import threading
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["PARENT_PID", "die_with_parent", "start"]
+from grpo.runtime.lifetime import PARENT_ENV
 
-# The environment variable a child reads its parent's pid from (see `die_with_parent`).
-PARENT_PID = "GRPO_PARENT_PID"
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+__all__ = ["start"]
 
 _Launch = tuple[list[str], dict[str, Any], Future]
 
@@ -67,20 +63,8 @@ _LAUNCHER = _Launcher()
 
 
 def start(args: list[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
-    """``subprocess.Popen(args, env=..., **kwargs)``, forked from the launcher thread, with
-    PARENT_PID in the child's environment for its `die_with_parent`."""
+    """``subprocess.Popen(args, env=..., **kwargs)``, forked from the launcher thread, with this
+    process named in the child's GRPO_PARENT_PID for its `die_with_parent`."""
     env = dict(os.environ if env is None else env)
-    env[PARENT_PID] = str(os.getpid())
+    env[PARENT_ENV] = str(os.getpid())
     return _LAUNCHER.start(args, {**kwargs, "env": env})
-
-
-def die_with_parent() -> None:
-    """In a child that `start` started: be SIGKILLed when the parent dies. If the parent died
-    before the request took effect (this process was already handed to another), exit now."""
-    parent = int(os.environ.get(PARENT_PID, "0"))
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if parent and os.getppid() != parent:
-        os._exit(1)

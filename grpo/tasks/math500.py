@@ -30,9 +30,10 @@ import threading
 import time
 from typing import Any
 
+from grpo.runtime.lifetime import die_with_parent
+
 from . import children
 from .base import REPO_ROOT, Row, Task, load_rows_with, question_messages, register_task
-from .children import die_with_parent
 from .gsm8k import FORMAT_REWARD, boxed_spans
 
 __all__ = [
