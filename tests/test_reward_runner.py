@@ -8,7 +8,6 @@ wall-clock speed-ups, so a loaded machine cannot fail them."""
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import subprocess
 import sys
