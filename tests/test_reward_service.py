@@ -257,3 +257,135 @@ def test_a_run_scored_by_the_rule_and_a_reward_model_served_by_launch_sh(
     assert served, log[-3000:]
     assert int(served.group(2)) == 2 * 16  # each answer once: 2 batches of 4 x 4
     _assert_no_stray_processes(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# One bad request fails only itself (issue 29, finding 6)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [
+        ("Grade {answer}, boxed as \\boxed{}", "'{}' is not a placeholder"),
+        ("Grade {answer} for {question}", "'{question}' is not a placeholder"),
+        ("Grade {answer.upper}", "'{answer.upper}' is not a placeholder"),
+        ("Grade {answer", "expected '}' before end of string"),
+        ("Grade } {answer}", "Single '}' encountered in format string"),
+        ("Grade {prompt}", "no {answer}: the judge would never see the answer"),
+        ("Grade {answer:d}", "ValueError: Unknown format code 'd'"),
+    ],
+)
+def test_a_judge_template_that_cannot_be_formatted_is_refused_at_load(template, problem):
+    """finding 6: a stray `{}` in reward_server.template (`\\boxed{}`) raised on every judge
+    call, and each failure became a reward of 0.0 that was trained on. The config refuses it in
+    one line naming the key."""
+    from grpo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"reward_server.template={json.dumps(template)}"])
+    message = str(e.value)
+    assert message.startswith("reward_server.template: ") and problem in message, message
+    assert "\n" not in message
+    ok = "Grade {prompt!r}: {answer:>3} ({reference}), as \\boxed{{}}"
+    assert load_config(None, [f"reward_server.template={json.dumps(ok)}"]).reward_server.template
+
+
+class Picky:
+    """Scores by answer length, but a batch holding the answer "poison" raises, as a model
+    whose input is too long would (CUDA out of memory)."""
+
+    name = "picky"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def score(self, items: Sequence[Item]) -> list[tuple[float, dict]]:
+        self.calls.append(len(items))
+        if any(it.answer == "poison" for it in items):
+            raise RuntimeError("CUDA out of memory")
+        if any(it.answer == "nan" for it in items):
+            return [(float("nan") if it.answer == "nan" else 1.0, {}) for it in items]
+        if any(it.answer == "unencodable" for it in items):
+            return [(1.0, {"set": {1}}) for it in items]
+        return [(float(len(it.answer)), {"length": len(it.answer)}) for it in items]
+
+
+def _score_at_once(addr: str, requests: list[list[Item]]) -> list[list[tuple[float, dict]]]:
+    """Each list of items from its own sampler, all sent within the service's gathering wait."""
+    clients = [RewardClient(addr, timeout_s=10, retries=0, sampler_id=f"s{i}") for i in
+               range(len(requests))]  # fmt: skip
+    got: dict[int, list] = {}
+    threads = [
+        threading.Thread(target=lambda i=i, c=c: got.__setitem__(i, c.score(requests[i])))
+        for i, c in enumerate(clients)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for c in clients:
+        c.close()
+    return [got[i] for i in range(len(requests))]
+
+
+def test_one_bad_request_fails_only_itself():
+    """finding 6: one request the backend cannot score failed the whole batch it was gathered
+    into, other samplers' requests included. Now those are scored again on their own."""
+    backend = Picky()
+    good, bad = [Item("q", "four"), Item("q", "sixsix")], [Item("q", "poison")]
+    with serving(backend, batch_wait_s=1.0) as server:
+        got_good, got_bad = _score_at_once(server.addr, [good, bad])
+        assert server.counters.failures >= 1
+    assert got_good == [(4.0, {"length": 4}), (6.0, {"length": 6})]
+    assert got_bad == [(0.0, {"reward_error": "reward service: the reward backend failed: "
+                                              "RuntimeError: CUDA out of memory"})]  # fmt: skip
+    assert backend.calls[0] == 3  # gathered into one call first
+
+
+def test_a_request_that_breaks_its_handling_is_answered_and_the_service_goes_on(monkeypatch):
+    """finding 6 / item 2: an error while handling one request (here parse_request raising what
+    it never should) ended the serving thread: every later request went unanswered."""
+    parse = protocol.parse_request
+
+    def breaks_on_x(body, max_items):
+        if body.get("items", [{}])[0].get("answer") == "x":
+            raise TypeError("unexpected")
+        return parse(body, max_items)
+
+    monkeypatch.setattr(protocol, "parse_request", breaks_on_x)
+    with serving(Picky()) as server:
+        client = RewardClient(server.addr, timeout_s=5, retries=0)
+        (broken,) = client.score([Item("q", "x")])
+        assert broken[0] == 0.0 and "TypeError: unexpected" in broken[1]["reward_error"]
+        assert client.score([Item("q", "abc")]) == [(3.0, {"length": 3})]
+        client.close()
+
+
+def test_scores_the_wire_cannot_carry_fail_only_their_request():
+    """A backend's non-finite score or an info msgpack cannot encode fails its own request,
+    answered with the reason, and the service goes on."""
+    with serving(Picky()) as server:
+        client = RewardClient(server.addr, timeout_s=5, retries=0)
+        nan, fine = client.score([Item("q", "nan"), Item("q", "ok")])
+        assert nan == (0.0, {"reward_error": "reward service: the backend gave a non-finite "
+                                             "score (nan)"})  # fmt: skip
+        assert fine == (1.0, {})
+        (unencodable,) = client.score([Item("q", "unencodable")])
+        assert unencodable[0] == 0.0 and "cannot be sent" in unencodable[1]["reward_error"]
+        assert client.score([Item("q", "abc")]) == [(3.0, {"length": 3})]
+        client.close()
+
+
+def test_the_judges_prompt_is_cut_to_its_context(tiny_model_dir):
+    """finding 6: the judge never truncated its prompts; one huge answer made its whole batch
+    fail (or fill the GPU). Now the question and answer are cut in the middle to fit."""
+    judge = Judge(tiny_model_dir, "float32", "Grade: {prompt} {answer} {reference}", (0, 10),
+                  max_new_tokens=4, batch_size=4, max_tokens=64)  # fmt: skip
+    huge = Item("What is 2 + 2? " * 200, "It is four. " * 2000, "4")
+    ids = judge.prompt_ids(huge)
+    assert len(ids) <= 64
+    text = judge.tokenizer.decode(ids)
+    assert "Grade: What is 2 + 2?" in text and "[...]" in text
+    scored = judge.score([huge, ITEMS[0]])
+    assert len(scored) == 2 and all("reward_error" not in info for _, info in scored)

@@ -76,12 +76,17 @@ class RewardServerConfig:
     dtype: Literal["float32", "bfloat16"] = knob("float32", "its parameter dtype")
     template: str = knob(
         "",
-        "the judge's instruction with {prompt}, {answer} and {reference}, asking for a reply "
-        "that ends in 'Score: N'; '' = the built-in one (0 to 10)",
+        "the judge's instruction with {prompt}, {answer} and {reference} (no other braces: a "
+        "literal one is written twice, \\boxed{{}}), asking for a reply that ends in 'Score: "
+        "N'; '' = the built-in one (0 to 10)",
     )
     score_range: list[float] = knob([0.0, 10.0], "the judge's scale [low, high], mapped to [0, 1]")
     max_new_tokens: int = knob(64, "the judge's reply length")
-    max_tokens: int = knob(2048, "the reward model's input limit (longer is truncated)")
+    max_tokens: int = knob(
+        2048,
+        "the reward model's input limit (longer is truncated), and the judge's prompt limit "
+        "(longer: the question and answer are cut in the middle)",
+    )
     batch_size: int = knob(16, "answers per forward pass")
     max_batch: int = knob(256, "answers gathered from all samplers into one scoring call")
     batch_wait_ms: float = knob(20.0, "how long to gather requests after the first one")
