@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 import zmq
+import zmq.auth
 
 from grpo.models.loading import load_tokenizer
 from grpo.reward_service import protocol
@@ -21,6 +22,7 @@ from grpo.reward_service.backends import Classifier, Judge, normalised, score_in
 from grpo.reward_service.client import RewardClient, RewardServiceError, combine
 from grpo.reward_service.protocol import Item
 from grpo.reward_service.server import RewardServer
+from grpo.wire.codec import Message, encode_message
 from tests.conftest import free_port
 from tests.tiny_model import build_tiny_model
 
@@ -389,3 +391,36 @@ def test_the_judges_prompt_is_cut_to_its_context(tiny_model_dir):
     assert "Grade: What is 2 + 2?" in text and "[...]" in text
     scored = judge.score([huge, ITEMS[0]])
     assert len(scored) == 2 and all("reward_error" not in info for _, info in scored)
+
+
+def test_the_service_has_a_key_of_its_own(tmp_path):
+    """finding 11: the reward service loaded trainer.key_secret, so every reward node held the
+    trainer's identity. It serves with reward.key_secret now (made 0600), on a node without the
+    trainer's secret, and samplers insist on reward.key."""
+    from grpo.reward_service import keys as reward_keys
+    from grpo.wire.keys import generate
+
+    curve = tmp_path / "keys"
+    generate(curve, samplers=1)
+    reward_keys.generate(curve)
+    assert (curve / "reward.key_secret").stat().st_mode & 0o077 == 0
+    with pytest.raises(ValueError, match="exists"):
+        reward_keys.generate(curve)
+    (curve / "trainer.key_secret").unlink()  # not on the reward node
+    backend = Picky()
+    with serving(backend, curve_dir=str(curve)) as server:
+        client = RewardClient(server.addr, timeout_s=10, retries=0, curve_dir=str(curve))
+        assert client.score([Item("q", "abc")]) == [(3.0, {"length": 3})]
+        client.close()
+        # A peer that takes the trainer's key for the service's gets no answer.
+        impostor = zmq.Context()
+        sock = impostor.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        client_pub, client_secret = zmq.auth.load_certificate(curve / "sampler-0.key_secret")
+        sock.curve_publickey, sock.curve_secretkey = client_pub, client_secret
+        sock.curve_serverkey = zmq.auth.load_certificate(curve / "trainer.key")[0]
+        sock.connect(server.addr)
+        sock.send_multipart(encode_message(Message(protocol.PING, {})))
+        assert not sock.poll(timeout=1000)
+        sock.close()
+        impostor.term()

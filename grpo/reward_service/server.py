@@ -24,10 +24,10 @@ import zmq
 from grpo.config import Config
 from grpo.reward_service import protocol
 from grpo.reward_service.backends import RewardBackend, build_backend
+from grpo.reward_service.keys import secure_reward_server
 from grpo.reward_service.protocol import Item
 from grpo.wire.channels import PeerError, bind, is_loopback, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
-from grpo.wire.keys import secure_server
 
 log = logging.getLogger("grpo.reward")
 
@@ -72,7 +72,7 @@ class RewardServer:
         self._auth = None
         try:
             if curve_dir:
-                self._auth = secure_server(self.ctx, [self.router], Path(curve_dir))
+                self._auth = secure_reward_server(self.ctx, self.router, Path(curve_dir))
             elif not is_loopback(addr):
                 log.warning("serving rewards on %s without transport.curve_dir", addr)
             bind(self.router, addr, "reward service")
