@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 
@@ -47,12 +46,102 @@ def slow_text_length(completion: str, sample: dict) -> tuple[float, dict]:
     return text_length(completion, sample)
 
 
-_calls = itertools.count()
-
-
 def first_call_hangs(completion: str, sample: dict) -> tuple[float, dict]:
-    """slow_text_length, except that the process's first call never returns: a hung reward,
-    which reward.timeout_s must turn into one answer scored 0."""
-    if next(_calls) == 0:
-        threading.Event().wait()
-    return slow_text_length(completion, sample)
+    """slow_text_length, except that the sampler's first call never returns: a hung reward,
+    which reward.timeout_s must turn into one answer scored 0. The rewards run in worker
+    processes, several per sampler and replaced after a timeout, so "first" is kept in a
+    file named after the sampler (the workers' parent), which the first call creates."""
+    import os
+    import tempfile
+
+    owner = os.environ.get("GRPO_PARENT_PID", str(os.getpid()))
+    name = f"grpo-first-call-hangs-{owner}-{_started(owner)}"
+    try:
+        os.close(os.open(os.path.join(tempfile.gettempdir(), name), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return slow_text_length(completion, sample)
+    threading.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def _started(pid: str) -> str:
+    """When process `pid` started (clock ticks since boot): with the pid, names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return "0"
+
+
+# ---------------------------------------------------------------------------------------------
+# For grpo.tasks.runner's tests: rewards run in worker processes, so they are defined here (a
+# worker imports them by name) and meet or hang through the file system, not threading objects.
+# ---------------------------------------------------------------------------------------------
+
+
+def length_reward(completion: str, sample: dict) -> tuple[float, dict]:
+    """Later calls finish first (shorter sleeps), so arrival order differs from call order."""
+    import time
+
+    time.sleep(0.01 * sample["sleep"])
+    return len(completion) / 10, {"index": sample["index"], "formatted": len(completion) > 3}
+
+
+def _meet(sample: dict) -> None:
+    """Return once `sample["n"]` calls are inside at the same time, each having put a file in
+    `sample["dir"]`; RuntimeError after `sample["wait_s"]` (fewer ran at once)."""
+    import os
+    import time
+    import uuid
+
+    mine = os.path.join(sample["dir"], uuid.uuid4().hex)
+    os.close(os.open(mine, os.O_CREAT | os.O_EXCL))
+    deadline = time.monotonic() + sample["wait_s"]
+    while len(os.listdir(sample["dir"])) < sample["n"]:
+        if time.monotonic() > deadline:
+            os.unlink(mine)  # gone with its call: a later call does not count it as inside
+            raise RuntimeError(f"fewer than {sample['n']} calls ran at once")
+        time.sleep(0.005)
+
+
+def scripted(completion: str, sample: dict) -> tuple[float, dict]:
+    """Does what the answer says: hang (asleep), regex (a catastrophic pattern that holds the GIL
+    for good), spin (a pure-Python loop), crash (the process exits), exit (SystemExit), boom
+    (an exception), nan, nap (0.75 s), meet (see _meet); anything else scores 1."""
+    import os
+    import re
+    import time
+
+    if completion == "hang":
+        time.sleep(1e6)
+    elif completion == "regex":
+        re.match(r"(a+)+$", "a" * 64 + "!")  # 2^64 steps in one C call
+    elif completion == "spin":
+        while completion:
+            pass
+    elif completion == "crash":
+        os._exit(7)
+    elif completion == "exit":
+        raise SystemExit(3)
+    elif completion == "boom":
+        raise RuntimeError("boom")
+    elif completion == "nan":
+        return float("nan"), {}
+    elif completion == "nap":
+        time.sleep(0.75)
+    elif completion == "meet":
+        _meet(sample)
+    elif completion == "pid":
+        with open(sample["pid_file"], "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(1e6)
+    return 1.0, {"formatted": True}
+
+
+def hangs_on_five(completion: str, sample: dict) -> tuple[float, dict]:
+    """Length / 10, except that an answer of five characters never returns."""
+    import time
+
+    if len(completion) == 5:
+        time.sleep(1e6)
+    return len(completion) / 10, {"correct": sample["q"] == 7, "formatted": True}

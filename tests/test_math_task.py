@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -118,6 +120,25 @@ def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: "\\boxed{" * (n // 7),  # none closes
+        lambda n: "\\boxed{" * (n // 16) + "\\boxed{ }" + "}" * (n // 16),  # nested, empty
+    ],
+    ids=["unclosed", "nested"],
+)
+def test_extract_boxed_is_linear(make):
+    """finding 5: balancing each `\\boxed{` from its start read the rest of the text once per
+    box (quadratic Python); the Python lines run now grow with the text, not its square."""
+    from tests.growth import FACTOR, line_events
+
+    assert extract_boxed(make(8000)) is None
+    assert extract_boxed(make(8000) + r" \boxed{x^2}") == "x^2"
+    small, large = line_events(extract_boxed, make(500)), line_events(extract_boxed, make(4000))
+    assert large <= FACTOR * small * 1.2 + 50, (small, large)
+
+
 def test_reward_values_and_info():
     row = {"problem": "p", "answer": r"\frac{1}{2}"}
     assert reward(r"so \boxed{0.5}", row) == (
@@ -213,6 +234,36 @@ def test_checker_dying_mid_check_scores_zero_with_reward_error(monkeypatch):
     assert info["reward_error"].startswith(("CheckerError: ", "BrokenPipeError: "))
     monkeypatch.undo()
     assert reward(r"\boxed{7}", {"answer": "7"})[0] == 1.0
+
+
+_HUNG_PARENT = """
+from grpo.tasks import math500
+print(math500._CHECKER._running().pid, flush=True)
+math500._CHECKER.check("1", "10^{10^{10^{10}}}", 3600.0)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sigkilled_parent_leaves_no_checker_behind():
+    """finding 10: a sampler SIGKILLed during a hung SymPy check left math-verify's child
+    running for good. The child now dies with its parent: a parent process starts the checker
+    and sends it a check that never ends; once the child is busy on it, the parent is killed."""
+    from tests.orphans import cpu_seconds, kill_if_running, running, wait_until
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _HUNG_PARENT], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        idle = cpu_seconds(child)
+        assert wait_until(lambda: cpu_seconds(child) > idle + 1.0, 120), "the check never ran"
+        parent.kill()
+        parent.wait()
+        assert wait_until(lambda: not running(child), 10), f"checker {child} outlived its parent"
+    finally:
+        parent.kill()
+        kill_if_running(child)
 
 
 def test_reward_from_other_threads():

@@ -1,12 +1,14 @@
-"""grpo.tasks.runner: reward calls on a pool of threads, each within a time limit.
+"""grpo.tasks.runner: reward calls in a pool of worker processes, each within a time limit; a
+worker past it is killed and replaced, whatever it is stuck in.
 
-The overlap tests use a barrier that only `n` calls running at once can pass, not wall-clock
-speed-ups, so a loaded machine cannot fail them; the hung calls wait on an Event that each test
-sets at its end, which lets their abandoned threads finish."""
+The rewards are in tests/rewards_for_tests.py (a worker imports them by name). The overlap
+tests use a barrier in the file system that only `n` calls running at once can pass, not
+wall-clock speed-ups, so a loaded machine cannot fail them."""
 
 from __future__ import annotations
 
 import logging
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -18,50 +20,31 @@ import numpy as np
 import pytest
 
 from grpo.config import ConfigError, load_config
-from grpo.tasks import RewardHangError, RewardRunner, score
+from grpo.tasks import (
+    RewardHangError,
+    RewardRunner,
+    RewardWorkerError,
+    RunnerCounters,
+    score,
+)
 from grpo.tasks.runner import CLOSE_WAIT_S, TIMEOUT
 from tests.conftest import REPO
-from tests.rewards_for_tests import always_raises, digit_fraction
+from tests.orphans import kill_if_running, running, wait_until
+from tests.rewards_for_tests import digit_fraction, hangs_on_five, length_reward, scripted
 
-
-def length_reward(completion: str, row: dict) -> tuple[float, dict]:
-    """Later calls finish first (shorter sleeps), so arrival order differs from call order."""
-    time.sleep(0.01 * row["sleep"])
-    return len(completion) / 10, {"index": row["index"], "formatted": len(completion) > 3}
-
-
-def meet(n: int, wait_s: float):
-    """A reward that returns only once `n` calls are inside it at the same time."""
-    barrier = threading.Barrier(n)
-
-    def reward(completion: str, row: dict) -> float:
-        barrier.wait(wait_s)  # BrokenBarrierError (a reward_error) if fewer run at once
-        return 1.0
-
-    return reward
-
-
-def hangs_on(word: str, release: threading.Event):
-    """A reward that never returns on the answer `word` (until `release` is set)."""
-
-    def reward(completion: str, row: dict) -> tuple[float, dict]:
-        if completion == word:
-            release.wait()
-        return 1.0, {"formatted": True}
-
-    return reward
-
-
-@pytest.fixture
-def release():
-    """The Event hung rewards wait on; set after the test so their threads end."""
-    event = threading.Event()
-    yield event
-    event.set()
+OK = (1.0, {"formatted": True})
+TIMED_OUT = (0.0, {"reward_error": TIMEOUT})
 
 
 def _calls(n: int) -> list[tuple[str, dict]]:
     return [("x" * (i + 1), {"index": i, "sleep": n - i}) for i in range(n)]
+
+
+def _meeting(tmp_path, n: int, wait_s: float = 30.0) -> dict:
+    """The row of a "meet" call: it passes once `n` calls are inside at once."""
+    folder = tmp_path / f"meet-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    return {"dir": str(folder), "n": n, "wait_s": wait_s}
 
 
 @pytest.mark.parametrize("workers", [1, 3, 8])
@@ -72,133 +55,111 @@ def test_results_are_in_call_order_and_equal_scoring_one_by_one(workers):
         assert runner.score_all(calls) == expected
         assert runner.score_all(calls) == expected  # the pool is reused
         assert runner.score_all([]) == []
+        assert runner.counters == RunnerCounters(calls=16)
     assert [info["index"] for _, info in expected] == list(range(8))
 
 
-def test_calls_run_at_once_up_to_workers():
-    with RewardRunner(meet(4, 30), workers=4, timeout_s=30) as runner:
-        assert runner.score_all([("a", {})] * 4) == [(1.0, {})] * 4
+def test_calls_run_at_once_up_to_workers(tmp_path):
+    with RewardRunner(scripted, workers=4, timeout_s=30) as runner:
+        assert runner.score_all([("meet", _meeting(tmp_path, 4))] * 4) == [OK] * 4
     # The control: one worker cannot hold two calls at once, so the barrier breaks.
-    with RewardRunner(meet(2, 0.2), workers=1, timeout_s=30) as runner:
-        out = runner.score_all([("a", {})] * 2)
-    assert all(
-        reward == 0.0 and "BrokenBarrierError" in info["reward_error"] for reward, info in out
-    )
+    with RewardRunner(scripted, workers=1, timeout_s=30) as runner:
+        out = runner.score_all([("meet", _meeting(tmp_path, 2, wait_s=0.2))] * 2)
+    assert all(reward == 0.0 and "fewer than 2" in info["reward_error"] for reward, info in out)
 
 
-def test_a_hung_call_times_out_the_others_score_and_the_pool_goes_on(release, caplog):
-    barrier = threading.Barrier(4)
-
-    def reward(completion: str, row: dict) -> tuple[float, dict]:
-        if completion == "hang":
-            release.wait()
-        if completion == "meet":  # passes only with four calls running at once
-            barrier.wait(10)
-        return 1.0, {"formatted": True}
-
-    ok = (1.0, {"formatted": True})
+def test_a_hung_call_times_out_the_others_score_and_the_pool_goes_on(tmp_path, caplog):
     calls = [("a", {}), ("hang", {}), ("b", {}), ("c", {})]
-    with RewardRunner(reward, workers=4, timeout_s=0.5) as runner:
+    with RewardRunner(scripted, workers=4, timeout_s=0.5) as runner:
         t0 = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="grpo.reward"):
             out = runner.score_all(calls)
         elapsed = time.monotonic() - t0
-        assert out == [ok, (0.0, {"reward_error": TIMEOUT}), ok, ok]
-        assert 0.5 <= elapsed < 10
+        assert out == [OK, TIMED_OUT, OK, OK]
+        assert 0.5 <= elapsed < 30
         (warning,) = [r.getMessage() for r in caplog.records if "did not return" in r.getMessage()]
-        assert "test_a_hung_call_times_out" in warning and "within 0.5 s" in warning
-        assert runner.timeouts == 1 and runner.stuck == 1
+        assert "rewards_for_tests:scripted" in warning and "within 0.5 s" in warning
+        # The killed worker was replaced at once: the pool is whole for the next batch.
+        assert runner.counters == RunnerCounters(calls=4, timeouts=1, kills=1, replacements=1)
+        assert len(runner.pids()) == 4
 
-        # The stuck thread was replaced: four calls still run at once, and a hang in the next
-        # batch times out as well.
-        assert runner.score_all([("meet", {})] * 4) == [ok] * 4
-        assert runner.score_all([("hang", {}), ("d", {})]) == [(0.0, {"reward_error": TIMEOUT}), ok]
-        assert runner.timeouts == 2 and runner.stuck == 2
-
-        release.set()  # the hung calls return: their results are dropped, their threads end
-        deadline = time.monotonic() + 10
-        while runner.stuck and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert runner.stuck == 0
-        assert runner.score_all(calls) == [ok] * 4
+        # Four calls still run at once, and a hang in the next batch times out as well.
+        assert runner.score_all([("meet", _meeting(tmp_path, 4))] * 4) == [OK] * 4
+        assert runner.score_all([("hang", {}), ("d", {})]) == [TIMED_OUT, OK]
+        assert runner.counters == RunnerCounters(calls=10, timeouts=2, kills=2, replacements=2)
 
 
-def test_a_timed_out_worker_is_replaced_within_the_batch(release):
+@pytest.mark.parametrize("stuck", ["regex", "spin"])
+def test_a_call_stuck_in_c_holding_the_gil_times_out(stuck):
+    """finding 5 and item 4: a catastrophic regex holds the GIL in one C call; with rewards on
+    threads, no thread (the one timing it included) ran until it returned (2^64 steps here:
+    never), and the heartbeats stopped with them. In a worker process it is killed at its limit."""
+    with RewardRunner(scripted, workers=2, timeout_s=1.0) as runner:
+        assert runner.score_all([(stuck, {}), ("a", {})]) == [TIMED_OUT, OK]
+        assert runner.score_all([("b", {}), ("c", {})]) == [OK, OK]  # a fresh worker
+        counters = runner.counters
+    assert (counters.timeouts, counters.kills, counters.replacements) == (1, 1, 1)
+
+
+def test_a_timed_out_worker_is_replaced_within_the_batch(tmp_path):
     """Two workers: one hangs; the other naps, then holds the first "meet" at a barrier for
     two. Only a worker started in the hung one's place (at 1.5 s) can run the second "meet"
     before the first one's own limit (at 0.75 + 1.5 s) and let both pass."""
-    barrier = threading.Barrier(2)
+    meet = _meeting(tmp_path, 2)
+    with RewardRunner(scripted, workers=2, timeout_s=1.5) as runner:
+        out = runner.score_all([("hang", {}), ("nap", {}), ("meet", meet), ("meet", meet)])
+    assert out == [TIMED_OUT, OK, OK, OK]
 
-    def reward(completion: str, row: dict) -> float:
-        if completion == "hang":
-            release.wait()
-        elif completion == "nap":
-            time.sleep(0.75)
-        else:
-            barrier.wait(10)
-        return 1.0
 
-    with RewardRunner(reward, workers=2, timeout_s=1.5) as runner:
-        out = runner.score_all([("hang", {}), ("nap", {}), ("meet", {}), ("meet", {})])
-    assert out == [(0.0, {"reward_error": TIMEOUT}), (1.0, {}), (1.0, {}), (1.0, {})]
+def test_a_worker_that_dies_mid_call_scores_zero_and_is_replaced(caplog):
+    with RewardRunner(scripted, workers=2, timeout_s=30) as runner:
+        with caplog.at_level(logging.WARNING, logger="grpo.reward"):
+            out = runner.score_all([("crash", {}), ("a", {}), ("b", {})])
+        assert out == [(0.0, {"reward_error": "the reward worker died (exit code 7)"}), OK, OK]
+        assert runner.score_all([("c", {})] * 3) == [OK] * 3
+        assert runner.counters == RunnerCounters(calls=6, deaths=1, replacements=1)
+    assert "the reward worker died (exit code 7); scored 0, worker replaced" in caplog.text
 
 
 def test_the_timeout_counts_from_the_start_of_each_call():
-    """Six 0.25 s calls on one worker take 1.5 s, past the 1 s limit, yet none times out."""
-
-    def slow(completion: str, row: dict) -> float:
-        time.sleep(0.25)
-        return 0.5
-
-    with RewardRunner(slow, workers=1, timeout_s=1.0) as runner:
+    """Three 0.75 s calls on one worker take 2.25 s, past the 1.5 s limit, yet none times out."""
+    with RewardRunner(scripted, workers=1, timeout_s=1.5) as runner:
         t0 = time.monotonic()
-        assert runner.score_all([("a", {})] * 6) == [(0.5, {})] * 6
-        assert time.monotonic() - t0 >= 1.5 and runner.timeouts == 0
+        assert runner.score_all([("nap", {})] * 3) == [OK] * 3
+        assert time.monotonic() - t0 >= 2.25 and runner.counters.timeouts == 0
 
 
 def test_errors_score_zero_with_reward_error_as_score_reports_them():
-    def not_finite(completion: str, row: dict) -> float:
-        return float("nan")
-
-    calls = [("12ab", {}), ("boom", {}), ("nan", {})]
-
-    def mixed(completion: str, row: dict):
-        fn = {"boom": always_raises, "nan": not_finite}.get(completion, digit_fraction)
-        return fn(completion, row)
-
-    with RewardRunner(mixed, workers=3, timeout_s=30) as runner:
-        out = runner.score_all(calls)
-    assert out[0] == digit_fraction("12ab", {})
+    with RewardRunner(scripted, workers=3, timeout_s=30) as runner:
+        out = runner.score_all([("a", {}), ("boom", {}), ("nan", {})])
+    assert out[0] == OK
     assert out[1] == (0.0, {"reward_error": "RuntimeError: boom"})
     assert out[2][0] == 0.0 and out[2][1]["reward_error"].startswith("ValueError: ")
 
 
-def test_what_score_lets_through_reaches_the_caller():
-    def exits(completion: str, row: dict) -> float:
-        raise SystemExit(3)
+def test_what_score_lets_through_is_raised_naming_the_function():
+    with RewardRunner(scripted, workers=2, timeout_s=30) as runner:
+        with pytest.raises(RewardWorkerError, match=r"rewards_for_tests:scripted raised SystemEx"):
+            runner.score_all([("exit", {}), ("hang", {})])
+        assert runner.score_all([("a", {})]) == [OK]  # the runner goes on with new workers
 
-    with RewardRunner(exits, workers=2, timeout_s=30) as runner, pytest.raises(SystemExit):
-        runner.score_all([("a", {}), ("b", {})])
 
-
-def test_close_returns_at_once_with_a_hung_call(release, caplog):
-    runner = RewardRunner(hangs_on("hang", release), workers=3, timeout_s=0.2)
-    assert runner.score_all([("hang", {}), ("a", {})])[0][1] == {"reward_error": TIMEOUT}
-    idle = [t for t in threading.enumerate() if t.name.startswith("reward-") and t.daemon]
+def test_close_stops_every_worker_at_once():
+    runner = RewardRunner(scripted, workers=3, timeout_s=0.2)
+    assert runner.score_all([("hang", {}), ("a", {})]) == [TIMED_OUT, OK]
+    pids = runner.pids()
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="grpo.reward"):
-        runner.close()
+    runner.close()
     assert time.monotonic() - t0 < CLOSE_WAIT_S + 1
-    assert "1 call(s) past their timeout are still running" in caplog.text
-    assert sum(t.is_alive() for t in idle) == 1  # the stuck one; the idle workers ended
+    assert len(pids) == 3 and not any(running(pid) for pid in pids)
     runner.close()  # twice is fine
     with pytest.raises(RuntimeError, match="closed"):
         runner.score_all([("a", {})])
 
 
-def test_too_many_stuck_calls_stop_with_an_error_naming_the_function(release):
-    runner = RewardRunner(hangs_on("hang", release), workers=2, timeout_s=0.2, max_stuck=1)
-    with runner, pytest.raises(RewardHangError, match=r"hangs_on.<locals>.reward: 2 calls"):
+def test_too_many_timeouts_in_a_row_stop_with_an_error_naming_the_function():
+    runner = RewardRunner(scripted, workers=2, timeout_s=0.2, max_hangs=1)
+    with runner, pytest.raises(RewardHangError, match=r"scripted: 2 calls in a row timed out"):
         runner.score_all([("hang", {}), ("hang", {})])
 
 
@@ -208,26 +169,103 @@ def test_bad_arguments_are_refused():
             RewardRunner(digit_fraction, **kwargs)
 
 
+def test_a_reward_a_worker_cannot_import_is_refused_in_one_line():
+    def local(completion: str, row: dict) -> float:
+        return 1.0
+
+    for fn in (local, lambda c, r: 1.0):
+        with pytest.raises(ValueError, match="cannot be sent to a reward worker process") as e:
+            RewardRunner(fn)
+        assert "\n" not in str(e.value) and "top level of an importable module" in str(e.value)
+
+
+def test_a_reward_module_missing_in_the_worker_is_named(tmp_path, monkeypatch):
+    (tmp_path / "vanishing_reward.py").write_text("def reward(c, r):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from vanishing_reward import reward  # type: ignore[import-not-found]
+
+    runner = RewardRunner(reward, workers=1)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with runner, pytest.raises(RewardWorkerError) as e:
+        runner.score_all([("a", {})])
+    assert str(e.value).startswith(
+        "reward function vanishing_reward:reward cannot be loaded in a worker process: "
+        "ModuleNotFoundError: No module named 'vanishing_reward'"
+    )
+
+
 def test_a_process_whose_reward_spins_forever_still_exits():
-    """A pure-Python infinite loop keeps the GIL moving: it times out, and the process exits
-    although its thread never ends (a ThreadPoolExecutor's would be joined at exit: a hang)."""
+    """A pure-Python infinite loop times out, and the process exits at once."""
     script = textwrap.dedent(
         """
         from grpo.tasks import RewardRunner
+        from tests.rewards_for_tests import scripted
 
-        def spin(completion, row):
-            while completion:
-                pass
-
-        with RewardRunner(spin, workers=2, timeout_s=0.3) as runner:
-            print(runner.score_all([("x", {}), ("", {})]))
+        with RewardRunner(scripted, workers=2, timeout_s=0.3) as runner:
+            print(runner.score_all([("spin", {}), ("boom", {})]))
         """
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    assert "[(0.0, {'reward_error': 'timeout'}), (0.0, {'reward_error': 'TypeError:" in done.stdout
+    assert done.stdout.strip() == str([TIMED_OUT, (0.0, {"reward_error": "RuntimeError: boom"})])
+
+
+_OWNER = """
+import sys
+from grpo.tasks import RewardRunner
+from tests.rewards_for_tests import scripted
+
+runner = RewardRunner(scripted, workers=2, timeout_s=3600)
+print(runner.score_all([("a", {})]), flush=True)
+runner.score_all([("pid", {"pid_file": sys.argv[1]}), ("regex", {})])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sigkilled_owner_leaves_no_worker_behind(tmp_path):
+    """Workers stuck in calls (one asleep, one in a regex holding its GIL) die with the
+    process that started them when it is SIGKILLed: no orphans (docs/reliability.md)."""
+    pid_file = tmp_path / "pid"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(pid_file)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None
+    owner.stdout.readline()  # the workers are up
+    children = [int(p) for p in subprocess.check_output(["pgrep", "-P", str(owner.pid)]).split()]
+    try:
+        assert wait_until(pid_file.exists, 60) and len(children) == 2
+        owner.kill()
+        owner.wait()
+        assert wait_until(lambda: not any(running(pid) for pid in children), 10), children
+    finally:
+        owner.kill()
+        for pid in children:
+            kill_if_running(pid)
+
+
+def test_first_call_hangs_hangs_once_per_sampler():
+    """The multi-sampler test's reward: only the first call of the process that owns the
+    workers hangs, though several workers run it and the killed one is replaced."""
+    from tests.rewards_for_tests import first_call_hangs
+
+    with RewardRunner(first_call_hangs, workers=2, timeout_s=1.0) as runner:
+        first = runner.score_all([("a", {})] * 3)
+        assert first.count(TIMED_OUT) == 1
+        assert TIMED_OUT not in runner.score_all([("b", {})] * 4)
+
+
+def test_counters_as_metrics():
+    stats = RunnerCounters(calls=5, timeouts=1, kills=2, deaths=0, replacements=2).stats()
+    assert stats == {
+        "reward_worker_calls": 5.0,
+        "reward_worker_timeouts": 1.0,
+        "reward_worker_kills": 2.0,
+        "reward_worker_deaths": 0.0,
+        "reward_worker_replacements": 2.0,
+    }
+    assert pickle.loads(pickle.dumps(RunnerCounters())) == RunnerCounters()
 
 
 @pytest.mark.parametrize(
@@ -273,7 +311,7 @@ class _Engine:
         ]
 
 
-def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics(release):
+def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics():
     """A BatchMaker (log-probs on the trainer: no model) whose reward hangs on one answer: that
     answer scores 0 with reward_error 'timeout', the rest score, and the info crosses the wire
     into the trainer's reward_timeouts."""
@@ -288,12 +326,7 @@ def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics(re
     shard = SimpleNamespace(position=0, draw=lambda: prompts)
     weights = SimpleNamespace(version=0, reload_s=0.0)
 
-    def reward(completion: str, row: dict) -> tuple[float, dict]:
-        if len(completion) == 5:  # the second question's second answer
-            release.wait(30)  # a bound: scored one by one, without the runner, it would score
-        return len(completion) / 10, {"correct": row["q"] == 7, "formatted": True}
-
-    with RewardRunner(reward, cfg.reward.workers, timeout_s=0.5) as runner:
+    with RewardRunner(hangs_on_five, cfg.reward.workers, timeout_s=0.5) as runner:
         maker = BatchMaker(cfg, _Tokenizer(), runner, shard, weights)
         batch = maker.make(0, _Engine())
     got = [(e.group_id, e.reward, e.reward_info) for e in batch.episodes]

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 import zmq
+import zmq.auth
 
 from grpo.models.loading import load_tokenizer
 from grpo.reward_service import protocol
@@ -21,6 +22,7 @@ from grpo.reward_service.backends import Classifier, Judge, normalised, score_in
 from grpo.reward_service.client import RewardClient, RewardServiceError, combine
 from grpo.reward_service.protocol import Item
 from grpo.reward_service.server import RewardServer
+from grpo.wire.codec import Message, encode_message
 from tests.conftest import free_port
 from tests.tiny_model import build_tiny_model
 
@@ -179,10 +181,29 @@ def test_a_failing_backend_scores_zero_with_the_reason():
     ("reply", "score"),
     [("The answer is right. Score: 9", 9.0), ("score=3.5 because...", 3.5),
      ("Score: 2. On reflection, Score: 7", 7.0), ("It deserves 8", 8.0),
-     ("8 out of ten, roughly: wrong", None), ("no idea", None)],
+     ("8 out of ten, roughly: wrong", None), ("no idea", None), ("so: -3 .", -3.0),
+     ("1.2.3", 2.3), ("10-5", -5.0), ("x.5", 5.0), ("it is 7 -", 7.0), ("--4!", -4.0),
+     ("a 12.50\n\n", 12.5), ("", None), ("Score :\t 4", 4.0)],
 )  # fmt: skip
 def test_the_judges_score_is_the_last_score_or_a_final_number(reply, score):
     assert score_in_reply(reply) == score
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda n: "1" + " " * n + "x", lambda n: "1" + " -" * (n // 2) + "x",
+     lambda n: "score" + " " * n + ":x", lambda n: "7" * n + "x"],
+    ids=["blanks", "signs", "score blanks", "digits"],
+)  # fmt: skip
+def test_reading_the_judges_score_is_linear(make):
+    """finding 5: the last-number pattern `(-?\\d+(?:\\.\\d+)?)\\s*\\W*\\s*$` split a run of
+    blanks between its three quantifiers, from every start: cubic (0.8 s at 800 characters).
+    Times on 100 and 800 characters grow as the text does."""
+    from tests.growth import LINEAR_BOUND, time_growth
+
+    assert score_in_reply(make(5000)) is None
+    assert score_in_reply(make(5000) + " 6") == 6.0
+    assert time_growth(score_in_reply, make, 100) < LINEAR_BOUND
 
 
 def test_judge_scores_are_scaled_and_clipped():
@@ -238,3 +259,168 @@ def test_a_run_scored_by_the_rule_and_a_reward_model_served_by_launch_sh(
     assert served, log[-3000:]
     assert int(served.group(2)) == 2 * 16  # each answer once: 2 batches of 4 x 4
     _assert_no_stray_processes(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# One bad request fails only itself (issue 29, finding 6)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [
+        ("Grade {answer}, boxed as \\boxed{}", "'{}' is not a placeholder"),
+        ("Grade {answer} for {question}", "'{question}' is not a placeholder"),
+        ("Grade {answer.upper}", "'{answer.upper}' is not a placeholder"),
+        ("Grade {answer", "expected '}' before end of string"),
+        ("Grade } {answer}", "Single '}' encountered in format string"),
+        ("Grade {prompt}", "no {answer}: the judge would never see the answer"),
+        ("Grade {answer:d}", "ValueError: Unknown format code 'd'"),
+    ],
+)
+def test_a_judge_template_that_cannot_be_formatted_is_refused_at_load(template, problem):
+    """finding 6: a stray `{}` in reward_server.template (`\\boxed{}`) raised on every judge
+    call, and each failure became a reward of 0.0 that was trained on. The config refuses it in
+    one line naming the key."""
+    from grpo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"reward_server.template={json.dumps(template)}"])
+    message = str(e.value)
+    assert message.startswith("reward_server.template: ") and problem in message, message
+    assert "\n" not in message
+    ok = "Grade {prompt!r}: {answer:>3} ({reference}), as \\boxed{{}}"
+    assert load_config(None, [f"reward_server.template={json.dumps(ok)}"]).reward_server.template
+
+
+class Picky:
+    """Scores by answer length, but a batch holding the answer "poison" raises, as a model
+    whose input is too long would (CUDA out of memory)."""
+
+    name = "picky"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def score(self, items: Sequence[Item]) -> list[tuple[float, dict]]:
+        self.calls.append(len(items))
+        if any(it.answer == "poison" for it in items):
+            raise RuntimeError("CUDA out of memory")
+        if any(it.answer == "nan" for it in items):
+            return [(float("nan") if it.answer == "nan" else 1.0, {}) for it in items]
+        if any(it.answer == "unencodable" for it in items):
+            return [(1.0, {"set": {1}}) for it in items]
+        return [(float(len(it.answer)), {"length": len(it.answer)}) for it in items]
+
+
+def _score_at_once(addr: str, requests: list[list[Item]]) -> list[list[tuple[float, dict]]]:
+    """Each list of items from its own sampler, all sent within the service's gathering wait."""
+    clients = [RewardClient(addr, timeout_s=10, retries=0, sampler_id=f"s{i}") for i in
+               range(len(requests))]  # fmt: skip
+    got: dict[int, list] = {}
+    threads = [
+        threading.Thread(target=lambda i=i, c=c: got.__setitem__(i, c.score(requests[i])))
+        for i, c in enumerate(clients)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for c in clients:
+        c.close()
+    return [got[i] for i in range(len(requests))]
+
+
+def test_one_bad_request_fails_only_itself():
+    """finding 6: one request the backend cannot score failed the whole batch it was gathered
+    into, other samplers' requests included. Now those are scored again on their own."""
+    backend = Picky()
+    good, bad = [Item("q", "four"), Item("q", "sixsix")], [Item("q", "poison")]
+    with serving(backend, batch_wait_s=1.0) as server:
+        got_good, got_bad = _score_at_once(server.addr, [good, bad])
+        assert server.counters.failures >= 1
+    assert got_good == [(4.0, {"length": 4}), (6.0, {"length": 6})]
+    assert got_bad == [(0.0, {"reward_error": "reward service: the reward backend failed: "
+                                              "RuntimeError: CUDA out of memory"})]  # fmt: skip
+    assert backend.calls[0] == 3  # gathered into one call first
+
+
+def test_a_request_that_breaks_its_handling_is_answered_and_the_service_goes_on(monkeypatch):
+    """finding 6 / item 2: an error while handling one request (here parse_request raising what
+    it never should) ended the serving thread: every later request went unanswered."""
+    parse = protocol.parse_request
+
+    def breaks_on_x(body, max_items):
+        if body.get("items", [{}])[0].get("answer") == "x":
+            raise TypeError("unexpected")
+        return parse(body, max_items)
+
+    monkeypatch.setattr(protocol, "parse_request", breaks_on_x)
+    with serving(Picky()) as server:
+        client = RewardClient(server.addr, timeout_s=5, retries=0)
+        (broken,) = client.score([Item("q", "x")])
+        assert broken[0] == 0.0 and "TypeError: unexpected" in broken[1]["reward_error"]
+        assert client.score([Item("q", "abc")]) == [(3.0, {"length": 3})]
+        client.close()
+
+
+def test_scores_the_wire_cannot_carry_fail_only_their_request():
+    """A backend's non-finite score or an info msgpack cannot encode fails its own request,
+    answered with the reason, and the service goes on."""
+    with serving(Picky()) as server:
+        client = RewardClient(server.addr, timeout_s=5, retries=0)
+        nan, fine = client.score([Item("q", "nan"), Item("q", "ok")])
+        assert nan == (0.0, {"reward_error": "reward service: the backend gave a non-finite "
+                                             "score (nan)"})  # fmt: skip
+        assert fine == (1.0, {})
+        (unencodable,) = client.score([Item("q", "unencodable")])
+        assert unencodable[0] == 0.0 and "cannot be sent" in unencodable[1]["reward_error"]
+        assert client.score([Item("q", "abc")]) == [(3.0, {"length": 3})]
+        client.close()
+
+
+def test_the_judges_prompt_is_cut_to_its_context(tiny_model_dir):
+    """finding 6: the judge never truncated its prompts; one huge answer made its whole batch
+    fail (or fill the GPU). Now the question and answer are cut in the middle to fit."""
+    judge = Judge(tiny_model_dir, "float32", "Grade: {prompt} {answer} {reference}", (0, 10),
+                  max_new_tokens=4, batch_size=4, max_tokens=64)  # fmt: skip
+    huge = Item("What is 2 + 2? " * 200, "It is four. " * 2000, "4")
+    ids = judge.prompt_ids(huge)
+    assert len(ids) <= 64
+    text = judge.tokenizer.decode(ids)
+    assert "Grade: What is 2 + 2?" in text and "[...]" in text
+    scored = judge.score([huge, ITEMS[0]])
+    assert len(scored) == 2 and all("reward_error" not in info for _, info in scored)
+
+
+def test_the_service_has_a_key_of_its_own(tmp_path):
+    """finding 11: the reward service loaded trainer.key_secret, so every reward node held the
+    trainer's identity. It serves with reward.key_secret now (made 0600), on a node without the
+    trainer's secret, and samplers insist on reward.key."""
+    from grpo.reward_service import keys as reward_keys
+    from grpo.wire.keys import generate
+
+    curve = tmp_path / "keys"
+    generate(curve, samplers=1)
+    reward_keys.generate(curve)
+    assert (curve / "reward.key_secret").stat().st_mode & 0o077 == 0
+    with pytest.raises(ValueError, match="exists"):
+        reward_keys.generate(curve)
+    (curve / "trainer.key_secret").unlink()  # not on the reward node
+    backend = Picky()
+    with serving(backend, curve_dir=str(curve)) as server:
+        client = RewardClient(server.addr, timeout_s=10, retries=0, curve_dir=str(curve))
+        assert client.score([Item("q", "abc")]) == [(3.0, {"length": 3})]
+        client.close()
+        # A peer that takes the trainer's key for the service's gets no answer.
+        impostor = zmq.Context()
+        sock = impostor.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        client_pub, client_secret = zmq.auth.load_certificate(curve / "sampler-0.key_secret")
+        sock.curve_publickey, sock.curve_secretkey = client_pub, client_secret
+        sock.curve_serverkey = zmq.auth.load_certificate(curve / "trainer.key")[0]
+        sock.connect(server.addr)
+        sock.send_multipart(encode_message(Message(protocol.PING, {})))
+        assert not sock.poll(timeout=1000)
+        sock.close()
+        impostor.term()

@@ -100,6 +100,47 @@ def test_extract_answer_none_when_absent(text):
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("#### Step 2: #### 5", "5"),  # a later marker on the heading's line still counts
+        ("#####  7", "7"),
+        ("####\t $ -4", "-4"),
+        ("<answer>a</answer><ANSWER>3</answer>", "3"),
+        ("<answer>1</answer> <answer> no close", "1"),
+        (r"\boxed{\boxed{6}}", "6"),  # nested: the innermost
+        (r"\boxed{5 \boxed{x}} \boxed{", None),  # an enclosing box is not read again
+        (r"} \boxed{2} {", "2"),
+    ],
+)
+def test_extract_answer_edge_cases(text, expected):
+    assert extract_answer(text) == expected
+
+
+# Inputs a model can write that made the old patterns backtrack: each `n` characters long.
+ADVERSARIAL = {
+    "#### then blanks": lambda n: "####" + " " * (n - 4),
+    "unclosed answer tags": lambda n: "<answer>" * (n // 8),
+    "unclosed boxes": lambda n: "\\boxed{" * (n // 7),
+    "nested boxes": lambda n: "\\boxed{" * (n // 16) + "\\boxed{z}" + "}" * (n // 16),
+}
+
+
+@pytest.mark.parametrize("make", ADVERSARIAL.values(), ids=list(ADVERSARIAL))
+def test_answer_extraction_is_linear_on_adversarial_text(make):
+    """finding 5: GSM8K's `####` pattern was quadratic on `####` plus blanks (1.4 s at 8,000
+    characters), `<answer>` tags without a close and `\\boxed{` without one rescanned the
+    text once per opening. The answer is still found after such text, and the work grows
+    linearly: Python lines counted (exact), regex time compared on 1k and 8k characters."""
+    from tests.growth import FACTOR, LINEAR_BOUND, line_events, time_growth
+
+    assert extract_answer(make(8000)) is None
+    assert extract_answer(make(8000) + "\n#### 42") == "42"
+    small, large = line_events(extract_answer, make(500)), line_events(extract_answer, make(4000))
+    assert large <= FACTOR * small * 1.2 + 50, (small, large)
+    assert time_growth(extract_answer, make, 1000) < LINEAR_BOUND
+
+
+@pytest.mark.parametrize(
     ("raw", "expected"),
     [
         ("1,234", "1234"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,6 +209,36 @@ def _check_reward(cfg: Config) -> None:
             "reward_server.batch_size, max_batch, max_new_tokens and max_tokens must be >= 1, "
             "batch_wait_ms >= 0"
         )
+    problem = judge_template_problem(s.template) if s.template else None
+    if problem:
+        raise ConfigError(f"reward_server.template: {problem}")
+
+
+JUDGE_FIELDS = ("prompt", "answer", "reference")
+
+
+def judge_template_problem(template: str) -> str | None:
+    """Why `template` cannot be the judge's instruction, or None. The judge fills it with
+    ``str.format(prompt=..., answer=..., reference=...)`` (grpo.reward_service.backends), so it
+    may name those three and nothing else; a literal brace is written twice."""
+    literal = "write a literal brace twice, as in \\boxed{{}}"
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        return f"{e}; {literal}"
+    for name in names:
+        if name not in JUDGE_FIELDS:
+            return (
+                f"'{{{name}}}' is not a placeholder: it may hold {{prompt}}, {{answer}} and "
+                f"{{reference}}; {literal}"
+            )
+    if "answer" not in names:
+        return "it has no {answer}: the judge would never see the answer"
+    try:
+        template.format(**dict.fromkeys(JUDGE_FIELDS, ""))
+    except (ValueError, KeyError, IndexError, AttributeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _check_turns(r: RolloutConfig) -> None:

@@ -36,12 +36,14 @@ class RewardConfig:
     timeout_s: float = knob(
         60.0,
         "seconds one reward call may run, from its start; past it the answer scores 0 with "
-        "reward_error 'timeout' (the step's reward_timeouts) and its thread is abandoned",
+        "reward_error 'timeout' (the step's reward_timeouts) and its worker process is killed "
+        "and replaced",
     )
     workers: int = knob(
         4,
-        "threads scoring answers at once (sampler and evaluation); with more than 1 the reward "
-        "function must be thread-safe; 1 = one call at a time, in order",
+        "worker processes scoring answers at once (sampler and evaluation), kept for the run; "
+        "the reward function must be importable (a top-level function of a module); 1 = one "
+        "call at a time, in order",
     )
     service_addr: str = knob(
         "",
@@ -74,12 +76,17 @@ class RewardServerConfig:
     dtype: Literal["float32", "bfloat16"] = knob("float32", "its parameter dtype")
     template: str = knob(
         "",
-        "the judge's instruction with {prompt}, {answer} and {reference}, asking for a reply "
-        "that ends in 'Score: N'; '' = the built-in one (0 to 10)",
+        "the judge's instruction with {prompt}, {answer} and {reference} (no other braces: a "
+        "literal one is written twice, \\boxed{{}}), asking for a reply that ends in 'Score: "
+        "N'; '' = the built-in one (0 to 10)",
     )
     score_range: list[float] = knob([0.0, 10.0], "the judge's scale [low, high], mapped to [0, 1]")
     max_new_tokens: int = knob(64, "the judge's reply length")
-    max_tokens: int = knob(2048, "the reward model's input limit (longer is truncated)")
+    max_tokens: int = knob(
+        2048,
+        "the reward model's input limit (longer is truncated), and the judge's prompt limit "
+        "(longer: the question and answer are cut in the middle)",
+    )
     batch_size: int = knob(16, "answers per forward pass")
     max_batch: int = knob(256, "answers gathered from all samplers into one scoring call")
     batch_wait_ms: float = knob(20.0, "how long to gather requests after the first one")

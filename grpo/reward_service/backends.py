@@ -14,9 +14,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from grpo.config import Config
+from grpo.config.checks import judge_template_problem
 from grpo.core.registry import Registry
 from grpo.models.loading import load_causal_lm, load_tokenizer, resolve_model_path, torch_dtype
 from grpo.reward_service.protocol import Item
@@ -95,17 +97,22 @@ class Classifier:
 
 
 _SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-_LAST_NUMBER = re.compile(r"(-?\d+(?:\.\d+)?)\s*\W*\s*$")
+# A number ending the reply, read backwards from the end: the reply reversed, then a run of
+# non-word characters (blanks and punctuation after the number) and the number reversed.
+# Matched once at the start, not searched from every position: linear, where the forward
+# pattern "(-?\d+(?:\.\d+)?)\s*\W*\s*$" split a run of blanks between its three
+# quantifiers from every start, cubic (issue 29, finding 5).
+_LAST_NUMBER_REVERSED = re.compile(r"\W*((?:\d+\.)?\d+-?)")
 
 
 def score_in_reply(reply: str) -> float | None:
-    """The judge's score: the last 'Score: N' in its reply, else a number ending the reply;
-    None if there is neither."""
+    """The judge's score: the last 'Score: N' in its reply, else a number ending the reply
+    (blanks and punctuation may follow it); None if there is neither."""
     found = _SCORE.findall(reply)
     if found:
         return float(found[-1])
-    end = _LAST_NUMBER.search(reply)
-    return float(end.group(1)) if end else None
+    end = _LAST_NUMBER_REVERSED.match(reply[::-1])
+    return float(end.group(1)[::-1]) if end else None
 
 
 def normalised(value: float, low: float, high: float) -> float:
@@ -128,43 +135,78 @@ class Judge:
         scale: tuple[float, float],
         max_new_tokens: int,
         batch_size: int,
+        max_tokens: int = 2048,
     ):
         from grpo.rollout.base import Sampling
         from grpo.rollout.hf import HFRollout
 
+        problem = judge_template_problem(template)
+        if problem:
+            raise ValueError(f"the judge's template: {problem}")
         self.tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype).eval().to(_device())
         self.engine = HFRollout(model, self.tokenizer)
         self.template, self.scale = template, scale
+        # The prompt's limit: reward_server.max_tokens, and the model's context less the reply.
+        context = getattr(model.config, "max_position_embeddings", None) or max_tokens
+        self.max_prompt_tokens = max(1, min(max_tokens, context - max_new_tokens))
         # one greedy verdict per item
         self.sampling = Sampling(max_new_tokens=max_new_tokens, greedy=True, batch_size=batch_size)
 
-    def prompt(self, item: Item) -> str:
-        text = self.template.format(
-            prompt=item.prompt, answer=item.answer, reference=item.reference or "(none given)"
+    def prompt(self, fields: dict[str, str]) -> str:
+        return _chat(self.tokenizer, self.template.format(**fields))
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, item: Item) -> list[int]:
+        """The prompt's tokens, within max_prompt_tokens: while over, the longest of the
+        question, answer and reference is cut in its middle (its start and its end, where the
+        final answer is, kept). ValueError if the template alone is too long."""
+        fields = {"prompt": item.prompt, "answer": item.answer,
+                  "reference": item.reference or "(none given)"}  # fmt: skip
+        for _ in range(2 * len(fields)):
+            ids = self._ids(self.prompt(fields))
+            over = len(ids) - self.max_prompt_tokens
+            if over <= 0:
+                return ids
+            longest = max(fields, key=lambda k: len(fields[k]))
+            fields[longest] = self._cut(fields[longest], over)
+        raise ValueError(
+            f"the judge's prompt is {len(ids)} tokens with the question and answer cut, over "
+            f"its limit of {self.max_prompt_tokens} (reward_server.max_tokens, the model's "
+            "context less max_new_tokens): shorten reward_server.template"
         )
-        return _chat(self.tokenizer, text)
+
+    def _cut(self, text: str, over: int) -> str:
+        """`text` with `over` tokens (and a few more: re-tokenizing may differ) cut from its
+        middle, marked '[...]'."""
+        ids = self._ids(text)
+        keep = max(0, len(ids) - over - 8)
+        head, tail = ids[: (keep + 1) // 2], ids[len(ids) - keep // 2 :] if keep > 1 else []
+        return self.tokenizer.decode(head) + " [...] " + self.tokenizer.decode(tail)
 
     def score(self, items: Sequence[Item]) -> list[Scored]:
-        ids = [
-            self.tokenizer(self.prompt(it), add_special_tokens=False, return_tensors="np")[
-                "input_ids"
-            ][0]
-            for it in items
-        ]
-        gens = self.engine.generate(ids, self.sampling)
+        out: list[Scored | None] = [None] * len(items)
+        prompts, where = [], []
+        for i, item in enumerate(items):
+            try:
+                prompts.append(np.asarray(self.prompt_ids(item), dtype=np.int64))
+                where.append(i)
+            except ValueError as e:  # this item's failure alone
+                out[i] = (0.0, {"reward_error": f"reward service: {e}"})
+        gens = self.engine.generate(prompts, self.sampling) if prompts else []
         replies = self.tokenizer.batch_decode(
             [g.completion_ids for g in gens], skip_special_tokens=True
         )
-        out: list[Scored] = []
-        for reply in replies:
+        for i, reply in zip(where, replies, strict=True):
             value = score_in_reply(reply)
             info: dict[str, Any] = {"judge_reply": reply[-200:]}
             if value is None:
-                out.append((0.0, info | {"judge_error": "no score in the reply"}))
+                out[i] = (0.0, info | {"judge_error": "no score in the reply"})
             else:
-                out.append((normalised(value, *self.scale), info | {"judge_score": value}))
-        return out
+                out[i] = (normalised(value, *self.scale), info | {"judge_score": value})
+        return out  # type: ignore[return-value]  # every item set
 
 
 def _classifier(cfg: Config) -> RewardBackend:
@@ -177,7 +219,7 @@ def _judge(cfg: Config) -> RewardBackend:
     low, high = s.score_range
     return Judge(
         resolve_model_path(s.model), s.dtype, s.template or DEFAULT_TEMPLATE, (low, high),
-        s.max_new_tokens, s.batch_size,
+        s.max_new_tokens, s.batch_size, s.max_tokens,
     )  # fmt: skip
 
 

@@ -26,11 +26,11 @@ from typing import Any
 import zmq
 
 from grpo.reward_service import protocol
+from grpo.reward_service.keys import client_keys
 from grpo.reward_service.protocol import Item
 from grpo.runtime.progress import ACTIVITY, WAITING
 from grpo.wire.channels import PeerError, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
-from grpo.wire.keys import ClientKeys
 
 log = logging.getLogger("grpo.sampler")
 
@@ -73,7 +73,9 @@ class RewardClient:
         self.ctx = zmq.Context()
         self.sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0)
         if curve_dir:
-            ClientKeys.load(Path(curve_dir), sampler_id).apply(self.sock)
+            client_keys(Path(curve_dir), sampler_id).apply(
+                self.sock
+            )  # reward.key, not the trainer's
         self.sock.connect(addr)
         self.resends = 0
 

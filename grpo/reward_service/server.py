@@ -11,6 +11,7 @@ scoring; the service goes on.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -23,10 +24,10 @@ import zmq
 from grpo.config import Config
 from grpo.reward_service import protocol
 from grpo.reward_service.backends import RewardBackend, build_backend
+from grpo.reward_service.keys import secure_reward_server
 from grpo.reward_service.protocol import Item
 from grpo.wire.channels import PeerError, bind, is_loopback, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
-from grpo.wire.keys import secure_server
 
 log = logging.getLogger("grpo.reward")
 
@@ -71,7 +72,7 @@ class RewardServer:
         self._auth = None
         try:
             if curve_dir:
-                self._auth = secure_server(self.ctx, [self.router], Path(curve_dir))
+                self._auth = secure_reward_server(self.ctx, self.router, Path(curve_dir))
             elif not is_loopback(addr):
                 log.warning("serving rewards on %s without transport.curve_dir", addr)
             bind(self.router, addr, "reward service")
@@ -105,8 +106,19 @@ class RewardServer:
 
     def receive(self, pending: list[Request]) -> Request | None:
         """One message: a new request to score, or None when it was answered (ping, cached
-        reply, error) or dropped (a repeat in flight, garbage)."""
+        reply, error) or dropped (a repeat in flight, garbage). Whatever handling it raises is
+        that message's failure alone: answered with an error, and the service goes on."""
         peer, *frames = self.router.recv_multipart()
+        try:
+            return self._request(peer, frames, pending)
+        except Exception as e:
+            self.counters.refused += 1
+            log.exception("a request the service could not handle (%d refused so far)",
+                          self.counters.refused)  # fmt: skip
+            self._answer_error(peer, _request_id(frames), f"{type(e).__name__}: {e}")
+            return None
+
+    def _request(self, peer: bytes, frames: list[bytes], pending: list[Request]) -> Request | None:
         try:
             msg = decode(frames, max_frame_bytes=self.max_frame_bytes)
             if not isinstance(msg, Message):
@@ -138,6 +150,9 @@ class RewardServer:
         return Request(peer, rid, items)
 
     def score(self, pending: list[Request]) -> None:
+        """Score the requests in one backend call. If it fails, each request is scored again
+        on its own, so that one the backend cannot take (too long, malformed) fails alone,
+        not the other samplers' requests gathered with it."""
         items = [item for r in pending for item in r.items]
         t0 = time.monotonic()
         try:
@@ -147,9 +162,12 @@ class RewardServer:
         except Exception as e:
             self.counters.failures += 1
             log.exception("the %s backend failed on %d answers", self.backend.name, len(items))
-            for r in pending:
+            if len(pending) > 1:
+                for r in pending:
+                    self.score([r])
+            else:
                 reason = f"the reward backend failed: {type(e).__name__}: {e}"
-                self.reply(r.peer, Message(protocol.ERROR, {"id": r.rid, "reason": reason}))
+                self._answer_error(pending[0].peer, pending[0].rid, reason)
             return
         self.counters.seconds += time.monotonic() - t0
         self.counters.backend_calls += 1
@@ -158,12 +176,19 @@ class RewardServer:
         for r in pending:
             mine = scored[start : start + len(r.items)]
             start += len(r.items)
-            body = {"id": r.rid, "rewards": [s for s, _ in mine], "infos": [i for _, i in mine]}
-            frames = encode_message(Message(protocol.SCORES, body))
+            try:
+                frames = encode_message(Message(protocol.SCORES, _scores_body(r.rid, mine)))
+            except Exception as e:  # an info msgpack cannot carry: this request's failure
+                log.warning("the scores of request %s cannot be sent: %s", r.rid[:8], e)
+                self._answer_error(r.peer, r.rid, f"its scores cannot be sent: {e}")
+                continue
             self.replies[r.rid] = frames
             while len(self.replies) > CACHE:
                 self.replies.popitem(last=False)
             self.router.send_multipart([r.peer, *frames])
+
+    def _answer_error(self, peer: bytes, rid: str, reason: str) -> None:
+        self.reply(peer, Message(protocol.ERROR, {"id": rid, "reason": reason[:2000]}))
 
     def reply(self, peer: bytes, msg: Message) -> None:
         self.router.send_multipart([peer, *encode_message(msg)])
@@ -175,6 +200,32 @@ class RewardServer:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()
+
+
+def _scores_body(rid: str, scored: list[tuple[float, dict]]) -> dict:
+    """A SCORES body. A non-finite score scores 0 with a reward_error: the sampler refuses a
+    NaN, and training on one would end the run."""
+    rewards, infos = [], []
+    for value, info in scored:
+        value = float(value)
+        if not math.isfinite(value):
+            value, info = (
+                0.0,
+                {"reward_error": f"reward service: the backend gave a non-finite score ({value})"},
+            )
+        rewards.append(value)
+        infos.append(info)
+    return {"id": rid, "rewards": rewards, "infos": infos}
+
+
+def _request_id(frames: list[bytes]) -> str:
+    """The id of a request whose handling failed, if it can be read, to answer it by; ''."""
+    try:
+        msg = decode(frames)
+        rid = msg.body.get("id") if isinstance(msg, Message) else None
+    except Exception:
+        return ""
+    return rid if isinstance(rid, str) else ""
 
 
 def run_reward_server(cfg: Config) -> int:

@@ -16,14 +16,16 @@ from .base import (
     score,
     task_names,
 )
-from .runner import RewardHangError, RewardRunner
+from .runner import RewardHangError, RewardRunner, RewardWorkerError, RunnerCounters
 
 __all__ = [
     "REPO_ROOT",
     "RewardFn",
     "RewardHangError",
     "RewardRunner",
+    "RewardWorkerError",
     "Row",
+    "RunnerCounters",
     "Task",
     "get_task",
     "gsm8k",

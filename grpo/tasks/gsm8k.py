@@ -18,10 +18,20 @@ ANSWER_INSTRUCTION = 'Give the final answer on its own line as "#### <number>".'
 _NUM = r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
 _NUMBER_RE = re.compile(rf"(?P<num>{_NUM})(?:\s*/\s*(?P<den>{_NUM}))?")
 
+# The answer markers are found by scanning, never by one pattern over the whole answer: a
+# pattern with a quantifier before a lookahead or a lazy match backtracks over the text once per
+# marker, quadratic time that a model can write (issue 29, finding 5). Every pattern below is
+# matched at a fixed position and ends with its only quantifier, so it never backtracks.
+#
 # "#### N": the number must come first so markdown headings ("#### Step 2: ...") don't count.
-_HASH_RE = re.compile(r"####[ \t]*(?=[ \t*$€£\\(]*[+\-−]?\.?\d)([^\n]*)")
-_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_HASH = "####"
+_BLANKS_RE = re.compile(r"[ \t]*")
+_LEADERS_RE = re.compile(r"[ \t*$€£\\(]*")  # what may stand before the number: "#### $-5"
+_NUMBER_START_RE = re.compile(r"[+\-−]?\.?\d")
+_TAG_OPEN_RE = re.compile(r"<answer>", re.IGNORECASE)
+_TAG_CLOSE_RE = re.compile(r"</answer>", re.IGNORECASE)
 _BOXED_START_RE = re.compile(r"\\boxed\s*\{")
+_BRACE_RE = re.compile(r"[{}]")
 _FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _GOLD_RE = re.compile(r"####[ \t]*([^\n]*)")
 
@@ -77,29 +87,75 @@ def normalize_number(s: str) -> str | None:
     return _format_decimal(value)
 
 
-def _boxed_contents(text: str) -> list[tuple[int, str]]:
-    """(position, content) of every ``\\boxed{...}``, with nested braces balanced."""
-    found = []
-    for m in _BOXED_START_RE.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            found.append((m.start(), text[m.end() : i - 1]))
+Span = tuple[int, int, int]  # (where the marker starts, where its content starts, ends)
+
+
+def hash_spans(text: str) -> list[Span]:
+    """Every ``#### N`` line: its content runs from the number to the end of the line. Linear:
+    the blanks after a ``####`` are read once, for that ``####`` only (they hold no ``#``)."""
+    found, pos = [], 0
+    while (start := text.find(_HASH, pos)) >= 0:
+        content = _BLANKS_RE.match(text, start + len(_HASH)).end()  # type: ignore[union-attr]
+        number = _LEADERS_RE.match(text, content).end()  # type: ignore[union-attr]
+        if _NUMBER_START_RE.match(text, number) is None:
+            pos = start + 1  # a heading; a later "####" on its line may still be an answer
+            continue
+        end = text.find("\n", content)
+        end = len(text) if end < 0 else end
+        found.append((start, content, end))
+        pos = end
+    return found
+
+
+def tag_spans(text: str) -> list[Span]:
+    """Every ``<answer>...</answer>``, each closed by the first ``</answer>`` after it. Linear:
+    once an opening has no close after it, no later one has either."""
+    found, pos = [], 0
+    while (opening := _TAG_OPEN_RE.search(text, pos)) is not None:
+        closing = _TAG_CLOSE_RE.search(text, opening.end())
+        if closing is None:
+            break
+        found.append((opening.start(), opening.end(), closing.start()))
+        pos = closing.end()
+    return found
+
+
+def boxed_spans(text: str) -> list[Span]:
+    """Every innermost ``\\boxed{...}`` (one holding no other), nested braces balanced; an
+    unclosed one is none. One pass over the braces with a stack of open boxes: linear, where
+    balancing each box from its start read the text once per box. A box around another is
+    left out: its content is the inner answer again, and reading every level of a deep nest
+    would make the work quadratic once more."""
+    starts = {m.end() - 1: m.start() for m in _BOXED_START_RE.finditer(text)}  # "{" -> start
+    found: list[Span] = []
+    open_boxes: list[list[int]] = []  # [start, content start, depth inside, holds a box]
+    depth = 0
+    for brace in _BRACE_RE.finditer(text):
+        at = brace.start()
+        if text[at] == "{":
+            depth += 1
+            if at in starts:
+                if open_boxes:
+                    open_boxes[-1][3] = 1
+                open_boxes.append([starts[at], at + 1, depth, 0])
+            continue
+        if open_boxes and open_boxes[-1][2] == depth:
+            start, content, _, holds_box = open_boxes.pop()
+            if not holds_box:
+                found.append((start, content, at))
+        depth -= 1
     return found
 
 
 def extract_answer(text: str) -> str | None:
     """The model's final answer from the last ``#### N``, ``<answer>N</answer>`` or ``\\boxed{N}``.
 
-    No "last number in the text" fallback: an explicit marker is the format signal.
+    No "last number in the text" fallback: an explicit marker is the format signal. The
+    markers' contents do not overlap (see `boxed_spans`), so reading them all is linear too.
     """
-    candidates = [(m.start(), m[1]) for m in _HASH_RE.finditer(text)]
-    candidates += [(m.start(), m[1]) for m in _TAG_RE.finditer(text)]
-    candidates += _boxed_contents(text)
-    for _, content in sorted(candidates, reverse=True):
-        number = normalize_number(content)
+    spans = hash_spans(text) + tag_spans(text) + boxed_spans(text)
+    for _, content, end in sorted(spans, reverse=True):
+        number = normalize_number(text[content:end])
         if number is not None:
             return number
     return None

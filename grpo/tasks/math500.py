@@ -11,6 +11,8 @@ or thread can stop the hangs that matter most: SymPy evaluating ``10^{10^{10^{10
 one C call and never returns to the interpreter. A child that does not answer within
 `CHECK_TIMEOUT_S` is killed (the next check starts a new one) and the check raises, which
 `grpo.tasks.score` records as a ``reward_error`` with reward 0. Any thread may call `reward`.
+The child dies with its parent (`grpo.tasks.children`): a sampler or reward worker killed
+during a hung check leaves no SymPy process behind.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ import threading
 import time
 from typing import Any
 
+from grpo.runtime.lifetime import die_with_parent
+
+from . import children
 from .base import REPO_ROOT, Row, Task, load_rows_with, question_messages, register_task
-from .gsm8k import FORMAT_REWARD, _boxed_contents
+from .gsm8k import FORMAT_REWARD, boxed_spans
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -59,10 +64,11 @@ class CheckerError(RuntimeError):
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last non-empty ``\\boxed{...}`` (nested braces balanced), else None."""
-    for _, content in sorted(_boxed_contents(text), reverse=True):
-        if content.strip():
-            return content.strip()
+    """Content of the last non-empty innermost ``\\boxed{...}`` (nested braces balanced), else
+    None. Linear in the text (`grpo.tasks.gsm8k.boxed_spans`): the contents do not overlap."""
+    for _, start, end in sorted(boxed_spans(text), reverse=True):
+        if content := text[start:end].strip():
+            return content
     return None
 
 
@@ -95,6 +101,7 @@ def check(gold: str, pred: str) -> tuple[bool, bool]:
 
 def _serve() -> None:
     """The child: one JSON request per stdin line, one JSON reply per line on the real stdout."""
+    die_with_parent()  # a check hung in C never reads stdin again, so never sees its EOF
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which closes stdin
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # anything a library prints goes to stderr, not into the replies
@@ -154,7 +161,7 @@ class _Checker:
         self._stop()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        self._proc = subprocess.Popen(
+        self._proc = children.start(
             [sys.executable, "-c", "from grpo.tasks.math500 import _serve; _serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -1,64 +1,99 @@
-"""Scoring many answers at once: a reward function called on a pool of threads, each call with
-a time limit, so that one reward that never returns costs one answer's score, not the run.
+"""Scoring many answers at once: the reward function runs in a pool of worker processes, each
+call with a time limit, so that one reward that never returns costs one answer's score, not the
+run, whatever it is stuck in.
 
 `RewardRunner.score_all` returns one `(reward, info)` per `(completion, row)` call, in call
 order, each as `grpo.tasks.score` makes it (an exception scores 0.0 with a ``reward_error``).
 A call still running `timeout_s` after it *started* (time waiting for a free worker does not
-count) scores 0.0 with ``{"reward_error": "timeout"}`` and is logged once. Rewards are
-functions of the text and the row, so the results do not depend on how the threads interleave;
-with ``workers=1`` the calls run one at a time, in order, as a plain loop over `score` would.
+count) scores 0.0 with ``{"reward_error": "timeout"}`` and is logged; its worker is killed and
+a new one takes its place, so the pool keeps its size. A worker that dies during a call (a
+crash in C, ``os._exit``) scores that call 0.0 with a ``reward_error`` saying so, and is
+replaced too. Rewards are functions of the text and the row, so the results do not depend on
+which worker ran which call; with ``workers=1`` the calls run one at a time, in order.
 
-Why the hung call is abandoned rather than stopped: Python cannot stop a thread. A reward stuck
-in a pure-Python loop keeps its thread, and burns a core, until the process ends; one stuck in
-C code that holds the GIL (a catastrophic regex, SymPy computing ``10^{10^{10^{10}}}``) stops
-every thread of the process, the one timing it included, so no thread-based limit can catch it.
-A task that needs a hard kill runs its check in a child process that it can kill, as MATH does
-(`grpo.tasks.math500`). Here the stuck worker is left to its call: its result, if it ever comes,
-is dropped, and a new worker takes its place so the pool keeps its concurrency. More than
-`max_stuck` such threads at once raises `RewardHangError` naming the reward function: a reward
-that hangs that often makes the run worthless, and the threads would pile up unbounded.
+Why processes: Python cannot stop a thread. A reward stuck in C code that holds the GIL (a
+catastrophic regex, SymPy computing ``10^{10^{10^{10}}}``) stops every thread of its process,
+the one timing it and the heartbeats included; in a worker process it stops only that worker,
+which SIGKILL ends. `grpo.tasks.workers` says how workers start (a fresh interpreter, not a
+fork) and `grpo.tasks.children` how they die with the sampler. The reward function is sent to
+them pickled, that is by reference: it must be importable, a top-level function (or other
+picklable callable) of a module, as ``data.reward``'s ``package.module:function`` and every
+task's reward are; a lambda, a closure or a function of ``__main__`` is refused when the runner
+is made, in one line.
 
-Why not `concurrent.futures.ThreadPoolExecutor`: its workers are joined when the interpreter
-exits, so one hung reward would hang the process's exit too. These workers are daemon threads,
-and `close` does not wait for a stuck one.
+Cost: a call is a round trip over two pipes, about 0.1 ms more than calling the function in
+place; workers start once (a fresh interpreter importing `grpo.tasks` and the reward's module,
+about 0.1 s, all at once on the first `score_all`) and stay for the runner's life. A
+replacement costs one such start.
+
+`counters` (`RunnerCounters`) counts the calls, timeouts, kills, deaths and replacements so
+far; `RunnerCounters.stats()` gives them as metrics. More than `max_hangs` timeouts in a row
+(no call returning between them) raise `RewardHangError` naming the function: a reward that
+hangs on everything makes the run worthless, at `timeout_s` a call.
 """
 
 from __future__ import annotations
 
 import math
-import queue
+import pickle
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from multiprocessing.connection import wait
 
 from grpo.runtime.progress import ACTIVITY
 
-from .base import RewardFn, Row, _fn_name, logger, score
+from .base import RewardFn, Row, _fn_name, logger
+from .workers import Worker
 
-__all__ = ["TIMEOUT", "RewardHangError", "RewardRunner"]
+__all__ = ["TIMEOUT", "RewardHangError", "RewardRunner", "RewardWorkerError", "RunnerCounters"]
 
 # The reward_error of a call that ran past its time limit (the trainer counts these).
 TIMEOUT = "timeout"
-# Abandoned threads still stuck in their call that a runner tolerates at once.
-MAX_STUCK = 32
-# How long close() waits for idle workers to take their stop signal; stuck ones are not waited.
+# Timeouts in a row (no call returning between them) a runner tolerates.
+MAX_HANGS = 32
+# Seconds a worker may take to start: an interpreter importing the reward's module (torch...).
+STARTUP_TIMEOUT_S = 120.0
+# How long close() waits for idle workers to exit before killing them.
 CLOSE_WAIT_S = 1.0
-# The longest single wait on the condition: Condition.wait overflows on huge timeouts.
+# The longest single wait for the workers: a bound on how late a deadline can be noticed.
 _MAX_WAIT_S = 3600.0
 
 
 class RewardHangError(RuntimeError):
-    """Too many calls of a reward function are stuck past their time limit at once."""
+    """A reward function timed out on more than `max_hangs` calls in a row."""
+
+
+class RewardWorkerError(RuntimeError):
+    """A worker could not load the reward function, did not start, or the function raised what
+    `grpo.tasks.score` lets through (SystemExit, KeyboardInterrupt)."""
+
+
+@dataclass
+class RunnerCounters:
+    """What a runner has done so far, for the sampler's metrics (`stats`)."""
+
+    calls: int = 0  # calls scored, timeouts and deaths included
+    timeouts: int = 0  # calls past timeout_s: scored 0 with reward_error "timeout"
+    kills: int = 0  # workers killed: each timeout's, and those busy when a batch was abandoned
+    deaths: int = 0  # workers that died by themselves (their call scored 0, reward_error set)
+    replacements: int = 0  # workers started in place of a killed or dead one
+
+    def stats(self) -> dict[str, float]:
+        """As batch metrics: ``reward_worker_<counter>``, totals since the runner started."""
+        return {f"reward_worker_{k}": float(v) for k, v in asdict(self).items()}
 
 
 class _Batch:
-    """The results of one `score_all` call, by call index."""
+    """One `score_all` call's results, by call index, and the calls not yet sent."""
 
-    def __init__(self, n: int) -> None:
-        self.results: list[tuple[float, dict] | None] = [None] * n
-        self.left = n
-        self.error: BaseException | None = None  # what `score` let through (SystemExit...)
+    def __init__(self, calls: Sequence[tuple[str, Row]]) -> None:
+        self.calls = calls
+        self.results: list[tuple[float, dict] | None] = [None] * len(calls)
+        self.todo = deque(range(len(calls)))
+        self.left = len(calls)
 
     def put(self, index: int, result: tuple[float, dict]) -> None:
         self.results[index] = result
@@ -66,114 +101,80 @@ class _Batch:
         ACTIVITY.tick()  # an answer scored: progress for the stall check (grpo.runtime.progress)
 
 
-@dataclass(frozen=True)
-class _Call:
-    batch: _Batch
-    index: int
-    completion: str
-    row: Row
-
-
-class _Worker:
-    """One pool thread and the call it is running (None when idle)."""
-
-    def __init__(self) -> None:
-        self.call: _Call | None = None
-        self.started = 0.0  # time.monotonic() when `call` started
-        self.abandoned = False  # timed out: its call's result is dropped, and it then exits
-        self.thread: threading.Thread | None = None
-
-
 class RewardRunner:
-    """Scores `(completion, row)` calls with `reward_fn` on `workers` threads, each call within
-    `timeout_s` seconds (see the module docstring). The threads start on the first
-    `score_all`; `close` (or leaving a ``with`` block) stops them without waiting for stuck ones.
-
-    With ``workers > 1`` the reward function is called from several threads at once, so it must
-    be thread-safe; every call runs outside the main thread, even with ``workers=1``.
-    """
+    """Scores `(completion, row)` calls with `reward_fn` on `workers` processes, each call within
+    `timeout_s` seconds (see the module docstring). The workers start on the first `score_all`;
+    `close` (or leaving a ``with`` block) stops them. One `score_all` runs at a time: callers
+    from several threads take turns."""
 
     def __init__(
         self,
         reward_fn: RewardFn,
         workers: int = 4,
         timeout_s: float = 60.0,
-        max_stuck: int = MAX_STUCK,
+        max_hangs: int = MAX_HANGS,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
         if not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
-        if max_stuck < 0:
-            raise ValueError(f"max_stuck must be >= 0, got {max_stuck!r}")
+        if max_hangs < 0:
+            raise ValueError(f"max_hangs must be >= 0, got {max_hangs!r}")
         self.reward_fn = reward_fn
+        self.name = _fn_name(reward_fn)
+        self._payload = _pickled(reward_fn, self.name)
         self.workers = workers
         self.timeout_s = float(timeout_s)
-        self.max_stuck = max_stuck
-        self.name = _fn_name(reward_fn)
-        self.timeouts = 0  # calls timed out so far
-        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._cond = threading.Condition()  # guards everything below and every _Worker/_Batch
-        self._pool: list[_Worker] = []  # live workers, not abandoned
-        self._stuck: list[_Worker] = []  # abandoned workers whose call has not returned
-        self._started = 0  # workers ever started, to name their threads
+        self.max_hangs = max_hangs
+        self._counters = RunnerCounters()
+        self._lock = threading.Lock()  # one score_all at a time; guards everything below
+        self._pool: list[Worker] = []
+        self._started = 0  # workers ever started: their numbers, and the replacements
+        self._hangs = 0  # timeouts since a call last returned
         self._closed = False
 
     @property
-    def stuck(self) -> int:
-        """Abandoned threads still inside a timed-out call."""
-        with self._cond:
-            return len(self._stuck)
+    def counters(self) -> RunnerCounters:
+        """A copy of the counts so far (see RunnerCounters)."""
+        with self._lock:
+            return replace(self._counters)
+
+    def pids(self) -> list[int]:
+        """The worker processes running now."""
+        with self._lock:
+            return [w.proc.pid for w in self._pool]
 
     def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[tuple[float, dict]]:
         """`(reward, info)` of each `(completion, row)`, in the order of `calls`."""
         if not calls:
             return []
-        batch = _Batch(len(calls))
-        with self._cond:
-            self._check_open()
-            self._fill_pool()
-        for index, (completion, row) in enumerate(calls):
-            self._calls.put(_Call(batch, index, completion, row))
-        with self._cond:
-            while True:
-                self._check_open()
-                wait = self._expire(time.monotonic())  # may complete the batch
-                if not batch.left or batch.error is not None:
-                    break
-                self._fill_pool()  # a new worker for each abandoned one: same concurrency
-                self._cond.wait(wait)
-        if batch.error is not None:
-            raise batch.error
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"the runner of reward function {self.name} is closed")
+            batch = _Batch(calls)
+            try:
+                while batch.left:
+                    self._step(batch)
+            except BaseException:
+                self._kill_busy()  # their calls belong to the batch given up
+                raise
         return batch.results  # type: ignore[return-value]  # all set: left == 0
 
     def close(self) -> None:
-        """Stop the idle workers, waiting at most CLOSE_WAIT_S; stuck ones are left behind
-        (daemon threads: they do not keep the process alive). Calls not started are dropped."""
-        with self._cond:
+        """Stop the workers: idle ones are asked to exit, and killed if they have not within
+        CLOSE_WAIT_S. A second close does nothing."""
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            pool, stuck = list(self._pool), len(self._stuck)
-            self._cond.notify_all()
-        while True:  # calls never started (a caller interrupted mid-batch): nobody waits for them
-            try:
-                self._calls.get_nowait()
-            except queue.Empty:
-                break
-        for _ in pool:
-            self._calls.put(None)
+            pool, self._pool = self._pool, []
+        for worker in pool:
+            worker.stop()
         deadline = time.monotonic() + CLOSE_WAIT_S
         for worker in pool:
-            assert worker.thread is not None
-            worker.thread.join(max(0.0, deadline - time.monotonic()))
-        if stuck:
-            logger.warning(
-                "reward function %s: %d call(s) past their timeout are still running; their "
-                "threads are left to end with the process",
-                self.name,
-                stuck,
-            )
+            while worker.exit_code() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            worker.kill()
 
     def __enter__(self) -> RewardRunner:
         return self
@@ -181,85 +182,136 @@ class RewardRunner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---------------------------------------------------------------- internals (under _cond)
+    # ---------------------------------------------------------------- internals (under _lock)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"the runner of reward function {self.name} is closed")
-
-    def _fill_pool(self) -> None:
-        while len(self._pool) < self.workers:
-            worker = _Worker()
-            self._started += 1
-            worker.thread = threading.Thread(
-                target=self._work, args=(worker,), name=f"reward-{self._started}", daemon=True
-            )
-            worker.thread.start()
-            self._pool.append(worker)
-
-    def _expire(self, now: float) -> float:
-        """Time out every call that started `timeout_s` ago or more; the seconds until the
-        next running call's deadline (at most `timeout_s`: a call may start meanwhile)."""
-        wait = self.timeout_s
+    def _step(self, batch: _Batch) -> None:
+        """Start missing workers, send calls to idle ones, wait for a reply or the next
+        deadline, and act on what happened."""
+        self._fill()
+        for worker in self._pool:
+            if worker.ready and worker.call is None and batch.todo:
+                index = batch.todo.popleft()
+                try:
+                    worker.send(index, *batch.calls[index])
+                except OSError:  # it died idle; its replacement takes the call
+                    batch.todo.appendleft(index)
+        wait([w.replies for w in self._pool], self._wait_s(time.monotonic()))
         for worker in list(self._pool):
-            if worker.call is None:
-                continue
-            left = worker.started + self.timeout_s - now
-            if left > 0:
-                wait = min(wait, left)
-            else:
-                self._abandon(worker)
-        return min(wait, _MAX_WAIT_S)
+            self._read(worker, batch)
+        now = time.monotonic()
+        for worker in list(self._pool):
+            if worker.call is not None and now >= worker.since + self.timeout_s:
+                self._time_out(worker, batch)
+            elif not worker.ready and now >= worker.since + STARTUP_TIMEOUT_S:
+                raise RewardWorkerError(
+                    f"a worker for reward function {self.name} did not start within "
+                    f"{STARTUP_TIMEOUT_S:g} s (importing its module?)"
+                )
 
-    def _abandon(self, worker: _Worker) -> None:
-        call = worker.call
-        assert call is not None
-        worker.abandoned = True
+    def _fill(self) -> None:
+        """Start workers up to `workers`: at first, and at once in place of one killed or dead,
+        so that the next batch finds the pool warm."""
+        while len(self._pool) < self.workers:
+            self._started += 1
+            if self._started > self.workers:
+                self._counters.replacements += 1
+            self._pool.append(Worker(self._payload, self._started))
+
+    def _wait_s(self, now: float) -> float:
+        deadlines = [
+            w.since + (self.timeout_s if w.ready else STARTUP_TIMEOUT_S)
+            for w in self._pool
+            if w.call is not None or not w.ready
+        ]
+        return min([_MAX_WAIT_S, *(max(0.0, d - now) for d in deadlines)])
+
+    def _read(self, worker: Worker, batch: _Batch) -> None:
+        """Every reply the worker has sent; a worker whose pipe is at its end is dead."""
+        try:
+            while worker.replies.poll():
+                self._handle(worker, worker.replies.recv(), batch)
+        except (EOFError, OSError):
+            self._died(worker, batch)
+
+    def _handle(self, worker: Worker, reply: tuple, batch: _Batch) -> None:
+        kind = reply[0]
+        if kind == "ready":
+            worker.ready = True
+        elif kind == "scored":
+            worker.call = None
+            self._hangs = 0
+            self._counters.calls += 1
+            batch.put(reply[1], reply[2])
+        elif kind == "unloadable":
+            raise RewardWorkerError(
+                f"reward function {self.name} cannot be loaded in a worker process: {reply[1]} "
+                "(it must be importable: a top-level function of a module on sys.path)"
+            )
+        else:  # "raised"
+            raise RewardWorkerError(f"reward function {self.name} raised {reply[2]}")
+
+    def _died(self, worker: Worker, batch: _Batch) -> None:
+        worker.kill()  # reaps it
         self._pool.remove(worker)
-        self._stuck.append(worker)
-        self.timeouts += 1
-        call.batch.put(call.index, (0.0, {"reward_error": TIMEOUT}))
-        self._cond.notify_all()  # another caller's batch may be the one completed
+        code = worker.proc.returncode
+        if not worker.ready:
+            raise RewardWorkerError(
+                f"a worker for reward function {self.name} exited with code {code} before it "
+                "was ready (its output is above)"
+            )
+        self._counters.deaths += 1
+        self._fill()
+        if worker.call is None:
+            logger.warning("a reward worker of %s died idle (exit code %s)", self.name, code)
+            return
+        error = f"the reward worker died (exit code {code})"
+        self._counters.calls += 1
+        batch.put(worker.call, (0.0, {"reward_error": error}))
+        logger.warning("reward function %s: %s; scored 0, worker replaced", self.name, error)
+
+    def _time_out(self, worker: Worker, batch: _Batch) -> None:
+        assert worker.call is not None
+        worker.kill()
+        self._pool.remove(worker)
+        c = self._counters
+        c.timeouts, c.kills, c.calls = c.timeouts + 1, c.kills + 1, c.calls + 1
+        self._hangs += 1
+        batch.put(worker.call, (0.0, {"reward_error": TIMEOUT}))
+        self._fill()
         logger.warning(
             "reward function %s did not return within %g s (reward.timeout_s): scored 0 with "
-            "reward_error %r; its thread is abandoned (%d stuck now, %d timeouts so far)",
+            "reward_error %r; its worker was killed and is replaced (%d timeouts so far)",
             self.name,
             self.timeout_s,
             TIMEOUT,
-            len(self._stuck),
-            self.timeouts,
+            c.timeouts,
         )
-        if len(self._stuck) > self.max_stuck:
+        if self._hangs > self.max_hangs:
             raise RewardHangError(
-                f"reward function {self.name}: {len(self._stuck)} calls are stuck past their "
-                f"{self.timeout_s:g} s timeout at once (more than {self.max_stuck}); it hangs "
-                "on these inputs: fix it, or run its slow part in a child process with a "
-                "timeout as grpo.tasks.math500 does"
+                f"reward function {self.name}: {self._hangs} calls in a row timed out after "
+                f"{self.timeout_s:g} s (more than {self.max_hangs}); it hangs on these inputs: "
+                "fix it, or raise reward.timeout_s if it is only slow"
             )
 
-    # ---------------------------------------------------------------- the worker thread
+    def _kill_busy(self) -> None:
+        """Kill the workers running a call (of a batch given up); idle and starting ones stay."""
+        for worker in [w for w in self._pool if w.call is not None]:
+            worker.kill()
+            self._pool.remove(worker)
+            self._counters.kills += 1
 
-    def _work(self, worker: _Worker) -> None:
-        while True:
-            call = self._calls.get()
-            if call is None:
-                return
-            with self._cond:
-                worker.call, worker.started = call, time.monotonic()
-                self._cond.notify_all()  # the caller now has a deadline to watch
-            error: BaseException | None = None
-            result = (0.0, {})
-            try:
-                result = score(self.reward_fn, call.completion, call.row)
-            except BaseException as exc:  # what score lets through (SystemExit): the caller's
-                error = exc
-            with self._cond:
-                worker.call = None
-                if worker.abandoned:  # timed out already; the pool has a replacement
-                    self._stuck.remove(worker)
-                    return
-                if error is not None:
-                    call.batch.error = error
-                else:
-                    call.batch.put(call.index, result)
-                self._cond.notify_all()
+
+def _pickled(reward_fn: RewardFn, name: str) -> bytes:
+    """The reward function as the workers receive it; ValueError in one line if it cannot be."""
+    why = ""
+    if getattr(reward_fn, "__module__", None) == "__main__":
+        why = "it is defined in __main__, which a worker does not import"
+    else:
+        try:
+            return pickle.dumps(reward_fn)
+        except Exception as exc:  # PicklingError, AttributeError (a local), TypeError
+            why = f"{type(exc).__name__}: {exc}"
+    raise ValueError(
+        f"reward function {name} cannot be sent to a reward worker process ({why}); define it "
+        "at the top level of an importable module (data.reward: 'package.module:function')"
+    )
