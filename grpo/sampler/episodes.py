@@ -29,6 +29,10 @@ class AnswerScorer(Protocol):
 
     def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[tuple[float, dict]]: ...
 
+    def stats(self) -> dict[str, float]:
+        """Counters for the batch's metrics (reward calls timed out, workers replaced...)."""
+        ...
+
 
 @dataclass(frozen=True, eq=False)
 class Group:
@@ -111,6 +115,8 @@ class BatchMaker:
             "data_start": float(data_start),
             "data_end": float(self.shard.position),
             "peak_mem_gib": peak_memory_gib(),
+            # Reward calls timed out, workers killed and replaced: totals so far.
+            **self.rewards.stats(),
         }
         version = self.weights.version
         return EpisodeBatch(episodes, cfg.group_size, version, seq, cfg.sampler_id, stats)

@@ -165,6 +165,6 @@ def run_sampler(cfg: Config) -> int:
     try:
         return sampler.run()
     finally:
-        sampler.rewards.close()  # does not wait for a reward call stuck past its timeout
+        sampler.rewards.close()  # kills the reward workers, a stuck one included
         if sampler.engine is not None:
             sampler.engine.close()

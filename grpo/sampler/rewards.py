@@ -48,6 +48,9 @@ class SamplerRewards:
         prompt = self.task.build_messages(row, "")[-1]["content"]
         return Item(prompt, completion, str(row.get("answer", "")))
 
+    def stats(self) -> dict[str, float]:
+        return self.rules.stats()
+
     def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[Scored]:
         rule = self.rules.score_all(calls)
         if self.service is None:

@@ -108,12 +108,9 @@ class RewardRunner:
     from several threads take turns."""
 
     def __init__(
-        self,
-        reward_fn: RewardFn,
-        workers: int = 4,
-        timeout_s: float = 60.0,
+        self, reward_fn: RewardFn, workers: int = 4, timeout_s: float = 60.0,
         max_hangs: int = MAX_HANGS,
-    ) -> None:
+    ) -> None:  # fmt: skip
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
         if not (timeout_s > 0 and math.isfinite(timeout_s)):
@@ -138,6 +135,10 @@ class RewardRunner:
         """A copy of the counts so far (see RunnerCounters)."""
         with self._lock:
             return replace(self._counters)
+
+    def stats(self) -> dict[str, float]:
+        """The counters as batch metrics (grpo.sampler.episodes.AnswerScorer)."""
+        return self.counters.stats()
 
     def pids(self) -> list[int]:
         """The worker processes running now."""
