@@ -54,15 +54,9 @@ class TrainerChannel:
         end the process when its main thread stalls (the trainer's does; tests in-process
         do not)."""
         self.cfg = cfg
-        check_listening(
-            {
-                "transport.episodes_addr": cfg.episodes_addr,
-                "transport.control_addr": cfg.control_addr,
-                "transport.weights_addr": cfg.weights_addr,
-            },
-            curve=bool(cfg.curve_dir),
-            allow_insecure=cfg.allow_insecure,
-        )
+        listening = ("episodes_addr", "control_addr", "weights_addr")
+        addrs = {f"transport.{key}": getattr(cfg, key) for key in listening}
+        check_listening(addrs, curve=bool(cfg.curve_dir), allow_insecure=cfg.allow_insecure)
         # Why a thread of this channel ended (the control socket's, the weights server's):
         # the next receive raises it, so the run stops with its cause.
         self.failure: str | None = None
@@ -210,11 +204,8 @@ class TrainerChannel:
             self.rejected_frames += 1
             log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
             return None
-        sampler_id = (
-            item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
-        )
         try:
-            why = self._unauthorised(frames[0], item, sampler_id)
+            why = unauthorised(self.key_owners, frames[0], item)
         except Exception as e:  # a frame property ZeroMQ cannot give: refuse it, go on
             why = f"a message whose sender cannot be checked ({type(e).__name__}: {e})"
         if why is not None:
@@ -222,24 +213,6 @@ class TrainerChannel:
             log.warning("refused a message (%d so far): %s", self.refused_messages, why)
             return None
         return item
-
-    def _unauthorised(
-        self, frame: Any, item: EpisodeBatch | Message, sampler_id: Any
-    ) -> str | None:
-        """Why a peer may not send `item`, or None. With CURVE, a message counts only from the
-        key made for the sampler id it carries: one sampler cannot stop the run, or send or
-        acknowledge batches, in another's name. Without CURVE, a stop counts only from this
-        host: anyone who can reach a port open beyond loopback could send one."""
-        if self.key_owners is not None:
-            owner = self.key_owners.get(frame.get("User-Id"))
-            if sampler_id != owner:
-                kind = "a batch" if isinstance(item, EpisodeBatch) else f"a {item.kind}"
-                return f"{kind} in the name of {sampler_id!r} with the key of {owner!r}"
-        elif isinstance(item, Message) and item.kind == messages.STOP:
-            peer = _peer_address(frame)
-            if peer is not None and not _is_local(peer):
-                return f"a stop from {peer}, not this host, on a port without CURVE"
-        return None
 
     def close(self) -> None:
         if self.ctx.closed:
@@ -259,6 +232,27 @@ class TrainerChannel:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()
+
+
+def unauthorised(
+    key_owners: dict[str, str] | None, frame: Any, item: EpisodeBatch | Message
+) -> str | None:
+    """Why a peer may not send `item` (whose first frame is `frame`), or None. With CURVE
+    (`key_owners`: each authorised key's sampler id), a message counts only from the key made
+    for the sampler id it carries: one sampler cannot stop the run, or send or acknowledge
+    batches, in another's name. Without CURVE, a stop counts only from this host: anyone who
+    can reach a port open beyond loopback could send one."""
+    sampler_id = item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
+    if key_owners is not None:
+        owner = key_owners.get(frame.get("User-Id"))
+        if sampler_id != owner:
+            kind = "a batch" if isinstance(item, EpisodeBatch) else f"a {item.kind}"
+            return f"{kind} in the name of {sampler_id!r} with the key of {owner!r}"
+    elif isinstance(item, Message) and item.kind == messages.STOP:
+        peer = _peer_address(frame)
+        if peer is not None and not _is_local(peer):
+            return f"a stop from {peer}, not this host, on a port without CURVE"
+    return None
 
 
 def _peer_address(frame: Any) -> str | None:
