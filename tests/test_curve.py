@@ -150,7 +150,8 @@ def test_without_curve_a_stop_counts_only_from_this_host(caplog):
     ip, port = _non_loopback_ip(), free_port()
     cfg = TransportConfig(episodes_addr=f"tcp://0.0.0.0:{port}",
                           control_addr=f"tcp://127.0.0.1:{free_port()}", heartbeat_s=0.1,
-                          peer_timeout_s=10, startup_timeout_s=10)  # fmt: skip
+                          peer_timeout_s=10, startup_timeout_s=10,
+                          allow_insecure=True)  # fmt: skip
     trainer = trainer_endpoint(cfg)
     ctx = zmq.Context()
     try:

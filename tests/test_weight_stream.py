@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from grpo.core.versions import verify_version, version_dir
@@ -67,7 +68,8 @@ def test_a_version_arrives_in_chunks_and_checks_out(channels, monkeypatch):
     ]
     served.clear()
     assert sampler.weights.fetch(tmp / "sampler", 3, keep=2) == local
-    assert served == []  # intact: no transfer, not even the manifest asked for
+    # Intact and the server's own (the manifests are equal): no transfer, the manifest only.
+    assert served == [(messages.MANIFEST, None, None)]
     for v in (4, 5):
         _publish(tmp / "trainer", v, 1000)
         sampler.weights.fetch(tmp / "sampler", v, keep=2)
@@ -134,3 +136,210 @@ def test_sampler_without_the_trainers_filesystem(tmp_path, tiny_model_dir):
     assert len(shards) >= 2 and not (there / "v000002/model.safetensors").exists()
     for name in [*shards, "model.safetensors.index.json"]:
         assert (here / "v000002" / name).read_bytes() == (there / "v000002" / name).read_bytes()
+
+
+def _ask(addr: str, body: object, kind: str = messages.CHUNK) -> Message:
+    """One raw request to the weights server, as any peer could send it; its answer."""
+    import zmq
+
+    from grpo.wire.codec import MAGIC, SCHEMA_VERSION, decode, seal
+
+    header = {"magic": MAGIC, "schema": SCHEMA_VERSION, "kind": "message", "msg_kind": kind,
+              "body": body}  # fmt: skip
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(addr)
+    try:
+        sock.send_multipart(seal(msgpack.packb(header, use_bin_type=True)))
+        assert sock.poll(timeout=10_000), f"no answer to {body!r}: the weights server is gone"
+        reply = decode(sock.recv_multipart())
+        assert isinstance(reply, Message)
+        return reply
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_malformed_weight_requests_are_answered_and_the_server_lives_on(channels):
+    """finding 3: a chunk request whose `file` is a list raised TypeError outside the
+    per-request handling: the serving thread ended, and every sampler kept its old weights
+    for the rest of the run. Each malformed request is now answered, and the server goes on."""
+    trainer, sampler, tmp = channels
+    _publish(tmp / "trainer", 1, 5000)
+    addr = trainer.cfg.weights_addr
+    for body in (
+        {"version": 1, "file": ["model.safetensors"], "offset": 0},
+        {"version": 1, "file": {"a": 1}, "offset": 0},
+        {"version": 1, "file": "model.safetensors", "offset": -5},
+        {"version": 1, "file": "model.safetensors", "offset": "0"},
+        {"version": 1, "file": "model.safetensors", "offset": 1 << 63},
+        {"version": 7, "file": "model.safetensors", "offset": 0},
+        {"version": [1], "file": "model.safetensors", "offset": 0},
+        {"version": True},
+        {},
+    ):
+        assert _ask(addr, body).kind == messages.MISSING, body
+    assert _ask(addr, {"version": 1}, kind="nonsense").kind == messages.MISSING
+    # The trainer's own version.json rotted into something that is not a manifest.
+    (version_dir(tmp / "trainer", 1) / "version.json").write_text("[1, 2]")
+    assert _ask(addr, {"version": 1, "file": "x", "offset": 0}).kind == messages.MISSING
+    _publish(tmp / "trainer", 2, 5000)
+    verify_version(sampler.weights.fetch(tmp / "sampler", 2, keep=2))
+    assert trainer.failure is None
+
+
+def test_a_weights_server_that_dies_stops_the_run_with_its_cause(tmp_path, monkeypatch):
+    """finding 3: a serving thread that ended anyway did so silently (samplers kept their
+    weights); the trainer's channel now raises its cause at the next receive."""
+    from grpo.wire import trainer_channel
+    from grpo.wire.channels import PeerError
+
+    def broken(router, run_dir, closing, failed):
+        router.close()
+        failed("the weights server failed: OSError: disk gone")
+
+    monkeypatch.setattr(trainer_channel, "serve_weights", broken)
+    cfg = _cfg(weights_addr=f"tcp://127.0.0.1:{free_port()}")
+    trainer = TrainerChannel(cfg, run_dir=tmp_path)
+    try:
+        trainer._weights.join(timeout=10)
+        with pytest.raises(PeerError, match="the weights server failed: OSError: disk gone"):
+            trainer.receive(timeout_ms=0)
+    finally:
+        trainer.close()
+
+
+def test_a_failing_heartbeat_thread_stops_the_run_with_its_cause(tmp_path):
+    """finding 3: the control socket's thread logged its failure and ended: samplers then
+    timed out with no word of why. Its cause now ends the run at the next receive."""
+    from grpo.wire.channels import PeerError
+
+    def status() -> dict:
+        raise RuntimeError("status broke")
+
+    trainer = TrainerChannel(_cfg(), status=status)
+    try:
+        trainer._thread.join(timeout=10)
+        with pytest.raises(PeerError, match="heartbeat thread failed: RuntimeError: status broke"):
+            trainer.receive(timeout_ms=0)
+    finally:
+        trainer.close()
+
+
+def test_a_local_copy_from_another_run_is_not_taken_for_the_servers(channels):
+    """finding 8: a sampler node holding an intact v1 of an earlier run of the same name
+    loaded it without asking the server; a local version now counts only if its manifest is
+    the server's."""
+    trainer, sampler, tmp = channels
+    _publish(tmp / "trainer", 1, 3000)
+    stale = version_dir(tmp / "sampler", 1)
+    _publish(tmp / "earlier", 1, 4000)
+    stale.parent.mkdir(parents=True)
+    version_dir(tmp / "earlier", 1).rename(stale)
+    verify_version(stale)  # intact, but another run's
+    local = sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+    source = version_dir(tmp / "trainer", 1)
+    for name in ("model.safetensors", "config.json", "version.json"):
+        assert (local / name).read_bytes() == (source / name).read_bytes()
+
+
+def test_failed_fetches_leave_no_temporary_dirs(channels, monkeypatch):
+    """finding 8: a failed fetch left its .vNNNNNN.fetch dir behind for good (pruning looks at
+    v* only); the fetch removes them after a failure, and those of earlier processes at start."""
+    trainer, sampler, tmp = channels
+    versions = tmp / "sampler" / "versions"
+    leftover = versions / ".v000004.fetch"  # from a sampler killed mid-fetch
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_bytes(b"half")
+    source = _publish(tmp / "trainer", 1, 5000)
+    (source / "model.safetensors").write_bytes(b"rotted")
+    with pytest.raises(ValueError):
+        sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+    assert [p.name for p in versions.iterdir()] == []
+
+
+def test_replies_must_answer_the_request(channels, monkeypatch):
+    """finding 8: a chunk reply's version, file and offset were not checked: a confused or
+    hostile server could have a chunk of another file written at this offset."""
+    trainer, sampler, tmp = channels
+    _publish(tmp / "trainer", 1, 5000)
+    for field, wrong in (("offset", 17), ("file", "config.json"), ("version", 0)):
+
+        def skewed(run_dir: Path, request: Message, field=field, wrong=wrong) -> Message:
+            reply = _reply(run_dir, request)
+            if reply.kind == messages.CHUNK and request.body.get("file") == "model.safetensors":
+                return Message(reply.kind, {**reply.body, field: wrong})
+            return reply
+
+        monkeypatch.setattr(weight_stream, "_reply", skewed)
+        with pytest.raises(ValueError, match=f"{field} {wrong!r} where .* was asked for"):
+            sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+        assert not version_dir(tmp / "sampler", 1).exists()
+
+
+def test_a_manifest_beyond_the_size_bound_is_refused_before_writing(channels, monkeypatch):
+    """finding 8: the manifest's sizes were unbounded, so a bad server could fill the
+    sampler's disk before any checksum was checked. A file, or the total, beyond
+    transport.max_version_bytes is refused before anything is written."""
+    trainer, sampler, tmp = channels
+    _publish(tmp / "trainer", 1, 5000)
+    for sizes in ({"model.safetensors": 1 << 45}, {f"m{i}": 1 << 39 for i in range(4)}):
+
+        def huge(run_dir: Path, request: Message, sizes=sizes) -> Message:
+            reply = _reply(run_dir, request)
+            if reply.kind != messages.MANIFEST:
+                return reply
+            files = {n: {**f, "bytes": b} for (n, f), b in zip(
+                ((n, reply.body["manifest"]["files"]["config.json"]) for n in sizes),
+                sizes.values(), strict=True)}  # fmt: skip
+            return Message(reply.kind, {**reply.body, "manifest": {"files": files}})
+
+        monkeypatch.setattr(weight_stream, "_reply", huge)
+        with pytest.raises(ValueError, match="transport.max_version_bytes"):
+            sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+        assert not (tmp / "sampler" / "versions").exists() or not any(
+            (tmp / "sampler" / "versions").iterdir()
+        )
+
+
+def test_pruning_keeps_the_newest_versions_by_number(tmp_path):
+    """finding 8: prune_versions sorted names as text, so past v999999 it removed the newest."""
+    from grpo.core.versions import prune_versions
+
+    for v in (999_998, 999_999, 1_000_000):
+        version_dir(tmp_path, v).mkdir(parents=True)
+    (tmp_path / "versions" / ".v000005.tmp").mkdir()  # not a version: left to its writer
+    prune_versions(tmp_path, keep=2)
+    names = sorted(p.name for p in (tmp_path / "versions").iterdir())
+    assert names == [".v000005.tmp", "v1000000", "v999999"]
+
+
+def test_a_sampler_that_cannot_get_the_version_it_needs_stops_naming_it(tmp_path):
+    """finding 3: a sampler whose fetch of the version the next batch needs failed logged
+    "keeping version 0" and sampled on with the old weights, beyond train.max_staleness. It now
+    stops, naming the version and the cause."""
+    import threading
+    from types import SimpleNamespace
+
+    from grpo.config import Config
+    from grpo.sampler.weights import Weights
+    from grpo.wire.channels import PeerError
+
+    class Unreachable:
+        def fetch(self, run_dir: Path, version: int, keep: int) -> Path:
+            raise ValueError(f"could not fetch version {version}: the weights server is gone")
+
+    cfg = Config(output_dir=str(tmp_path))
+    weights = Weights(cfg, tmp_path / "model")
+    status = SimpleNamespace(version=2)
+    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
+        status=status,
+        stopped=threading.Event(),
+        weights=Unreachable(),
+        wait_until=lambda ready, what: None,
+    )
+    why = r"needs version 2 or newer.* version 2 could not be loaded: could not fetch version 2"
+    with pytest.raises(PeerError, match=why + ": the weights server is gone"):
+        weights.wait_for_version(lambda: 2)
+    assert weights.version == 0

@@ -322,6 +322,10 @@ def _check_transport(t: TransportConfig) -> None:
         raise ConfigError("transport.episodes_addr, control_addr and weights_addr must differ")
     if t.max_frame_bytes < 1 << 20:
         raise ConfigError(f"transport.max_frame_bytes must be >= 1 MiB, got {t.max_frame_bytes}")
+    if t.receive_hwm < 0:
+        raise ConfigError(f"transport.receive_hwm must be >= 0 (0 = derived), got {t.receive_hwm}")
+    if t.max_version_bytes < 1:
+        raise ConfigError(f"transport.max_version_bytes must be >= 1, got {t.max_version_bytes}")
 
 
 def _check_deepspeed(path: str) -> None:

@@ -249,11 +249,32 @@ class TransportConfig:
         "the phase, and the trainer drops a stalled sampler; 0 = never",
     )
     startup_timeout_s: float = knob(900.0, "how long to wait for the peer's first message")
-    max_frame_bytes: int = knob(1 << 30, "larger frames are dropped")
+    max_frame_bytes: int = knob(
+        1 << 30,
+        "larger messages are dropped; ZeroMQ refuses a larger message part before buffering it "
+        "(ZMQ_MAXMSGSIZE on every socket)",
+    )
+    receive_hwm: int = knob(
+        0,
+        "messages a receiving socket queues per connection before it stops reading from that "
+        "peer (whose sends then wait): with max_frame_bytes, what one peer can make this "
+        "process hold; 0 = 4 GiB / max_frame_bytes, between 2 and 1000 (4 at the default)",
+    )
+    max_version_bytes: int = knob(
+        1 << 40,
+        "a streamed weights version (transport.weights_addr) whose manifest lists more bytes, "
+        "in one file or in all, is refused before anything is written",
+    )
     curve_dir: str = knob(
         "",
         "CURVE keys (python -m grpo keys DIR): authenticate and encrypt every connection, "
         "refuse peers without an authorised key; '' = off (fine on loopback, not across nodes)",
+    )
+    allow_insecure: bool = knob(
+        False,
+        "bind a transport address beyond loopback without curve_dir (each such socket is "
+        "named in a warning); false = refuse to start: anyone who reaches the port could send "
+        "batches in a sampler's name or read the weights",
     )
 
 

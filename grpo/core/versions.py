@@ -22,10 +22,21 @@ def version_dir(run_dir: Path, version: int) -> Path:
     return run_dir / "versions" / f"v{version:06d}"
 
 
+def version_number(path: Path) -> int | None:
+    """The version a dir named vNNNNNN holds, or None for any other name (a temporary dir)."""
+    digits = path.name[1:]
+    return int(digits) if path.name.startswith("v") and digits.isdigit() else None
+
+
 def prune_versions(run_dir: Path, keep: int) -> None:
-    """Remove all but the newest `keep` version dirs."""
-    versions = sorted(p for p in (run_dir / "versions").glob("v*") if p.is_dir())
-    for old in versions[:-keep]:
+    """Remove all but the newest `keep` version dirs (by number: v1000000 follows v999999,
+    which a sort by name would not say)."""
+    numbered = []
+    for path in (run_dir / "versions").glob("v*"):
+        number = version_number(path)
+        if number is not None and path.is_dir():
+            numbered.append((number, path))
+    for _, old in sorted(numbered)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo.core.checksum import file_digest
-from grpo.core.versions import VERSION_MARKER, prune_versions, version_dir
+from grpo.core.versions import VERSION_MARKER, prune_versions, version_dir, version_number
 from grpo.core.versions import verify_version as verify_version  # grpo/eval/cli.py imports it here
 
 
@@ -71,11 +71,12 @@ def discard_versions_after(run_dir: Path, version: int) -> list[int]:
     """Remove versions newer than `version` (published by a run that crashed before saving
     its state; a resumed run republishes its own). Returns the removed version numbers."""
     removed = []
-    for vdir in sorted((run_dir / "versions").glob("v*")):
-        if vdir.is_dir() and vdir.name[1:].isdigit() and int(vdir.name[1:]) > version:
+    for vdir in (run_dir / "versions").glob("v*"):
+        number = version_number(vdir)
+        if number is not None and number > version and vdir.is_dir():
             shutil.rmtree(vdir, ignore_errors=True)
-            removed.append(int(vdir.name[1:]))
-    return removed
+            removed.append(number)
+    return sorted(removed)
 
 
 SHARD_INDEX = "model.safetensors.index.json"

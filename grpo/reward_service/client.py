@@ -29,7 +29,7 @@ from grpo.reward_service import protocol
 from grpo.reward_service.keys import client_keys
 from grpo.reward_service.protocol import Item
 from grpo.runtime.progress import ACTIVITY, WAITING
-from grpo.wire.channels import PeerError, new_socket
+from grpo.wire.channels import PeerError, SocketLimits, derived_hwm, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 
 log = logging.getLogger("grpo.sampler")
@@ -71,7 +71,8 @@ class RewardClient:
         self.stop_event = stop_event or threading.Event()
         self.max_frame_bytes = max_frame_bytes
         self.ctx = zmq.Context()
-        self.sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0)
+        limits = SocketLimits(max_frame_bytes, derived_hwm(max_frame_bytes))
+        self.sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0, limits=limits)
         if curve_dir:
             client_keys(Path(curve_dir), sampler_id).apply(
                 self.sock

@@ -26,7 +26,14 @@ from grpo.reward_service import protocol
 from grpo.reward_service.backends import RewardBackend, build_backend
 from grpo.reward_service.keys import secure_reward_server
 from grpo.reward_service.protocol import Item
-from grpo.wire.channels import PeerError, bind, is_loopback, new_socket
+from grpo.wire.channels import (
+    PeerError,
+    SocketLimits,
+    bind,
+    check_listening,
+    derived_hwm,
+    new_socket,
+)
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 
 log = logging.getLogger("grpo.reward")
@@ -63,18 +70,19 @@ class RewardServer:
         max_request_items: int = 4096,
         max_frame_bytes: int = 1 << 30,
         curve_dir: str = "",
+        allow_insecure: bool = False,
     ):
         self.addr, self.backend = addr, backend
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self.max_request_items, self.max_frame_bytes = max_request_items, max_frame_bytes
         self.ctx = zmq.Context()
-        self.router = new_socket(self.ctx, zmq.ROUTER, linger_ms=0)
+        limits = SocketLimits(max_frame_bytes, derived_hwm(max_frame_bytes))
+        self.router = new_socket(self.ctx, zmq.ROUTER, linger_ms=0, limits=limits)
         self._auth = None
         try:
             if curve_dir:
                 self._auth = secure_reward_server(self.ctx, self.router, Path(curve_dir))
-            elif not is_loopback(addr):
-                log.warning("serving rewards on %s without transport.curve_dir", addr)
+            check_listening({"reward.service_addr": addr}, bool(curve_dir), allow_insecure)
             bind(self.router, addr, "reward service")
         except (PeerError, ValueError):
             self.close()
@@ -243,6 +251,7 @@ def run_reward_server(cfg: Config) -> int:
         cfg.reward.service_addr, backend,
         max_batch=s.max_batch, batch_wait_s=s.batch_wait_ms / 1000,
         max_frame_bytes=cfg.transport.max_frame_bytes, curve_dir=cfg.transport.curve_dir,
+        allow_insecure=cfg.transport.allow_insecure,
     )  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

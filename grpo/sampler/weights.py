@@ -17,6 +17,7 @@ from grpo.delivery.versions import is_adapter, load_state_dict
 from grpo.models.loading import apply_lora, load_causal_lm
 from grpo.rollout.base import RolloutEngine
 from grpo.runtime.placement import sampler_memory_fraction
+from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.sampler")
 
@@ -69,7 +70,8 @@ class Weights:
         self.endpoint: SamplerEndpoint | None = None
         self.version = 0
         self.reload_s = 0.0
-        self.failed_reloads: set[int] = set()  # versions whose files failed their checksums
+        # Versions that could not be loaded (fetch failed, files failed their checksums), and why.
+        self.failed_reloads: dict[int, str] = {}
 
     def hf_policy(self) -> torch.nn.Module:
         """The HF policy (loaded on first use), which the sampler keeps at its version."""
@@ -98,7 +100,7 @@ class Weights:
                 self.endpoint.weights.fetch(self.run_dir, version, self.cfg.train.keep_versions)
             verify_version(vdir)
         except ValueError as e:
-            self.failed_reloads.add(version)
+            self.failed_reloads[version] = str(e)
             log.warning("keeping version %d, not loading version %d: %s", self.version, version, e)
             return
         t0 = time.monotonic()
@@ -144,10 +146,17 @@ class Weights:
         assert endpoint is not None
         status = endpoint.status
         endpoint.wait_until(lambda: status.version >= needed(), "a newer version")
-        target = needed() if self.cfg.rollout.num_samplers == 1 else status.version
-        if (
-            target != self.version
-            and target not in self.failed_reloads
-            and not endpoint.stopped.is_set()
-        ):
+        oldest = needed()
+        target = oldest if self.cfg.rollout.num_samplers == 1 else status.version
+        if endpoint.stopped.is_set():
+            return
+        if target != self.version and target not in self.failed_reloads:
             self.reload(target)
+        # Weights older than the bound would make a batch the trainer trains as if it were
+        # fresher: a stall with its name, never a silent run on old weights.
+        if target in self.failed_reloads and self.version < oldest:
+            raise PeerError(
+                f"cannot sample the next batch: it needs version {oldest} or newer, this "
+                f"sampler has version {self.version}, and version {target} could not be "
+                f"loaded: {self.failed_reloads[target]}"
+            )

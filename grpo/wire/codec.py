@@ -39,6 +39,7 @@ from grpo.core.columns import (
     is_real,
 )
 from grpo.core.episode import EpisodeBatch
+from grpo.wire.unpack import unpack_bounded
 
 __all__ = [
     "MAGIC",
@@ -201,21 +202,9 @@ def require(cond: bool, what: str) -> None:
 def _unpack_header(raw: memoryview, limit: int) -> dict[str, Any]:
     require(0 < raw.nbytes <= limit, f"header size {raw.nbytes} not in 1..{limit}")
     try:
-        # unpackb takes the whole buffer (Unpacker's max_buffer_size does not apply);
-        # bounding every container by the header size stops a tiny header from
-        # claiming a huge array, and max_ext_len=0 refuses ext types outright.
-        n = raw.nbytes
-        header = msgpack.unpackb(
-            raw,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=n,
-            max_bin_len=n,
-            max_array_len=n,
-            max_map_len=n,
-            max_ext_len=0,
-        )
+        # Bounded by what the header's size can hold, not only by each length: an empty
+        # map or a declared array length costs far more than its byte (grpo.wire.unpack).
+        header = unpack_bounded(raw)
     except Exception as e:  # msgpack raises many types (ExtraData, StackError, ValueError...)
         raise FrameError(f"header is not valid msgpack: {type(e).__name__}: {e}") from e
     require(isinstance(header, dict), "header is not a msgpack map")

@@ -9,12 +9,14 @@
 Copy to the trainer's node: trainer.key_secret and authorized/; to a sampler's node: its own
 sampler-<i>.key_secret and trainer.key. Set transport.curve_dir to that directory on each node.
 A peer whose key is not in authorized/ (or that speaks no CURVE) is refused and logged.
+Secret keys are written 0600, and one that group or others can read is refused at load.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -41,7 +43,22 @@ def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
         ) from None
 
 
+def _private(path: Path) -> None:
+    """Refuse a secret key that users other than its owner can read: whoever reads it can
+    speak as its owner (send batches as that sampler, or pose as the trainer)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # _load says what is wrong with a missing file
+    if mode & 0o044:
+        raise ValueError(
+            f"transport.curve_dir: {path} is readable by group or others (mode "
+            f"{mode & 0o777:04o}); run chmod 600 {path}"
+        )
+
+
 def _load_pair(path: Path, what: str) -> tuple[bytes, bytes]:
+    _private(path)
     public, secret = _load(path, what)
     if secret is None:
         raise ValueError(f"transport.curve_dir: {path} holds no secret key ({what})")
@@ -56,8 +73,15 @@ def generate(directory: Path, samplers: int) -> list[Path]:
         raise ValueError(f"{existing[0]} exists; remove it or choose another directory")
     (directory / AUTHORIZED).mkdir(parents=True, exist_ok=True)
     written = []
-    for name in names:
-        public, secret = zmq.auth.create_certificates(directory, name)
+    # ZeroMQ writes the files under the umask (0644 by default): created 0600 from the start,
+    # a secret is never readable by others, not even for a moment.
+    old_umask = os.umask(0o077)
+    try:
+        certificates = [zmq.auth.create_certificates(directory, name) for name in names]
+    finally:
+        os.umask(old_umask)
+    for name, (public, secret) in zip(names, certificates, strict=True):
+        Path(public).chmod(0o644)  # public keys are meant to be copied
         written += [Path(public), Path(secret)]
         if name != TRAINER:
             shutil.copy(public, directory / AUTHORIZED / f"{name}.key")

@@ -21,7 +21,7 @@ from grpo.core.episode import EpisodeBatch
 from grpo.runtime.lifetime import exit_soon
 from grpo.runtime.progress import ACTIVITY, Watchdog
 from grpo.wire import messages
-from grpo.wire.channels import PeerError, new_socket
+from grpo.wire.channels import PeerError, SocketLimits, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_batch, encode_message
 from grpo.wire.keys import ClientKeys
 from grpo.wire.weight_stream import WeightFetcher
@@ -54,9 +54,17 @@ class SamplerChannel:
         self.sampler_id = sampler_id
         self.keys = ClientKeys.load(Path(cfg.curve_dir), sampler_id) if cfg.curve_dir else None
         self.ctx = zmq.Context()
+        self.limits = SocketLimits.of(cfg)
         self.push = self._socket(zmq.PUSH)
         self.weights = (
-            WeightFetcher(self.ctx, cfg.weights_addr, cfg.peer_timeout_s, self._secure)
+            WeightFetcher(
+                self.ctx,
+                cfg.weights_addr,
+                cfg.peer_timeout_s,
+                self._secure,
+                self.limits,
+                cfg.max_version_bytes,
+            )
             if cfg.weights_addr
             else None
         )
@@ -72,7 +80,7 @@ class SamplerChannel:
         self._thread.start()
 
     def _socket(self, kind: int, linger_ms: int = 1000) -> zmq.Socket:
-        sock = new_socket(self.ctx, kind, linger_ms)
+        sock = new_socket(self.ctx, kind, linger_ms, limits=self.limits)
         self._secure(sock)
         return sock
 

@@ -21,9 +21,17 @@ from grpo.core.episode import EpisodeBatch
 from grpo.runtime.lifetime import exit_soon
 from grpo.runtime.progress import ACTIVITY, Watchdog
 from grpo.wire import messages
-from grpo.wire.channels import HANDSHAKE_FAILURES, PeerError, bind, is_loopback, new_socket
+from grpo.wire.channels import (
+    HANDSHAKE_FAILURES,
+    PeerError,
+    SocketLimits,
+    bind,
+    check_listening,
+    new_socket,
+)
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 from grpo.wire.keys import authorized_names, secure_server
+from grpo.wire.weight_stream import MAX_REQUEST_BYTES
 from grpo.wire.weight_stream import serve as serve_weights
 
 log = logging.getLogger("grpo.transport")
@@ -46,10 +54,23 @@ class TrainerChannel:
         end the process when its main thread stalls (the trainer's does; tests in-process
         do not)."""
         self.cfg = cfg
+        listening = ("episodes_addr", "control_addr", "weights_addr")
+        addrs = {f"transport.{key}": getattr(cfg, key) for key in listening}
+        check_listening(addrs, curve=bool(cfg.curve_dir), allow_insecure=cfg.allow_insecure)
+        # Why a thread of this channel ended (the control socket's, the weights server's):
+        # the next receive raises it, so the run stops with its cause.
+        self.failure: str | None = None
         self.ctx = zmq.Context()
-        self.pull = new_socket(self.ctx, zmq.PULL, linger_ms=0)
-        pub = new_socket(self.ctx, zmq.PUB)
-        router = new_socket(self.ctx, zmq.ROUTER, linger_ms=0) if cfg.weights_addr else None
+        limits = SocketLimits.of(cfg)
+        self.pull = new_socket(self.ctx, zmq.PULL, linger_ms=0, limits=limits)
+        pub = new_socket(self.ctx, zmq.PUB, limits=limits)
+        router = (
+            new_socket(
+                self.ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits.of(cfg, MAX_REQUEST_BYTES)
+            )
+            if cfg.weights_addr
+            else None
+        )
         servers = [s for s in (self.pull, pub, router) if s is not None]
         self._auth = None
         self.refused_handshakes = 0
@@ -60,12 +81,6 @@ class TrainerChannel:
             if cfg.curve_dir:
                 self._auth = secure_server(self.ctx, servers, Path(cfg.curve_dir))
                 self.key_owners = authorized_names(Path(cfg.curve_dir))
-            elif not is_loopback(cfg.episodes_addr):
-                log.warning(
-                    "listening on %s without transport.curve_dir: anyone who reaches this port "
-                    "can send batches; make keys with `python -m grpo keys DIR`",
-                    cfg.episodes_addr,
-                )
             bind(self.pull, cfg.episodes_addr, "episodes")
             bind(pub, cfg.control_addr, "control")
             if router is not None:
@@ -92,7 +107,9 @@ class TrainerChannel:
         if router is not None:
             assert run_dir is not None, "transport.weights_addr needs the run dir to serve"
             self._weights = threading.Thread(
-                target=serve_weights, args=(router, run_dir, self._closing), daemon=True
+                target=serve_weights,
+                args=(router, run_dir, self._closing, self._failed),
+                daemon=True,
             )
             self._weights.start()
         self._monitor: threading.Thread | None = None
@@ -133,10 +150,17 @@ class TrainerChannel:
                 pub.send_multipart(encode_message(msg))
                 if self._closing.is_set() and self._outbox.empty():
                     break
-        except Exception:
-            log.exception("the trainer's heartbeat thread failed; samplers will time out")
+        except Exception as e:
+            log.exception("the trainer's heartbeat thread failed")
+            self._failed(f"the trainer's heartbeat thread failed: {type(e).__name__}: {e}")
         finally:
             pub.close()
+
+    def _failed(self, why: str) -> None:
+        """A thread of this channel ended with `why` (called from that thread): the main
+        thread's next receive raises it."""
+        if self.failure is None:
+            self.failure = why
 
     def _body(self, **extra: Any) -> dict[str, Any]:
         return {
@@ -161,7 +185,10 @@ class TrainerChannel:
 
     def receive(self, timeout_ms: int = 500) -> EpisodeBatch | Message | None:
         """The next batch or message from an authorised peer, or None when none came within
-        `timeout_ms` (a malformed or refused one is dropped, counted and logged here)."""
+        `timeout_ms` (a malformed or refused one is dropped, counted and logged here).
+        Raises PeerError when a thread of this channel has failed: the run stops, named."""
+        if self.failure is not None:
+            raise PeerError(self.failure)
         if not self.pull.poll(timeout=timeout_ms):
             return None
         return self._decode(self.pull.recv_multipart(copy=False))
@@ -177,38 +204,24 @@ class TrainerChannel:
             self.rejected_frames += 1
             log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
             return None
-        sampler_id = (
-            item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
-        )
-        if (why := self._unauthorised(frames[0], item, sampler_id)) is not None:
+        try:
+            why = unauthorised(self.key_owners, frames[0], item)
+        except Exception as e:  # a frame property ZeroMQ cannot give: refuse it, go on
+            why = f"a message whose sender cannot be checked ({type(e).__name__}: {e})"
+        if why is not None:
             self.refused_messages += 1
             log.warning("refused a message (%d so far): %s", self.refused_messages, why)
             return None
         return item
 
-    def _unauthorised(
-        self, frame: Any, item: EpisodeBatch | Message, sampler_id: Any
-    ) -> str | None:
-        """Why a peer may not send `item`, or None. With CURVE, a message counts only from the
-        key made for the sampler id it carries: one sampler cannot stop the run, or send or
-        acknowledge batches, in another's name. Without CURVE, a stop counts only from this
-        host: anyone who can reach a port open beyond loopback could send one."""
-        if self.key_owners is not None:
-            owner = self.key_owners.get(frame.get("User-Id"))
-            if sampler_id != owner:
-                kind = "a batch" if isinstance(item, EpisodeBatch) else f"a {item.kind}"
-                return f"{kind} in the name of {sampler_id!r} with the key of {owner!r}"
-        elif isinstance(item, Message) and item.kind == messages.STOP:
-            peer = _peer_address(frame)
-            if peer is not None and not _is_local(peer):
-                return f"a stop from {peer}, not this host, on a port without CURVE"
-        return None
-
     def close(self) -> None:
         if self.ctx.closed:
             return
         self._closing.set()
-        self._outbox.put(Message(messages.HEARTBEAT, self._body()))
+        try:  # a last heartbeat, which also wakes the thread at once
+            self._outbox.put(Message(messages.HEARTBEAT, self._body()))
+        except Exception:  # the status cannot be built: the thread wakes within heartbeat_s
+            log.exception("no last heartbeat")
         self._thread.join(timeout=5)
         if self._weights is not None:
             self._weights.join(timeout=5)
@@ -219,6 +232,27 @@ class TrainerChannel:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()
+
+
+def unauthorised(
+    key_owners: dict[str, str] | None, frame: Any, item: EpisodeBatch | Message
+) -> str | None:
+    """Why a peer may not send `item` (whose first frame is `frame`), or None. With CURVE
+    (`key_owners`: each authorised key's sampler id), a message counts only from the key made
+    for the sampler id it carries: one sampler cannot stop the run, or send or acknowledge
+    batches, in another's name. Without CURVE, a stop counts only from this host: anyone who
+    can reach a port open beyond loopback could send one."""
+    sampler_id = item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
+    if key_owners is not None:
+        owner = key_owners.get(frame.get("User-Id"))
+        if sampler_id != owner:
+            kind = "a batch" if isinstance(item, EpisodeBatch) else f"a {item.kind}"
+            return f"{kind} in the name of {sampler_id!r} with the key of {owner!r}"
+    elif isinstance(item, Message) and item.kind == messages.STOP:
+        peer = _peer_address(frame)
+        if peer is not None and not _is_local(peer):
+            return f"a stop from {peer}, not this host, on a port without CURVE"
+    return None
 
 
 def _peer_address(frame: Any) -> str | None:
