@@ -123,6 +123,41 @@ def _publish(run_dir: Path, version: int) -> Path:
     return publish_version(run_dir, version, save, keep=5, step=version)
 
 
+def test_a_version_is_on_the_disk_before_latest_names_it(tmp_path, monkeypatch):
+    """finding 9 (versions): every file of the version, its dir and its rename into versions/
+    are fsynced before LATEST is replaced; else a power loss could leave LATEST naming
+    weights that were never written."""
+    import os
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_open, real_replace = os.fsync, os.open, os.replace
+    opened: dict[int, str] = {}
+
+    def open_(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        opened[fd] = str(path)
+        return fd
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", opened.get(fd) or os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    final = _publish(tmp_path, 3)
+    latest = events.index(("replace", str(tmp_path / "LATEST")))
+    synced = {path for kind, path in events[:latest] if kind == "fsync"}
+    tmp = final.with_name(f".{final.name}.tmp")
+    wanted = {str(tmp / p.name) for p in final.iterdir()} | {str(tmp), str(final.parent)}
+    assert wanted <= synced, f"not fsynced before LATEST: {sorted(wanted - synced)}"
+    assert (tmp_path / "LATEST").read_text() == "3\n"
+
+
 def test_verify_version_catches_corrupt_truncated_and_unfinished_dirs(tmp_path: Path) -> None:
     vdir = _publish(tmp_path, 1)
     verify_version(vdir)

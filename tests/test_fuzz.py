@@ -256,11 +256,6 @@ WEIGHT_REQUEST = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3: _reply raises TypeError on an unhashable file and ValueError on an "
-    "offset beyond 2**63; fixed by the part making servers survive their requests (item 2)",
-)
 @FUZZ
 @example(messages.CHUNK, {"version": 3, "file": [1], "offset": 0})
 @example(messages.CHUNK, {"version": 3, "file": "model.safetensors", "offset": 1 << 63})

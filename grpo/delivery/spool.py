@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
-from grpo.delivery.versions import write_atomic
 from grpo.wire.blobs import bytes_to_frames, frames_to_bytes
 from grpo.wire.codec import FrameError, as_bytes, decode
 

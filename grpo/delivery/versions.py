@@ -23,18 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 from grpo.core.checksum import file_digest
+from grpo.core.durable import fsync_path, fsync_tree, write_atomic
 from grpo.core.versions import VERSION_MARKER, prune_versions, version_dir, version_number
 from grpo.core.versions import verify_version as verify_version  # grpo/eval/cli.py imports it here
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write, fsync and rename: `path` holds the old content or the new, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def publish_version(
@@ -50,8 +41,11 @@ def publish_version(
     (tmp / VERSION_MARKER).write_text(
         json.dumps({"version": version, "step": step, "time": time.time(), "files": files})
     )
+    # On the disk before LATEST names it: the files, the dir, and its rename into versions/.
+    fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    fsync_path(final.parent)
     write_atomic(run_dir / "LATEST", f"{version}\n")
     prune_versions(run_dir, keep)
     return final

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config import Config, save_config
+from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.versions import discard_versions_after, write_atomic
+from grpo.delivery.versions import discard_versions_after
 from grpo.observe.metrics import (
     EVAL_FILE,
     METRICS_FILE,

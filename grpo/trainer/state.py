@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import Config
+from grpo.core.durable import fsync_path, fsync_tree, write_atomic
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.versions import require_same
 from grpo.observe.metrics import read_jsonl
@@ -57,43 +57,6 @@ def fingerprint(cfg: Config, world: int, critic: bool) -> dict[str, Any]:
 
 def tag_of(step: int) -> str:
     return f"step{step:06d}"
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file's data, or a directory's entries (the names created or renamed in it),
-    to the disk."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """Every file under `root`, then every directory bottom-up, `root` included. A file gone
-    meanwhile was another rank's temporary one: that rank syncs what it became."""
-    dirs = []
-    for dirpath, _, filenames in os.walk(root):
-        dirs.append(Path(dirpath))
-        for name in filenames:
-            try:
-                fsync_path(Path(dirpath) / name)
-            except FileNotFoundError:
-                continue
-    for d in reversed(dirs):
-        fsync_path(d)
-
-
-def write_durable(path: Path, data: str) -> None:
-    """`path` holds the old content or the new, never a part, and after a power loss too:
-    the new content is fsynced before its rename and the rename before this returns."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
 
 
 def read_marker(state_dir: Path) -> dict[str, Any] | None:
@@ -140,7 +103,7 @@ def save(
     dist.barrier()  # every rank's shards are durable before the state is declared complete
     if rank == 0:
         marker = {"tag": tag, "step": step, **fingerprint}
-        write_durable(state_dir / MARKER, json.dumps(marker) + "\n")
+        write_atomic(state_dir / MARKER, json.dumps(marker) + "\n")
         # Only now is the new state the one a restart finds, power loss or not.
         for old in [*state_dir.glob("step*"), *state_dir.glob("*/step*")]:
             if old.name != tag:
@@ -190,5 +153,5 @@ def truncate_metrics(path: Path, step: int, key: str = "step") -> int:
     rows = read_jsonl(path)
     kept = [r for r in rows if r.get(key, 0) <= step]
     if len(kept) < len(rows):
-        write_durable(path, "".join(json.dumps(r) + "\n" for r in kept))
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)

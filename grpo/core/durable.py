@@ -1,0 +1,49 @@
+"""Files that survive a crash and a power loss: written whole or not at all, and on the disk
+before anything that names them (a marker, LATEST, an acknowledgement) is written.
+
+A rename is atomic, but neither the renamed file's data nor the rename itself is on the disk
+until it is fsynced: the file before its rename, the directory after it. Without that, a power
+loss can leave a marker naming files that were never written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (the names created or renamed in it),
+    to the disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Every file under `root`, then every directory bottom-up, `root` included. A file gone
+    meanwhile was another process's temporary one: that process syncs what it became."""
+    dirs = []
+    for dirpath, _, filenames in os.walk(root):
+        dirs.append(Path(dirpath))
+        for name in filenames:
+            try:
+                fsync_path(Path(dirpath) / name)
+            except FileNotFoundError:
+                continue
+    for d in reversed(dirs):
+        fsync_path(d)
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """`path` holds the old content or the new, never a part, and after a power loss too:
+    the new content is fsynced before its rename and the rename before this returns."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
