@@ -90,8 +90,9 @@ def test_keys_command_writes_pairs_and_never_overwrites(tmp_path):
     first = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     names = sorted(p.name for p in (tmp_path / "k").iterdir())
-    assert names == ["authorized", "sampler-0.key", "sampler-0.key_secret", "sampler-1.key",
-                     "sampler-1.key_secret", "trainer.key", "trainer.key_secret"]  # fmt: skip
+    assert names == ["authorized", "reward.key", "reward.key_secret", "sampler-0.key",
+                     "sampler-0.key_secret", "sampler-1.key", "sampler-1.key_secret",
+                     "trainer.key", "trainer.key_secret"]  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "k/authorized").iterdir()) == [
         "sampler-0.key",
         "sampler-1.key",

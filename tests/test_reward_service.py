@@ -397,15 +397,12 @@ def test_the_service_has_a_key_of_its_own(tmp_path):
     """finding 11: the reward service loaded trainer.key_secret, so every reward node held the
     trainer's identity. It serves with reward.key_secret now (made 0600), on a node without the
     trainer's secret, and samplers insist on reward.key."""
-    from grpo.reward_service import keys as reward_keys
     from grpo.wire.keys import generate
 
     curve = tmp_path / "keys"
     generate(curve, samplers=1)
-    reward_keys.generate(curve)
     assert (curve / "reward.key_secret").stat().st_mode & 0o077 == 0
-    with pytest.raises(ValueError, match="exists"):
-        reward_keys.generate(curve)
+    assert not (curve / "authorized" / "reward.key").exists()  # it serves: nobody accepts it
     (curve / "trainer.key_secret").unlink()  # not on the reward node
     backend = Picky()
     with serving(backend, curve_dir=str(curve)) as server:

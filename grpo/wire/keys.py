@@ -3,11 +3,13 @@
 `python -m grpo keys DIR [--samplers N]` writes:
 
     DIR/trainer.key, DIR/trainer.key_secret          the trainer's pair
+    DIR/reward.key, DIR/reward.key_secret            the reward service's (grpo.reward_service)
     DIR/sampler-<i>.key, DIR/sampler-<i>.key_secret  one pair per sampler (named by sampler_id)
     DIR/authorized/sampler-<i>.key                   the public keys the trainer accepts
 
 Copy to the trainer's node: trainer.key_secret and authorized/; to a sampler's node: its own
-sampler-<i>.key_secret and trainer.key. Set transport.curve_dir to that directory on each node.
+sampler-<i>.key_secret, trainer.key and reward.key; to a reward node: reward.key_secret and
+authorized/. Set transport.curve_dir to that directory on each node.
 A peer whose key is not in authorized/ (or that speaks no CURVE) is refused and logged.
 Secret keys are written 0600, and one that group or others can read is refused at load.
 """
@@ -29,6 +31,7 @@ from zmq.auth.thread import ThreadAuthenticator
 log = logging.getLogger("grpo.transport")
 
 TRAINER = "trainer"
+REWARD = "reward"  # the reward service's pair: a reward node never holds the trainer's
 AUTHORIZED = "authorized"
 
 
@@ -66,8 +69,9 @@ def _load_pair(path: Path, what: str) -> tuple[bytes, bytes]:
 
 
 def generate(directory: Path, samplers: int) -> list[Path]:
-    """Key pairs for the trainer and `samplers` samplers; refuses to overwrite existing ones."""
-    names = [TRAINER, *(f"sampler-{i}" for i in range(samplers))]
+    """Key pairs for the trainer, the reward service and `samplers` samplers; refuses to
+    overwrite existing ones."""
+    names = [TRAINER, REWARD, *(f"sampler-{i}" for i in range(samplers))]
     existing = [directory / f"{n}.key_secret" for n in names if (directory / f"{n}.key").exists()]
     if existing:
         raise ValueError(f"{existing[0]} exists; remove it or choose another directory")
@@ -83,7 +87,7 @@ def generate(directory: Path, samplers: int) -> list[Path]:
     for name, (public, secret) in zip(names, certificates, strict=True):
         Path(public).chmod(0o644)  # public keys are meant to be copied
         written += [Path(public), Path(secret)]
-        if name != TRAINER:
+        if name not in (TRAINER, REWARD):
             shutil.copy(public, directory / AUTHORIZED / f"{name}.key")
     return written
 
