@@ -51,12 +51,12 @@ def run(quick: bool = False) -> list[Result]:
     from grpo.models.convert import ensure_embedded_base
     from tests.tiny_model import build_tiny_model
 
-    reps, steps = (1, 2) if quick else (3, 4)
+    reps, steps = (1, 2) if quick else (3, 2)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         common = [f"output_dir={tmp}", "eval.interval=0", f"train.total_steps={steps}",
                   "train.num_ranks=1", f"transport.max_frame_bytes={2 * HEADER_BYTES}",
-                  f"rollout.max_new_tokens={16 if quick else 64}"]  # fmt: skip
+                  f"rollout.max_new_tokens={16 if quick else 32}"]  # fmt: skip
         if quick:
             common.append(f"model.path={build_tiny_model(tmp / 'tiny', ensure_embedded_base())}")
         clean, attacked = [], []

@@ -100,22 +100,22 @@ def test_every_socket_is_made_with_size_and_queue_limits():
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "socket":
                 assert path.name == "channels.py", f"{path.name} makes a socket itself"
     limits = channels.SocketLimits.of(TransportConfig(max_frame_bytes=64 << 20))
-    assert limits.max_message_bytes == 64 << 20 and limits.receive_hwm == 64
-    assert channels.SocketLimits.of(TransportConfig()).receive_hwm == 4
+    assert limits.max_message_bytes == 64 << 20 and limits.receive_hwm == 4
+    assert channels.SocketLimits.of(TransportConfig()).receive_hwm == 2
     assert channels.SocketLimits.of(TransportConfig(receive_hwm=7)).receive_hwm == 7
     ctx = zmq.Context()
     try:
         sock = channels.new_socket(ctx, zmq.PULL, limits=limits)
-        assert sock.getsockopt(zmq.MAXMSGSIZE) == 64 << 20
-        assert sock.getsockopt(zmq.RCVHWM) == 64
+        got = sock.getsockopt(zmq.MAXMSGSIZE), sock.getsockopt(zmq.RCVHWM)
         sock.close()
     finally:
         ctx.term()
+    assert got == (64 << 20, 4)
     cfg = _cfg(max_frame_bytes=8 << 20, weights_addr=f"tcp://127.0.0.1:{free_port()}")
     trainer = TrainerChannel(cfg, run_dir=Path("/nonexistent"))
     try:
         assert trainer.pull.getsockopt(zmq.MAXMSGSIZE) == 8 << 20
-        assert trainer.pull.getsockopt(zmq.RCVHWM) == 512
+        assert trainer.pull.getsockopt(zmq.RCVHWM) == 32
     finally:
         trainer.close()
 

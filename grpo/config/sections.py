@@ -258,7 +258,7 @@ class TransportConfig:
         0,
         "messages a receiving socket queues per connection before it stops reading from that "
         "peer (whose sends then wait): with max_frame_bytes, what one peer can make this "
-        "process hold; 0 = 4 GiB / max_frame_bytes, between 2 and 1000 (4 at the default)",
+        "process hold; 0 = 256 MiB / max_frame_bytes, between 2 and 1000 (2 at the default)",
     )
     max_version_bytes: int = knob(
         1 << 40,

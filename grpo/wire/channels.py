@@ -28,8 +28,10 @@ log = logging.getLogger("grpo.transport")
 
 # What one peer's queue may hold when transport.receive_hwm is left 0: the mark is this over
 # the largest message, kept between a pair (a smaller one stalls a sender on every message)
-# and ZeroMQ's own default.
-RECEIVE_QUEUE_BYTES = 4 << 30
+# and ZeroMQ's own default. Messages past it wait in the sender's queue, not in ours: a real
+# sampler sends a few batches ahead at most, and a flood then costs its sender the memory
+# (bench/hostile.py measured +600 MiB for a trainer at 4 GiB, before this was lowered).
+RECEIVE_QUEUE_BYTES = 256 << 20
 _HWM_RANGE = (2, 1000)
 
 
