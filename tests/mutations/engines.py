@@ -32,9 +32,9 @@ MUTATIONS = (
     Mutation(
         name="built_in_loss_for_a_plugin_one",
         item="6: the toy loss leaves its own metric",
-        path="grpo/algos/losses/common.py",
-        old="return get_policy_loss(name)(old_logp, logp, advantages, mask, **given)",
-        new='return get_policy_loss("grpo")(old_logp, logp, advantages, mask, **given)',
+        path="grpo/plan.py",  # where the trainer's loss is looked up, once
+        old='fn = _looked_up("algo.loss", get_policy_loss, algo.loss)',
+        new='fn = _looked_up("algo.loss", get_policy_loss, "grpo")',
         tests=(PLUGIN_RUN,),
     ),
     Mutation(
