@@ -13,7 +13,7 @@ from pathlib import Path
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # grpo/models/embedded.py -> the repository
 BASE_DIR = REPO_ROOT / "checkpoints" / "base"
 COMPLETE_MARKER = ".converted-v2"  # bump when the conversion changes, so stale dirs are redone
 
