@@ -26,6 +26,8 @@ from typing import Any
 
 from grpo.runtime.lifetime import PARENT_ENV
 
+from .base import REPO_ROOT
+
 __all__ = ["start"]
 
 _Launch = tuple[list[str], dict[str, Any], Future]
@@ -62,9 +64,12 @@ class _Launcher:
 _LAUNCHER = _Launcher()
 
 
-def start(args: list[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
-    """``subprocess.Popen(args, env=..., **kwargs)``, forked from the launcher thread, with this
-    process named in the child's GRPO_PARENT_PID for its `die_with_parent`."""
-    env = dict(os.environ if env is None else env)
+def start(args: list[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen(args, **kwargs)``, forked from the launcher thread, with this
+    process's environment, this process named in the child's GRPO_PARENT_PID for its
+    `die_with_parent`, and the repository first on its PYTHONPATH (a child runs code of
+    `grpo`, wherever it was started from)."""
+    env = dict(os.environ)
     env[PARENT_ENV] = str(os.getpid())
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return _LAUNCHER.start(args, {**kwargs, "env": env})

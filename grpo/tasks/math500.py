@@ -33,7 +33,7 @@ from typing import Any
 from grpo.runtime.lifetime import die_with_parent
 
 from . import children
-from .base import REPO_ROOT, Row, Task, load_rows_with, question_messages, register_task
+from .base import Row, Task, load_rows_with, question_messages, register_task
 from .gsm8k import FORMAT_REWARD, boxed_spans
 
 __all__ = [
@@ -159,13 +159,10 @@ class _Checker:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         self._stop()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         self._proc = children.start(
             [sys.executable, "-c", "from grpo.tasks.math500 import _serve; _serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=env,
             bufsize=0,
         )
         self._reply(self._proc, STARTUP_TIMEOUT_S, "start")

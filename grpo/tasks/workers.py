@@ -33,7 +33,7 @@ from typing import Any
 from grpo.runtime.lifetime import die_with_parent
 
 from . import children
-from .base import REPO_ROOT, RewardFn, Row, score
+from .base import RewardFn, Row, score
 
 __all__ = ["Worker", "main"]
 
@@ -50,12 +50,9 @@ class Worker:
         self.since = time.monotonic()  # when it started, or started its call
         requests_r, requests_w = os.pipe()
         replies_r, replies_w = os.pipe()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         try:
             self.proc = children.start(
                 [sys.executable, "-c", _COMMAND, str(requests_r), str(replies_w), str(number)],
-                env=env,
                 pass_fds=(requests_r, replies_w),
                 stdin=subprocess.DEVNULL,
             )
