@@ -1,0 +1,222 @@
+"""Receiving a streamed version (weights.mode: stream) from the first source that can give it:
+the nearest relay, then the next one up, then the trainer.
+
+From each source: its manifest, then every bucket still missing, `window` requests in flight,
+each decoded into a staging copy (grpo.delivery.stream.image.Staging) as it arrives. Nothing
+reaches the engine until the whole version is in and matched its checksums. Every way a
+transfer goes wrong falls back to something that still works, counted in `SyncStats.fallbacks`
+and logged:
+
+    a delta the source cannot make (base not kept) -> that bucket as full copies
+    a delta whose result fails its checksum        -> that bucket as full copies
+    a corrupt bucket (frame checksum)              -> asked again as full copies, 3 times at most
+    a source silent for timeout_s, or refusing     -> the next source, keeping the buckets in
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from grpo.delivery.stream.image import FULL_COPY, ApplyError, Image, Staging
+from grpo.delivery.stream.server import (
+    BUCKET,
+    BUCKET_TAG,
+    INDEX,
+    MANIFEST,
+    MAX_REQUEST_BYTES,
+    NO_BASE,
+)
+from grpo.wire import messages
+from grpo.wire.channels import SocketLimits, new_socket
+from grpo.wire.codec import FrameError, Message, decode, encode_message
+from grpo.wire.weight_frames import Bucket, Manifest, decode_bucket
+
+log = logging.getLogger("grpo.transport")
+
+MAX_CORRUPT = 3
+
+
+@dataclass
+class SyncStats:
+    """One receiver's counts over a run: bytes in, versions, and every fallback by its cause."""
+
+    bytes: int = 0
+    versions: int = 0
+    seconds: float = 0.0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    progress: int = 0  # buckets in: a transfer whose count stands still is a named stall
+
+    def fell_back(self, why: str, detail: str) -> None:
+        self.fallbacks[why] += 1
+        log.warning("weights: %s (%s); falling back", why, detail)
+
+
+class SourceFailed(Exception):
+    """This source cannot give the version: try the next one."""
+
+
+# What a receiver calls with each bucket it took in (a relay passes them on).
+BucketSink = Callable[[int, list[Any], Bucket], None]
+
+
+class Receiver:
+    """Takes versions from sources over DEALER sockets; one socket per attempt, so that a late
+    answer from an abandoned source can never be taken for another's."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        secure: Callable[[zmq.Socket], None] | None,
+        max_bytes: int,
+        timeout_s: float,
+        window: int = 4,
+        delta: bool = True,
+    ):
+        self.ctx, self.secure, self.max_bytes = ctx, secure, max_bytes
+        self.timeout_s, self.window, self.delta = timeout_s, window, delta
+        self.stats = SyncStats()
+
+    def receive(
+        self,
+        sources: Sequence[str],
+        version: int,
+        held: Image | None,
+        sink: BucketSink | None = None,
+        staged: Callable[[Staging], None] | None = None,
+    ) -> Image:
+        """Version `version`, complete and checked; ValueError naming each source's failure.
+        `held`: the version this receiver has (the delta base). `staged(staging)` is called once
+        the manifest is known, `sink` with each bucket taken in."""
+        t0, staging, failures = time.monotonic(), None, []
+        for addr in sources:
+            sock = self._connect(addr)
+            try:
+                manifest = self._manifest(sock, addr, version)
+                if staging is None or staging.manifest.digest != manifest.digest:
+                    staging = Staging(manifest)  # another incarnation's version v: start over
+                    if staged is not None:
+                        staged(staging)
+                base = (
+                    held if self.delta and held is not None and held.compatible(manifest) else None
+                )
+                self._buckets(sock, addr, staging, base, sink)
+                image = staging.finish()
+            except SourceFailed as e:
+                failures.append(f"{addr}: {e}")
+                if addr != sources[-1]:
+                    self.stats.fell_back("source failed", failures[-1])
+                continue
+            finally:
+                sock.close()
+            self.stats.versions += 1
+            self.stats.seconds += time.monotonic() - t0
+            return image
+        raise ValueError(f"could not receive version {version}: " + "; ".join(failures))
+
+    def _connect(self, addr: str) -> zmq.Socket:
+        limits = SocketLimits(self.max_bytes + MAX_REQUEST_BYTES, max(2 * self.window, 2))
+        sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0, limits=limits)
+        if self.secure is not None:
+            self.secure(sock)
+        sock.connect(addr)
+        return sock
+
+    def _ask(self, sock: zmq.Socket, kind: str, **body: Any) -> None:
+        sock.send_multipart(encode_message(Message(kind, body)))
+
+    def _recv(self, sock: zmq.Socket, addr: str, quiet_since: float) -> list[Any] | None:
+        if sock.poll(timeout=100):
+            return sock.recv_multipart(copy=False)
+        if time.monotonic() - quiet_since > self.timeout_s:
+            raise SourceFailed(f"nothing for {self.timeout_s:g} s (weights.transfer_timeout_s)")
+        return None
+
+    def _manifest(self, sock: zmq.Socket, addr: str, version: int) -> Manifest:
+        self._ask(sock, MANIFEST, version=version)
+        since = time.monotonic()
+        while (frames := self._recv(sock, addr, since)) is None:
+            pass
+        try:
+            reply = decode(frames[1:], max_frame_bytes=MAX_REQUEST_BYTES + self.max_bytes)
+            if not isinstance(reply, Message) or reply.kind not in (MANIFEST, messages.MISSING):
+                raise FrameError("not a manifest")
+            if reply.kind == messages.MISSING:
+                raise SourceFailed(f"it has no version {version}: {reply.body.get('reason')}")
+            manifest = Manifest.from_body(reply.body, self.max_bytes)
+        except FrameError as e:
+            raise SourceFailed(f"a bad manifest: {e}") from None
+        if manifest.version != version:
+            raise SourceFailed(f"it sent the manifest of version {manifest.version}")
+        return manifest
+
+    def _buckets(
+        self,
+        sock: zmq.Socket,
+        addr: str,
+        staging: Staging,
+        base: Image | None,
+        sink: BucketSink | None,
+    ) -> None:
+        version = staging.manifest.version
+        todo, asked, full = list(staging.missing()), {}, set()
+        corrupt, since = 0, time.monotonic()
+        while todo or asked:
+            while todo and len(asked) < self.window:
+                index = todo.pop(0)
+                want = FULL_COPY if base is None or index in full else base.version
+                self._ask(sock, BUCKET, version=version, base=want, index=index)
+                asked[index] = want
+            frames = self._recv(sock, addr, since)
+            if frames is None:
+                continue
+            tag = frames[0].bytes
+            index = INDEX.unpack(tag[1:])[0] if len(tag) == 1 + INDEX.size else None
+            if index not in asked:
+                continue  # an answer to a request given up on: never taken
+            since = time.monotonic()
+            del asked[index]
+            if tag[:1] != BUCKET_TAG:
+                self._refused(frames, index, full, todo)
+                continue
+            try:
+                bucket = decode_bucket(frames[1:], self.max_bytes)
+                staging.apply(bucket, base if bucket.base != FULL_COPY else None)
+            except FrameError as e:
+                corrupt += 1
+                if corrupt > MAX_CORRUPT:
+                    raise SourceFailed(f"{corrupt} corrupt buckets, the last: {e}") from None
+                self.stats.fell_back("corrupt bucket", f"{addr}, bucket {index}: {e}")
+                full.add(index)
+                todo.append(index)
+                continue
+            except ApplyError as e:
+                if bucket.base == FULL_COPY:
+                    raise SourceFailed(f"a full copy that fails its checksum: {e}") from None
+                self.stats.fell_back("delta mismatch", f"{addr}: {e}")
+                full.add(index)
+                todo.append(index)
+                continue
+            self.stats.bytes += sum(f.buffer.nbytes for f in frames)
+            self.stats.progress += 1
+            if sink is not None:
+                sink(index, frames[1:], bucket)
+
+    def _refused(self, frames: list[Any], index: int, full: set[int], todo: list[int]) -> None:
+        try:
+            reply = decode(frames[1:], max_frame_bytes=MAX_REQUEST_BYTES)
+        except FrameError as e:
+            raise SourceFailed(f"a malformed answer: {e}") from None
+        reason = reply.body.get("reason") if isinstance(reply, Message) else None
+        if reason == NO_BASE and index not in full:
+            self.stats.fell_back("base not kept", f"bucket {index}")
+            full.add(index)
+            todo.append(index)
+            return
+        raise SourceFailed(f"bucket {index}: {reason}")

@@ -1,0 +1,109 @@
+"""Fan-out: samplers pass versions on to each other, so the trainer sends each version about once
+whatever the number of samplers.
+
+The live samplers, sorted by id, form a tree of `fanout` children per node (sampler i's parent is
+sampler (i - 1) // fanout; sampler 0's is the trainer). Each sampler receives from its parent,
+then its grandparent and so on up to the trainer when one fails to answer for
+weights.transfer_timeout_s (a relay that died is routed around, and the next version's tree no
+longer holds it), and serves every bucket to its own children as soon as it has checked it: a
+version flows down the tree bucket by bucket, pipelined, not version by version. A sampler that
+joins late, or restarts, catches up from its parent like any other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from grpo.delivery.stream.image import FULL_COPY, Image, Staging, encode_image_bucket
+from grpo.delivery.stream.server import PENDING
+from grpo.wire.weight_frames import Bucket, Manifest
+
+
+def upstream(me: str, relays: dict[str, str], fanout: int) -> list[str]:
+    """The addresses `me` receives from, nearest first (the trainer's comes after them):
+    its ancestors in the tree of the live samplers in `relays` (sampler id -> relay address)."""
+    order = sorted(relays)
+    if fanout < 1 or me not in order:
+        return []
+    chain, i = [], order.index(me)
+    while i > 0:
+        i = (i - 1) // fanout
+        chain.append(relays[order[i]])
+    return chain
+
+
+class RelaySource:
+    """What a relaying sampler serves: its newest complete version, and the one it is receiving
+    bucket by bucket (a bucket not in yet is held back: the request is parked). A bucket is
+    passed on as it came when the child asks for the same base (or it came as full copies);
+    else it is encoded again from the checked tensors."""
+
+    def __init__(self, delta: bool = True):
+        self.delta = delta
+        self._lock = threading.Lock()
+        self.held: Image | None = None
+        self.previous: Image | None = None  # the held one before: a base children still hold
+        self.staging: Staging | None = None
+        self._received: dict[int, tuple[int, list[Any]]] = {}  # index -> (base, frames)
+        self._wanted = -1  # the newest version announced: worth parking a request for
+
+    def expect(self, version: int) -> None:
+        with self._lock:
+            self._wanted = max(self._wanted, version)
+
+    def started(self, staging: Staging) -> None:
+        with self._lock:
+            self.staging, self._received = staging, {}
+
+    def took(self, index: int, frames: list[Any], bucket: Bucket) -> None:
+        with self._lock:
+            self._received[index] = (bucket.base, frames)
+
+    def finished(self, image: Image) -> None:
+        with self._lock:
+            self.previous, self.held = self.held, image
+            self.staging, self._received = None, {}
+
+    def manifest(self, version: int) -> Manifest | None | object:
+        with self._lock:
+            if self.held is not None and self.held.version == version:
+                return self.held.manifest
+            if self.staging is not None and self.staging.manifest.version == version:
+                return self.staging.manifest
+            return PENDING if version <= self._wanted else None
+
+    def bucket(self, version: int, base: int, index: int) -> list[Any] | None | object:
+        with self._lock:
+            held, staging, received = self.held, self.staging, self._received.get(index)
+        if held is not None and held.version == version:
+            return self._encode(held, index, base)
+        if staging is None or staging.manifest.version != version:
+            return PENDING if version <= self._wanted else None
+        if received is None:
+            return PENDING
+        came_with, frames = received
+        if came_with in (base, FULL_COPY):
+            return frames
+        return self._encode(Image(staging.manifest, staging.arrays), index, base)
+
+    def _encode(self, image: Image, index: int, base: int) -> list[Any]:
+        """Bucket `index` of `image` against the child's base, if this relay holds it."""
+        old = next((i for i in (self.held, self.previous) if i and i.version == base), None)
+        if base != FULL_COPY and (old is None or old is image):
+            raise KeyError("no such base")
+        frames, _ = encode_image_bucket(image, index, old, self.delta)
+        return frames
+
+
+def relay_members(status: dict[str, Any]) -> dict[str, str]:
+    """The live samplers' relay addresses from the trainer's heartbeat, checked."""
+    relays = status.get("relays")
+    if not isinstance(relays, dict):
+        return {}
+    return {k: v for k, v in relays.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def sources(me: str, relays: dict[str, str], fanout: int, trainer: str) -> Sequence[str]:
+    return [*upstream(me, relays, fanout), trainer]

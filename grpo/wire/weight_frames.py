@@ -1,0 +1,220 @@
+"""The frames of a streamed weights version (weights.mode: stream): its manifest and its buckets.
+
+A version is an ordered list of tensors, each named with its dtype, shape and the checksum of its
+bit pattern (`TensorSpec`); the manifest also cuts the list into buckets of about
+weights.bucket_mb and carries the version's digest (the checksum of every tensor's). A bucket
+travels as one multipart message:
+
+    frame 0   XXH3-64 of everything after it, then a msgpack header:
+              {"version", "base" (-1: full copies), "index", "tensors": [[name, encoding, n], ...]}
+    frames    each tensor's n encoded parts (grpo.wire.deltas), raw, in the header's order
+
+The frame checksum catches a corrupted transfer; the tensor digests catch what a checksum of the
+frames cannot: a delta applied to the wrong base. Decoding checks every field and raises only
+FrameError, like the episode codec.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from grpo.core.checksum import checksum
+from grpo.wire.codec import FrameError, as_bytes, require, seal
+from grpo.wire.deltas import ENCODINGS
+from grpo.wire.unpack import unpack_bounded
+
+# The bit pattern each dtype travels as: a signed integer of its width, so that deltas XOR and
+# compare bits, never values (a NaN or a -0.0 round-trips exactly).
+BITS = {
+    "float64": np.dtype("<i8"),
+    "float32": np.dtype("<i4"),
+    "bfloat16": np.dtype("<i2"),
+    "float16": np.dtype("<i2"),
+    "int64": np.dtype("<i8"),
+    "int32": np.dtype("<i4"),
+    "int16": np.dtype("<i2"),
+    "int8": np.dtype("<i1"),
+    "uint8": np.dtype("<i1"),
+    "bool": np.dtype("<i1"),
+}
+MAX_TENSORS = 1 << 20
+MAX_PARTS = 2  # per tensor: grpo.wire.deltas' encodings have one or two
+_SUM = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # a key of BITS
+    shape: tuple[int, ...]
+    digest: int  # XXH3-64 of the tensor's bytes
+
+    @property
+    def bits(self) -> np.dtype:
+        return BITS[self.dtype]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.bits.itemsize
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a version holds, and how it is cut into buckets (index ranges into `specs`)."""
+
+    version: int
+    specs: tuple[TensorSpec, ...]
+    buckets: tuple[tuple[int, int], ...]
+    adapter: bool  # a LoRA adapter's tensors, not the whole model's
+
+    @property
+    def digest(self) -> int:
+        """The version's identity: the checksum of its tensors' digests, in order."""
+        return checksum([np.array([s.digest for s in self.specs], np.uint64)])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+    def bucket_specs(self, index: int) -> tuple[TensorSpec, ...]:
+        start, end = self.buckets[index]
+        return self.specs[start:end]
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "specs": [[s.name, s.dtype, list(s.shape), s.digest] for s in self.specs],
+            "buckets": [list(b) for b in self.buckets],
+            "adapter": self.adapter,
+            "digest": self.digest,
+        }
+
+    @classmethod
+    def from_body(cls, body: Any, max_bytes: int) -> Manifest:
+        """A manifest from a peer, refused (FrameError) unless every field is well formed, the
+        buckets tile the tensors in order, and its size is within `max_bytes`."""
+        require(isinstance(body, dict), "a manifest must be a map")
+        version, raw, buckets = body.get("version"), body.get("specs"), body.get("buckets")
+        require(type(version) is int and version >= 0, "a manifest's version must be an int >= 0")
+        require(isinstance(raw, list) and len(raw) <= MAX_TENSORS, "a manifest's specs")
+        specs = tuple(_spec(item) for item in raw)
+        require(len({s.name for s in specs}) == len(specs), "a manifest names a tensor twice")
+        require(isinstance(buckets, list) and bool(buckets) == bool(specs), "manifest buckets")
+        bounds = [tuple(b) for b in buckets if isinstance(b, list) and len(b) == 2]
+        require(len(bounds) == len(buckets), "a manifest's buckets must be [start, end] pairs")
+        ends = [0] + [end for _, end in bounds]
+        require(
+            all(type(x) is int for b in bounds for x in b)
+            and all(start == ends[i] and end > start for i, (start, end) in enumerate(bounds))
+            and ends[-1] == len(specs),
+            "a manifest's buckets do not tile its tensors",
+        )
+        manifest = cls(version, specs, tuple(bounds), body.get("adapter") is True)
+        require(body.get("digest") == manifest.digest, "a manifest's digest does not match")
+        require(manifest.nbytes <= max_bytes, f"a version of {manifest.nbytes} bytes is over "
+                f"transport.max_version_bytes ({max_bytes})")  # fmt: skip
+        return manifest
+
+
+def _spec(item: Any) -> TensorSpec:
+    ok = isinstance(item, list) and len(item) == 4
+    name, dtype, shape, digest = item if ok else (None, None, None, None)
+    require(isinstance(name, str) and 0 < len(name) <= 1024, "a tensor's name")
+    require(dtype in BITS, f"tensor {name}: unknown dtype {dtype!r:.40}")
+    require(
+        isinstance(shape, list)
+        and len(shape) <= 8
+        and all(type(d) is int and d >= 0 for d in shape),
+        f"tensor {name}: a bad shape",
+    )
+    require(type(digest) is int and 0 <= digest < 1 << 64, f"tensor {name}: a bad digest")
+    return TensorSpec(name, dtype, tuple(shape), digest)
+
+
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[tuple[int, int], ...]:
+    """Consecutive tensors grouped into buckets of at most `bucket_bytes` (a larger tensor is a
+    bucket of its own)."""
+    buckets, start, filled = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and filled + size > bucket_bytes:
+            buckets.append((start, i))
+            start, filled = i, 0
+        filled += size
+    if start < len(sizes):
+        buckets.append((start, len(sizes)))
+    return tuple(buckets)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    version: int
+    base: int  # -1: every tensor a full copy
+    index: int
+    tensors: tuple[tuple[str, str, tuple[memoryview, ...]], ...]  # name, encoding, parts
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for _, _, parts in self.tensors for p in parts)
+
+
+def encode_bucket(
+    version: int, base: int, index: int, tensors: Sequence[tuple[str, str, Sequence[Any]]]
+) -> list[Any]:
+    """Frames for send_multipart(copy=False): the parts are sent as they are, not copied."""
+    header = {
+        "version": version,
+        "base": base,
+        "index": index,
+        "tensors": [[name, kind, len(parts)] for name, kind, parts in tensors],
+    }
+    parts = [as_bytes(p) for _, _, ps in tensors for p in ps]
+    return seal(msgpack.packb(header, use_bin_type=True), parts)
+
+
+def decode_bucket(frames: Sequence[Any], max_bytes: int) -> Bucket:
+    """A bucket's frames checked: checksum, header, part counts. Raises only FrameError."""
+    try:
+        return _decode_bucket(frames, max_bytes)
+    except FrameError:
+        raise
+    except Exception as e:  # a gap in the checks must still refuse the frames
+        raise FrameError(f"undecodable bucket: {type(e).__name__}: {e}") from e
+
+
+def _decode_bucket(frames: Sequence[Any], max_bytes: int) -> Bucket:
+    require(1 <= len(frames) <= 1 + MAX_PARTS * MAX_TENSORS, f"a bucket of {len(frames)} frames")
+    views = [as_bytes(f) for f in frames]
+    require(sum(v.nbytes for v in views) <= max_bytes, "a bucket over the size limit")
+    require(views[0].nbytes > _SUM.size, "a bucket's frame 0 is too short")
+    (expected,) = _SUM.unpack(views[0][: _SUM.size])
+    views[0] = views[0][_SUM.size :]
+    require(checksum(views) == expected, "a bucket's checksum does not match")
+    header = unpack_bounded(views[0])
+    require(isinstance(header, dict), "a bucket's header must be a map")
+    version, base, index = header.get("version"), header.get("base"), header.get("index")
+    require(type(version) is int and version >= 0, "a bucket's version")
+    require(type(base) is int and base >= -1, "a bucket's base")
+    require(type(index) is int and index >= 0, "a bucket's index")
+    entries, parts = header.get("tensors"), views[1:]
+    require(isinstance(entries, list), "a bucket's tensors")
+    tensors, at = [], 0
+    for entry in entries:
+        require(isinstance(entry, list) and len(entry) == 3, "a bucket's tensor entry")
+        name, kind, n = entry
+        require(isinstance(name, str) and kind in ENCODINGS, f"a bucket's tensor {name!r:.80}")
+        require(type(n) is int and 1 <= n <= MAX_PARTS, f"tensor {name}: {n!r:.20} parts")
+        tensors.append((name, kind, tuple(parts[at : at + n])))
+        at += n
+    require(at == len(parts), f"a bucket holds {len(parts)} parts, its header {at}")
+    return Bucket(version, base, index, tuple(tensors))

@@ -1,0 +1,186 @@
+"""Streamed versions (weights.mode: stream) over real sockets: a trainer's store and relays
+serving, receivers taking versions by delta or whole, and every way of failing closed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import zmq
+
+from grpo.delivery.stream.client import Receiver
+from grpo.delivery.stream.image import FULL_COPY, ApplyError, Image, Staging, encode_image_bucket
+from grpo.delivery.stream.relay import RelaySource, upstream
+from grpo.delivery.stream.server import StreamServer, VersionStore
+from grpo.wire.weight_frames import decode_bucket
+
+MB = 1 << 20
+
+
+def model(version: int, seed: int = 0, changed: float = 0.02) -> Image:
+    """A float32 'model' of a few tensors; each version changes `changed` of the elements."""
+    rng = np.random.default_rng(seed)
+    shapes = {"embed": (256, 64), "layer.0.w": (64, 64), "layer.0.b": (64,), "head": (64, 300)}
+    tensors = []
+    for name, shape in shapes.items():
+        x = rng.standard_normal(shape).astype(np.float32).ravel()
+        for v in range(1, version + 1):
+            step = np.random.default_rng((seed, v, len(name))).random(x.size) < changed
+            x = x.copy()
+            x[step] += np.float32(1e-3)
+        tensors.append((name, "float32", shape, x.view(np.int32)))
+    return Image.build(version, tensors, bucket_bytes=40_000)
+
+
+@contextmanager
+def serving(source, ctx: zmq.Context) -> Iterator[str]:
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    closing = threading.Event()
+    failures: list[str] = []
+    server = StreamServer(router, source, closing, failures.append)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        closing.set()
+        thread.join(5)
+    assert not failures
+
+
+def same(a: Image, b: Image) -> bool:
+    return a.manifest == b.manifest and all(
+        np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays
+    )
+
+
+@pytest.fixture()
+def ctx() -> Iterator[zmq.Context]:
+    c = zmq.Context()
+    yield c
+    c.term()
+
+
+def test_a_version_arrives_whole_then_by_delta(ctx: zmq.Context) -> None:
+    store = VersionStore(keep=2, budget_bytes=64 * MB)
+    store.add(model(1))
+    with serving(store, ctx) as addr:
+        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+        v1 = rx.receive([addr], 1, None)
+        full_bytes = rx.stats.bytes
+        store.add(model(2))
+        v2 = rx.receive([addr], 2, v1)
+    assert same(v1, model(1)) and same(v2, model(2))
+    assert rx.stats.bytes - full_bytes < 0.3 * full_bytes  # the delta, not a second copy
+    assert not rx.stats.fallbacks
+
+
+def test_a_base_the_trainer_dropped_falls_back_to_full_copies(ctx: zmq.Context) -> None:
+    store = VersionStore(keep=1, budget_bytes=64 * MB)
+    store.add(model(3))
+    with serving(store, ctx) as addr:
+        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+        got = rx.receive([addr], 3, model(1))
+    assert same(got, model(3))
+    assert rx.stats.fallbacks["base not kept"] == len(got.manifest.buckets)
+
+
+def test_a_wrong_base_fails_its_checksum_and_is_fetched_whole(ctx: zmq.Context) -> None:
+    """The receiver claims version 1 but holds other weights (drifted): every delta's result
+    fails its tensor's checksum, nothing wrong is staged, the full copies make it right."""
+    store = VersionStore(keep=2, budget_bytes=64 * MB)
+    store.add(model(1))
+    store.add(model(2))
+    drifted = model(1, seed=7)
+    drifted = Image(model(1).manifest, drifted.arrays)
+    with serving(store, ctx) as addr:
+        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+        got = rx.receive([addr], 2, drifted)
+    assert same(got, model(2))
+    assert rx.stats.fallbacks["delta mismatch"] == len(got.manifest.buckets)
+
+
+def test_staging_refuses_a_corrupted_bucket_and_keeps_nothing_of_it() -> None:
+    new, base = model(2), model(1)
+    frames, _ = encode_image_bucket(new, 0, base)
+    staging = Staging(new.manifest)
+    payload = bytearray(frames[1])
+    payload[len(payload) // 2] ^= 0x40
+    with pytest.raises(Exception, match="checksum"):
+        decode_bucket([frames[0], bytes(payload), *frames[2:]], 64 * MB)
+    # The frames intact but the delta applied to another base: refused by the tensor digest.
+    bucket = decode_bucket(frames, 64 * MB)
+    other = Image(base.manifest, model(1, seed=3).arrays)
+    with pytest.raises(ApplyError, match="checksum"):
+        staging.apply(bucket, other)
+    assert staging.arrays == {} and staging.missing() == list(range(len(new.manifest.buckets)))
+    with pytest.raises(ApplyError, match="never arrived"):
+        staging.finish()
+
+
+def test_a_dead_source_is_passed_over_for_the_next(ctx: zmq.Context) -> None:
+    store = VersionStore(keep=2, budget_bytes=64 * MB)
+    store.add(model(1))
+    dead = ctx.socket(zmq.ROUTER)  # bound, never answers: a relay hung or SIGSTOPped
+    port = dead.bind_to_random_port("tcp://127.0.0.1")
+    with serving(store, ctx) as addr:
+        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=0.5)
+        got = rx.receive([f"tcp://127.0.0.1:{port}", addr], 1, None)
+    dead.close()
+    assert same(got, model(1)) and rx.stats.fallbacks["source failed"] == 1
+
+
+def test_a_chain_of_relays_passes_a_version_down_bucket_by_bucket(ctx: zmq.Context) -> None:
+    store = VersionStore(keep=2, budget_bytes=64 * MB)
+    store.add(model(1))
+    relays = [RelaySource(), RelaySource()]
+    with serving(store, ctx) as trainer, serving(relays[0], ctx) as r0:
+        with serving(relays[1], ctx) as r1:
+            chain = [[trainer], [r0, trainer], [r1, r0, trainer]]
+            got: list[Image] = []
+
+            def receive(i: int) -> None:
+                rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+                relay = relays[i] if i < len(relays) else None
+                if relay is not None:
+                    relay.expect(1)
+                image = rx.receive(
+                    chain[i],
+                    1,
+                    None,
+                    sink=relay.took if relay else None,
+                    staged=relay.started if relay else None,
+                )
+                if relay is not None:
+                    relay.finished(image)
+                got.append(image)
+
+            threads = [threading.Thread(target=receive, args=(i,)) for i in (2, 1, 0)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(20)
+    assert len(got) == 3 and all(same(g, model(1)) for g in got)
+
+
+def test_the_tree_of_relays() -> None:
+    relays = {f"s{i}": f"addr{i}" for i in range(7)}
+    assert upstream("s0", relays, 2) == []
+    assert upstream("s6", relays, 2) == ["addr2", "addr0"]
+    assert upstream("s3", relays, 1) == ["addr2", "addr1", "addr0"]
+    assert upstream("gone", relays, 2) == [] and upstream("s3", relays, 0) == []
+
+
+def test_a_store_keeps_the_newest_within_its_budget() -> None:
+    one = sum(a.nbytes for a in model(1).arrays.values())
+    store = VersionStore(keep=3, budget_bytes=2 * one)
+    for v in range(1, 5):
+        store.add(model(v))
+    assert list(store.images) == [3, 4]
+    with pytest.raises(KeyError):
+        store.bucket(4, 1, 0)
+    assert store.bucket(4, FULL_COPY, 0) is not None and store.bucket(9, FULL_COPY, 0) is None
