@@ -138,32 +138,35 @@ def test_a_chain_of_relays_passes_a_version_down_bucket_by_bucket(ctx: zmq.Conte
     store = VersionStore(keep=2, budget_bytes=64 * MB)
     store.add(model(1))
     relays = [RelaySource(), RelaySource()]
-    with serving(store, ctx) as trainer, serving(relays[0], ctx) as r0:
-        with serving(relays[1], ctx) as r1:
-            chain = [[trainer], [r0, trainer], [r1, r0, trainer]]
-            got: list[Image] = []
+    with (
+        serving(store, ctx) as trainer,
+        serving(relays[0], ctx) as r0,
+        serving(relays[1], ctx) as r1,
+    ):
+        chain = [[trainer], [r0, trainer], [r1, r0, trainer]]
+        got: list[Image] = []
 
-            def receive(i: int) -> None:
-                rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
-                relay = relays[i] if i < len(relays) else None
-                if relay is not None:
-                    relay.expect(1)
-                image = rx.receive(
-                    chain[i],
-                    1,
-                    None,
-                    sink=relay.took if relay else None,
-                    staged=relay.started if relay else None,
-                )
-                if relay is not None:
-                    relay.finished(image)
-                got.append(image)
+        def receive(i: int) -> None:
+            rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+            relay = relays[i] if i < len(relays) else None
+            if relay is not None:
+                relay.expect(1)
+            image = rx.receive(
+                chain[i],
+                1,
+                None,
+                sink=relay.took if relay else None,
+                staged=relay.started if relay else None,
+            )
+            if relay is not None:
+                relay.finished(image)
+            got.append(image)
 
-            threads = [threading.Thread(target=receive, args=(i,)) for i in (2, 1, 0)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(20)
+        threads = [threading.Thread(target=receive, args=(i,)) for i in (2, 1, 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
     assert len(got) == 3 and all(same(g, model(1)) for g in got)
 
 

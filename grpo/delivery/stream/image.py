@@ -8,7 +8,7 @@ module needs no torch: relays and benchmarks run it without a model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
