@@ -29,6 +29,7 @@ from grpo.config.sections import (
     ModelConfig,
     TrainConfig,
     TransportConfig,
+    WeightsConfig,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "RolloutConfig",
     "TrainConfig",
     "TransportConfig",
+    "WeightsConfig",
     "VllmConfig",
     "describe",
     "get_value",

@@ -279,6 +279,55 @@ class TransportConfig:
 
 
 @dataclass
+class WeightsConfig:
+    mode: Literal["auto", "shared_dir", "files", "stream"] = knob(
+        "auto",
+        "how versions reach the samplers: shared_dir (they read the trainer's version dirs), "
+        "files (they fetch those dirs over transport.weights_addr), stream (from the trainer's "
+        "memory over transport.weights_addr, in buckets, by delta, relayed between samplers; no "
+        "disk on either side); auto = files when transport.weights_addr is set, else shared_dir",
+    )
+    bucket_mb: float = knob(64.0, "stream: tensors travel in buckets of about this size")
+    delta: bool = knob(
+        True,
+        "stream: send a sampler v -> v' per tensor as a sparse or XOR+zstd delta when smaller "
+        "than the tensor; every result is checked against its checksum (a mismatch: full copy)",
+    )
+    keep_bases: int = knob(
+        2, "stream: versions the trainer keeps in memory as delta bases (the newest included)"
+    )
+    base_memory_mb: float = knob(
+        8192.0, "stream: host memory those versions may take; the newest is kept regardless"
+    )
+    save_interval: int = knob(
+        0,
+        "stream: also write a durable version dir every N steps (for evaluation and the user; "
+        "the last step's always); 0 = only the last step's",
+    )
+    relay_addr: str = knob(
+        "tcp://127.0.0.1:*",
+        "stream, several samplers: where each sampler serves the versions it holds to the "
+        "others ('*' = any free port); the trainer tells every sampler the others' addresses",
+    )
+    relay_host: str = knob(
+        "",
+        "stream: the host other samplers reach this one's relay at, when relay_addr binds a "
+        "wildcard (0.0.0.0); '' = the relay_addr's own host",
+    )
+    fanout: int = knob(
+        2,
+        "stream: samplers a sampler relays a version to (a tree: the trainer sends each "
+        "version about once); 0 = every sampler takes it from the trainer",
+    )
+    window: int = knob(4, "stream: bucket requests in flight per transfer")
+    transfer_timeout_s: float = knob(
+        30.0,
+        "stream: a source (relay or trainer) that sends nothing for this long is passed over "
+        "for the next one up; the trainer's own silence is transport.peer_timeout_s's",
+    )
+
+
+@dataclass
 class Config:
     name: str = knob("run", "run name; outputs go to <output_dir>/<name>")
     output_dir: str = knob("checkpoints", "root of run outputs")
@@ -299,6 +348,9 @@ class Config:
     eval: EvalConfig = section(EvalConfig, "periodic evaluation of versions")
     logging: LoggingConfig = section(LoggingConfig, "trackers besides metrics.jsonl")
     transport: TransportConfig = section(TransportConfig, "ZeroMQ addresses and timeouts")
+    weights: WeightsConfig = section(
+        WeightsConfig, "how versions travel from the trainer to the samplers (docs/weights.md)"
+    )
 
     @property
     def run_dir(self) -> Path:

@@ -34,6 +34,7 @@ class Member:
     incarnation: str | None = None
     gone: str | None = None  # STOPPED, SILENT or STALLED; None while alive
     why: str = ""  # the drop's line
+    relay: str = ""  # where it relays versions (weights.mode: stream), from its heartbeats
 
     @property
     def activity(self) -> str:
@@ -70,6 +71,8 @@ class SamplerPool:
             log.warning("sampler %s is back (%d alive)", sid, len(self.alive()))
         if incarnation is not None:
             member.incarnation = incarnation
+        if isinstance(relay := body.get("relay"), str) and len(relay) <= 256:
+            member.relay = relay
 
     def stopped(self, sid: str, reason: str) -> None:
         """`sid` said it stops: dropped until a restart of it is heard."""
@@ -103,6 +106,10 @@ class SamplerPool:
 
     def alive(self) -> list[str]:
         return sorted(sid for sid, m in self.members.items() if m.gone is None)
+
+    def relays(self) -> dict[str, str]:
+        """The live samplers' relay addresses."""
+        return {sid: m.relay for sid, m in self.members.items() if m.gone is None and m.relay}
 
     def none_left(self) -> str | None:
         """Why the run cannot go on (every sampler heard of is gone), or None."""

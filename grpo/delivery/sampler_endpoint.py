@@ -25,6 +25,7 @@ from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
+from grpo.delivery.stream.relay import relay_members
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.wire import messages
 from grpo.wire.codec import Message
@@ -55,6 +56,7 @@ class TrainerStatus:
     trained: dict[str, int] = field(default_factory=dict)  # batches trained, per sampler
     alive: int = 0  # samplers the trainer counts as alive (this one included, once heard)
     activity: Snapshot | None = None  # what the trainer last said it was doing
+    relays: dict[str, str] = field(default_factory=dict)  # live samplers' relay addresses
 
 
 class SamplerEndpoint:
@@ -67,6 +69,7 @@ class SamplerEndpoint:
         sampler_id: str,
         spool: Spool,
         exit_on_stall: bool = False,
+        fetch_files: bool = True,
     ):
         """`spool`: this sampler's, with what an earlier run left unacknowledged (resent once
         the trainer is heard, see wait_for_trainer). `exit_on_stall`: end the process when its
@@ -77,11 +80,14 @@ class SamplerEndpoint:
         self.status = TrainerStatus()
         self.stopped = threading.Event()  # set on done, stop, a rejection, or a lost trainer
         self._news = threading.Event()  # set whenever status changes, so waiters wake at once
+        self.before_close: list[Callable[[], None]] = []
         self._restarts_handled = 0
         self._resent_at: dict[int, float] = {}  # seq -> when last resent
         self._lost_resends: dict[int, int] = {}  # seq -> resends as passed over (see _sync)
         # Last: the channel's thread hands up what it hears at once.
-        self.channel = SamplerChannel(transport, sampler_id, self._heard, self._stop, exit_on_stall)
+        self.channel = SamplerChannel(
+            transport, sampler_id, self._heard, self._stop, exit_on_stall, fetch_files
+        )
 
     @property
     def weights(self) -> WeightFetcher | None:
@@ -115,6 +121,8 @@ class SamplerEndpoint:
             status.alive = alive
         if (activity := Snapshot.from_json(body)) is not None:
             status.activity = activity
+        if "relays" in body:
+            status.relays = relay_members(body)
         for attr, key in (("acked", "acks"), ("consumed", "consumed")):
             per_sampler = body.get(key)
             if isinstance(per_sampler, dict) and self.sampler_id in per_sampler:
@@ -248,6 +256,9 @@ class SamplerEndpoint:
             self.channel.send_stop(reason)
 
     def close(self) -> None:
+        for close in self.before_close:  # what uses the channel's context (the follower)
+            close()
+        self.before_close.clear()
         self.channel.close()
 
 

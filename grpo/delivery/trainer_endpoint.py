@@ -15,10 +15,13 @@ the training loop calls the same methods on every rank and checks no rank itself
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
@@ -27,6 +30,7 @@ from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
 from grpo.delivery.spool import frames_digest
+from grpo.delivery.stream.server import StreamServer, VersionStore
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message, encode_batch
@@ -62,9 +66,12 @@ class TrainerEndpoint:
         max_held: int,
         run_dir: Path | None = None,
         exit_on_stall: bool = False,
+        store: VersionStore | None = None,
     ):
         """`ledger`, `version`: a resumed trainer's, announced from the first heartbeat on.
-        `max_held`: batches held per sampler before the earliest is trained anyway."""
+        `max_held`: batches held per sampler before the earliest is trained anyway.
+        `store`: the versions to stream from memory (weights.mode: stream), else the version
+        dirs in `run_dir` are served as files."""
         self.ledger = ledger
         self.expected = expected
         self.version = version
@@ -76,7 +83,17 @@ class TrainerEndpoint:
         self.transport = transport
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
-        self.channel = TrainerChannel(transport, run_dir, lambda: self._status, exit_on_stall)
+        self.stream: StreamServer | None = None
+        serve = None
+        if store is not None:
+
+            def serve(router: zmq.Socket, closing: threading.Event, failed: Any) -> None:
+                self.stream = StreamServer(router, store, closing, failed)
+                self.stream.run()
+
+        self.channel = TrainerChannel(
+            transport, run_dir, lambda: self._status, exit_on_stall, serve
+        )
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
     def _current_status(self) -> dict[str, Any]:
@@ -88,6 +105,7 @@ class TrainerEndpoint:
             "consumed": self.order.received_json(),
             "trained": self.ledger.trained_counts(),
             "alive": self.alive,
+            "relays": self.pool.relays(),
         }
 
     def _refresh(self) -> None:
@@ -168,7 +186,7 @@ class TrainerEndpoint:
 
     def _raise_if_none_left(self) -> None:
         alive = len(self.pool.alive())
-        if alive != self.alive:
+        if alive != self.alive or self.pool.relays() != self._status["relays"]:
             self.alive = alive
             self._refresh()
         if (why := self.pool.none_left()) is not None:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -106,6 +106,11 @@ class RolloutEngine(Protocol):
     def load_version(self, vdir: Path, version: int) -> None:
         """Serve the weights of published version `version` (a dir of grpo.delivery.versions)
         from the next generate() on; raise if they cannot be loaded."""
+        ...
+
+    def load_tensors(self, state: dict[str, Any], version: int) -> None:
+        """The same from tensors in memory (weights.mode: stream): full weights by name, or a
+        LoRA adapter's."""
         ...
 
     def close(self) -> None:

@@ -150,5 +150,9 @@ class HFRollout:
     def load_version(self, vdir: Path, version: int) -> None:
         """Nothing to do: the model is the sampler's policy, which the sampler reloads."""
 
+    def load_tensors(self, state: dict, version: int) -> None:
+        """Nothing to do: the sampler loads them into its policy, which this engine samples
+        with."""
+
     def close(self) -> None:
         """Nothing held beyond the sampler's own model."""

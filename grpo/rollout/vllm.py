@@ -172,6 +172,22 @@ class VllmRollout:
         log.info("vLLM serves version %d (%s, %.2f s)", version, how, time.monotonic() - t0)
         return how
 
+    def load_tensors(self, state: dict, version: int) -> None:
+        """Streamed full weights into the running engine, in place (a streamed LoRA adapter is
+        refused by the config check: vLLM loads adapters from a dir)."""
+        llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
+        named = list(state.items())
+        results = within(
+            timeout_s,
+            lambda: llm.collective_rpc("grpo_load_tensors", args=(named, version)),
+            f"loading version {version} into the running engine took over {timeout_s:.0f} s "
+            "(rollout.vllm.reload_timeout_s)",
+        )
+        for result in results:
+            if result.get("version") != version or result.get("tensors") != len(named):
+                raise RuntimeError(f"a worker reports {result} after loading version {version}")
+        self.llm.reset_prefix_cache()
+
     def _reload_in_place(self, weights: list[Path], version: int) -> None:
         llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
         files = [str(p) for p in weights]

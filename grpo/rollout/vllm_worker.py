@@ -40,6 +40,13 @@ class WeightReloader:
         self._retie_lm_head()
         return {"version": version, "tensors": count[0]}
 
+    def grpo_load_tensors(self, named: list, version: int) -> dict[str, int]:
+        """Streamed tensors (name, tensor) into the running model, in place, as grpo_reload
+        loads a checkpoint's."""
+        self.model_runner.reload_weights(weights_iterator=iter(named))  # type: ignore[attr-defined]
+        self._retie_lm_head()
+        return {"version": version, "tensors": len(named)}
+
     def _retie_lm_head(self) -> None:
         """With tied embeddings the LM head shares the embedding's weight, but the reload
         gives the embedding a new tensor and leaves the head on the old one (and, on CPU,

@@ -27,6 +27,7 @@ IDLE_PHASES = frozenset({STARTING, WAITING})
 
 GENERATING, SCORING, REWARDING = "generating", "scoring", "rewarding"
 TRAINING, EVALUATING, PUBLISHING, SAVING = "training", "evaluating", "publishing", "saving"
+RECEIVING = "receiving weights"  # a streamed version coming in, bucket by bucket
 
 
 @dataclass(frozen=True)

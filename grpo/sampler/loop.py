@@ -17,6 +17,7 @@ import signal
 import threading
 
 from grpo.config import Config
+from grpo.config.checks import weights_mode
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool
 from grpo.models.loading import load_tokenizer, resolve_model_path
@@ -62,7 +63,11 @@ class Sampler:
             log.info("this sampler made all %d batches of the run: nothing left", self.next_seq)
             return 0
         endpoint = SamplerEndpoint(
-            cfg.transport, cfg.rollout.sampler_id, self.spool, exit_on_stall=True
+            cfg.transport,
+            cfg.rollout.sampler_id,
+            self.spool,
+            exit_on_stall=True,
+            fetch_files=weights_mode(cfg) == "files",
         )
         self.rewards.stop_on(endpoint.stopped)
         self.engine = engine = self.make_engine(endpoint.stopped)

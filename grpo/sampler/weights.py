@@ -11,12 +11,16 @@ from pathlib import Path
 import torch
 
 from grpo.config import Config
+from grpo.config.checks import weights_mode
 from grpo.core.versions import verify_version, version_dir
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
+from grpo.delivery.stream.follower import VersionFollower
+from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
 from grpo.delivery.versions import is_adapter, load_state_dict
 from grpo.models.loading import apply_lora, load_causal_lm
 from grpo.rollout.base import RolloutEngine
 from grpo.runtime.placement import sampler_memory_fraction
+from grpo.runtime.progress import ACTIVITY, RECEIVING
 from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.sampler")
@@ -72,6 +76,7 @@ class Weights:
         self.reload_s = 0.0
         # Versions that could not be loaded (fetch failed, files failed their checksums), and why.
         self.failed_reloads: dict[int, str] = {}
+        self.follower: VersionFollower | None = None  # weights.mode: stream
 
     def hf_policy(self) -> torch.nn.Module:
         """The HF policy (loaded on first use), which the sampler keeps at its version."""
@@ -86,14 +91,33 @@ class Weights:
 
     def connect(self, endpoint: SamplerEndpoint, engine: RolloutEngine) -> None:
         """From now on, wait for versions from `endpoint`'s trainer (fetched over the channel
-        when it streams weights) and load them into `engine` too."""
+        in weights.mode files, received from memory in stream) and load them into `engine`."""
         self.endpoint, self.engine = endpoint, engine
+        if weights_mode(self.cfg) == "stream":
+            status, channel = endpoint.status, endpoint.channel
+            several = self.cfg.rollout.num_samplers > 1
+            self.follower = VersionFollower(
+                self.cfg,
+                channel.ctx,
+                endpoint.sampler_id,
+                channel.secure,
+                relays=lambda: status.relays,
+                announced=(lambda: status.version) if several else None,
+            )
+            channel.relay_address = self.follower.address
+            endpoint.before_close.append(self.follower.close)
+            if self.policy is not None:  # version 0, the first delta's base
+                self.follower.seed(image_from_state(0, self.policy.state_dict(), 1 << 26,
+                                                    self.cfg.model.lora.enabled))  # fmt: skip
 
     def reload(self, version: int) -> None:
         """Load published version `version` into the HF policy and the engine (if any).
 
         A version whose files fail their checksums (or are gone) is not loaded: the sampler
         keeps its current weights, says why, and tries again at the next announced version."""
+        if self.follower is not None:
+            self.receive(version)
+            return
         vdir = version_dir(self.run_dir, version)
         try:
             if self.endpoint is not None and self.endpoint.weights is not None:
@@ -114,16 +138,57 @@ class Weights:
         )
         self.version = version
 
+    def receive(self, version: int) -> None:
+        """weights.mode: stream: wait for the follower to hold `version` (checked whole), then
+        load it. Failing that, keep the current weights as reload does."""
+        assert self.follower is not None and self.endpoint is not None
+        follower, image = self.follower, None
+        follower.want(version)
+        with ACTIVITY.during(RECEIVING, f"version {version}"):
+            seen = follower.receiver.stats.progress
+
+            def arrived() -> bool:
+                nonlocal image, seen
+                if follower.receiver.stats.progress != seen:
+                    seen = follower.receiver.stats.progress
+                    ACTIVITY.tick()  # buckets coming in: a transfer that stops is a stall
+                try:
+                    image = follower.image(version)
+                except ValueError as e:
+                    self.failed_reloads[version] = str(e)
+                    return True
+                return image is not None
+
+            self.endpoint.wait_until(arrived, f"version {version} from the trainer")
+        if image is None:
+            if version in self.failed_reloads:
+                log.warning("keeping version %d, not loading version %d: %s",
+                            self.version, version, self.failed_reloads[version])  # fmt: skip
+            return
+        t0 = time.monotonic()
+        state = state_from_image(image)
+        if self.policy is not None:
+            self.load_state(state, image.manifest.adapter, f"version {image.version}")
+        if self.engine is not None:
+            self.engine.load_tensors(state, image.version)
+        self.reload_s = time.monotonic() - t0
+        log.info("loaded weights: version %d -> %d in %.2f s (streamed)",
+                 self.version, image.version, self.reload_s)  # fmt: skip
+        self.version = image.version
+
     def load_into_policy(self, vdir: Path) -> None:
+        self.load_state(load_state_dict(vdir), is_adapter(vdir), str(vdir))
+
+    def load_state(self, state: dict[str, torch.Tensor], adapter: bool, what: str) -> None:
+        """Full weights or a LoRA adapter's into the HF policy (copied into its parameters)."""
         assert self.policy is not None
-        state = load_state_dict(vdir)
-        if is_adapter(vdir):
+        if adapter:
             from peft import set_peft_model_state_dict
 
             result = set_peft_model_state_dict(self.policy, state)
             if result.unexpected_keys:
                 raise RuntimeError(
-                    f"{vdir} holds adapter weights this sampler's LoRA does not have "
+                    f"{what} holds adapter weights this sampler's LoRA does not have "
                     f"({result.unexpected_keys[:3]}...): use the same model.lora on both roles"
                 )
         else:
@@ -131,7 +196,7 @@ class Weights:
             tied = set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
             if unexpected or set(missing) - tied:
                 raise RuntimeError(
-                    f"{vdir} does not match the policy: missing {missing}, unexpected {unexpected}"
+                    f"{what} does not match the policy: missing {missing}, unexpected {unexpected}"
                 )
 
     def wait_for_version(self, needed: Callable[[], int]) -> None:

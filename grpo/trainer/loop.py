@@ -41,7 +41,13 @@ from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
 from grpo.trainer.outputs import open_run_dir, step_row, summarise_run
-from grpo.trainer.publishing import publishes_here, weights_to_publish
+from grpo.trainer.publishing import (
+    durable_due,
+    new_store,
+    publishes_here,
+    stream_image,
+    weights_to_publish,
+)
 from grpo.trainer.ranks import (
     KEEPALIVE,
     broadcast_batch,
@@ -88,6 +94,8 @@ class Trainer:
         # Rank 0's talks to the samplers once run() opens it; the other ranks' never does.
         self.endpoint: Endpoint = SilentEndpoint()
         self.version = 0
+        # weights.mode: stream: the versions rank 0 serves from memory.
+        self.store = new_store(cfg) if self.rank == 0 else None
         self.kl_reward_coef = cfg.algo.kl_reward_coef  # adapted each step with kl_ctrl adaptive
         self.ledger = Ledger()  # every rank keeps it: it is part of the saved state
         self.start_step = 0
@@ -133,16 +141,27 @@ class Trainer:
     def publish(self, step: int) -> None:
         """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it;
         under ZeRO-3 every rank comes here, to gather the parameters (grpo.trainer.publishing)."""
-        with weights_to_publish(self.models.policy, self.cfg.model.lora.enabled) as write:
+        cfg = self.cfg
+        with weights_to_publish(self.models.policy, cfg.model.lora.enabled) as weights:
             if self.rank == 0:
+                if self.store is not None:  # in memory first: the samplers wait for it
+                    self.store.add(stream_image(cfg, step, weights.state()))
 
                 def save(tmp: Path) -> None:
-                    write(tmp, self.cfg.train.max_shard_size)
+                    weights.write(tmp, cfg.train.max_shard_size)
                     self.tokenizer.save_pretrained(tmp)
 
-                publish_version(self.run_dir, step, save, self.cfg.train.keep_versions, step)
+                if self.store is None or durable_due(cfg, step):
+                    publish_version(self.run_dir, step, save, cfg.train.keep_versions, step)
         self.version = step
         self.endpoint.published(step)
+
+    def publish_initial(self) -> None:
+        """Version 0 (the initial weights) into the store, not announced: samplers start
+        from the same weights, and the first version's delta is taken against it."""
+        with weights_to_publish(self.models.policy, self.cfg.model.lora.enabled) as weights:
+            if self.store is not None:
+                self.store.add(stream_image(self.cfg, 0, weights.state()))
 
     def receive(self) -> EpisodeBatch | None:
         """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive meanwhile;
@@ -215,6 +234,7 @@ class Trainer:
             self.endpoint = TrainerEndpoint(
                 cfg.transport, self.ledger, self.expected, self.version,
                 max_held=cfg.rollout.spool_max_batches, run_dir=self.run_dir, exit_on_stall=True,
+                store=self.store,
             )  # fmt: skip
             open_run_dir(cfg, self.start_step)
             self.run_log = RunLog(cfg, self.start_step)
@@ -223,6 +243,8 @@ class Trainer:
             )
         if self.start_step:
             self.publish_if_here(self.start_step)  # the samplers follow back to these weights
+        elif self.store is not None and publishes_here(self.models.policy, self.rank):
+            self.publish_initial()  # version 0 in memory: the first delta's base
         try:
             if self.start_step == 0:
                 self.evaluate(0)  # the initial weights, while the samplers make batch 0

@@ -11,11 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# write(dir, max_shard_size): rank 0 saves the weights into dir (other ranks: never called).
-WeightWriter = Callable[[Path, str], None]
+from grpo.config import Config
+from grpo.config.checks import weights_mode
+from grpo.delivery.stream.image import Image
+from grpo.delivery.stream.server import VersionStore
+from grpo.delivery.stream.torch_bits import image_from_state
+
+
+@dataclass(frozen=True)
+class Published:
+    """What rank 0 calls inside weights_to_publish (other ranks: never called)."""
+
+    write: Callable[[Path, str], None]  # (dir, max_shard_size): save the weights into dir
+    state: Callable[[], dict[str, Any]]  # the tensors themselves (weights.mode: stream)
 
 
 def publishes_on_every_rank(engine: Any) -> bool:
@@ -37,8 +49,25 @@ def _save(module: Any, where: Path, lora: bool, max_shard_size: str, state: dict
         )
 
 
+def _state(module: Any, lora: bool, state: dict | None) -> dict[str, Any]:
+    if state is not None:
+        return state
+    if lora:
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(module)  # the names save_pretrained gives the adapter
+    return module.state_dict()
+
+
+def _published(module: Any, lora: bool, state: dict | None) -> Published:
+    return Published(
+        lambda where, shard: _save(module, where, lora, shard, state),
+        lambda: _state(module, lora, state),
+    )
+
+
 @contextmanager
-def weights_to_publish(engine: Any, lora: bool) -> Iterator[WeightWriter]:
+def weights_to_publish(engine: Any, lora: bool) -> Iterator[Published]:
     """Every rank under ZeRO-3 (see publishes_on_every_rank), else rank 0 alone: yields the
     writer rank 0 calls inside the block.
 
@@ -48,14 +77,34 @@ def weights_to_publish(engine: Any, lora: bool) -> Iterator[WeightWriter]:
     time of the block; the frozen base is never gathered."""
     module = engine.module
     if not publishes_on_every_rank(engine):
-        yield lambda where, shard: _save(module, where, lora, shard, None)
+        yield _published(module, lora, None)
         return
     import deepspeed
 
     if lora:
         adapter = [p for p in module.parameters() if p.requires_grad]
         with deepspeed.zero.GatheredParameters(adapter):  # read only: no broadcast on exit
-            yield lambda where, shard: _save(module, where, True, shard, None)
+            yield _published(module, True, None)
         return
     state = engine._zero3_consolidated_16bit_state_dict()  # rank 0's; None on the others
-    yield lambda where, shard: _save(module, where, False, shard, state)
+    yield _published(module, False, state)
+
+
+def new_store(cfg: Config) -> VersionStore | None:
+    """The versions rank 0 keeps in memory to stream (weights.mode: stream), else None."""
+    if weights_mode(cfg) != "stream":
+        return None
+    w = cfg.weights
+    return VersionStore(w.keep_bases, int(w.base_memory_mb * 2**20), w.delta)
+
+
+def stream_image(cfg: Config, version: int, state: dict[str, Any]) -> Image:
+    bucket_bytes = int(cfg.weights.bucket_mb * 2**20)
+    return image_from_state(version, state, bucket_bytes, cfg.model.lora.enabled)
+
+
+def durable_due(cfg: Config, step: int) -> bool:
+    """Whether a streamed version is also written as a version dir: every
+    weights.save_interval steps, and the last."""
+    every = cfg.weights.save_interval
+    return step == cfg.train.total_steps or bool(every and step % every == 0)

@@ -43,13 +43,15 @@ class SamplerChannel:
         heard: Callable[[Message], None] = _ignore,
         lost: Callable[[str], None] = _ignore,
         exit_on_stall: bool = False,
+        fetch_files: bool = True,
     ):
         """`heard`: called with each control message from the trainer. `lost`: called with the
         reason when the trainer is silent past its timeout (once), this channel's thread fails,
         or this process's main thread stalls. Both run in the channel's thread, which starts
         at once; the delivery layer above (grpo.delivery.sampler_endpoint) interprets them.
         `exit_on_stall`: end the process when its main thread stalls (the sampler's does;
-        tests in-process do not)."""
+        tests in-process do not). `fetch_files`: versions come as files from
+        transport.weights_addr (weights.mode: files; stream has its own receiver)."""
         self.cfg = cfg
         self.sampler_id = sampler_id
         self.keys = ClientKeys.load(Path(cfg.curve_dir), sampler_id) if cfg.curve_dir else None
@@ -61,13 +63,14 @@ class SamplerChannel:
                 self.ctx,
                 cfg.weights_addr,
                 cfg.peer_timeout_s,
-                self._secure,
+                self.secure,
                 self.limits,
                 cfg.max_version_bytes,
             )
-            if cfg.weights_addr
+            if cfg.weights_addr and fetch_files
             else None
         )
+        self.relay_address = ""  # where this sampler relays versions, told in its heartbeats
         self.push.setsockopt(zmq.SNDTIMEO, int(cfg.peer_timeout_s * 1000))
         self.push.connect(cfg.episodes_addr)
         self._heard, self._lost = heard, lost
@@ -81,10 +84,10 @@ class SamplerChannel:
 
     def _socket(self, kind: int, linger_ms: int = 1000) -> zmq.Socket:
         sock = new_socket(self.ctx, kind, linger_ms, limits=self.limits)
-        self._secure(sock)
+        self.secure(sock)
         return sock
 
-    def _secure(self, sock: zmq.Socket) -> None:
+    def secure(self, sock: zmq.Socket) -> None:
         if self.keys is not None:
             self.keys.apply(sock)
 
@@ -112,6 +115,7 @@ class SamplerChannel:
             body = {
                 "sampler_id": self.sampler_id,
                 "incarnation": self.incarnation,
+                **({"relay": self.relay_address} if self.relay_address else {}),
                 **ACTIVITY.snapshot().to_json(),
             }
             with contextlib.suppress(zmq.Again):  # trainer not there yet: the timeouts decide

@@ -34,6 +34,10 @@ from grpo.wire.keys import authorized_names, secure_server
 from grpo.wire.weight_stream import MAX_REQUEST_BYTES
 from grpo.wire.weight_stream import serve as serve_weights
 
+# Serves weights requests on a ROUTER socket until the event is set; calls back with the cause
+# if it fails.
+Serve = Callable[[zmq.Socket, threading.Event, Callable[[str], None]], None]
+
 log = logging.getLogger("grpo.transport")
 
 
@@ -46,13 +50,15 @@ class TrainerChannel:
         run_dir: Path | None = None,
         status: Callable[[], dict[str, Any]] = dict,
         exit_on_stall: bool = False,
+        serve: Serve | None = None,
     ):
         """`run_dir`: whose version dirs to serve on transport.weights_addr, if that is set.
         `status`: what each heartbeat and announcement tells the samplers (version, acks,
         consumed, trained, alive), built by the delivery layer above (grpo.delivery.
         trainer_endpoint); the channel adds its incarnation and activity. `exit_on_stall`:
         end the process when its main thread stalls (the trainer's does; tests in-process
-        do not)."""
+        do not). `serve(router, closing, failed)`: what answers on transport.weights_addr
+        instead of the file server over `run_dir` (weights.mode: stream)."""
         self.cfg = cfg
         listening = ("episodes_addr", "control_addr", "weights_addr")
         addrs = {f"transport.{key}": getattr(cfg, key) for key in listening}
@@ -105,12 +111,17 @@ class TrainerChannel:
         self._thread.start()
         self._weights: threading.Thread | None = None
         if router is not None:
-            assert run_dir is not None, "transport.weights_addr needs the run dir to serve"
-            self._weights = threading.Thread(
-                target=serve_weights,
-                args=(router, run_dir, self._closing, self._failed),
-                daemon=True,
-            )
+            assert run_dir is not None or serve is not None, "weights_addr: nothing to serve"
+            if serve is not None:
+                self._weights = threading.Thread(
+                    target=serve, args=(router, self._closing, self._failed), daemon=True
+                )
+            else:
+                self._weights = threading.Thread(
+                    target=serve_weights,
+                    args=(router, run_dir, self._closing, self._failed),
+                    daemon=True,
+                )
             self._weights.start()
         self._monitor: threading.Thread | None = None
         if self._auth is not None:  # peers speaking no CURVE never reach the key check

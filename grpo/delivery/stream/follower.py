@@ -1,0 +1,157 @@
+"""A sampler's end of weights.mode: stream: a thread that receives the versions it is asked
+for into host memory (checked, all or nothing) and, with several samplers, serves what it holds
+to the samplers below it in the relay tree (grpo.delivery.stream.relay).
+
+A lone sampler receives exactly the version its next batch needs, when it needs it (which weights
+sample a batch never depends on timing). With relays, a sampler receives every announced
+version as soon as it is out, whatever it is doing, so that the samplers below it never wait for
+its generation to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import zmq
+
+from grpo.config import Config
+from grpo.delivery.stream.client import Receiver
+from grpo.delivery.stream.image import Image
+from grpo.delivery.stream.relay import RelaySource, sources
+from grpo.delivery.stream.server import StreamServer
+from grpo.wire.channels import SocketLimits, check_listening, new_socket
+
+log = logging.getLogger("grpo.sampler")
+
+
+def advertised(bound: str, host: str) -> str:
+    """The address other samplers reach a relay bound at `bound` (zmq's LAST_ENDPOINT) on."""
+    parts = urlsplit(bound)
+    if host or parts.hostname in ("0.0.0.0", "::", "*"):
+        host = host or socket.gethostbyname(socket.gethostname())
+        return f"{parts.scheme}://{host}:{parts.port}"
+    return bound
+
+
+class VersionFollower:
+    def __init__(
+        self,
+        cfg: Config,
+        ctx: zmq.Context,
+        sampler_id: str,
+        secure: Callable[[zmq.Socket], None] | None,
+        relays: Callable[[], dict[str, str]],
+        announced: Callable[[], int] | None,
+    ):
+        """`relays()`: the live samplers' relay addresses (from the trainer's heartbeats);
+        `announced()`: the newest version out, with relays on (None: a lone sampler)."""
+        w, t = cfg.weights, cfg.transport
+        self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
+        self.relays, self.announced = relays, announced
+        self.receiver = Receiver(
+            ctx, secure, t.max_version_bytes, w.transfer_timeout_s, w.window, w.delta
+        )
+        self.held: Image | None = None
+        self.failed: dict[int, str] = {}
+        self._target = -1
+        self._cond = threading.Condition()
+        self._closing = threading.Event()
+        self.relay: RelaySource | None = None
+        self.address = ""  # where this sampler relays ('' = it does not)
+        self._server: threading.Thread | None = None
+        if announced is not None and w.fanout > 0:
+            self._serve(cfg, ctx, secure)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _serve(self, cfg: Config, ctx: zmq.Context, secure: Callable | None) -> None:
+        w, t = cfg.weights, cfg.transport
+        check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
+        router = new_socket(ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(1 << 16, 64))
+        if secure is not None:
+            secure(router)  # a relay authenticates its children as the trainer does
+        router.bind(w.relay_addr)
+        self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), w.relay_host)
+        self.relay = RelaySource(w.delta)
+        server = StreamServer(router, self.relay, self._closing, self._relay_failed)
+        self._server = threading.Thread(target=server.run, daemon=True)
+        self._server.start()
+
+    def _relay_failed(self, why: str) -> None:
+        # The samplers below route around a relay that stopped serving; this one samples on.
+        log.error("sampler %s stops relaying: %s", self.sampler_id, why)
+
+    def seed(self, image: Image) -> None:
+        """The weights this sampler starts with, as the base of its first delta (if the
+        trainer's version 0 has other bits, that delta fails its checksums: full copies)."""
+        with self._cond:
+            if self.held is None:
+                self.held = image
+
+    def want(self, version: int) -> None:
+        with self._cond:
+            self._target = version
+            self._cond.notify_all()
+
+    def image(self, version: int) -> Image | None:
+        """The held version if it is `version` (or, with relays, newer); raises ValueError if
+        receiving it failed."""
+        with self._cond:
+            held = self.held
+            if held is not None and (
+                held.version == version or (self.announced and held.version > version)
+            ):
+                return held
+            if version in self.failed:
+                raise ValueError(self.failed[version])
+            return None
+
+    def _next(self) -> int | None:
+        with self._cond:
+            while not self._closing.is_set():
+                if self.announced is not None:
+                    self._target = max(self._target, self.announced())
+                target = self._target
+                held = self.held.version if self.held is not None else -1
+                if target >= 0 and target != held and target not in self.failed:
+                    return target
+                self._cond.wait(timeout=0.1)
+        return None
+
+    def _run(self) -> None:
+        while (version := self._next()) is not None:
+            relay = self.relay
+            if relay is not None:
+                relay.expect(version)
+            addrs = sources(self.sampler_id, self.relays(), self.fanout, self.trainer_addr)
+            try:
+                image = self.receiver.receive(
+                    addrs,
+                    version,
+                    self.held,
+                    sink=relay.took if relay is not None else None,
+                    staged=relay.started if relay is not None else None,
+                )
+            except Exception as e:  # noqa: BLE001 - the sampler must hear why, not hang
+                with self._cond:
+                    self.failed[version] = str(e) if isinstance(e, ValueError) else repr(e)
+                    self._cond.notify_all()
+                continue
+            if relay is not None:
+                relay.finished(image)
+            with self._cond:
+                self.held = image
+                self.failed.pop(version, None)
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        self._closing.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+        if self._server is not None:
+            self._server.join(timeout=5)
