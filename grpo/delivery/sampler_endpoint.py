@@ -256,9 +256,8 @@ class SamplerEndpoint:
             self.channel.send_stop(reason)
 
     def close(self) -> None:
-        for close in self.before_close:  # what uses the channel's context (the follower)
-            close()
-        self.before_close.clear()
+        while self.before_close:  # what uses the channel's context (the follower) first
+            self.before_close.pop()()
         self.channel.close()
 
 

@@ -34,7 +34,7 @@ from grpo.delivery.stream.server import StreamServer, VersionStore
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message, encode_batch
-from grpo.wire.trainer_channel import TrainerChannel
+from grpo.wire.trainer_channel import Serve, TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
 
@@ -54,6 +54,17 @@ class Endpoint(Protocol):
     def close(self) -> None: ...
 
 
+def _serving(store: VersionStore | None) -> Serve | None:
+    """What serves weights from memory (weights.mode: stream); None: the version dirs."""
+    if store is None:
+        return None
+
+    def serve(router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]) -> None:
+        StreamServer(router, store, closing, failed).run()
+
+    return serve
+
+
 class TrainerEndpoint:
     """Rank 0's delivery: receives, de-duplicates, admits and orders batches; announces."""
 
@@ -70,8 +81,7 @@ class TrainerEndpoint:
     ):
         """`ledger`, `version`: a resumed trainer's, announced from the first heartbeat on.
         `max_held`: batches held per sampler before the earliest is trained anyway.
-        `store`: the versions to stream from memory (weights.mode: stream), else the version
-        dirs in `run_dir` are served as files."""
+        `store`: versions served from memory (weights.mode: stream), not `run_dir`'s."""
         self.ledger = ledger
         self.expected = expected
         self.version = version
@@ -83,16 +93,8 @@ class TrainerEndpoint:
         self.transport = transport
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
-        self.stream: StreamServer | None = None
-        serve = None
-        if store is not None:
-
-            def serve(router: zmq.Socket, closing: threading.Event, failed: Any) -> None:
-                self.stream = StreamServer(router, store, closing, failed)
-                self.stream.run()
-
         self.channel = TrainerChannel(
-            transport, run_dir, lambda: self._status, exit_on_stall, serve
+            transport, run_dir, lambda: self._status, exit_on_stall, _serving(store)
         )
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 

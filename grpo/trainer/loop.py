@@ -43,6 +43,7 @@ from grpo.trainer.engines import deepspeed_config, policy_engine, reference_mode
 from grpo.trainer.outputs import open_run_dir, step_row, summarise_run
 from grpo.trainer.publishing import (
     durable_due,
+    keep_initial,
     new_store,
     publishes_here,
     stream_image,
@@ -156,13 +157,6 @@ class Trainer:
         self.version = step
         self.endpoint.published(step)
 
-    def publish_initial(self) -> None:
-        """Version 0 (the initial weights) into the store, not announced: samplers start
-        from the same weights, and the first version's delta is taken against it."""
-        with weights_to_publish(self.models.policy, self.cfg.model.lora.enabled) as weights:
-            if self.store is not None:
-                self.store.add(stream_image(self.cfg, 0, weights.state()))
-
     def receive(self) -> EpisodeBatch | None:
         """Rank 0 waits for the next batch, keeping the other ranks' broadcast alive meanwhile;
         if that fails, the other ranks are told to stop. The other ranks return at once."""
@@ -243,8 +237,8 @@ class Trainer:
             )
         if self.start_step:
             self.publish_if_here(self.start_step)  # the samplers follow back to these weights
-        elif self.store is not None and publishes_here(self.models.policy, self.rank):
-            self.publish_initial()  # version 0 in memory: the first delta's base
+        elif publishes_here(self.models.policy, self.rank):
+            keep_initial(self.models.policy, cfg, self.store)  # the first delta's base
         try:
             if self.start_step == 0:
                 self.evaluate(0)  # the initial weights, while the samplers make batch 0

@@ -108,3 +108,14 @@ def durable_due(cfg: Config, step: int) -> bool:
     weights.save_interval steps, and the last."""
     every = cfg.weights.save_interval
     return step == cfg.train.total_steps or bool(every and step % every == 0)
+
+
+def keep_initial(engine: Any, cfg: Config, store: VersionStore | None) -> None:
+    """weights.mode: stream: version 0 (the initial weights) into rank 0's store, unannounced:
+    the samplers start from the same weights, so the first version travels as a delta from it.
+    Every rank under ZeRO-3 (the gather is collective), like a publish."""
+    if weights_mode(cfg) != "stream":
+        return
+    with weights_to_publish(engine, cfg.model.lora.enabled) as weights:
+        if store is not None:
+            store.add(stream_image(cfg, 0, weights.state()))

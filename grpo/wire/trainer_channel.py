@@ -112,16 +112,10 @@ class TrainerChannel:
         self._weights: threading.Thread | None = None
         if router is not None:
             assert run_dir is not None or serve is not None, "weights_addr: nothing to serve"
-            if serve is not None:
-                self._weights = threading.Thread(
-                    target=serve, args=(router, self._closing, self._failed), daemon=True
-                )
-            else:
-                self._weights = threading.Thread(
-                    target=serve_weights,
-                    args=(router, run_dir, self._closing, self._failed),
-                    daemon=True,
-                )
+            target, args = (serve, ()) if serve is not None else (serve_weights, (run_dir,))
+            self._weights = threading.Thread(
+                target=target, args=(router, *args, self._closing, self._failed), daemon=True
+            )
             self._weights.start()
         self._monitor: threading.Thread | None = None
         if self._auth is not None:  # peers speaking no CURVE never reach the key check
