@@ -158,7 +158,7 @@ _SCRIPT = textwrap.dedent(
         def publish(self, name):  # what Trainer.publish does, every rank entering
             with weights_to_publish(self.engine, self.cfg.model.lora.enabled) as write:
                 if rank == 0:
-                    publish_version(tmp / name, 2, lambda d: write(d, "5GB"), 1, 2)
+                    publish_version(tmp / name, 2, lambda d: write.write(d, "5GB"), 1, 2)
             dist.barrier()
             return version_dir(tmp / name, 2)
 
