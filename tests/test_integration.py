@@ -9,6 +9,7 @@ import math
 import re
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,27 +46,50 @@ def tiny_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
     return path
 
 
-def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
-    """A run with every output: reloads, metrics, versions, state, the ranks' evaluations
-    (greedy and pass@k, each rank with half the questions), TensorBoard, and afterwards
-    `python -m grpo eval` of its versions."""
+# The reward of the reference run: a random model's answers are "right" about half the time,
+# so pass@k has things to count.
+REFERENCE_DATA = {"reward": "tests.rewards_for_tests:even_length_is_correct"}
+# The tests that share the reference run: one xdist group, so that its module fixture runs once.
+REFERENCE_GROUP = "reference_run"
+
+
+@dataclass(frozen=True)
+class Run:
+    run_dir: Path
+    log: str
+    rows: list[dict]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, tiny_model_dir) -> Run:
+    """A run with every output: 3 steps on 2 ranks, padded micro-batches of 4 (what auto picks
+    with sdpa; the packing test compares other splits with it), the state saved every step and
+    the ranks' evaluations (greedy and pass@k, each rank with half the questions)."""
+    tmp = tmp_path_factory.mktemp("reference")
     config = tiny_config(
-        tmp_path, tiny_model_dir, train={"state_interval": 1},
-        # a random model's answers are "right" about half the time: pass@k has things to count
-        data={"reward": "tests.rewards_for_tests:even_length_is_correct"},
+        tmp, tiny_model_dir, data=REFERENCE_DATA,
+        train={"state_interval": 1, "packing": "padded"},
         eval={"interval": 2, "num_questions": 6, "max_new_tokens": 8, "samples": 4,
               "k": [1, 2, 4]},
     )  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    run_dir = tmp_path / "runs" / "tiny"
+    run_dir = tmp / "runs" / "tiny"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return Run(run_dir, log, rows)
+
+
+@pytest.mark.xdist_group(REFERENCE_GROUP)
+def test_three_steps_two_ranks_with_reloads(reference_run, tiny_model_dir):
+    """The reference run's outputs: reloads, metrics, versions, state, evaluations,
+    TensorBoard, and afterwards `python -m grpo eval` of its versions."""
+    log, run_dir, rows = reference_run.log, reference_run.run_dir, reference_run.rows
 
     # The sampler reloaded the versions the trainer published before its next batch.
     reloads = re.findall(r"reloaded weights: version (\d+) -> (\d+)", log)
     assert ("0", "1") in reloads and ("1", "2") in reloads, log[-4000:]
 
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     # On-policy (max_staleness 0): batch k was sampled with version k, and it said so.
     assert [r["policy_version"] for r in rows] == [0, 1, 2]
@@ -96,7 +120,7 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
     assert marker["tag"] == "step000003" and marker["world"] == 2
     assert [p.name for p in (run_dir / "train_state").glob("step*")] == ["step000003"]
     # Every batch was acknowledged: the sampler's spool is empty at the end.
-    spool = tmp_path / "runs" / "spool" / "tiny" / "sampler-0"
+    spool = run_dir.parent / "spool" / "tiny" / "sampler-0"
     assert sorted(p.name for p in spool.iterdir()) == ["state.json"]
     assert json.loads((spool / "state.json").read_text())["next_seq"] == 3
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
@@ -274,49 +298,19 @@ def test_overlap_dynamic_sampling_and_several_optimizer_steps_per_batch(tmp_path
     assert rows[0]["approx_kl"] > 0 and all(math.isfinite(r["loss"]) for r in rows)
 
 
-def test_lora_adapter_is_published_and_reloaded(tmp_path, tiny_model_dir):
-    config = tiny_config(
-        tmp_path,
-        tiny_model_dir,
-        train={"total_steps": 2, "num_ranks": 1},
-        model={"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj"]}},
-    )
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    assert "reloaded weights: version 0 -> 1" in log
-    vdir = tmp_path / "runs" / "tiny" / "versions" / "v000002"
-    assert not (vdir / "model.safetensors").exists()
-    adapter = load_file(vdir / "adapter_model.safetensors")
-    lora_b = [t for k, t in adapter.items() if "lora_B" in k]
-    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at 0: it was trained
-
-
-def test_ppo_critic_warmup_holds_the_policy(tmp_path, tiny_model_dir):
-    config = tiny_config(
-        tmp_path, tiny_model_dir,
-        algo={"advantage": "gae", "lam": 0.9, "kl_in_reward": True},
-        critic={"warmup_steps": 1}, train={"total_steps": 2, "num_ranks": 1},
-    )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
-    # the policy waited: its metrics are left out of the row (not NaN), then it trained
-    assert not {"loss", "pg_loss", "kl", "grad_norm"} & rows[0].keys()
-    assert math.isfinite(rows[1]["loss"])
-    assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained both steps
-
-
-def test_packing_token_budget_and_checkpointing_give_the_same_gradient(tmp_path, tiny_model_dir):
-    """One step on the same sampled batch three ways: padded micro-batches of 4 (the
-    reference); packed micro-batches filled to a token budget (a varying number per rank);
-    padded ones filled to another budget, with gradient checkpointing. The loss and the
-    gradient norm over all ranks must agree: only the padding, the split, or what backward
-    recomputes changes. Each feature had a run of its own before; combined, they agree only
-    if each does, and runs are what the suite's time goes to."""
-    rows = {}
+@pytest.mark.xdist_group(REFERENCE_GROUP)
+def test_packing_token_budget_and_checkpointing_give_the_same_gradient(
+    tmp_path, tiny_model_dir, reference_run
+):
+    """The reference run's first step (padded micro-batches of 4) on the same sampled batch two
+    more ways: packed micro-batches filled to a token budget (a varying number per rank); padded
+    ones filled to another budget, with gradient checkpointing. The loss and the gradient norm
+    over all ranks must agree: only the padding, the split, or what backward recomputes
+    changes. Each feature had a run of its own before; combined, they agree only if each does,
+    and runs are what the suite's time goes to. (The variants' config is the reference's but
+    for the steps and evaluation, which the trainer runs apart from the sampler's batches.)"""
+    rows = {"padded": reference_run.rows[0]}
     variants = {
-        "padded": ["train.packing=padded"],
         "packed_budget": ["train.packing=packed", "train.max_tokens_per_micro_batch=200"],
         "padded_budget_checkpointed": ["train.packing=padded",
                                        "train.max_tokens_per_micro_batch=300",
@@ -324,25 +318,38 @@ def test_packing_token_budget_and_checkpointing_give_the_same_gradient(tmp_path,
     }  # fmt: skip
     for name, overrides in variants.items():
         (tmp_path / name).mkdir()
-        config = tiny_config(tmp_path / name, tiny_model_dir, train={"total_steps": 1})
+        config = tiny_config(
+            tmp_path / name, tiny_model_dir, data=REFERENCE_DATA, train={"total_steps": 1}
+        )
         proc = run_launch(config, [*transport_overrides(), *overrides], timeout=600)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         text = (tmp_path / name / "runs/tiny/metrics.jsonl").read_text()
         rows[name] = json.loads(text.splitlines()[0])
     lens = rows["padded"]["completion_lens"]
     assert all(rows[n]["completion_lens"] == lens for n in rows)  # the same batch each time
-    for name in ("packed_budget", "padded_budget_checkpointed"):
+    for name in variants:
         for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
             assert math.isclose(rows[name][key], rows["padded"][key], rel_tol=1e-3, abs_tol=1e-5), (
                 name, key, rows[name][key], rows["padded"][key]
             )  # fmt: skip
 
 
-def test_trainer_over_two_nodes_on_loopback(tmp_path, tiny_model_dir):
+def test_trainer_over_two_nodes_with_lora_and_a_critic_warming_up(tmp_path, tiny_model_dir):
     """A trainer spanning two "nodes" (two ROLE=trainer launches, train.nnodes=2, one rank
     each, meeting at train.master_addr) and a sampler started on its own: the command lines
-    of a multi-node run, on 127.0.0.1."""
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1})
+    of a multi-node run, on 127.0.0.1. One run, three features whose checks do not interfere
+    (the LoRA adapter and PPO's critic warm-up had a run each before):
+
+    - the policy is a LoRA adapter, published as one and reloaded by the sampler;
+    - PPO (GAE, KL in the reward) whose critic warms up for the first step while the policy
+      waits."""
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        train={"total_steps": 2, "num_ranks": 1},
+        model={"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj"]}},
+        algo={"advantage": "gae", "lam": 0.9, "kl_in_reward": True},
+        critic={"warmup_steps": 1},
+    )  # fmt: skip
     common = [*transport_overrides(), "train.nnodes=2", "train.master_addr=127.0.0.1"]
     roles = [
         start_role("trainer", config, [*common, "train.node_rank=0"]),
@@ -358,8 +365,22 @@ def test_trainer_over_two_nodes_on_loopback(tmp_path, tiny_model_dir):
     for p, out in zip(roles, outs, strict=True):
         assert p.returncode == 0, out[-3000:]
     assert "trainer: 2 rank(s)" in outs[0]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    run_dir = tmp_path / "runs" / "tiny"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:  # node 0's rank and node 1's rank each trained two whole, different groups
         node0, node1 = r["rank_group_ids"]
         assert len(node0) == len(node1) == 2 and not set(node0) & set(node1)
+
+    # The policy waited: its metrics are left out of the row (not NaN), then it trained.
+    assert not {"loss", "pg_loss", "kl", "grad_norm"} & rows[0].keys()
+    assert math.isfinite(rows[1]["loss"])
+    assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained both steps
+
+    # The adapter, not the whole model, is published; the sampler reloaded it.
+    assert "reloaded weights: version 0 -> 1" in outs[2]
+    vdir = run_dir / "versions" / "v000002"
+    assert not (vdir / "model.safetensors").exists()
+    adapter = load_file(vdir / "adapter_model.safetensors")
+    lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at 0: it was trained
