@@ -1,6 +1,6 @@
 """A newcomer's policy loss and task, each one file outside grpo/ (tests/plugins/), selected by
-`package.module:name` in the config with nothing in grpo/ naming them. The rollout engine is
-tests/test_rollout_plugin.py."""
+`package.module:name` in the config with nothing in grpo/ naming them, and a run with them and
+the toy rollout engine (whose own tests are tests/test_rollout_plugin.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.plugins import toy_task
 from tests.test_integration import tiny_config
 
 LOSS, TASK = "tests.plugins.toy_loss:reinforce", "tests.plugins.toy_task:TASK"
+ENGINE = "tests.plugins.toy_engine:build"
 
 
 def test_toy_loss_by_hand():
@@ -42,21 +43,26 @@ def test_toy_task_is_found_and_scores():
 
 
 @pytest.mark.slow
-def test_a_run_with_the_toy_loss_and_task(tmp_path, tiny_model_dir):
-    """The run is on-policy, where every loss reports much the same numbers: what shows that
-    the toy loss and task ran is what only they make, the loss's own metric, the task's
-    prompts and its rewards (below 0, where no built-in task's go)."""
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1},
+def test_a_run_with_the_toy_loss_task_and_engine(tmp_path, tiny_model_dir):
+    """All three plugins in one run (the engine had a run of its own before). What shows that
+    the toy loss and task ran is what only they make: the loss's own metric, the task's prompts
+    and its rewards (below 0, where no built-in task's go). The toy engine's log-probs reach
+    the trainer next to the old ones, which two passes over each batch make the trainer
+    compute (grpo.config.passes)."""
+    config = tiny_config(tmp_path, tiny_model_dir,
+                         train={"total_steps": 2, "num_ranks": 1, "ppo_epochs": 2},
                          data={"task": TASK, "reward": ""},  # its loader, prompts and reward
-                         algo={"loss": LOSS})  # fmt: skip
+                         algo={"loss": LOSS}, rollout={"backend": ENGINE})  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["clip_frac"] == 0.0 and "loss" in r for r in rows)
+    assert all(r["clip_frac"] == 0.0 and "loss" in r for r in rows)  # REINFORCE: no clip
     assert all(r["reinforce_logp"] < 0 for r in rows)  # the toy loss's own metric
-    # The toy task's prompts ("Repeat the number N.") and its rewards: a random model never
-    # repeats the number, so each answer costs a thousandth per character, and they vary.
+    # The toy task's prompts ("Repeat the number N.") and its rewards: the toy engine's answers
+    # (tokens drawn at random) never repeat the number, so each answer costs a thousandth per
+    # character, and they vary.
     cfg = load_config(config)
     tok = load_tokenizer(tiny_model_dir)
     task = toy_task.TASK
@@ -65,3 +71,6 @@ def test_a_run_with_the_toy_loss_and_task(tmp_path, tiny_model_dir):
     assert all(set(r["prompt_lens"]) <= lengths for r in rows), (lengths, rows)
     assert all(-0.2 < r["reward_mean"] < 0 and r["reward_std"] > 0 for r in rows), rows
     assert all(r["grad_norm"] > 0 for r in rows)  # and they trained the policy
+    # The engine's log-probs reached the trainer next to the old ones; it reloaded version 1.
+    assert all("rollout_vs_old_logp_abs_diff" in r for r in rows), rows[0].keys()
+    assert "reloaded weights: version 0 -> 1" in log
