@@ -16,6 +16,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from bench.common import start_role as bench_start_role
 from tests.conftest import PYTHON, REPO, run_launch, transport_overrides
 
 pytestmark = pytest.mark.slow
@@ -191,30 +192,6 @@ def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
     _assert_no_stray_processes(config)
 
 
-def test_sampler_killed_trainer_times_out(tmp_path, tiny_model_dir):
-    """Separate roles (as on two nodes): SIGKILL the sampler, the trainer notices and exits."""
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
-    overrides = transport_overrides(timeout_s=6)
-    trainer = start_role("trainer", config, overrides)
-    sampler = start_role("sampler", config, overrides)
-    try:
-        metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
-            assert time.monotonic() < deadline, "no step finished"
-            assert trainer.poll() is None and sampler.poll() is None
-            time.sleep(0.5)
-        sampler.kill()
-        out, _ = trainer.communicate(timeout=120)
-        assert trainer.returncode != 0
-        assert "no sampler left: sampler sampler-0 dropped: silent for" in out, out[-3000:]
-    finally:
-        for p in (trainer, sampler):
-            if p.poll() is None:
-                p.kill()
-    _assert_no_stray_processes(config)
-
-
 def test_ctrl_c_stops_both_roles(tmp_path, tiny_model_dir):
     """SIGINT to launch.sh (what Ctrl-C sends) ends sampler and trainer; exit code 130."""
     import signal
@@ -334,52 +311,69 @@ def test_packing_token_budget_and_checkpointing_give_the_same_gradient(
             )  # fmt: skip
 
 
-def test_trainer_over_two_nodes_with_lora_and_a_critic_warming_up(tmp_path, tiny_model_dir):
+def test_trainer_over_two_nodes_with_lora_and_a_critic_then_its_sampler_killed(
+    tmp_path, tiny_model_dir
+):
     """A trainer spanning two "nodes" (two ROLE=trainer launches, train.nnodes=2, one rank
     each, meeting at train.master_addr) and a sampler started on its own: the command lines
-    of a multi-node run, on 127.0.0.1. One run, three features whose checks do not interfere
-    (the LoRA adapter and PPO's critic warm-up had a run each before):
+    of a multi-node run, on 127.0.0.1. After two steps the sampler is SIGKILLed: the trainer
+    notices its silence and exits, on both nodes. One run, features whose checks do not
+    interfere (the LoRA adapter, PPO's critic warm-up and the killed sampler had a run each
+    before):
 
     - the policy is a LoRA adapter, published as one and reloaded by the sampler;
     - PPO (GAE, KL in the reward) whose critic warms up for the first step while the policy
       waits."""
     config = tiny_config(
         tmp_path, tiny_model_dir,
-        train={"total_steps": 2, "num_ranks": 1},
+        train={"total_steps": 50, "num_ranks": 1},
         model={"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj"]}},
         algo={"advantage": "gae", "lam": 0.9, "kl_in_reward": True},
         critic={"warmup_steps": 1},
     )  # fmt: skip
-    common = [*transport_overrides(), "train.nnodes=2", "train.master_addr=127.0.0.1"]
+    common = [*transport_overrides(timeout_s=6), "train.nnodes=2", "train.master_addr=127.0.0.1"]
+    env = {"PYTHON": PYTHON}
+    logs = [tmp_path / f"{name}.log" for name in ("node0", "node1", "sampler")]
     roles = [
-        start_role("trainer", config, [*common, "train.node_rank=0"]),
-        start_role("trainer", config, [*common, "train.node_rank=1"]),
-        start_role("sampler", config, common),
+        bench_start_role("trainer", config, [*common, "train.node_rank=0"], logs[0], env),
+        bench_start_role("trainer", config, [*common, "train.node_rank=1"], logs[1], env),
+        bench_start_role("sampler", config, common, logs[2], env),
     ]
+    run_dir = tmp_path / "runs" / "tiny"
+    metrics = run_dir / "metrics.jsonl"
     try:
-        outs = [p.communicate(timeout=600)[0] for p in roles]
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+            assert time.monotonic() < deadline, "no second step"
+            assert all(p.poll() is None for p in roles), [p.poll() for p in roles]
+            time.sleep(0.3)
+        roles[2].kill()
+        for p in roles[:2]:
+            p.wait(timeout=120)
     finally:
         for p in roles:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(roles, outs, strict=True):
-        assert p.returncode == 0, out[-3000:]
-    assert "trainer: 2 rank(s)" in outs[0]
-    run_dir = tmp_path / "runs" / "tiny"
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    node0, node1, sampler = (log.read_text() for log in logs)
+    assert roles[0].returncode != 0, node0[-3000:]
+    assert "no sampler left: sampler sampler-0 dropped: silent for" in node0, node0[-3000:]
+    _assert_no_stray_processes(config)  # node 1's rank went too
+    assert "trainer: 2 rank(s)" in node0
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows[:2]] == [1, 2]
     for r in rows:  # node 0's rank and node 1's rank each trained two whole, different groups
-        node0, node1 = r["rank_group_ids"]
-        assert len(node0) == len(node1) == 2 and not set(node0) & set(node1)
+        node0_groups, node1_groups = r["rank_group_ids"]
+        assert len(node0_groups) == len(node1_groups) == 2
+        assert not set(node0_groups) & set(node1_groups)
 
     # The policy waited: its metrics are left out of the row (not NaN), then it trained.
     assert not {"loss", "pg_loss", "kl", "grad_norm"} & rows[0].keys()
     assert math.isfinite(rows[1]["loss"])
-    assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained both steps
+    assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained every step
 
     # The adapter, not the whole model, is published; the sampler reloaded it.
-    assert "reloaded weights: version 0 -> 1" in outs[2]
-    vdir = run_dir / "versions" / "v000002"
+    assert "reloaded weights: version 0 -> 1" in sampler
+    vdir = run_dir / "versions" / f"v{int((run_dir / 'LATEST').read_text()):06d}"
     assert not (vdir / "model.safetensors").exists()
     adapter = load_file(vdir / "adapter_model.safetensors")
     lora_b = [t for k, t in adapter.items() if "lora_B" in k]
