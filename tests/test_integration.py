@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from bench.common import start_role as bench_start_role
+from bench.common import start_role
 from tests.conftest import PYTHON, REPO, run_launch, transport_overrides
 
 pytestmark = pytest.mark.slow
@@ -192,31 +193,6 @@ def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
     _assert_no_stray_processes(config)
 
 
-def test_ctrl_c_stops_both_roles(tmp_path, tiny_model_dir):
-    """SIGINT to launch.sh (what Ctrl-C sends) ends sampler and trainer; exit code 130."""
-    import signal
-
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
-    launch = start_role("both", config, transport_overrides())
-    try:
-        metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not metrics.is_file():
-            assert time.monotonic() < deadline and launch.poll() is None, "no step finished"
-            time.sleep(0.5)
-        launch.send_signal(signal.SIGINT)
-        # Up to 30 s of launch.sh's grace, then torchrun's own to its ranks (they run in
-        # sessions of their own and hold the output pipe until they exit): 90 s was once too
-        # short with two test workers on 2 cores.
-        out, _ = launch.communicate(timeout=180)
-    finally:
-        if launch.poll() is None:
-            launch.kill()
-    assert launch.returncode == 130, out[-3000:]
-    assert "interrupted, stopping all roles" in out
-    _assert_no_stray_processes(config)
-
-
 def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
     config = tiny_config(tmp_path, tiny_model_dir)
     proc = run_launch(config, ["train.totl_steps=3"], timeout=60)
@@ -226,15 +202,9 @@ def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
     )
 
 
-def start_role(role: str, config: Path, overrides: list[str]) -> subprocess.Popen:
-    """launch.sh with ROLE=trainer | sampler (as on its own node) or both."""
-    import os
-
-    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1", "ROLE": role}
-    return subprocess.Popen(
-        ["bash", str(REPO / "launch.sh"), str(config), *overrides],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+def start(role: str, config: Path, overrides: list[str], log: Path) -> subprocess.Popen:
+    """launch.sh with ROLE=trainer | sampler (as on its own node) or both, output to `log`."""
+    return start_role(role, config, overrides, log, env={"PYTHON": PYTHON})
 
 
 def _assert_no_stray_processes(config: Path) -> None:
@@ -243,25 +213,45 @@ def _assert_no_stray_processes(config: Path) -> None:
     assert str(config) not in ps, ps
 
 
-def test_overlap_dynamic_sampling_and_several_optimizer_steps_per_batch(tmp_path, tiny_model_dir):
-    """One run, three features whose checks do not interfere:
+def test_overlap_dynamic_sampling_and_several_optimizer_steps_then_ctrl_c(tmp_path, tiny_model_dir):
+    """One run, four features whose checks do not interfere (Ctrl-C had a run of its own
+    before):
 
     - max_staleness 1 (the default): the sampler runs one batch ahead, sampling batch k with
       exactly version k - 1 however quick the trainer is, so the run repeats exactly;
     - dynamic sampling drops flat groups (every answer to an odd-length question scores the
       same);
     - one received batch, several optimizer steps: 2 epochs x 2 mini-batches of 8 sequences,
-      with an entropy bonus and the dual clip."""
+      with an entropy bonus and the dual clip;
+    - SIGINT to launch.sh (what Ctrl-C sends) after step 4 ends sampler and trainer; exit
+      code 130."""
     config = tiny_config(
         tmp_path, tiny_model_dir,
         data={"reward": "tests.rewards_for_tests:flat_on_odd_questions"},
         rollout={"dynamic_sampling": True, "max_sampling_rounds": 4},
-        train={"total_steps": 4, "ppo_epochs": 2, "mini_batch_size": 8, "max_staleness": None},
+        train={"total_steps": 50, "ppo_epochs": 2, "mini_batch_size": 8, "max_staleness": None},
         algo={"entropy_coef": 0.01, "clip_c": 3.0},
     )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    log, metrics = tmp_path / "launch.log", tmp_path / "runs/tiny/metrics.jsonl"
+    launch = start("both", config, transport_overrides(), log)
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 4):
+            assert time.monotonic() < deadline and launch.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.3)
+        launch.send_signal(signal.SIGINT)
+        # Up to 30 s of launch.sh's grace, then torchrun's own to its ranks: 90 s was once too
+        # short with two test workers on 2 cores.
+        launch.wait(timeout=180)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    out = log.read_text()
+    assert launch.returncode == 130, out[-3000:]
+    assert "interrupted, stopping all roles" in out
+    _assert_no_stray_processes(config)
+
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()][:4]
     assert [r["policy_version"] for r in rows] == [0, 0, 1, 2]
     assert [r["staleness"] for r in rows] == [0, 1, 1, 1]
 
@@ -332,12 +322,11 @@ def test_trainer_over_two_nodes_with_lora_and_a_critic_then_its_sampler_killed(
         critic={"warmup_steps": 1},
     )  # fmt: skip
     common = [*transport_overrides(timeout_s=6), "train.nnodes=2", "train.master_addr=127.0.0.1"]
-    env = {"PYTHON": PYTHON}
     logs = [tmp_path / f"{name}.log" for name in ("node0", "node1", "sampler")]
     roles = [
-        bench_start_role("trainer", config, [*common, "train.node_rank=0"], logs[0], env),
-        bench_start_role("trainer", config, [*common, "train.node_rank=1"], logs[1], env),
-        bench_start_role("sampler", config, common, logs[2], env),
+        start("trainer", config, [*common, "train.node_rank=0"], logs[0]),
+        start("trainer", config, [*common, "train.node_rank=1"], logs[1]),
+        start("sampler", config, common, logs[2]),
     ]
     run_dir = tmp_path / "runs" / "tiny"
     metrics = run_dir / "metrics.jsonl"
