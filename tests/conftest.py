@@ -58,6 +58,14 @@ def tiny_vllm_model_dir(tmp_path_factory, base_model_dir) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", base_model_dir, heads=2)
 
 
+@pytest.fixture(scope="session")
+def classifier_dir(tmp_path_factory, base_model_dir) -> Path:
+    """The tiny model with a reward head (one label), as reward models are."""
+    from tests.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("rm") / "rm", base_model_dir, reward_head=True)
+
+
 # One definition of fresh loopback ports, shared with the benchmarks.
 free_port = bench.common.free_port
 transport_overrides = bench.common.loopback_overrides
