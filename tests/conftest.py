@@ -25,6 +25,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 keep_freed_memory()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, each kind in collection order. pytest-xdist hands its workers the
+    xdist groups first (most tests first), then the other tests in collection order: a run of
+    tens of seconds handed out last keeps one worker busy while the other has nothing left,
+    and the many short tests, last, end both workers' queues together. (Every worker collects
+    in this same order, which xdist requires.)"""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def base_model_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF dir (converted from the packaged GGUF on first use)."""
@@ -47,6 +56,14 @@ def tiny_vllm_model_dir(tmp_path_factory, base_model_dir) -> Path:
     from tests.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", base_model_dir, heads=2)
+
+
+@pytest.fixture(scope="session")
+def classifier_dir(tmp_path_factory, base_model_dir) -> Path:
+    """The tiny model with a reward head (one label), as reward models are."""
+    from tests.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("rm") / "rm", base_model_dir, reward_head=True)
 
 
 # One definition of fresh loopback ports, shared with the benchmarks.

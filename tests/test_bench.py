@@ -76,6 +76,7 @@ def test_result_refuses_an_unknown_direction():
         Result("x", "s", 1.0, 1.0, "ours/target", 1.0, "machine")
 
 
+@pytest.mark.slow  # each starts launch.sh or an engine, some of them several times
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=pytest.mark.xdist_group("embedded_model")) if n == "vllm" else n

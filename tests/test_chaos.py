@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -98,8 +99,8 @@ def setup(
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory, tiny_model_dir) -> Path:
     """The crash tests' run (setup()), once straight through: what a crashed and resumed run
-    must end with, weights and all (the crash tests share one xdist worker, so this is one
-    run for both)."""
+    must end with, weights and all, and the finished run the resume refusals start from (the
+    tests that use it share one xdist worker, so this is one run for all)."""
     tmp = tmp_path_factory.mktemp("straight")
     config, overrides, run_dir, _ = setup(tmp, tiny_model_dir)
     both = start("both", config, overrides, tmp / "both.log")
@@ -126,82 +127,88 @@ def assert_same_as_straight(run_dir: Path, straight: Path) -> float:
     return diff
 
 
-def crash_and_recover(
-    tmp_path: Path, tiny_model_dir: Path, victim: str, restart_overrides: list[str]
-) -> tuple[dict[str, str], list[dict], int, float]:
-    """Both roles; after step 3, SIGKILL `victim` and start it again. Checks the run finished
-    with every batch trained exactly once; returns the logs, the metrics rows, the steps done
-    before the kill, and the seconds from the kill to the next step.
+def kill_and_restart(
+    victim: str, procs: dict[str, subprocess.Popen], start_again, run_dir: Path
+) -> tuple[int, float]:
+    """SIGKILL `victim` (a role of `procs`) and start it again with `start_again(victim)`;
+    (the steps done before the kill, the seconds from the kill to the next step).
 
     The sampler is killed with everything it started; the trainer's launcher alone (kill -9 of
     one pid, as the OOM killer does it): its ranks, in sessions of their own, must die with it,
     or the restarted trainer would find its ports taken."""
+    if victim == "trainer":
+        ranks = [p for p in descendants(procs[victim].pid) if _is_rank(p)]
+        assert len(ranks) == 2, "the trainer's two ranks, before the kill"
+        procs[victim].kill()
+        procs[victim].wait()
+        gone = wait_for(
+            lambda: not any(_is_rank(p) for p in ranks), "the ranks to die", [], timeout=30
+        )
+        print(f"\nchaos/trainer: both ranks died {gone:.1f} s after their launcher's SIGKILL")
+    else:
+        kill_tree(procs[victim])
+    killed_at, steps_before = time.time(), len(rows_of(run_dir))
+    procs[victim] = start_again(victim)
+    recover_s = wait_for(
+        lambda: any(r["time"] > killed_at for r in rows_of(run_dir)),
+        f"a step after the {victim}'s restart",
+        list(procs.values()),
+    )
+    return steps_before, recover_s
+
+
+@pytest.mark.xdist_group("crash_tests")  # with the others, so straight_run runs once
+def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_once(
+    tmp_path, tiny_model_dir, straight_run
+):
+    """One run, two crashes (each had a run of its own before): after step 3 (the state of
+    step 2 saved, batch 2 trained but not durable) the trainer's launcher is SIGKILLed and
+    started again, both ranks' ZeRO-2 shards resumed; after step 5 the sampler is SIGKILLed and
+    restarted with --resume. Every batch is trained exactly once, the dataset goes on with no
+    repeat and no gap, and the run ends where the straight one does."""
     config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     procs = {role: start(role, config, overrides, logs[role]) for role in logs}
+    restart = {"trainer": [], "sampler": ["--resume"]}
+
+    def start_again(role: str) -> subprocess.Popen:
+        return start(role, config, [*overrides, *restart[role]], logs[role])
+
     try:
-        # Step 3 done: the state of step 2 is saved, batch 2 is trained but not durable.
         wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", list(procs.values()))
-        if victim == "trainer":
-            ranks = [p for p in descendants(procs[victim].pid) if _is_rank(p)]
-            assert len(ranks) == 2, "the trainer's two ranks, before the kill"
-            procs[victim].kill()
-            procs[victim].wait()
-            gone = wait_for(
-                lambda: not any(_is_rank(p) for p in ranks), "the ranks to die", [], timeout=30
-            )
-            print(f"\nchaos/trainer: both ranks died {gone:.1f} s after their launcher's SIGKILL")
-        else:
-            kill_tree(procs[victim])
-        killed_at, steps_before = time.time(), len(rows_of(run_dir))
-        procs[victim] = start(victim, config, [*overrides, *restart_overrides], logs[victim])
-        recover_s = wait_for(
-            lambda: any(r["time"] > killed_at for r in rows_of(run_dir)),
-            "a step after the restart",
-            list(procs.values()),
-        )
+        trainer_before, trainer_recover_s = kill_and_restart("trainer", procs, start_again, run_dir)
+        wait_for(lambda: len(rows_of(run_dir)) >= 5, "step 5", list(procs.values()))
+        first_sampler_log = len(logs["sampler"].read_text())
+        sampler_before, sampler_recover_s = kill_and_restart("sampler", procs, start_again, run_dir)
         finish(list(procs.values()))
     finally:
         finish(list(procs.values()), timeout=1)
     text = {r: p.read_text() for r, p in logs.items()}
-    assert all(p.returncode == 0 for p in procs.values()), text[victim][-3000:]
+    assert all(p.returncode == 0 for p in procs.values()), (
+        text["trainer"][-3000:] + text["sampler"][-3000:]
+    )
     rows = assert_exactly_once(run_dir, spool, text["sampler"])
     _assert_no_stray_processes(config)
-    return text, rows, steps_before, recover_s
+    diff = assert_same_as_straight(run_dir, straight_run)
 
-
-@pytest.mark.xdist_group("crash_tests")  # with the other, so straight_run runs once
-def test_trainer_sigkill_and_resume_trains_every_batch_exactly_once(
-    tmp_path, tiny_model_dir, straight_run
-):
-    """The trainer's launcher SIGKILLed after step 3 (state saved at step 2), both ranks' ZeRO-2
-    shards resumed: every batch once, and the run ends where the straight one does."""
-    text, rows, steps_before, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "trainer", [])
-    diff = assert_same_as_straight(tmp_path / "runs" / "tiny", straight_run)
+    # The trainer resumed from the last saved state, before the step it was killed after, and
+    # the sampler (the first one) noticed.
     m = re.search(r"resumed from .* at step (\d+)", text["trainer"])
-    assert m and int(m[1]) % 2 == 0 and int(m[1]) < steps_before, text["trainer"][-3000:]
-    assert "the trainer restarted" in text["sampler"]
-    print(
-        f"\nchaos/trainer: produced {TOTAL}, trained {len(rows)}, killed after step "
-        f"{steps_before}, resumed at step {m[1]}, duplicates dropped "
-        f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in "
-        f"{recover_s:.0f} s; final weights vs the straight run: max |diff| {diff}"
-    )
-
-
-@pytest.mark.xdist_group("crash_tests")
-def test_sampler_sigkill_and_restart_continues_the_dataset(tmp_path, tiny_model_dir, straight_run):
-    text, rows, _, recover_s = crash_and_recover(tmp_path, tiny_model_dir, "sampler", ["--resume"])
-    diff = assert_same_as_straight(tmp_path / "runs" / "tiny", straight_run)
-    assert "resuming at batch" in text["sampler"]
-    # A batch the killed sampler was generating is made by its successor (same questions);
-    # spooled ones are resent, not regenerated.
+    assert m and int(m[1]) % 2 == 0 and int(m[1]) < trainer_before, text["trainer"][-3000:]
+    first, second = text["sampler"][:first_sampler_log], text["sampler"][first_sampler_log:]
+    assert "the trainer restarted" in first
+    # The restarted sampler resumed from its spool: a batch the killed one was generating is
+    # made by its successor (same questions); spooled ones are resent, not regenerated.
+    assert "resuming at batch" in second, second[-3000:]
     sent = [int(s) for s in re.findall(r"sent batch (\d+)", text["sampler"])]
     assert len(sent) == len(set(sent)) == TOTAL, sent
     print(
-        f"\nchaos/sampler: produced {TOTAL}, trained {len(rows)}, duplicates dropped "
-        f"{rows[-1]['duplicates_dropped']}, lost 0, first step after the kill in "
-        f"{recover_s:.0f} s; final weights vs the straight run: max |diff| {diff}"
+        f"\nchaos: produced {TOTAL}, trained {len(rows)}, trainer killed after step "
+        f"{trainer_before} and resumed at step {m[1]} (first step after the kill in "
+        f"{trainer_recover_s:.0f} s), sampler killed after step {sampler_before} (first step "
+        f"after the kill in {sampler_recover_s:.0f} s), duplicates dropped "
+        f"{rows[-1]['duplicates_dropped']}, lost 0; final weights vs the straight run: "
+        f"max |diff| {diff}"
     )
 
 
@@ -251,12 +258,14 @@ def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straig
     _assert_no_stray_processes(config)
 
 
-def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir):
-    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
-    overrides = [*overrides, "train.total_steps=2", "train.resume=never"]
-    first = start("both", config, overrides, tmp_path / "first.log")
-    finish([first], timeout=300)
-    assert first.returncode == 0, (tmp_path / "first.log").read_text()[-3000:]
+@pytest.mark.xdist_group("crash_tests")  # a copy of straight_run is its finished run
+def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir, straight_run):
+    """A finished run resumed with another trainer world size or data order is refused by
+    name. (Resumed as it was, it has nothing left to do: tests/test_zero3.py's offload run.)"""
+    config, overrides, run_dir, _ = setup(tmp_path, tiny_model_dir)
+    # The straight run's outputs (run dir and spool) as this config's: a finished run of
+    # TOTAL steps on 2 ranks with shuffled data, which each refusal below must recognise.
+    shutil.copytree(straight_run.parent, run_dir.parent)
     refusals = {
         "trainer": ("train.num_ranks=1", "saved with world=2, this run has world=1"),
         "sampler": ("data.shuffle=false", "saved with shuffle=True, this run has shuffle=False"),
@@ -268,12 +277,7 @@ def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir):
         log = (tmp_path / f"{role}.log").read_text()
         assert procs[role].returncode != 0, log[-3000:]  # torchrun turns 2 into 1
         assert message in log
-    # A finished run resumed as it was has nothing left to do, and says so.
-    again = start("both", config, [*overrides, "--resume"], tmp_path / "again.log")
-    finish([again], timeout=300)
-    assert again.returncode == 0
-    assert "resumed from" in (tmp_path / "again.log").read_text()
-    assert [r["step"] for r in rows_of(run_dir)] == [1, 2]
+    assert [r["step"] for r in rows_of(run_dir)] == list(range(1, TOTAL + 1))  # left alone
 
 
 def test_a_sampler_with_another_batch_shape_is_stopped_by_name(tmp_path, tiny_model_dir):

@@ -11,24 +11,27 @@ from tests.conftest import run_launch, transport_overrides
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("embedded_model")]  # pyproject.toml
 
 
-def short_demo(tmp_path, name: str) -> list[str]:
-    """The demo config cut to 2 steps of 2 x 2 short answers, evaluated at v0 and v2."""
+def short_demo(tmp_path, name: str, new_tokens: int = 24) -> list[str]:
+    """The demo config cut to 2 steps of 2 x 2 answers of up to `new_tokens`, evaluated at v0
+    and v2."""
     return [
         f"output_dir={tmp_path}",
         f"name={name}",
         "train.total_steps=2",
         "rollout.questions_per_step=2",
         "rollout.group_size=2",
-        "rollout.max_new_tokens=24",
+        f"rollout.max_new_tokens={new_tokens}",
         "eval.interval=2",
         "eval.num_questions=2",
-        "eval.max_new_tokens=24",
+        f"eval.max_new_tokens={new_tokens}",
         *transport_overrides(),
     ]
 
 
 def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
-    overrides = short_demo(tmp_path, "smoke")
+    # 12 tokens: SmolLM2 generates them at about 20 a second on 2 cores, sampler and
+    # evaluation alike, and nothing checked here needs longer answers (24 took 8 s longer)
+    overrides = short_demo(tmp_path, "smoke", new_tokens=12)
     proc = run_launch("configs/cpu_demo.yaml", overrides, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]

@@ -28,10 +28,11 @@ SHRINK = [
 @pytest.mark.parametrize("config", [*gpu_check.shipped_configs(), gpu_check.RECIPE])
 def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_dir, config):
     """Each config (one test each, so that xdist spreads them) for 2 steps through the check's
-    own code path, then what it must show in its metrics. The recipe and PPO (a critic engine
-    beside the policy's) run on 2 trainer ranks; the other configs differ only in their loss
-    and advantage, which every rank computes alike, so one rank (seconds less start-up)."""
-    ranks = 2 if config in (gpu_check.RECIPE, "gsm8k_ppo") else 1
+    own code path, then what it must show in its metrics. The recipe runs on 2 trainer ranks;
+    the other configs differ only in their loss and advantage, which every rank computes
+    alike, so one rank (seconds less start-up). PPO's critic engine on 2 ranks is the two-node
+    run's (test_integration.py) and, partitioned, the ZeRO-3 test's."""
+    ranks = 2 if config == gpu_check.RECIPE else 1
     overrides = [f"model.path={tiny_model_dir}", *SHRINK, f"train.num_ranks={ranks}"]
     if "dapo" in config:  # DAPO's overlong buffer must fit the 12 tokens
         overrides.append("algo.overlong_buffer=4")

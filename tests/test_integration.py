@@ -4,17 +4,22 @@ ranks unless a test is about something else: each rank costs seconds of start-up
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
+import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from safetensors.torch import load_file
 
+from bench.common import start_role
 from tests.conftest import PYTHON, REPO, run_launch, transport_overrides
 
 pytestmark = pytest.mark.slow
@@ -45,27 +50,50 @@ def tiny_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
     return path
 
 
-def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
-    """A run with every output: reloads, metrics, versions, state, the ranks' evaluations
-    (greedy and pass@k, each rank with half the questions), TensorBoard, and afterwards
-    `python -m grpo eval` of its versions."""
+# The reward of the reference run: a random model's answers are "right" about half the time,
+# so pass@k has things to count.
+REFERENCE_DATA = {"reward": "tests.rewards_for_tests:even_length_is_correct"}
+# The tests that share the reference run: one xdist group, so that its module fixture runs once.
+REFERENCE_GROUP = "reference_run"
+
+
+@dataclass(frozen=True)
+class Run:
+    run_dir: Path
+    log: str
+    rows: list[dict]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, tiny_model_dir) -> Run:
+    """A run with every output: 3 steps on 2 ranks, padded micro-batches of 4 (what auto picks
+    with sdpa; the packing test compares other splits with it), the state saved every step and
+    the ranks' evaluations (greedy and pass@k, each rank with half the questions)."""
+    tmp = tmp_path_factory.mktemp("reference")
     config = tiny_config(
-        tmp_path, tiny_model_dir, train={"state_interval": 1},
-        # a random model's answers are "right" about half the time: pass@k has things to count
-        data={"reward": "tests.rewards_for_tests:even_length_is_correct"},
+        tmp, tiny_model_dir, data=REFERENCE_DATA,
+        train={"state_interval": 1, "packing": "padded"},
         eval={"interval": 2, "num_questions": 6, "max_new_tokens": 8, "samples": 4,
               "k": [1, 2, 4]},
     )  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    run_dir = tmp_path / "runs" / "tiny"
+    run_dir = tmp / "runs" / "tiny"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return Run(run_dir, log, rows)
+
+
+@pytest.mark.xdist_group(REFERENCE_GROUP)
+def test_three_steps_two_ranks_with_reloads(reference_run, tiny_model_dir):
+    """The reference run's outputs: reloads, metrics, versions, state, evaluations,
+    TensorBoard, and afterwards `python -m grpo eval` of its versions."""
+    log, run_dir, rows = reference_run.log, reference_run.run_dir, reference_run.rows
 
     # The sampler reloaded the versions the trainer published before its next batch.
     reloads = re.findall(r"reloaded weights: version (\d+) -> (\d+)", log)
     assert ("0", "1") in reloads and ("1", "2") in reloads, log[-4000:]
 
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     # On-policy (max_staleness 0): batch k was sampled with version k, and it said so.
     assert [r["policy_version"] for r in rows] == [0, 1, 2]
@@ -96,7 +124,7 @@ def test_three_steps_two_ranks_with_reloads(tmp_path, tiny_model_dir):
     assert marker["tag"] == "step000003" and marker["world"] == 2
     assert [p.name for p in (run_dir / "train_state").glob("step*")] == ["step000003"]
     # Every batch was acknowledged: the sampler's spool is empty at the end.
-    spool = tmp_path / "runs" / "spool" / "tiny" / "sampler-0"
+    spool = run_dir.parent / "spool" / "tiny" / "sampler-0"
     assert sorted(p.name for p in spool.iterdir()) == ["state.json"]
     assert json.loads((spool / "state.json").read_text())["next_seq"] == 3
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
@@ -148,9 +176,12 @@ def _check_evaluations(run_dir: Path, log: str) -> None:
         assert (mine["accuracy"], mine["format_rate"]) == (
             theirs["accuracy"], theirs["format_rate"]
         ), (mine, theirs)  # fmt: skip
-    bad = subprocess.run([PYTHON, "-m", "grpo", "eval", str(run_dir), "--versions", "5"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert bad.returncode == 2 and "has no versions [5]" in bad.stderr
+    # A version the run does not have: refused (in this process: a Python start-up less).
+    from grpo.eval.cli import main as eval_main
+
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert eval_main([str(run_dir), "--versions", "5"]) == 2
+    assert "has no versions [5]" in err.getvalue()
 
 
 def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
@@ -167,55 +198,6 @@ def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
     _assert_no_stray_processes(config)
 
 
-def test_sampler_killed_trainer_times_out(tmp_path, tiny_model_dir):
-    """Separate roles (as on two nodes): SIGKILL the sampler, the trainer notices and exits."""
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
-    overrides = transport_overrides(timeout_s=6)
-    trainer = start_role("trainer", config, overrides)
-    sampler = start_role("sampler", config, overrides)
-    try:
-        metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
-            assert time.monotonic() < deadline, "no step finished"
-            assert trainer.poll() is None and sampler.poll() is None
-            time.sleep(0.5)
-        sampler.kill()
-        out, _ = trainer.communicate(timeout=120)
-        assert trainer.returncode != 0
-        assert "no sampler left: sampler sampler-0 dropped: silent for" in out, out[-3000:]
-    finally:
-        for p in (trainer, sampler):
-            if p.poll() is None:
-                p.kill()
-    _assert_no_stray_processes(config)
-
-
-def test_ctrl_c_stops_both_roles(tmp_path, tiny_model_dir):
-    """SIGINT to launch.sh (what Ctrl-C sends) ends sampler and trainer; exit code 130."""
-    import signal
-
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 50})
-    launch = start_role("both", config, transport_overrides())
-    try:
-        metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not metrics.is_file():
-            assert time.monotonic() < deadline and launch.poll() is None, "no step finished"
-            time.sleep(0.5)
-        launch.send_signal(signal.SIGINT)
-        # Up to 30 s of launch.sh's grace, then torchrun's own to its ranks (they run in
-        # sessions of their own and hold the output pipe until they exit): 90 s was once too
-        # short with two test workers on 2 cores.
-        out, _ = launch.communicate(timeout=180)
-    finally:
-        if launch.poll() is None:
-            launch.kill()
-    assert launch.returncode == 130, out[-3000:]
-    assert "interrupted, stopping all roles" in out
-    _assert_no_stray_processes(config)
-
-
 def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
     config = tiny_config(tmp_path, tiny_model_dir)
     proc = run_launch(config, ["train.totl_steps=3"], timeout=60)
@@ -225,15 +207,9 @@ def test_bad_config_key_via_launch(tmp_path, tiny_model_dir):
     )
 
 
-def start_role(role: str, config: Path, overrides: list[str]) -> subprocess.Popen:
-    """launch.sh with ROLE=trainer | sampler (as on its own node) or both."""
-    import os
-
-    env = {**os.environ, "PYTHON": PYTHON, "PYTHONUNBUFFERED": "1", "ROLE": role}
-    return subprocess.Popen(
-        ["bash", str(REPO / "launch.sh"), str(config), *overrides],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+def start(role: str, config: Path, overrides: list[str], log: Path) -> subprocess.Popen:
+    """launch.sh with ROLE=trainer | sampler (as on its own node) or both, output to `log`."""
+    return start_role(role, config, overrides, log, env={"PYTHON": PYTHON})
 
 
 def _assert_no_stray_processes(config: Path) -> None:
@@ -242,25 +218,45 @@ def _assert_no_stray_processes(config: Path) -> None:
     assert str(config) not in ps, ps
 
 
-def test_overlap_dynamic_sampling_and_several_optimizer_steps_per_batch(tmp_path, tiny_model_dir):
-    """One run, three features whose checks do not interfere:
+def test_overlap_dynamic_sampling_and_several_optimizer_steps_then_ctrl_c(tmp_path, tiny_model_dir):
+    """One run, four features whose checks do not interfere (Ctrl-C had a run of its own
+    before):
 
     - max_staleness 1 (the default): the sampler runs one batch ahead, sampling batch k with
       exactly version k - 1 however quick the trainer is, so the run repeats exactly;
     - dynamic sampling drops flat groups (every answer to an odd-length question scores the
       same);
     - one received batch, several optimizer steps: 2 epochs x 2 mini-batches of 8 sequences,
-      with an entropy bonus and the dual clip."""
+      with an entropy bonus and the dual clip;
+    - SIGINT to launch.sh (what Ctrl-C sends) after step 4 ends sampler and trainer; exit
+      code 130."""
     config = tiny_config(
         tmp_path, tiny_model_dir,
         data={"reward": "tests.rewards_for_tests:flat_on_odd_questions"},
         rollout={"dynamic_sampling": True, "max_sampling_rounds": 4},
-        train={"total_steps": 4, "ppo_epochs": 2, "mini_batch_size": 8, "max_staleness": None},
+        train={"total_steps": 50, "ppo_epochs": 2, "mini_batch_size": 8, "max_staleness": None},
         algo={"entropy_coef": 0.01, "clip_c": 3.0},
     )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    log, metrics = tmp_path / "launch.log", tmp_path / "runs/tiny/metrics.jsonl"
+    launch = start("both", config, transport_overrides(), log)
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 4):
+            assert time.monotonic() < deadline and launch.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.3)
+        launch.send_signal(signal.SIGINT)
+        # Up to 30 s of launch.sh's grace, then torchrun's own to its ranks: 90 s was once too
+        # short with two test workers on 2 cores.
+        launch.wait(timeout=180)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    out = log.read_text()
+    assert launch.returncode == 130, out[-3000:]
+    assert "interrupted, stopping all roles" in out
+    _assert_no_stray_processes(config)
+
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()][:4]
     assert [r["policy_version"] for r in rows] == [0, 0, 1, 2]
     assert [r["staleness"] for r in rows] == [0, 1, 1, 1]
 
@@ -274,49 +270,19 @@ def test_overlap_dynamic_sampling_and_several_optimizer_steps_per_batch(tmp_path
     assert rows[0]["approx_kl"] > 0 and all(math.isfinite(r["loss"]) for r in rows)
 
 
-def test_lora_adapter_is_published_and_reloaded(tmp_path, tiny_model_dir):
-    config = tiny_config(
-        tmp_path,
-        tiny_model_dir,
-        train={"total_steps": 2, "num_ranks": 1},
-        model={"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj"]}},
-    )
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    assert "reloaded weights: version 0 -> 1" in log
-    vdir = tmp_path / "runs" / "tiny" / "versions" / "v000002"
-    assert not (vdir / "model.safetensors").exists()
-    adapter = load_file(vdir / "adapter_model.safetensors")
-    lora_b = [t for k, t in adapter.items() if "lora_B" in k]
-    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at 0: it was trained
-
-
-def test_ppo_critic_warmup_holds_the_policy(tmp_path, tiny_model_dir):
-    config = tiny_config(
-        tmp_path, tiny_model_dir,
-        algo={"advantage": "gae", "lam": 0.9, "kl_in_reward": True},
-        critic={"warmup_steps": 1}, train={"total_steps": 2, "num_ranks": 1},
-    )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
-    # the policy waited: its metrics are left out of the row (not NaN), then it trained
-    assert not {"loss", "pg_loss", "kl", "grad_norm"} & rows[0].keys()
-    assert math.isfinite(rows[1]["loss"])
-    assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained both steps
-
-
-def test_packing_token_budget_and_checkpointing_give_the_same_gradient(tmp_path, tiny_model_dir):
-    """One step on the same sampled batch three ways: padded micro-batches of 4 (the
-    reference); packed micro-batches filled to a token budget (a varying number per rank);
-    padded ones filled to another budget, with gradient checkpointing. The loss and the
-    gradient norm over all ranks must agree: only the padding, the split, or what backward
-    recomputes changes. Each feature had a run of its own before; combined, they agree only
-    if each does, and runs are what the suite's time goes to."""
-    rows = {}
+@pytest.mark.xdist_group(REFERENCE_GROUP)
+def test_packing_token_budget_and_checkpointing_give_the_same_gradient(
+    tmp_path, tiny_model_dir, reference_run
+):
+    """The reference run's first step (padded micro-batches of 4) on the same sampled batch two
+    more ways: packed micro-batches filled to a token budget (a varying number per rank); padded
+    ones filled to another budget, with gradient checkpointing. The loss and the gradient norm
+    over all ranks must agree: only the padding, the split, or what backward recomputes
+    changes. Each feature had a run of its own before; combined, they agree only if each does,
+    and runs are what the suite's time goes to. (The variants' config is the reference's but
+    for the steps and evaluation, which the trainer runs apart from the sampler's batches.)"""
+    rows = {"padded": reference_run.rows[0]}
     variants = {
-        "padded": ["train.packing=padded"],
         "packed_budget": ["train.packing=packed", "train.max_tokens_per_micro_batch=200"],
         "padded_budget_checkpointed": ["train.packing=padded",
                                        "train.max_tokens_per_micro_batch=300",
@@ -324,42 +290,85 @@ def test_packing_token_budget_and_checkpointing_give_the_same_gradient(tmp_path,
     }  # fmt: skip
     for name, overrides in variants.items():
         (tmp_path / name).mkdir()
-        config = tiny_config(tmp_path / name, tiny_model_dir, train={"total_steps": 1})
+        config = tiny_config(
+            tmp_path / name, tiny_model_dir, data=REFERENCE_DATA, train={"total_steps": 1}
+        )
         proc = run_launch(config, [*transport_overrides(), *overrides], timeout=600)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         text = (tmp_path / name / "runs/tiny/metrics.jsonl").read_text()
         rows[name] = json.loads(text.splitlines()[0])
     lens = rows["padded"]["completion_lens"]
     assert all(rows[n]["completion_lens"] == lens for n in rows)  # the same batch each time
-    for name in ("packed_budget", "padded_budget_checkpointed"):
+    for name in variants:
         for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
             assert math.isclose(rows[name][key], rows["padded"][key], rel_tol=1e-3, abs_tol=1e-5), (
                 name, key, rows[name][key], rows["padded"][key]
             )  # fmt: skip
 
 
-def test_trainer_over_two_nodes_on_loopback(tmp_path, tiny_model_dir):
+def test_trainer_over_two_nodes_with_lora_and_a_critic_then_its_sampler_killed(
+    tmp_path, tiny_model_dir
+):
     """A trainer spanning two "nodes" (two ROLE=trainer launches, train.nnodes=2, one rank
     each, meeting at train.master_addr) and a sampler started on its own: the command lines
-    of a multi-node run, on 127.0.0.1."""
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1})
-    common = [*transport_overrides(), "train.nnodes=2", "train.master_addr=127.0.0.1"]
+    of a multi-node run, on 127.0.0.1. After two steps the sampler is SIGKILLed: the trainer
+    notices its silence and exits, on both nodes. One run, features whose checks do not
+    interfere (the LoRA adapter, PPO's critic warm-up and the killed sampler had a run each
+    before):
+
+    - the policy is a LoRA adapter, published as one and reloaded by the sampler;
+    - PPO (GAE, KL in the reward) whose critic warms up for the first step while the policy
+      waits."""
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        train={"total_steps": 50, "num_ranks": 1},
+        model={"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj"]}},
+        algo={"advantage": "gae", "lam": 0.9, "kl_in_reward": True},
+        critic={"warmup_steps": 1},
+    )  # fmt: skip
+    common = [*transport_overrides(timeout_s=6), "train.nnodes=2", "train.master_addr=127.0.0.1"]
+    logs = [tmp_path / f"{name}.log" for name in ("node0", "node1", "sampler")]
     roles = [
-        start_role("trainer", config, [*common, "train.node_rank=0"]),
-        start_role("trainer", config, [*common, "train.node_rank=1"]),
-        start_role("sampler", config, common),
+        start("trainer", config, [*common, "train.node_rank=0"], logs[0]),
+        start("trainer", config, [*common, "train.node_rank=1"], logs[1]),
+        start("sampler", config, common, logs[2]),
     ]
+    run_dir = tmp_path / "runs" / "tiny"
+    metrics = run_dir / "metrics.jsonl"
     try:
-        outs = [p.communicate(timeout=600)[0] for p in roles]
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+            assert time.monotonic() < deadline, "no second step"
+            assert all(p.poll() is None for p in roles), [p.poll() for p in roles]
+            time.sleep(0.3)
+        roles[2].kill()
+        for p in roles[:2]:
+            p.wait(timeout=120)
     finally:
         for p in roles:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(roles, outs, strict=True):
-        assert p.returncode == 0, out[-3000:]
-    assert "trainer: 2 rank(s)" in outs[0]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    node0, node1, sampler = (log.read_text() for log in logs)
+    assert roles[0].returncode != 0, node0[-3000:]
+    assert "no sampler left: sampler sampler-0 dropped: silent for" in node0, node0[-3000:]
+    _assert_no_stray_processes(config)  # node 1's rank went too
+    assert "trainer: 2 rank(s)" in node0
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows[:2]] == [1, 2]
     for r in rows:  # node 0's rank and node 1's rank each trained two whole, different groups
-        node0, node1 = r["rank_group_ids"]
-        assert len(node0) == len(node1) == 2 and not set(node0) & set(node1)
+        node0_groups, node1_groups = r["rank_group_ids"]
+        assert len(node0_groups) == len(node1_groups) == 2
+        assert not set(node0_groups) & set(node1_groups)
+
+    # The policy waited: its metrics are left out of the row (not NaN), then it trained.
+    assert not {"loss", "pg_loss", "kl", "grad_norm"} & rows[0].keys()
+    assert math.isfinite(rows[1]["loss"])
+    assert all(math.isfinite(r["vf_loss"]) for r in rows)  # the critic trained every step
+
+    # The adapter, not the whole model, is published; the sampler reloaded it.
+    assert "reloaded weights: version 0 -> 1" in sampler
+    vdir = run_dir / "versions" / f"v{int((run_dir / 'LATEST').read_text()):06d}"
+    assert not (vdir / "model.safetensors").exists()
+    adapter = load_file(vdir / "adapter_model.safetensors")
+    lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at 0: it was trained

@@ -106,8 +106,11 @@ def test_sampler_memory_cap(monkeypatch):
     assert sampler_memory_fraction(load_config(DEMO, ["rollout.gpu_memory_fraction=0.2"])) == 0.2
 
 
-def test_placement_command_for_launch_sh():
-    """What launch.sh evals; on this CPU machine no role gets a GPU."""
+def test_placement_command_for_launch_sh(monkeypatch, capsys):
+    """What launch.sh evals; on this CPU machine no role gets a GPU. The command as launch.sh
+    runs it once; then its function in this process (a Python start-up with torch less)."""
+    from grpo.cli import launch_env
+
     env = {**os.environ, "ROLE": "both"}
     done = subprocess.run([PYTHON, "-m", "grpo", "launch-env", DEMO], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -115,14 +118,14 @@ def test_placement_command_for_launch_sh():
     assert done.stdout.split() == ["TRAINER_GPUS=", "SAMPLER_GPUS=", "SHARED=0",
                                    "MODEL_PATH=embedded", "RUN_DIR=checkpoints/cpu_demo",
                                    "REWARD_BACKEND=''"]  # fmt: skip
-    odd = subprocess.run([PYTHON, "-m", "grpo", "launch-env", DEMO, "name=a b's run"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
-    shell = subprocess.run(["bash", "-c", odd.stdout + 'printf %s "$RUN_DIR"'],
+    monkeypatch.setenv("ROLE", "both")
+    assert launch_env([DEMO, "name=a b's run"]) == 0
+    odd = capsys.readouterr().out
+    shell = subprocess.run(["bash", "-c", odd + 'printf %s "$RUN_DIR"'],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert shell.stdout == "checkpoints/a b's run"  # quoted for launch.sh's eval
-    bad = subprocess.run([PYTHON, "-m", "grpo", "launch-env", DEMO, "train.gpus=[0]"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert bad.returncode == 2 and "train.gpus lists 1 GPUs" in bad.stderr
+    assert launch_env([DEMO, "train.gpus=[0]"]) == 2
+    assert "train.gpus lists 1 GPUs" in capsys.readouterr().err
 
 
 def test_a_world_of_one_needs_no_free_port():

@@ -1,6 +1,7 @@
 """The reward service over real ZeroMQ sockets: a tiny random reward model and judge, batching
 across samplers, a hung backend noticed and named, every answer scored once; and the pure parts
-(the judge's score, the weighted sum, the request checks)."""
+(the judge's score, the weighted sum, the request checks). A run scored by a reward model that
+launch.sh serves is tests/test_plugins.py's."""
 
 from __future__ import annotations
 
@@ -24,14 +25,8 @@ from grpo.reward_service.protocol import Item
 from grpo.reward_service.server import RewardServer
 from grpo.wire.codec import Message, encode_message
 from tests.conftest import free_port
-from tests.tiny_model import build_tiny_model
 
 ITEMS = [Item(f"What is {i} + {i}?", f"It is {2 * i}.", str(2 * i)) for i in range(6)]
-
-
-@pytest.fixture(scope="module")
-def classifier_dir(tmp_path_factory, base_model_dir):
-    return build_tiny_model(tmp_path_factory.mktemp("rm") / "rm", base_model_dir, reward_head=True)
 
 
 @contextmanager
@@ -229,36 +224,6 @@ def test_combine_weights_both_parts_and_keeps_them():
 def test_malformed_requests_are_refused_with_the_reason(body, error):
     with pytest.raises(ValueError, match=error):
         protocol.parse_request(body, max_items=2)
-
-
-@pytest.mark.slow
-def test_a_run_scored_by_the_rule_and_a_reward_model_served_by_launch_sh(
-    tmp_path, tiny_model_dir, classifier_dir
-):
-    """bash launch.sh with reward_server.backend set: the reward service is a third process,
-    the sampler's reward is rule + 0.5 x model, and the service is stopped at the end."""
-    from tests.conftest import run_launch, transport_overrides
-    from tests.test_integration import _assert_no_stray_processes, tiny_config
-
-    config = tiny_config(
-        tmp_path, tiny_model_dir, train={"total_steps": 2, "num_ranks": 1},
-        reward={"service_addr": f"tcp://127.0.0.1:{free_port()}", "model_weight": 0.5},
-        reward_server={"backend": "classifier", "model": str(classifier_dir)},
-    )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().split("\n")
-            if x]  # fmt: skip
-    assert len(rows) == 2
-    for r in rows:
-        combined = r["rule_reward_mean"] + 0.5 * r["model_reward_mean"]
-        assert r["reward_mean"] == pytest.approx(combined, abs=1e-6)
-        assert r["reward_errors"] == 0
-    served = re.search(r"reward service stopping: (\d+) requests, (\d+) answers scored", log)
-    assert served, log[-3000:]
-    assert int(served.group(2)) == 2 * 16  # each answer once: 2 batches of 4 x 4
-    _assert_no_stray_processes(config)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """A rollout engine added by writing one file outside grpo/ (tests/plugins/toy_engine.py) and
-naming it in the config: built through the registry, then driving the real pipeline."""
+naming it in the config: built through the registry. Its run through the real pipeline, with
+the toy loss and task, is tests/test_plugins.py's."""
 
 from __future__ import annotations
 
-import json
 import threading
 from types import SimpleNamespace
 
@@ -12,8 +12,6 @@ import pytest
 
 from grpo.rollout.base import EngineContext, Sampling
 from grpo.rollout.registry import ENGINES, get_engine, register_engine
-from tests.conftest import run_launch, transport_overrides
-from tests.test_integration import tiny_config
 
 TOY = "tests.plugins.toy_engine:build"
 
@@ -75,24 +73,3 @@ def test_toy_engine_stops_when_told():
     stop.set()
     prompts = [np.arange(3, dtype=np.int32)] * 2
     assert engine.generate(prompts, Sampling(n=2, max_new_tokens=4)) == []
-
-
-@pytest.mark.slow
-def test_toy_engine_runs_the_pipeline(tmp_path, tiny_model_dir):
-    """Two steps with the toy sampling: the sampler scores its answers, the trainer trains."""
-    config = tiny_config(
-        tmp_path,
-        tiny_model_dir,
-        rollout={"backend": TOY},
-        # two passes over each batch: the old-policy pass runs (grpo.config.passes)
-        train={"total_steps": 2, "num_ranks": 1, "ppo_epochs": 2},
-    )
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    # The engine's log-probs reached the trainer next to the sampler's old ones.
-    assert all("rollout_vs_old_logp_abs_diff" in r for r in rows), rows[0].keys()
-    assert "reloaded weights: version 0 -> 1" in log

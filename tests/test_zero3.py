@@ -405,8 +405,9 @@ def test_a_zero3_offload_run_publishes_evaluates_and_resumes(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """The whole pipeline with ZeRO-3 and CPU offload, PPO's critic, the reference on the
-    trainer and its evaluation (3 questions over 2 ranks); then the finished run resumed,
-    which republishes its last version from the saved state (every rank gathering)."""
+    trainer and its evaluation (3 questions over 2 ranks); then the finished run resumed, both
+    roles: nothing left to do, but the trainer republishes its last version from the saved
+    state (every rank gathering)."""
     from safetensors.torch import load_file
 
     from tests.test_integration import tiny_config
@@ -437,11 +438,12 @@ def test_a_zero3_offload_run_publishes_evaluates_and_resumes(
     marker = json.loads((run_dir / "train_state" / "COMPLETE").read_text())
     assert marker["zero_stage"] == 3 and marker["step"] == 2
 
+    # Both roles resumed as they were: nothing left to do, and they say so.
     shutil.copy(final, tmp_path / "v2.safetensors")
-    again = run_launch(config, [*transport_overrides(), "--resume"], timeout=300,
-                       env={"ROLE": "trainer"})  # fmt: skip
+    again = run_launch(config, [*transport_overrides(), "--resume"], timeout=300)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert "resumed from" in again.stdout + again.stderr
+    assert (run_dir / "metrics.jsonl").read_text().count("\n") == len(rows)  # no step more
     republished = json.loads((final.parent / "version.json").read_text())["time"]
     assert republished > rows[-1]["time"]  # written again, by the resumed trainer
     assert (tmp_path / "v2.safetensors").read_bytes() == final.read_bytes()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tests.mutations import Mutation
 
 STOP_TEST = "tests/test_vllm.py::test_stop_strings_end_answers_like_hf"
-PLUGIN_RUN = "tests/test_plugins.py::test_a_run_with_the_toy_loss_and_task"
+PLUGIN_RUN = "tests/test_plugins.py::test_a_run_with_the_toy_plugins_and_a_served_reward_model"
 
 MUTATIONS = (
     Mutation(
