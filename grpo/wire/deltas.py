@@ -45,6 +45,7 @@ __all__ = [
     "Encoded",
     "decode",
     "encode",
+    "index_dtype",
     "tensor_digest",
 ]
 
@@ -93,6 +94,7 @@ class Encoded:
 
 
 def index_dtype(size: int) -> np.dtype:
+    """SPARSE's index type for a tensor of `size` elements."""
     return np.dtype(np.uint32 if size < 2**32 else np.uint64)
 
 
