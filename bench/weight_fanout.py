@@ -18,12 +18,13 @@ within weights.transfer_timeout_s), and a restarted process for the killed sampl
 from its parent, not the trainer, whose egress must not grow by a copy.
 
     python -m bench.weight_fanout            # or bench.run_all --only weight_fanout
-    python -m bench.weight_fanout --worker s01,s02   # a receivers' process (what the bench runs)
+    python -m bench.weight_fanout --worker s001      # one receiver's process (the bench's)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -89,7 +90,7 @@ def node_ids(n: int) -> list[str]:
     return [f"s{i:03d}" for i in range(n)]
 
 
-# --- a receivers' process: RelayNodes driven by JSON lines on stdin, answering on stdout ---
+# --- a receiver's process: a RelayNode driven by JSON lines on stdin, answering on stdout ---
 
 
 class _Out:
@@ -105,12 +106,12 @@ class _Out:
 
 
 def _fetch(out: _Out, me: str, node: RelayNode, cmd: dict[str, Any]) -> None:
-    version, report_after = cmd["version"], cmd.get("report_after", {}).get(me)
+    version, report_after = cmd["version"], cmd.get("report_after")
     if report_after:  # the chaos case's cue to kill this process mid-version
         threading.Thread(target=_report_progress, args=(out, me, node, report_after),
                          daemon=True).start()  # fmt: skip
     try:
-        image = node.receive(version, cmd["sources"][me], delta=False)
+        image = node.receive(version, cmd["sources"], delta=False)
     except ValueError as e:
         out.say(failed=me, version=version, error=str(e))
         return
@@ -128,26 +129,22 @@ def _report_progress(out: _Out, me: str, node: RelayNode, buckets: int) -> None:
     out.say(took=me, buckets=node.receiver.stats.progress - start)
 
 
-def worker(ids: list[str], timeout_s: float) -> None:
+def worker(me: str, timeout_s: float) -> None:
+    """Sampler `me`'s relay and receiver, until stdin ends."""
     logging.getLogger("grpo.transport").setLevel(logging.ERROR)  # fallbacks are reported
     out, ctx = _Out(), zmq.Context()
-    nodes = {me: RelayNode(ctx, MAX_BYTES, timeout_s).start() for me in ids}
-    out.say(ready={me: node.addr for me, node in nodes.items()})
+    node = RelayNode(ctx, MAX_BYTES, timeout_s).start()
+    out.say(ready=me, addr=node.addr)
     for line in sys.stdin:  # EOF: the bench is done (or gone)
         cmd = json.loads(line)
         if cmd["cmd"] == "expect":
-            for node in nodes.values():
-                node.expect(cmd["version"])
-            out.say(expecting=list(nodes), version=cmd["version"])
+            node.expect(cmd["version"])
+            out.say(expecting=me, version=cmd["version"])
         elif cmd["cmd"] == "receive":
-            for me in set(nodes) & set(cmd["sources"]):
-                threading.Thread(target=_fetch, args=(out, me, nodes[me], cmd),
-                                 daemon=True).start()  # fmt: skip
+            threading.Thread(target=_fetch, args=(out, me, node, cmd), daemon=True).start()
         elif cmd["cmd"] == "egress":
-            out.say(egress={me: n.server.egress.bytes.get(cmd["version"], 0)
-                            for me, n in nodes.items()})  # fmt: skip
-    for node in nodes.values():
-        node.close()
+            out.say(egress=me, bytes=node.server.egress.bytes.get(cmd["version"], 0))
+    node.close()
     ctx.term()
 
 
@@ -179,45 +176,46 @@ class Trainer:
 
 
 class Receivers:
-    """Processes of RelayNodes (`per_process` each): their addresses, commands and events."""
+    """One process per receiver (each its own sampler, as the chaos case kills one): their
+    relays' addresses, commands to them and events from them."""
 
-    def __init__(self, ids: list[str], per_process: int, timeout_s: float):
+    def __init__(self, ids: list[str], timeout_s: float):
         self.timeout_s = timeout_s
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.backlog: list[dict[str, Any]] = []  # events read that no wait has asked for yet
         self.procs: dict[str, subprocess.Popen] = {}  # sampler id -> its process
-        self.readers: dict[int, threading.Thread] = {}  # pid -> the thread reading its events
+        self.readers: dict[str, threading.Thread] = {}  # sampler id -> reading its events
         self.addrs: dict[str, str] = {}
-        groups = [ids[i : i + per_process] for i in range(0, len(ids), per_process)]
         try:
-            for group in groups:
-                self._spawn(group)
-            self.wait("ready", len(groups), 120)
+            for me in ids:
+                self._spawn(me)
+            self.wait("ready", len(ids), 120)
         except BaseException:
             self.close()
             raise
 
-    def _spawn(self, group: list[str]) -> None:
-        cmd = [sys.executable, "-m", "bench.weight_fanout", "--worker", ",".join(group),
+    def _spawn(self, me: str) -> None:
+        cmd = [sys.executable, "-m", "bench.weight_fanout", "--worker", me,
                "--timeout", str(self.timeout_s)]  # fmt: skip
-        proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-        for me in group:
-            self.procs[me] = proc
-        self.readers[proc.pid] = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        self.readers[proc.pid].start()
+        self.procs[me] = subprocess.Popen(
+            cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        self.readers[me] = threading.Thread(target=self._read, args=(self.procs[me],),
+                                            daemon=True)  # fmt: skip
+        self.readers[me].start()
 
     def _read(self, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
             event = json.loads(line)
             if "ready" in event:
-                self.addrs.update(event["ready"])
+                self.addrs[event["ready"]] = event["addr"]
             self.events.put(event)
 
     def send(self, ids: Iterable[str], **cmd: Any) -> None:
-        for proc in {id(p): p for me, p in self.procs.items() if me in set(ids)}.values():
-            proc.stdin.write(json.dumps(cmd) + "\n")
-            proc.stdin.flush()
+        for me in ids:
+            self.procs[me].stdin.write(json.dumps(cmd) + "\n")
+            self.procs[me].stdin.flush()
 
     def wait(self, key: str, count: int, timeout_s: float,
              ids: Iterable[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
@@ -245,26 +243,25 @@ class Receivers:
             raise RuntimeError(late) from None
 
     def kill(self, me: str) -> list[dict[str, Any]]:
-        """SIGKILL the process of sampler `me` (it must hold no other sampler); every event it
-        sent before it died, now read."""
+        """SIGKILL sampler `me`'s process; every event it sent before it died, now read."""
         proc = self.procs.pop(me)
-        assert proc not in self.procs.values(), "the victim shares its process"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        self.readers.pop(proc.pid).join(10)
+        self.readers.pop(me).join(10)
         del self.addrs[me]
         while not self.events.empty():
             self.backlog.append(self.events.get())
         return [e for e in self.backlog if me in e.values()]
 
     def restart(self, me: str) -> None:
-        self._spawn([me])
-        self.wait("ready", 1, 60)
+        self._spawn(me)
+        self.wait("ready", 1, 60, [me])
 
     def close(self) -> None:
-        for proc in {id(p): p for p in self.procs.values()}.values():
-            proc.stdin.close()
-        for proc in {id(p): p for p in self.procs.values()}.values():
+        for proc in self.procs.values():
+            with contextlib.suppress(BrokenPipeError):  # one that died: closed all the same
+                proc.stdin.close()
+        for proc in self.procs.values():
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -278,15 +275,17 @@ def sources(ids: list[str], addrs: dict[str, str], trainer: str) -> dict[str, li
     return {me: [*upstream(me, relays, FANOUT), trainer] for me in ids}
 
 
-def announce(trainer: Trainer, rx: Receivers, ids: list[str], image: Image, **extra: Any) -> float:
+def announce(trainer: Trainer, rx: Receivers, ids: list[str], image: Image,
+             report_after: dict[str, int]) -> float:  # fmt: skip
     """Announce `image`'s version to `ids` (their relays park requests for it from then on),
     publish it, have them fetch it; the time it was published."""
     rx.send(ids, cmd="expect", version=image.version)
-    rx.wait("expecting", len({id(rx.procs[me]) for me in ids}), 30)
+    rx.wait("expecting", len(ids), 30, ids)
     t0 = time.monotonic()
     trainer.store.add(image)
-    rx.send(ids, cmd="receive", version=image.version,
-            sources=sources(ids, rx.addrs, trainer.addr), **extra)  # fmt: skip
+    for me, chain in sources(ids, rx.addrs, trainer.addr).items():
+        rx.send([me], cmd="receive", version=image.version, sources=chain,
+                report_after=report_after.get(me))  # fmt: skip
     return t0
 
 
@@ -311,7 +310,7 @@ class Delivery:
 
 def fan_out(trainer: Trainer, rx: Receivers, n: int, version: int, shape: Shape) -> Delivery:
     ids, image = node_ids(n), synthetic(version, shape)
-    t0 = announce(trainer, rx, ids, image)
+    t0 = announce(trainer, rx, ids, image, {})
     done = held(rx, ids, image)
     fallbacks = sum(sum(e["fallbacks"].values()) for e in done)
     copies = trainer.egress(version) / image.manifest.nbytes
@@ -339,7 +338,7 @@ def chaos(trainer: Trainer, rx: Receivers, n: int, version: int, shape: Shape) -
     victim, payload = ids[1], image.manifest.nbytes  # sampler 1: children 3 and 4
     parent = ids[0]
     kill_after = max(1, len(image.manifest.buckets) // 4)
-    t0 = announce(trainer, rx, ids, image, report_after={victim: kill_after})
+    t0 = announce(trainer, rx, ids, image, {victim: kill_after})
     took = rx.wait("took", 1, 60, [victim])[0]["buckets"]
     if any(e.get("done") == victim for e in rx.kill(victim)):
         raise RuntimeError(f"{victim} held the whole version before it was killed")
@@ -349,10 +348,10 @@ def chaos(trainer: Trainer, rx: Receivers, n: int, version: int, shape: Shape) -
     before, parent_before = trainer.egress(version), egress(rx, parent, version)
     rx.restart(victim)
     rx.send([victim], cmd="expect", version=version)
-    rx.wait("expecting", 1, 30)
+    rx.wait("expecting", 1, 30, [victim])
     t1 = time.monotonic()
     rx.send([victim], cmd="receive", version=version,
-            sources={victim: sources(ids, rx.addrs, trainer.addr)[victim]})  # fmt: skip
+            sources=sources(ids, rx.addrs, trainer.addr)[victim])  # fmt: skip
     caught = held(rx, [victim], image)[0]
     tree = {me: me for me in ids}
     children = sum(1 for me in ids if upstream(me, tree, FANOUT)[:1] == [victim])
@@ -365,10 +364,7 @@ def chaos(trainer: Trainer, rx: Receivers, n: int, version: int, shape: Shape) -
 def egress(rx: Receivers, me: str, version: int) -> int:
     """What sampler `me`'s relay has sent of `version`."""
     rx.send([me], cmd="egress", version=version)
-    while True:
-        event = rx.wait("egress", 1, 30)[0]["egress"]
-        if me in event:
-            return event[me]
+    return rx.wait("egress", 1, 30, [me])[0]["bytes"]
 
 
 QUICK = Shape(tensors=16, tensor_bytes=128 << 10, bucket_bytes=128 << 10, seconds=0.5)
@@ -387,7 +383,7 @@ def network(shape: Shape, n: int) -> Iterator[tuple[Trainer, Receivers]]:
     ctx = zmq.Context()
     trainer = Trainer(ctx, shape.rate)
     try:
-        rx = Receivers(node_ids(n), per_process=1, timeout_s=TIMEOUT_S)
+        rx = Receivers(node_ids(n), TIMEOUT_S)
         try:
             yield trainer, rx
         finally:
@@ -466,11 +462,10 @@ def run(quick: bool = False) -> list:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.weight_fanout")
     parser.add_argument("--quick", action="store_true", help="small sizes (the test suite's)")
-    parser.add_argument("--worker", help="run as the process of these receivers (ids, comma-"
-                        "separated), driven on stdin by the bench")  # fmt: skip
+    parser.add_argument("--worker", help="run as this receiver's process (driven on stdin)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker.split(","), args.timeout)
+        worker(args.worker, args.timeout)
     else:
         run(args.quick)
