@@ -17,6 +17,7 @@ from bench.weight_fanout import MAX_BYTES, QUICK, chaos, fan_out, network, synth
 from grpo.delivery.stream import server
 from grpo.delivery.stream.client import Receiver
 from grpo.delivery.stream.image import Staging
+from grpo.delivery.stream.node import RelayNode
 from grpo.delivery.stream.relay import RelaySource
 from grpo.delivery.stream.server import VersionStore
 from tests.conftest import REPO
@@ -81,3 +82,25 @@ def serving(ctx: zmq.Context, source: server.Source) -> Iterator[str]:
         closing.set()
         thread.join(5)
     assert not failures
+
+
+def test_a_relay_refuses_at_once_a_version_older_than_its_own() -> None:
+    """A relay that has moved on to version 2 will never get version 1: a child still asking
+    for it must be sent on to its next source now, not held PARK_S for nothing."""
+    store = VersionStore(keep=2, budget_bytes=1 << 30)
+    ctx = zmq.Context()
+    relay = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
+    try:
+        with serving(ctx, store) as trainer:
+            for version in (1, 2):
+                store.add(synthetic(version, QUICK))
+                relay.receive(version, [trainer])
+            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            t0 = time.monotonic()
+            got = rx.receive([relay.addr, trainer], 1, None)
+            elapsed = time.monotonic() - t0
+    finally:
+        relay.close()
+        ctx.term()
+    assert got.manifest == synthetic(1, QUICK).manifest
+    assert rx.stats.fallbacks["source failed"] == 1 and elapsed < server.PARK_S / 2, elapsed
