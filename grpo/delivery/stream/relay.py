@@ -72,15 +72,22 @@ class RelaySource:
                 return self.held.manifest
             if self.staging is not None and self.staging.manifest.version == version:
                 return self.staging.manifest
-            return PENDING if version <= self._wanted else None
+            return PENDING if self._coming(version) else None
+
+    def _coming(self, version: int) -> bool:
+        """Whether `version` may still come here: announced, and newer than the one this relay
+        holds or is receiving (it never goes back to an older one). Lock held."""
+        newest = [x.manifest.version for x in (self.held, self.staging) if x is not None]
+        return max(newest, default=-1) < version <= self._wanted
 
     def bucket(self, version: int, base: int, index: int) -> list[Any] | None | object:
         with self._lock:
             held, staging, received = self.held, self.staging, self._received.get(index)
+            coming = self._coming(version)
         if held is not None and held.version == version:
             return self._encode(held, index, base)
         if staging is None or staging.manifest.version != version:
-            return PENDING if version <= self._wanted else None
+            return PENDING if coming else None
         if received is None:
             return PENDING
         came_with, frames = received

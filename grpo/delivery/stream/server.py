@@ -136,6 +136,15 @@ def _request(frames: list[bytes]) -> Message | None:
     return request if isinstance(request, Message) else None
 
 
+def _tag(request: Message) -> bytes:
+    """A refusal's first frame: for a bucket, with its index (a receiver takes an answer
+    without one for a stale one, and would wait out its timeout for the bucket)."""
+    index = request.body.get("index")
+    if request.kind == BUCKET and type(index) is int:
+        return MESSAGE_TAG + INDEX.pack(index)
+    return MESSAGE_TAG
+
+
 def _missing(reason: str, **body: Any) -> list[Any]:
     return encode_message(Message(messages.MISSING, {"reason": reason, **body}))
 
@@ -188,7 +197,7 @@ class StreamServer:
             if time.monotonic() < deadline:
                 self.parked.append((deadline, identity, request))
                 return
-            reply = [MESSAGE_TAG, *_missing("not here yet", **request.body)]
+            reply = [_tag(request), *_missing("not here yet", **request.body)]
         assert isinstance(reply, list)
         size = sum(memoryview(f).nbytes for f in reply)
         if self.limiter is not None:
@@ -215,7 +224,7 @@ class StreamServer:
         if request.kind != BUCKET or type(index) is not int or index < 0:
             self.egress.refused += 1
             return [MESSAGE_TAG, *_missing("bad request")]
-        tag = MESSAGE_TAG + INDEX.pack(index)
+        tag = _tag(request)
         try:
             frames = self.source.bucket(version, base, index)
         except KeyError:

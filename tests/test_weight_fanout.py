@@ -1,0 +1,106 @@
+"""Weight fan-out over real loopback sockets, one process per receiver (bench/weight_fanout.py
+at small sizes): the trainer sends a version about once to a tree of relaying receivers, and a
+relay SIGKILLed mid-version is routed around, its restarted process catching up from its parent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import zmq
+
+from bench.weight_fanout import MAX_BYTES, QUICK, chaos, fan_out, network, synthetic
+from grpo.delivery.stream import server
+from grpo.delivery.stream.client import Receiver
+from grpo.delivery.stream.image import Staging
+from grpo.delivery.stream.node import RelayNode
+from grpo.delivery.stream.relay import RelaySource
+from grpo.delivery.stream.server import VersionStore
+from tests.conftest import REPO
+
+
+def test_a_receivers_process_does_not_import_torch() -> None:
+    """Dozens of them share a node's cores with its sampler: each must stay light."""
+    check = "import sys, bench.weight_fanout; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", check], cwd=REPO).returncode == 0
+
+
+def test_four_receivers_cost_the_trainer_one_copy() -> None:
+    with network(QUICK, 4) as (trainer, rx):
+        delivered = [fan_out(trainer, rx, 4, version, QUICK) for version in (1, 2)]
+    for d in delivered:  # each receiver held the version, checked (fan_out raises otherwise)
+        assert d.copies <= 1.2, d
+
+
+def test_a_relay_killed_mid_version_is_routed_around_and_catches_up_from_its_parent() -> None:
+    with network(QUICK, 4) as (trainer, rx):
+        c = chaos(trainer, rx, 4, 1, QUICK)  # s001 killed; its child s003 goes to s000
+    assert c.children == 1 and 0 < c.killed_after < QUICK.payload // QUICK.bucket_bytes, c
+    assert c.fell_back.get("s003", 0) >= 1, c  # the victim's child did lose its parent
+    assert c.copies <= 1.2 and c.catch_up_copies < 0.05 and c.parent_copies >= 0.99, c
+
+
+def test_a_request_parked_past_its_time_is_refused_so_the_receiver_moves_on(monkeypatch) -> None:
+    """A relay holds a request for a bucket it has not got for PARK_S, then refuses it: the
+    receiver must take that refusal as one (and go to its next source at once), not as a
+    stale answer to ignore while it waits out its own timeout."""
+    monkeypatch.setattr(server, "PARK_S", 0.3)
+    image = synthetic(1, QUICK)
+    stuck = RelaySource()  # has the manifest, will never get a bucket
+    stuck.expect(1)
+    stuck.started(Staging(image.manifest))
+    store = VersionStore(keep=1, budget_bytes=1 << 30)
+    store.add(image)
+    ctx = zmq.Context()
+    try:
+        with serving(ctx, stuck) as relay, serving(ctx, store) as trainer:
+            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            t0 = time.monotonic()
+            got = rx.receive([relay, trainer], 1, None)
+            elapsed = time.monotonic() - t0
+    finally:
+        ctx.term()
+    assert got.manifest == image.manifest and rx.stats.fallbacks["source failed"] == 1
+    assert elapsed < 2.5, elapsed  # not the 5 s timeout
+
+
+@contextmanager
+def serving(ctx: zmq.Context, source: server.Source) -> Iterator[str]:
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    closing, failures = threading.Event(), []
+    loop = server.StreamServer(router, source, closing, failures.append)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        closing.set()
+        thread.join(5)
+    assert not failures
+
+
+def test_a_relay_refuses_at_once_a_version_older_than_its_own() -> None:
+    """A relay that has moved on to version 2 will never get version 1: a child still asking
+    for it must be sent on to its next source now, not held PARK_S for nothing."""
+    store = VersionStore(keep=2, budget_bytes=1 << 30)
+    ctx = zmq.Context()
+    relay = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
+    try:
+        with serving(ctx, store) as trainer:
+            for version in (1, 2):
+                store.add(synthetic(version, QUICK))
+                relay.receive(version, [trainer])
+            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            t0 = time.monotonic()
+            got = rx.receive([relay.addr, trainer], 1, None)
+            elapsed = time.monotonic() - t0
+    finally:
+        relay.close()
+        ctx.term()
+    assert got.manifest == synthetic(1, QUICK).manifest
+    assert rx.stats.fallbacks["source failed"] == 1 and elapsed < server.PARK_S / 2, elapsed
