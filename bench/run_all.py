@@ -5,7 +5,19 @@ The vLLM rows need vLLM installed (scripts/setup.sh --dev or --vllm)."""
 
 import argparse
 
-from bench import e2e, hostile, logprobs, overlap, padding, recovery, transport, vllm, weight_sync
+from bench import (
+    e2e,
+    hostile,
+    logprobs,
+    overlap,
+    padding,
+    recovery,
+    transport,
+    vllm,
+    weight_delta,
+    weight_fanout,
+    weight_sync,
+)
 from grpo.runtime.host_memory import keep_freed_memory
 
 # name -> module, in the order of the table; each module's run(quick) returns its rows
@@ -14,6 +26,8 @@ BENCHMARKS = {
     "logprobs": logprobs,
     "padding": padding,
     "weight_sync": weight_sync,
+    "weight_delta": weight_delta,
+    "weight_fanout": weight_fanout,
     "overlap": overlap,
     "e2e": e2e,
     "recovery": recovery,
