@@ -137,10 +137,7 @@ def worker(me: str, timeout_s: float) -> None:
     out.say(ready=me, addr=node.addr)
     for line in sys.stdin:  # EOF: the bench is done (or gone)
         cmd = json.loads(line)
-        if cmd["cmd"] == "expect":
-            node.expect(cmd["version"])
-            out.say(expecting=me, version=cmd["version"])
-        elif cmd["cmd"] == "receive":
+        if cmd["cmd"] == "receive":
             threading.Thread(target=_fetch, args=(out, me, node, cmd), daemon=True).start()
         elif cmd["cmd"] == "egress":
             out.say(egress=me, bytes=node.server.egress.bytes.get(cmd["version"], 0))
@@ -277,10 +274,7 @@ def sources(ids: list[str], addrs: dict[str, str], trainer: str) -> dict[str, li
 
 def announce(trainer: Trainer, rx: Receivers, ids: list[str], image: Image,
              report_after: dict[str, int]) -> float:  # fmt: skip
-    """Announce `image`'s version to `ids` (their relays park requests for it from then on),
-    publish it, have them fetch it; the time it was published."""
-    rx.send(ids, cmd="expect", version=image.version)
-    rx.wait("expecting", len(ids), 30, ids)
+    """Publish `image`, have `ids` fetch it; the time it was published."""
     t0 = time.monotonic()
     trainer.store.add(image)
     for me, chain in sources(ids, rx.addrs, trainer.addr).items():
@@ -347,8 +341,6 @@ def chaos(trainer: Trainer, rx: Receivers, n: int, version: int, shape: Shape) -
     fell_back = {e["done"]: sum(e["fallbacks"].values()) for e in done if e["fallbacks"]}
     before, parent_before = trainer.egress(version), egress(rx, parent, version)
     rx.restart(victim)
-    rx.send([victim], cmd="expect", version=version)
-    rx.wait("expecting", 1, 30, [victim])
     t1 = time.monotonic()
     rx.send([victim], cmd="receive", version=version,
             sources=sources(ids, rx.addrs, trainer.addr)[victim])  # fmt: skip

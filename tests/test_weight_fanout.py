@@ -51,7 +51,6 @@ def test_a_request_parked_past_its_time_is_refused_so_the_receiver_moves_on(monk
     monkeypatch.setattr(server, "PARK_S", 0.3)
     image = synthetic(1, QUICK)
     stuck = RelaySource()  # has the manifest, will never get a bucket
-    stuck.expect(1)
     stuck.started(Staging(image.manifest))
     store = VersionStore(keep=1, budget_bytes=1 << 30)
     store.add(image)
@@ -104,3 +103,65 @@ def test_a_relay_refuses_at_once_a_version_older_than_its_own() -> None:
         ctx.term()
     assert got.manifest == synthetic(1, QUICK).manifest
     assert rx.stats.fallbacks["source failed"] == 1 and elapsed < server.PARK_S / 2, elapsed
+
+
+def test_a_child_that_hears_of_a_version_before_its_parent_still_gets_it_from_the_parent() -> None:
+    """Announcements reach samplers at slightly different times: a child's request for a
+    version its parent has not heard of yet waits for the parent, it does not fall back to
+    the trainer (which would then send the version twice)."""
+    store = VersionStore(keep=2, budget_bytes=1 << 30)
+    ctx = zmq.Context()
+    parent = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
+    got: list = []
+    try:
+        with serving(ctx, store) as trainer:
+            store.add(synthetic(1, QUICK))
+            child = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            asking = threading.Thread(
+                target=lambda: got.append(child.receive([parent.addr, trainer], 1, None))
+            )
+            asking.start()
+            time.sleep(0.5)  # the child has asked; the parent hears of version 1 only now
+            parent.receive(1, [trainer])
+            asking.join(10)
+    finally:
+        parent.close()
+        ctx.term()
+    assert got and got[0].manifest == synthetic(1, QUICK).manifest
+    assert not child.stats.fallbacks, child.stats.fallbacks
+    assert parent.server.egress.bytes[1] >= QUICK.payload  # the child's copy came from it
+
+
+def test_children_wait_for_a_slow_relay_while_its_buckets_keep_coming(monkeypatch) -> None:
+    """A parked request expires after PARK_S with no bucket coming into the relay, not after
+    PARK_S in all: behind a slow link, whose whole version takes several PARK_S, the children
+    still get every bucket from their parent."""
+    monkeypatch.setattr(server, "PARK_S", 0.3)
+    image = synthetic(1, QUICK)
+    store = VersionStore(keep=1, budget_bytes=1 << 30)
+    store.add(image)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    trainer = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+    closing, failures = threading.Event(), []
+    slow = server.TokenBucket(QUICK.payload / 1.5)  # 1.5 s a version: 5 PARK_S
+    loop = server.StreamServer(router, store, closing, failures.append, limiter=slow)
+    serving_thread = threading.Thread(target=loop.run, daemon=True)
+    serving_thread.start()
+    parent = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
+    child, got = Receiver(ctx, None, MAX_BYTES, timeout_s=5), []
+    try:
+        asking = threading.Thread(
+            target=lambda: got.append(child.receive([parent.addr, trainer], 1, None))
+        )
+        asking.start()
+        parent.receive(1, [trainer])
+        asking.join(10)
+    finally:
+        parent.close()
+        closing.set()
+        serving_thread.join(5)
+        ctx.term()
+    assert not failures and got and got[0].manifest == image.manifest
+    assert not child.stats.fallbacks, child.stats.fallbacks
+    assert loop.egress.bytes[1] < 1.2 * QUICK.payload  # the trainer sent it once

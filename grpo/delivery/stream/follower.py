@@ -125,8 +125,6 @@ class VersionFollower:
     def _run(self) -> None:
         while (version := self._next()) is not None:
             relay = self.relay
-            if relay is not None:
-                relay.expect(version)
             addrs = sources(self.sampler_id, self.relays(), self.fanout, self.trainer_addr)
             try:
                 image = self.receiver.receive(

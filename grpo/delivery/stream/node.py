@@ -55,15 +55,10 @@ class RelayNode:
     def held(self) -> Image | None:
         return self.source.held
 
-    def expect(self, version: int) -> None:
-        """Announced: children asking for `version` before it comes are parked, not refused."""
-        self.source.expect(version)
-
     def receive(self, version: int, sources: Sequence[str], delta: bool = True) -> Image:
         """Version `version`, complete and checked, now also served to this node's children;
         ValueError if no source could give it. `delta`: ask against the version held (else
         full copies)."""
-        self.expect(version)
         image = self.receiver.receive(
             sources,
             version,

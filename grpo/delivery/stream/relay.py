@@ -47,11 +47,7 @@ class RelaySource:
         self.previous: Image | None = None  # the held one before: a base children still hold
         self.staging: Staging | None = None
         self._received: dict[int, tuple[int, list[Any]]] = {}  # index -> (base, frames)
-        self._wanted = -1  # the newest version announced: worth parking a request for
-
-    def expect(self, version: int) -> None:
-        with self._lock:
-            self._wanted = max(self._wanted, version)
+        self.progress = 0  # buckets taken in (grpo.delivery.stream.server.Source)
 
     def started(self, staging: Staging) -> None:
         with self._lock:
@@ -60,6 +56,7 @@ class RelaySource:
     def took(self, index: int, frames: list[Any], bucket: Bucket) -> None:
         with self._lock:
             self._received[index] = (bucket.base, frames)
+            self.progress += 1
 
     def finished(self, image: Image) -> None:
         with self._lock:
@@ -75,10 +72,11 @@ class RelaySource:
             return PENDING if self._coming(version) else None
 
     def _coming(self, version: int) -> bool:
-        """Whether `version` may still come here: announced, and newer than the one this relay
-        holds or is receiving (it never goes back to an older one). Lock held."""
+        """Whether `version` may still come here: newer than the one this relay holds or is
+        receiving (it never goes back to an older one). A child may hear of a version before
+        its parent does: its request waits for the parent to hear of it too. Lock held."""
         newest = [x.manifest.version for x in (self.held, self.staging) if x is not None]
-        return max(newest, default=-1) < version <= self._wanted
+        return max(newest, default=-1) < version
 
     def bucket(self, version: int, base: int, index: int) -> list[Any] | None | object:
         with self._lock:

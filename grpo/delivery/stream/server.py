@@ -9,8 +9,10 @@ relaying sampler's, over one ROUTER socket each.
 What is served comes from a `Source`: the trainer's `VersionStore` (the versions it keeps, each
 bucket encoded once per base and shared by every receiver asking with that base), or a relay's
 (grpo.delivery.stream.relay), which may hold a bucket back until it has it: the request is
-parked, not refused, for up to PARK_S. Like the file server, the loop answers every request on
-its own and survives any: a malformed one is dropped and counted.
+parked, not refused, until PARK_S pass with no bucket coming into the source (a relay still
+receiving keeps its children waiting; a stuck one lets them go to their next source). Like
+the file server, the loop answers every request on its own and survives any: a malformed one
+is dropped and counted.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ NO_BASE = "no such base"  # MISSING's reason when the receiver's base is not kep
 
 
 class Source(Protocol):
+    progress: int  # buckets taken in so far: parked requests wait while it moves
+
     def manifest(self, version: int) -> Manifest | None | object: ...
 
     def bucket(self, version: int, base: int, index: int) -> list[Any] | None | object:
@@ -79,6 +83,8 @@ class VersionStore:
     images: OrderedDict[int, Image] = field(default_factory=OrderedDict)
     _cache: dict[tuple[int, int, int], list[Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    progress = 0  # everything served is here already: nothing is ever parked
 
     def add(self, image: Image) -> None:
         with self._lock:
@@ -165,6 +171,7 @@ class StreamServer:
         self.limiter = limiter
         self.egress = Egress()
         self.parked: list[tuple[float, bytes, Message]] = []
+        self._progress = source.progress
 
     def run(self) -> None:
         try:
@@ -188,6 +195,10 @@ class StreamServer:
 
     def _retry_parked(self) -> None:
         parked, self.parked = self.parked, []
+        if parked and self.source.progress != self._progress:  # still coming: wait on
+            deadline = time.monotonic() + PARK_S
+            parked = [(deadline, identity, request) for _, identity, request in parked]
+        self._progress = self.source.progress
         for deadline, identity, request in parked:
             self._answer(identity, request, deadline)
 
