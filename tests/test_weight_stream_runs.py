@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,59 @@ def test_a_streamed_run_ends_with_the_shared_dir_runs_weights(tmp_path, tiny_mod
     b = load_file(streamed / "versions/v000003/model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_three_samplers_relay_versions_down_a_chain_and_route_around_a_killed_one(
+    tmp_path, tiny_model_dir
+):
+    """weights.fanout 1: the trainer sends each version to sampler-0, which passes it to
+    sampler-1, which passes it to sampler-2. sampler-1 is SIGKILLed once sampler-2 has a
+    version from it: sampler-2 goes up to sampler-0, and the run ends with the two left."""
+    from bench.common import kill_tree
+    from tests.test_chaos import finish, rows_of, start, wait_for
+    from tests.test_integration import tiny_config
+
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 12, "num_ranks": 1})
+    weights_addr = f"tcp://127.0.0.1:{free_port()}"
+    overrides = [*transport_overrides(timeout_s=4), "rollout.num_samplers=3",
+                 "weights.mode=stream", f"transport.weights_addr={weights_addr}",
+                 "weights.fanout=1", "weights.transfer_timeout_s=1.5"]  # fmt: skip
+    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "s0", "s1", "s2")}
+    trainer = start("trainer", config, overrides, logs["trainer"])
+    samplers = [
+        start(
+            "sampler",
+            config,
+            [*overrides, f"rollout.sampler_index={i}", f"rollout.sampler_id=sampler-{i}"],
+            logs[f"s{i}"],
+        )  # fmt: skip
+        for i in range(3)
+    ]
+
+    def received(role: str) -> list[tuple[int, str, int]]:
+        found = RECEIVED.findall(logs[role].read_text())
+        return [(int(v), addr, int(n)) for v, addr, n in found]
+
+    wait_for(lambda: received("s2"), "sampler-2's first version", [trainer, *samplers])
+    kill_tree(samplers[1])
+    finish([trainer, samplers[0], samplers[2]], timeout=400)
+    text = {r: p.read_text() for r, p in logs.items()}
+    for proc, role in ((trainer, "trainer"), (samplers[0], "s0"), (samplers[2], "s2")):
+        assert proc.returncode == 0, text[role][-3000:]
+    got = {role: received(role) for role in ("s0", "s1", "s2")}
+    assert {addr for _, addr, _ in got["s0"]} == {weights_addr}  # the root of the chain
+    relay_of_s0 = {addr for _, addr, _ in got["s1"]}  # sampler-1 had everything from sampler-0
+    assert len(relay_of_s0) == 1 and weights_addr not in relay_of_s0, got["s1"]
+    relay_of_s1 = got["s2"][0][1]
+    assert relay_of_s1 not in relay_of_s0 | {weights_addr}, got["s2"]  # from sampler-1 first,
+    assert {addr for _, addr, _ in got["s2"][1:]} & relay_of_s0, got["s2"]  # then sampler-0
+    # The trainer sent each version before the kill once (to sampler-0), not once a sampler.
+    served = dict(re.findall(r"version (\d+): (\d+) bytes", text["trainer"]))
+    first = got["s1"][0][0]
+    s0_bytes = next(n for v, _, n in got["s0"] if v == first)
+    assert int(served[str(first)]) <= 1.2 * s0_bytes, (served, got["s0"])
+    assert rows_of(tmp_path / "runs" / "tiny")[-1]["step"] == 12
+
+
+RECEIVED = re.compile(r"weights: version (\d+) from (\S+) \((\d+) bytes\)")

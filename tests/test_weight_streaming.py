@@ -185,3 +185,35 @@ def test_a_store_keeps_the_newest_within_its_budget() -> None:
     with pytest.raises(KeyError):
         store.bucket(4, 1, 0)
     assert store.bucket(4, FULL_COPY, 0) is not None and store.bucket(9, FULL_COPY, 0) is None
+
+
+def test_adapter_state_names_and_shares_what_peft_saves(tiny_model_dir) -> None:
+    """The trainer publishes and the sampler loads the adapter by adapter_state's names: they
+    must be peft's own (what save_pretrained writes, what a shared-dir sampler reads)."""
+    import torch
+    from peft import get_peft_model_state_dict
+
+    from grpo.config import LoraConfig
+    from grpo.models.loading import adapter_state, apply_lora, load_causal_lm
+
+    model = apply_lora(load_causal_lm(tiny_model_dir), LoraConfig(enabled=True))
+    ours, peft = adapter_state(model), get_peft_model_state_dict(model)
+    assert list(ours) == list(peft) and all(torch.equal(ours[k], peft[k]) for k in peft)
+    name = next(iter(ours))
+    ours[name].add_(1.0)  # a view of the parameter itself: loading into it loads the model
+    assert torch.equal(get_peft_model_state_dict(model)[name], ours[name])
+
+
+def test_copy_state_refuses_a_mismatch_before_copying_anything() -> None:
+    import torch
+
+    from grpo.models.loading import copy_state
+
+    targets = {"a": torch.zeros(2), "b": torch.zeros(3)}
+    with pytest.raises(RuntimeError, match=r"other shapes \['b'\]"):
+        copy_state(targets, {"a": torch.ones(2), "b": torch.ones(4)}, set(), "version 3")
+    with pytest.raises(RuntimeError, match=r"missing \['b'\], unexpected \['c'\]"):
+        copy_state(targets, {"a": torch.ones(2), "c": torch.ones(3)}, set(), "version 3")
+    assert not targets["a"].any()  # all or nothing: not even the tensor that fitted
+    copy_state(targets, {"a": torch.ones(2)}, {"b"}, "version 3")  # b may be missing: tied
+    assert targets["a"].all()

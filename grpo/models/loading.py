@@ -3,6 +3,7 @@ converted once by grpo.models.convert)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -67,6 +68,42 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, peft_cfg)
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A peft model's LoRA tensors under the names peft saves them with (what
+    get_peft_model_state_dict gives for model.lora's settings, without walking the whole
+    model's state dict: 2.6 ms against 35 for SmolLM2-135M), sharing the parameters' memory."""
+    adapter = f".{model.active_adapter}."
+    return {
+        name.replace(adapter, "."): p.detach()
+        for name, p in model.named_parameters()
+        if "lora_" in name
+    }
+
+
+def copy_state(
+    targets: Mapping[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    tied: set[str],
+    what: str,
+) -> None:
+    """Copy `state` into `targets` (views of a model's tensors: its state_dict, or
+    adapter_state), in place, all or nothing: a missing or unexpected name or another shape is
+    refused (RuntimeError) before anything is copied. `tied`: names that may be missing (they
+    share another tensor's memory)."""
+    missing = sorted(set(targets) - set(state) - tied)
+    unexpected = sorted(set(state) - set(targets))
+    shapes = sorted(n for n in set(state) & set(targets) if state[n].shape != targets[n].shape)
+    if missing or unexpected or shapes:
+        raise RuntimeError(
+            f"{what} does not match the policy: missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}, other shapes {shapes[:3]} (the same model and model.lora on "
+            "both roles?)"
+        )
+    with torch.no_grad():
+        for name, tensor in state.items():
+            targets[name].copy_(tensor)
 
 
 def params_partitioned(module: torch.nn.Module) -> bool:

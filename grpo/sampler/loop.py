@@ -73,20 +73,21 @@ class Sampler:
         self.engine = engine = self.make_engine(endpoint.stopped)
         self.weights.connect(endpoint, engine)
         signalled = _stop_on_signals(endpoint)
+        failed = ""
         try:
             self.loop(engine, endpoint)
-            if endpoint.status.done:
-                endpoint.finish()
-                log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
-                endpoint.close()
-                return 0
-            reason = endpoint.status.stop_reason or "stopped"
-        except PeerError as e:
-            reason = endpoint.status.stop_reason or str(e)
+        except PeerError as e:  # also a generation cut short because the run is done
+            failed = str(e)
         except BaseException as e:
             endpoint.stop(f"crashed: {type(e).__name__}: {e}")
             endpoint.close()
             raise
+        if endpoint.status.done:
+            endpoint.finish()
+            log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
+            endpoint.close()
+            return 0
+        reason = endpoint.status.stop_reason or failed or "stopped"
         endpoint.stop(reason)
         endpoint.close()
         log.error("sampler stopping: %s", reason)

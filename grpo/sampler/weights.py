@@ -17,7 +17,7 @@ from grpo.delivery.sampler_endpoint import SamplerEndpoint
 from grpo.delivery.stream.follower import VersionFollower
 from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
 from grpo.delivery.versions import is_adapter, load_state_dict
-from grpo.models.loading import apply_lora, load_causal_lm
+from grpo.models.loading import adapter_state, apply_lora, copy_state, load_causal_lm
 from grpo.rollout.base import RolloutEngine
 from grpo.runtime.placement import sampler_memory_fraction
 from grpo.runtime.progress import ACTIVITY, RECEIVING
@@ -77,6 +77,7 @@ class Weights:
         # Versions that could not be loaded (fetch failed, files failed their checksums), and why.
         self.failed_reloads: dict[int, str] = {}
         self.follower: VersionFollower | None = None  # weights.mode: stream
+        self._targets: dict[str, torch.Tensor] | None = None  # the policy's tensors, to load into
 
     def hf_policy(self) -> torch.nn.Module:
         """The HF policy (loaded on first use), which the sampler keeps at its version."""
@@ -95,7 +96,10 @@ class Weights:
         self.endpoint, self.engine = endpoint, engine
         if weights_mode(self.cfg) == "stream":
             status, channel = endpoint.status, endpoint.channel
-            several = self.cfg.rollout.num_samplers > 1
+            several, lora = self.cfg.rollout.num_samplers > 1, self.cfg.model.lora.enabled
+            seed = None  # version 0, the first delta's base (without an HF policy: full copies)
+            if self.policy is not None:
+                seed = image_from_state(0, self.policy_tensors(lora), 1 << 26, lora)
             self.follower = VersionFollower(
                 self.cfg,
                 channel.ctx,
@@ -103,12 +107,10 @@ class Weights:
                 channel.secure,
                 relays=lambda: status.relays,
                 announced=(lambda: status.version) if several else None,
+                seed=seed,
             )
             channel.relay_address = self.follower.address
             endpoint.before_close.append(self.follower.close)
-            if self.policy is not None:  # version 0, the first delta's base
-                self.follower.seed(image_from_state(0, self.policy.state_dict(), 1 << 26,
-                                                    self.cfg.model.lora.enabled))  # fmt: skip
 
     def reload(self, version: int) -> None:
         """Load published version `version` into the HF policy and the engine (if any).
@@ -179,25 +181,20 @@ class Weights:
     def load_into_policy(self, vdir: Path) -> None:
         self.load_state(load_state_dict(vdir), is_adapter(vdir), str(vdir))
 
-    def load_state(self, state: dict[str, torch.Tensor], adapter: bool, what: str) -> None:
-        """Full weights or a LoRA adapter's into the HF policy (copied into its parameters)."""
-        assert self.policy is not None
-        if adapter:
-            from peft import set_peft_model_state_dict
+    def policy_tensors(self, adapter: bool) -> dict[str, torch.Tensor]:
+        """The HF policy's tensors (the adapter's alone with LoRA) by their published names,
+        sharing its memory: found once, loaded into at every version."""
+        if self._targets is None:
+            policy = self.hf_policy()
+            self._targets = adapter_state(policy) if adapter else policy.state_dict()
+        return self._targets
 
-            result = set_peft_model_state_dict(self.policy, state)
-            if result.unexpected_keys:
-                raise RuntimeError(
-                    f"{what} holds adapter weights this sampler's LoRA does not have "
-                    f"({result.unexpected_keys[:3]}...): use the same model.lora on both roles"
-                )
-        else:
-            missing, unexpected = self.policy.load_state_dict(state, strict=False)
-            tied = set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
-            if unexpected or set(missing) - tied:
-                raise RuntimeError(
-                    f"{what} does not match the policy: missing {missing}, unexpected {unexpected}"
-                )
+    def load_state(self, state: dict[str, torch.Tensor], adapter: bool, what: str) -> None:
+        """Full weights or a LoRA adapter's into the HF policy, copied into its tensors in
+        place, all or nothing (a mismatch is refused before any copy)."""
+        assert self.policy is not None
+        tied = set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
+        copy_state(self.policy_tensors(adapter), state, set() if adapter else tied, what)
 
     def wait_for_version(self, needed: Callable[[], int]) -> None:
         """Wait until the trainer published `needed()` (the staleness bound, which moves as

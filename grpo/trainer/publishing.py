@@ -20,6 +20,7 @@ from grpo.config.checks import weights_mode
 from grpo.delivery.stream.image import Image
 from grpo.delivery.stream.server import VersionStore
 from grpo.delivery.stream.torch_bits import image_from_state
+from grpo.models.loading import adapter_state
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,7 @@ def _state(module: Any, lora: bool, state: dict | None) -> dict[str, Any]:
     if state is not None:
         return state
     if lora:
-        from peft import get_peft_model_state_dict
-
-        return get_peft_model_state_dict(module)  # the names save_pretrained gives the adapter
+        return adapter_state(module)  # the names save_pretrained gives the adapter
     return module.state_dict()
 
 

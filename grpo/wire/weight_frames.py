@@ -20,6 +20,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import msgpack
@@ -78,7 +79,7 @@ class Manifest:
     buckets: tuple[tuple[int, int], ...]
     adapter: bool  # a LoRA adapter's tensors, not the whole model's
 
-    @property
+    @cached_property
     def digest(self) -> int:
         """The version's identity: the checksum of its tensors' digests, in order."""
         return checksum([np.array([s.digest for s in self.specs], np.uint64)])

@@ -82,6 +82,8 @@ class Receiver:
         self.ctx, self.secure, self.max_bytes = ctx, secure, max_bytes
         self.timeout_s, self.window, self.delta = timeout_s, window, delta
         self.stats = SyncStats()
+        self.source = ""  # where the last version came from
+        self.passed_over: list[str] = []  # the sources that failed it
 
     def receive(
         self,
@@ -90,15 +92,18 @@ class Receiver:
         held: Image | None,
         sink: BucketSink | None = None,
         staged: Callable[[Staging], None] | None = None,
+        newer: bool = False,
     ) -> Image:
-        """Version `version`, complete and checked; ValueError naming each source's failure.
-        `held`: the version this receiver has (the delta base). `staged(staging)` is called once
-        the manifest is known, `sink` with each bucket taken in."""
+        """Version `version` (`newer`: or the newest a source has after it), complete and
+        checked; ValueError naming each source's failure. `held`: the version this receiver
+        has (the delta base). `staged(staging)` is called once the manifest is known, `sink`
+        with each bucket taken in."""
         t0, staging, failures = time.monotonic(), None, []
+        self.passed_over = []
         for addr in sources:
             sock = self._connect(addr)
             try:
-                manifest = self._manifest(sock, addr, version)
+                manifest = self._manifest(sock, addr, version, newer)
                 if staging is None or staging.manifest.digest != manifest.digest:
                     staging = Staging(manifest)  # another incarnation's version v: start over
                     if staged is not None:
@@ -110,6 +115,7 @@ class Receiver:
                 image = staging.finish()
             except SourceFailed as e:
                 failures.append(f"{addr}: {e}")
+                self.passed_over.append(addr)
                 if addr != sources[-1]:
                     self.stats.fell_back("source failed", failures[-1])
                 continue
@@ -117,6 +123,7 @@ class Receiver:
                 sock.close()
             self.stats.versions += 1
             self.stats.seconds += time.monotonic() - t0
+            self.source = addr
             return image
         raise ValueError(f"could not receive version {version}: " + "; ".join(failures))
 
@@ -138,8 +145,8 @@ class Receiver:
             raise SourceFailed(f"nothing for {self.timeout_s:g} s (weights.transfer_timeout_s)")
         return None
 
-    def _manifest(self, sock: zmq.Socket, addr: str, version: int) -> Manifest:
-        self._ask(sock, MANIFEST, version=version)
+    def _manifest(self, sock: zmq.Socket, addr: str, version: int, newer: bool) -> Manifest:
+        self._ask(sock, MANIFEST, version=version, newer=newer)
         since = time.monotonic()
         while (frames := self._recv(sock, addr, since)) is None:
             pass
@@ -152,7 +159,7 @@ class Receiver:
             manifest = Manifest.from_body(reply.body, self.max_bytes)
         except FrameError as e:
             raise SourceFailed(f"a bad manifest: {e}") from None
-        if manifest.version != version:
+        if manifest.version < version or (manifest.version > version and not newer):
             raise SourceFailed(f"it sent the manifest of version {manifest.version}")
         return manifest
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -26,6 +27,8 @@ from grpo.delivery.stream.server import StreamServer
 from grpo.wire.channels import SocketLimits, check_listening, new_socket
 
 log = logging.getLogger("grpo.sampler")
+
+PASS_OVER_S = 30.0
 
 
 def advertised(bound: str, host: str) -> str:
@@ -46,16 +49,21 @@ class VersionFollower:
         secure: Callable[[zmq.Socket], None] | None,
         relays: Callable[[], dict[str, str]],
         announced: Callable[[], int] | None,
+        seed: Image | None = None,
     ):
         """`relays()`: the live samplers' relay addresses (from the trainer's heartbeats);
-        `announced()`: the newest version out, with relays on (None: a lone sampler)."""
+        `announced()`: the newest version out, with relays on (None: a lone sampler); `seed`:
+        the weights this sampler starts with, the base of its first delta and of its
+        children's (if the trainer's version 0 has other bits, that delta fails its checksums:
+        full copies)."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
         self.receiver = Receiver(
             ctx, secure, t.max_version_bytes, w.transfer_timeout_s, w.window, w.delta
         )
-        self.held: Image | None = None
+        self.held: Image | None = seed
+        self._passed_over: dict[str, float] = {}  # relay -> when it last failed a version
         self.failed: dict[int, str] = {}
         self._target = -1
         self._cond = threading.Condition()
@@ -65,6 +73,8 @@ class VersionFollower:
         self._server: threading.Thread | None = None
         if announced is not None and w.fanout > 0:
             self._serve(cfg, ctx, secure)
+        if self.relay is not None and seed is not None:
+            self.relay.finished(seed)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -85,13 +95,6 @@ class VersionFollower:
         # The samplers below route around a relay that stopped serving; this one samples on.
         log.error("sampler %s stops relaying: %s", self.sampler_id, why)
 
-    def seed(self, image: Image) -> None:
-        """The weights this sampler starts with, as the base of its first delta (if the
-        trainer's version 0 has other bits, that delta fails its checksums: full copies)."""
-        with self._cond:
-            if self.held is None:
-                self.held = image
-
     def want(self, version: int) -> None:
         with self._cond:
             self._target = version
@@ -99,14 +102,16 @@ class VersionFollower:
 
     def image(self, version: int) -> Image | None:
         """The held version if it is `version` (or, with relays, newer); raises ValueError if
-        receiving it failed."""
+        receiving it failed (with relays: and no newer version is out to receive instead; the
+        sources may have moved past a version while a dead relay was waited out)."""
         with self._cond:
             held = self.held
             if held is not None and (
                 held.version == version or (self.announced and held.version > version)
             ):
                 return held
-            if version in self.failed:
+            newer = self.announced is not None and self.announced() > version
+            if version in self.failed and not newer:
                 raise ValueError(self.failed[version])
             return None
 
@@ -125,26 +130,43 @@ class VersionFollower:
     def _run(self) -> None:
         while (version := self._next()) is not None:
             relay = self.relay
-            addrs = sources(self.sampler_id, self.relays(), self.fanout, self.trainer_addr)
+            before = self.receiver.stats.bytes
             try:
                 image = self.receiver.receive(
-                    addrs,
+                    self._sources(),
                     version,
                     self.held,
                     sink=relay.took if relay is not None else None,
                     staged=relay.started if relay is not None else None,
+                    newer=self.announced is not None,  # a relay may have moved past `version`
                 )
             except Exception as e:  # noqa: BLE001 - the sampler must hear why, not hang
                 with self._cond:
                     self.failed[version] = str(e) if isinstance(e, ValueError) else repr(e)
                     self._cond.notify_all()
                 continue
+            finally:
+                now = time.monotonic()
+                self._passed_over.update((addr, now) for addr in self.receiver.passed_over)
             if relay is not None:
                 relay.finished(image)
+            got = self.receiver.stats.bytes - before
+            log.info(
+                "weights: version %d from %s (%d bytes)", image.version, self.receiver.source, got
+            )
             with self._cond:
                 self.held = image
                 self.failed.pop(version, None)
                 self._cond.notify_all()
+
+    def _sources(self) -> list[str]:
+        """The relays up the tree, nearest first, then the trainer; a relay that failed a
+        version in the last PASS_OVER_S goes after the others (it may be dead: the trainer
+        drops it from the tree only after transport.timeout_s of silence)."""
+        *ups, trainer = sources(self.sampler_id, self.relays(), self.fanout, self.trainer_addr)
+        now = time.monotonic()
+        recent = {a for a, t in self._passed_over.items() if now - t < PASS_OVER_S}
+        return [*(a for a in ups if a not in recent), *(a for a in ups if a in recent), trainer]
 
     def close(self) -> None:
         self._closing.set()

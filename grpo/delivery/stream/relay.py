@@ -63,12 +63,15 @@ class RelaySource:
             self.previous, self.held = self.held, image
             self.staging, self._received = None, {}
 
-    def manifest(self, version: int) -> Manifest | None | object:
+    def manifest(self, version: int, newer: bool = False) -> Manifest | None | object:
+        """The held version's, else the one coming in (bucket by bucket), if it is `version`
+        or (`newer`) after it."""
         with self._lock:
-            if self.held is not None and self.held.version == version:
-                return self.held.manifest
-            if self.staging is not None and self.staging.manifest.version == version:
-                return self.staging.manifest
+            for have in (self.held, self.staging):
+                if have is not None and (
+                    have.manifest.version == version or (newer and have.manifest.version > version)
+                ):
+                    return have.manifest
             return PENDING if self._coming(version) else None
 
     def _coming(self, version: int) -> bool:

@@ -47,7 +47,10 @@ NO_BASE = "no such base"  # MISSING's reason when the receiver's base is not kep
 class Source(Protocol):
     progress: int  # buckets taken in so far: parked requests wait while it moves
 
-    def manifest(self, version: int) -> Manifest | None | object: ...
+    def manifest(self, version: int, newer: bool = False) -> Manifest | None | object:
+        """Version `version`'s manifest (`newer`: or of the newest version after it), None
+        (cannot serve it) or PENDING."""
+        ...
 
     def bucket(self, version: int, base: int, index: int) -> list[Any] | None | object:
         """The bucket's frames, None (cannot serve it) or PENDING. With a base it does not hold,
@@ -104,9 +107,12 @@ class VersionStore:
         with self._lock:
             return next(reversed(self.images.values()), None)
 
-    def manifest(self, version: int) -> Manifest | None:
+    def manifest(self, version: int, newer: bool = False) -> Manifest | None:
         with self._lock:
             image = self.images.get(version)
+            newest = next(reversed(self.images.values()), None)
+        if newer and newest is not None and newest.version > version:
+            image = newest
         return image.manifest if image is not None else None
 
     def bucket(self, version: int, base: int, index: int) -> list[Any] | None:
@@ -226,7 +232,7 @@ class StreamServer:
             self.egress.refused += 1
             return [MESSAGE_TAG, *_missing("bad request")]
         if request.kind == MANIFEST:
-            manifest = self.source.manifest(version)
+            manifest = self.source.manifest(version, body.get("newer") is True)
             if manifest is PENDING:
                 return PENDING
             if not isinstance(manifest, Manifest):
