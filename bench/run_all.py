@@ -16,6 +16,7 @@ from bench import (
     vllm,
     weight_delta,
     weight_fanout,
+    weight_stream,
     weight_sync,
 )
 from grpo.runtime.host_memory import keep_freed_memory
@@ -26,6 +27,7 @@ BENCHMARKS = {
     "logprobs": logprobs,
     "padding": padding,
     "weight_sync": weight_sync,
+    "weight_stream": weight_stream,
     "weight_delta": weight_delta,
     "weight_fanout": weight_fanout,
     "overlap": overlap,

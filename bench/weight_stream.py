@@ -1,0 +1,267 @@
+"""Weight sync in weights.mode stream: from the trainer's optimizer step to the sampler holding
+the new version in its model, against the limit of the same bytes measured in the same run.
+
+Two processes, as the roles run: the trainer (this process) takes an AdamW step at the demo's
+learning rate, copies its weights into a version image (grpo.delivery.stream), adds it to its
+VersionStore and tells the sampler, which receives it over a real ZeroMQ socket on loopback TCP
+from the trainer's StreamServer thread (manifest, then checksummed buckets, a window in
+flight), checks every tensor, and copies it into its HF model's tensors (as the sampler's
+Weights.load_state does). The clock stops when the sampler's model holds it.
+
+The limit: the same bytes copied once in memory (the trainer's host copy), sent once over the
+same loopback in frames of the same bucket size (ZeroMQ PUSH to PULL, zero-copy, between the
+same two processes) and copied once more (the load into the model). Measured in this run,
+best of 3 each.
+
+Rows (median of the repetitions, spread in the notes):
+- weight_stream_sync_full: the embedded model's full weights (float32, as the CPU trainer
+  holds them), sent as full copies (`weights.delta: false`); the same sync with deltas in the
+  notes (what it sends, what it costs);
+- weight_stream_sync_lora: the LoRA adapter alone (model.lora of the demo), full copies;
+  deltas in the notes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import Result, machine, quiet_hf, report
+
+TARGET = 0.5  # issue 30: within 2x of the limit of the same bytes
+TIMEOUT_S = 60.0
+
+
+def _model(path: Path, lora: bool) -> Any:
+    from grpo.config import load_config
+    from grpo.models.loading import apply_lora, load_causal_lm
+
+    model = load_causal_lm(path)
+    if lora:
+        model = apply_lora(model, load_config(_demo_config()).model.lora)
+    return model
+
+
+def _demo_config() -> Path:
+    from bench.common import REPO
+
+    return REPO / "configs" / "cpu_demo.yaml"
+
+
+def _state(model: Any, lora: bool) -> dict[str, Any]:
+    """What the trainer publishes (grpo.trainer.publishing), what the sampler loads into."""
+    from grpo.models.loading import adapter_state
+
+    return adapter_state(model) if lora else model.state_dict()
+
+
+def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
+    """The sampler's side: receives what the trainer says, answers with the clock at the end."""
+    import torch
+    import zmq
+
+    from grpo.delivery.stream.client import Receiver
+    from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
+    from grpo.models.loading import copy_state
+
+    torch.set_num_threads(1)
+    quiet_hf()
+    model = _model(path, lora).eval()
+    ctx = zmq.Context()
+    receiver = Receiver(ctx, None, max_bytes, TIMEOUT_S)
+    targets = _state(model, lora)
+    held = image_from_state(0, targets, 1 << 26, lora)  # version 0, as seeded
+    conn.send("ready")
+    while (order := conn.recv()) is not None:
+        kind, addr, arg = order
+        if kind == "limit":  # arg: the bytes to take in
+            pull = ctx.socket(zmq.PULL)
+            pull.connect(addr)
+            conn.send("connected")
+            got = 0
+            while got < arg:
+                got += len(pull.recv(copy=False).buffer)
+            conn.send(time.perf_counter())
+            pull.close(linger=0)
+            continue
+        version, delta = arg
+        bytes_before = receiver.stats.bytes
+        image = receiver.receive([addr], version, held if delta else None)
+        copy_state(targets, state_from_image(image), {"lm_head.weight"}, "the version")
+        held = image
+        conn.send((time.perf_counter(), receiver.stats.bytes - bytes_before))
+    ctx.term()
+
+
+def _answer(conn: Any, proc: Any) -> Any:
+    """The sampler process's next answer; RuntimeError if it died or fell silent."""
+    deadline = time.monotonic() + 300
+    while not conn.poll(0.5):
+        if not proc.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the sampler process ended or hung (exit code {proc.exitcode})")
+    return conn.recv()
+
+
+def _copy_s(nbytes: int) -> float:
+    """One memory copy of nbytes, best of 3."""
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _loopback_s(ctx: Any, conn: Any, proc: Any, nbytes: int, frame: int) -> float:
+    """nbytes over loopback TCP to the sampler process, in frames of `frame` bytes, best of 3."""
+    import zmq
+
+    payload = np.random.default_rng(1).integers(0, 255, min(frame, nbytes), dtype=np.uint8)
+    best = float("inf")
+    for _ in range(3):
+        push = ctx.socket(zmq.PUSH)
+        port = push.bind_to_random_port("tcp://127.0.0.1")
+        conn.send(("limit", f"tcp://127.0.0.1:{port}", nbytes))
+        assert _answer(conn, proc) == "connected"
+        time.sleep(0.2)  # the connection is up before the clock starts
+        t0, sent = time.perf_counter(), 0
+        while sent < nbytes:
+            push.send(payload[: min(frame, nbytes - sent)], copy=False)
+            sent += min(frame, nbytes - sent)
+        best = min(best, _answer(conn, proc) - t0)
+        push.close(linger=0)
+    return best
+
+
+class _Trainer:
+    """The trainer's side: a model with its optimizer, a VersionStore and its StreamServer."""
+
+    def __init__(self, path: Path, lora: bool, ctx: Any):
+        import torch
+        import zmq
+
+        from grpo.config import load_config
+        from grpo.delivery.stream.server import StreamServer, VersionStore
+        from grpo.delivery.stream.torch_bits import image_from_state
+        from grpo.models.loading import load_tokenizer
+
+        cfg = load_config(_demo_config())
+        self.lora, self.bucket_bytes = lora, int(cfg.weights.bucket_mb * 2**20)
+        self.model = _model(path, lora).train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
+        question = "Natalia sold clips to 48 of her friends in April. How many clips? #### 72"
+        self.batch = load_tokenizer(path)([question] * 2, return_tensors="pt")
+        self.batch["labels"] = self.batch["input_ids"].clone()
+        self.store = VersionStore(keep=2, budget_bytes=1 << 34, delta=True)
+        self.store.add(image_from_state(0, _state(self.model, lora), self.bucket_bytes, lora))
+        router = ctx.socket(zmq.ROUTER)
+        self.addr = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+        self.closing, self.failures = threading.Event(), []
+        server = StreamServer(router, self.store, self.closing, self.failures.append)
+        self.thread = threading.Thread(target=server.run, daemon=True)
+        self.thread.start()
+        self.version = 0
+
+    def step(self) -> None:
+        self.model(**self.batch).loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def sync(self, conn: Any, proc: Any, delta: bool) -> tuple[float, int, int]:
+        """Seconds from after the step to the sampler holding the version; bytes sent, full."""
+        from grpo.delivery.stream.torch_bits import image_from_state
+
+        self.step()
+        self.version += 1
+        t0 = time.perf_counter()
+        image = image_from_state(
+            self.version, _state(self.model, self.lora), self.bucket_bytes, self.lora
+        )
+        self.store.add(image)
+        conn.send(("version", self.addr, (self.version, delta)))
+        done, sent = _answer(conn, proc)
+        assert not self.failures, self.failures
+        return done - t0, sent, sum(a.nbytes for a in image.arrays.values())
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join(5)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
+
+
+def _case(path: Path, lora: bool, reps: int) -> tuple[float, float, str]:
+    """(limit, ours, notes): full copies and deltas alternated, `reps` of each."""
+    import torch
+    import zmq
+
+    torch.set_num_threads(1)
+    ctx = zmq.Context()
+    trainer = _Trainer(path, lora, ctx)
+    nbytes = sum(a.nbytes for a in trainer.store.newest.arrays.values())
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=_sampler, args=(child, path, lora, 1 << 40))
+    proc.start()
+    child.close()  # the sampler's end: its death must not leave a reader waiting on it
+    try:
+        assert _answer(parent, proc) == "ready"
+        copy = _copy_s(nbytes)
+        wire = _loopback_s(ctx, parent, proc, nbytes, trainer.bucket_bytes)
+        full, delta, shares = [], [], []
+        for _ in range(reps):
+            seconds, sent, whole = trainer.sync(parent, proc, delta=False)
+            full.append(seconds)
+            seconds, sent, whole = trainer.sync(parent, proc, delta=True)
+            delta.append(seconds)
+            shares.append(sent / whole)
+        parent.send(None)
+        proc.join(30)
+    finally:
+        trainer.close()
+        if proc.is_alive():
+            proc.kill()
+        ctx.term()
+    limit = 2 * copy + wire
+    what = "LoRA adapter" if lora else "full weights"
+    notes = (
+        f"{what}, {nbytes / 1e6:.1f} MB float32 in buckets of {trainer.bucket_bytes >> 20} MiB; "
+        f"full copies {_spread(full)}; limit {limit:.3f} s = copy {copy:.3f} s x 2 + loopback "
+        f"{wire:.3f} s ({nbytes / wire / 1e9:.2f} GB/s); with deltas {_spread(delta)}, sending "
+        f"a median {statistics.median(shares):.3f} of the bytes (ratio to the limit "
+        f"{limit / statistics.median(delta):.2f}); {reps} repetitions each, alternated; sampler "
+        "and trainer one thread each, separate processes"
+    )
+    return limit, statistics.median(full), notes
+
+
+def run(quick: bool = False) -> list[Result]:
+    from grpo.models.convert import ensure_embedded_base
+    from tests.tiny_model import build_tiny_model
+
+    quiet_hf()
+    base = ensure_embedded_base()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_model(Path(tmp) / "tiny", base) if quick else base
+        for name, lora in (("full", False), ("lora", True)):
+            limit, ours, notes = _case(path, lora, 2 if quick else 5)
+            row = Result(f"weight_stream_sync_{name}", "s", limit, ours, "baseline/ours",
+                         TARGET, machine(), notes, quick)  # fmt: skip
+            rows.append(report(row))
+    return rows
+
+
+if __name__ == "__main__":
+    run()
