@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -36,6 +37,10 @@ def test_a_streamed_run_ends_with_the_shared_dir_runs_weights(tmp_path, tiny_mod
     # Every version came from the trainer's memory, none through a version dir...
     assert "version 0 -> 1" in log and "version 1 -> 2" in log and "(streamed)" in log
     assert "fetched version" not in log and "falling back" not in log
+    rows = [json.loads(x) for x in (streamed / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        rows[-1]["sampler_weights_fallbacks"] == 0 and rows[-1]["sampler_weights_received_mb"] > 0
+    )
     versions = sorted(p.name for p in (streamed / "versions").iterdir())
     assert versions == ["v000003"]  # weights.save_interval 0: the last version's dir only
     # ... and sampled exactly what the shared-dir run sampled: the same final weights.

@@ -117,6 +117,7 @@ class BatchMaker:
             "peak_mem_gib": peak_memory_gib(),
             # Reward calls timed out, workers killed and replaced: totals so far.
             **self.rewards.stats(),
+            **self.weights.stream_stats(),
         }
         version = self.weights.version
         return EpisodeBatch(episodes, cfg.group_size, version, seq, cfg.sampler_id, stats)

@@ -178,6 +178,16 @@ class Weights:
                  self.version, image.version, self.reload_s)  # fmt: skip
         self.version = image.version
 
+    def stream_stats(self) -> dict[str, float]:
+        """weights.mode: stream: bytes received and fallbacks, totals so far (else nothing)."""
+        if self.follower is None:
+            return {}
+        stats = self.follower.receiver.stats
+        return {
+            "weights_received_mb": stats.bytes / 2**20,
+            "weights_fallbacks": float(sum(stats.fallbacks.values())),
+        }
+
     def load_into_policy(self, vdir: Path) -> None:
         self.load_state(load_state_dict(vdir), is_adapter(vdir), str(vdir))
 
