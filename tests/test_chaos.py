@@ -158,15 +158,21 @@ def kill_and_restart(
 
 
 @pytest.mark.xdist_group("crash_tests")  # with the others, so straight_run runs once
+@pytest.mark.parametrize("weights", ["shared_dir", "stream"])
 def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_once(
-    tmp_path, tiny_model_dir, straight_run
+    tmp_path, tiny_model_dir, straight_run, weights
 ):
     """One run, two crashes (each had a run of its own before): after step 3 (the state of
     step 2 saved, batch 2 trained but not durable) the trainer's launcher is SIGKILLed and
     started again, both ranks' ZeRO-2 shards resumed; after step 5 the sampler is SIGKILLed and
     restarted with --resume. Every batch is trained exactly once, the dataset goes on with no
-    repeat and no gap, and the run ends where the straight one does."""
+    repeat and no gap, and the run ends where the straight one does. With versions on disk
+    (the straight run's way) and streamed from the trainer's memory, which a restarted
+    trainer refills from its saved state."""
     config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    if weights == "stream":
+        addr = f"tcp://127.0.0.1:{free_port()}"
+        overrides = [*overrides, "weights.mode=stream", f"transport.weights_addr={addr}"]
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     procs = {role: start(role, config, overrides, logs[role]) for role in logs}
     restart = {"trainer": [], "sampler": ["--resume"]}
