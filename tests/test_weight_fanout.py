@@ -8,8 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import zmq
 
@@ -21,6 +19,7 @@ from grpo.delivery.stream.node import RelayNode
 from grpo.delivery.stream.relay import RelaySource
 from grpo.delivery.stream.server import VersionStore
 from tests.conftest import REPO
+from tests.test_weight_streaming import serving
 
 
 def test_a_receivers_process_does_not_import_torch() -> None:
@@ -56,7 +55,7 @@ def test_a_request_parked_past_its_time_is_refused_so_the_receiver_moves_on(monk
     store.add(image)
     ctx = zmq.Context()
     try:
-        with serving(ctx, stuck) as relay, serving(ctx, store) as trainer:
+        with serving(stuck, ctx) as relay, serving(store, ctx) as trainer:
             rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
             t0 = time.monotonic()
             got = rx.receive([relay, trainer], 1, None)
@@ -67,22 +66,6 @@ def test_a_request_parked_past_its_time_is_refused_so_the_receiver_moves_on(monk
     assert elapsed < 2.5, elapsed  # not the 5 s timeout
 
 
-@contextmanager
-def serving(ctx: zmq.Context, source: server.Source) -> Iterator[str]:
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    closing, failures = threading.Event(), []
-    loop = server.StreamServer(router, source, closing, failures.append)
-    thread = threading.Thread(target=loop.run, daemon=True)
-    thread.start()
-    try:
-        yield f"tcp://127.0.0.1:{port}"
-    finally:
-        closing.set()
-        thread.join(5)
-    assert not failures
-
-
 def test_a_relay_refuses_at_once_a_version_older_than_its_own() -> None:
     """A relay that has moved on to version 2 will never get version 1: a child still asking
     for it must be sent on to its next source now, not held PARK_S for nothing."""
@@ -90,7 +73,7 @@ def test_a_relay_refuses_at_once_a_version_older_than_its_own() -> None:
     ctx = zmq.Context()
     relay = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
     try:
-        with serving(ctx, store) as trainer:
+        with serving(store, ctx) as trainer:
             for version in (1, 2):
                 store.add(synthetic(version, QUICK))
                 relay.receive(version, [trainer])
@@ -114,7 +97,7 @@ def test_a_child_that_hears_of_a_version_before_its_parent_still_gets_it_from_th
     parent = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
     got: list = []
     try:
-        with serving(ctx, store) as trainer:
+        with serving(store, ctx) as trainer:
             store.add(synthetic(1, QUICK))
             child = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
             asking = threading.Thread(
