@@ -196,6 +196,11 @@ def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_o
     rows = assert_exactly_once(run_dir, spool, text["sampler"])
     _assert_no_stray_processes(config)
     diff = assert_same_as_straight(run_dir, straight_run)
+    if weights == "stream":  # every version came from the trainer's memory, none from a dir,
+        assert "(streamed)" in text["sampler"] and "reloaded weights" not in text["sampler"]
+        assert rows[-1]["sampler_weights_received_mb"] > 0
+        # and the only version dir is the last step's (weights.save_interval: 0)
+        assert [p.name for p in (run_dir / "versions").iterdir()] == [f"v{TOTAL:06d}"]
 
     # The trainer resumed from the last saved state, before the step it was killed after, and
     # the sampler (the first one) noticed.
