@@ -289,9 +289,11 @@ class WeightsConfig:
     )
     bucket_mb: float = knob(64.0, "stream: tensors travel in buckets of about this size")
     delta: bool = knob(
-        True,
+        False,
         "stream: send a sampler v -> v' per tensor as a sparse or XOR+zstd delta when smaller "
-        "than the tensor; every result is checked against its checksum (a mismatch: full copy)",
+        "than the tensor; every result is checked against its checksum (a mismatch: full copy). "
+        "Encoding runs at about 0.4 GB/s a core: worth it on links slower than about 3 Gb/s "
+        "(docs/weights.md)",
     )
     keep_bases: int = knob(
         2, "stream: versions the trainer keeps in memory as delta bases (the newest included)"
