@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import pytest
 import zmq
 
 from bench.weight_fanout import MAX_BYTES, QUICK, chaos, fan_out, network, synthetic
@@ -18,7 +19,7 @@ from grpo.delivery.stream.image import Staging
 from grpo.delivery.stream.node import RelayNode
 from grpo.delivery.stream.relay import RelaySource
 from grpo.delivery.stream.server import VersionStore
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tests.test_weight_streaming import serving
 
 
@@ -148,3 +149,63 @@ def test_children_wait_for_a_slow_relay_while_its_buckets_keep_coming(monkeypatc
     assert not failures and got and got[0].manifest == image.manifest
     assert not child.stats.fallbacks, child.stats.fallbacks
     assert loop.egress.bytes[1] < 1.2 * QUICK.payload  # the trainer sent it once
+
+
+def test_relays_speak_curve_with_their_own_keys_and_refuse_strangers(tmp_path) -> None:
+    """transport.curve_dir with relays: the trainer serves with its pair, each relay with its
+    own sampler's; a child insists on its parent's key, a relay accepts only authorized/ keys
+    (as the trainer does)."""
+    from grpo.config import load_config
+    from grpo.delivery.stream.follower import VersionFollower
+    from grpo.wire.keys import ClientKeys, generate, relay_key, secure_server
+
+    generate(tmp_path, 2)
+    trainer_addr = f"tcp://127.0.0.1:{free_port()}"
+    cfg = load_config(None, [f"transport.curve_dir={tmp_path}", "weights.mode=stream",
+                             f"transport.weights_addr={trainer_addr}", "weights.fanout=1",
+                             "rollout.num_samplers=2", "weights.transfer_timeout_s=2"])  # fmt: skip
+    image = synthetic(1, QUICK)
+    store = VersionStore(keep=1, budget_bytes=1 << 30)
+    store.add(image)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    auth = secure_server(ctx, [router], tmp_path)
+    router.bind(trainer_addr)
+    closing, failures = threading.Event(), []
+    loop = threading.Thread(
+        target=server.StreamServer(router, store, closing, failures.append).run, daemon=True
+    )
+    loop.start()
+    relays: dict[str, str] = {}
+    out = [-1]  # the newest version announced: none until the tree is known
+    contexts = [zmq.Context(), zmq.Context()]  # a process each: one ZAP handler a context
+    followers = [
+        VersionFollower(cfg, c, sid, ClientKeys.load(tmp_path, sid), lambda: relays, lambda: out[0])
+        for c, sid in zip(contexts, ("sampler-0", "sampler-1"), strict=True)
+    ]
+    try:
+        relays.update({f.sampler_id: f.address for f in followers})
+        out[0] = 1
+        deadline = time.monotonic() + 20
+        while any(f.image(1) is None for f in followers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = followers[1].receiver
+        # a stranger with the relay's right key but a key of its own nobody authorised
+        stranger = Receiver(ctx, None, MAX_BYTES, timeout_s=1)
+        public, secret = zmq.curve_keypair()
+        own = ClientKeys(public, secret, relay_key(tmp_path, "sampler-0"))
+        stranger.secure = lambda sock, addr: own.apply(sock)
+        with pytest.raises(ValueError, match="nothing for 1 s"):
+            stranger.receive([followers[0].address], 1, None)
+    finally:
+        for f in followers:
+            f.close()
+        for c in contexts:
+            c.term()
+        closing.set()
+        loop.join(5)
+        auth.stop()
+        ctx.term()
+    assert all(f.image(1) is not None and f.image(1).manifest == image.manifest for f in followers)
+    assert child.source == followers[0].address and not child.stats.fallbacks  # via the relay
+    assert not failures

@@ -104,7 +104,7 @@ class Weights:
                 self.cfg,
                 channel.ctx,
                 endpoint.sampler_id,
-                channel.secure,
+                channel.keys,
                 relays=lambda: status.relays,
                 announced=(lambda: status.version) if several else None,
                 seed=seed,

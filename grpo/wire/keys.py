@@ -8,7 +8,9 @@
     DIR/authorized/sampler-<i>.key                   the public keys the trainer accepts
 
 Copy to the trainer's node: trainer.key_secret and authorized/; to a sampler's node: its own
-sampler-<i>.key_secret, trainer.key and reward.key; to a reward node: reward.key_secret and
+sampler-<i>.key_secret, trainer.key and reward.key, and with weights.mode: stream and several
+samplers authorized/ too (samplers relay versions to each other: each serves with its own pair
+and accepts, and insists on, the others' keys); to a reward node: reward.key_secret and
 authorized/. Set transport.curve_dir to that directory on each node.
 A peer whose key is not in authorized/ (or that speaks no CURVE) is refused and logged.
 Secret keys are written 0600, and one that group or others can read is refused at load.
@@ -127,11 +129,12 @@ class _AuthorizedKeys:
 
 
 def secure_server(
-    ctx: zmq.Context, sockets: list[zmq.Socket], curve_dir: Path
+    ctx: zmq.Context, sockets: list[zmq.Socket], curve_dir: Path, owner: str = TRAINER
 ) -> ThreadAuthenticator:
-    """Make `sockets` (before bind) CURVE servers that accept authorized/ keys only; returns
-    the authenticator thread, to be stopped before the context is terminated."""
-    public, secret = _load_pair(curve_dir / f"{TRAINER}.key_secret", "the trainer's secret key")
+    """Make `sockets` (before bind) CURVE servers with `owner`'s pair (the trainer's, or a
+    relaying sampler's) that accept authorized/ keys only; returns the authenticator thread, to
+    be stopped before the context is terminated."""
+    public, secret = _load_pair(curve_dir / f"{owner}.key_secret", f"{owner}'s secret key")
     keys = _AuthorizedKeys(curve_dir / AUTHORIZED)
     auth = ThreadAuthenticator(ctx)
     auth.start()
@@ -158,11 +161,18 @@ class ClientKeys:
         server_public, _ = _load(curve_dir / f"{TRAINER}.key", "the trainer's public key")
         return cls(public, secret, server_public)
 
-    def apply(self, sock: zmq.Socket) -> None:
-        """Before connect."""
+    def apply(self, sock: zmq.Socket, server_public: bytes | None = None) -> None:
+        """Before connect; `server_public`: another server's key than the trainer's (a relay's,
+        relay_key)."""
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
-        sock.curve_serverkey = self.server_public
+        sock.curve_serverkey = server_public or self.server_public
+
+
+def relay_key(curve_dir: Path, sampler_id: str) -> bytes:
+    """The public key sampler `sampler_id` serves its relay with (its authorized/ key)."""
+    public, _ = _load(curve_dir / AUTHORIZED / f"{sampler_id}.key", f"{sampler_id}'s public key")
+    return public
 
 
 def main(argv: list[str]) -> int:

@@ -73,7 +73,7 @@ class Receiver:
     def __init__(
         self,
         ctx: zmq.Context,
-        secure: Callable[[zmq.Socket], None] | None,
+        secure: Callable[[zmq.Socket, str], None] | None,
         max_bytes: int,
         timeout_s: float,
         window: int = 4,
@@ -131,7 +131,7 @@ class Receiver:
         limits = SocketLimits(self.max_bytes + MAX_REQUEST_BYTES, max(2 * self.window, 2))
         sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0, limits=limits)
         if self.secure is not None:
-            self.secure(sock)
+            self.secure(sock, addr)  # CURVE: the keys for this source
         sock.connect(addr)
         return sock
 

@@ -15,9 +15,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from grpo.config import Config
 from grpo.delivery.stream.client import Receiver
@@ -25,6 +27,7 @@ from grpo.delivery.stream.image import Image
 from grpo.delivery.stream.relay import RelaySource, sources
 from grpo.delivery.stream.server import StreamServer
 from grpo.wire.channels import SocketLimits, check_listening, new_socket
+from grpo.wire.keys import ClientKeys, relay_key, secure_server
 
 log = logging.getLogger("grpo.sampler")
 
@@ -46,7 +49,7 @@ class VersionFollower:
         cfg: Config,
         ctx: zmq.Context,
         sampler_id: str,
-        secure: Callable[[zmq.Socket], None] | None,
+        keys: ClientKeys | None,
         relays: Callable[[], dict[str, str]],
         announced: Callable[[], int] | None,
         seed: Image | None = None,
@@ -55,12 +58,21 @@ class VersionFollower:
         `announced()`: the newest version out, with relays on (None: a lone sampler); `seed`:
         the weights this sampler starts with, the base of its first delta and of its
         children's (if the trainer's version 0 has other bits, that delta fails its checksums:
-        full copies)."""
+        full copies). `keys`: this sampler's CURVE keys (transport.curve_dir), which it
+        connects to the trainer and to relays with, and serves its own relay with."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
+        self.keys, self.curve_dir = keys, Path(t.curve_dir)
+        self._relay_keys: dict[str, bytes] = {}  # sampler id -> the key its relay serves with
+        self._auth: ThreadAuthenticator | None = None
         self.receiver = Receiver(
-            ctx, secure, t.max_version_bytes, w.transfer_timeout_s, w.window, w.delta
+            ctx,
+            self._secure if keys is not None else None,
+            t.max_version_bytes,
+            w.transfer_timeout_s,
+            w.window,
+            w.delta,
         )
         self.held: Image | None = seed
         self._passed_over: dict[str, float] = {}  # relay -> when it last failed a version
@@ -72,24 +84,36 @@ class VersionFollower:
         self.address = ""  # where this sampler relays ('' = it does not)
         self._server: threading.Thread | None = None
         if announced is not None and w.fanout > 0:
-            self._serve(cfg, ctx, secure)
+            self._serve(cfg, ctx)
         if self.relay is not None and seed is not None:
             self.relay.finished(seed)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _serve(self, cfg: Config, ctx: zmq.Context, secure: Callable | None) -> None:
+    def _serve(self, cfg: Config, ctx: zmq.Context) -> None:
         w, t = cfg.weights, cfg.transport
         check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
         router = new_socket(ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(1 << 16, 64))
-        if secure is not None:
-            secure(router)  # a relay authenticates its children as the trainer does
+        if self.keys is not None:  # its own pair; it accepts the keys the trainer accepts
+            self._auth = secure_server(ctx, [router], self.curve_dir, owner=self.sampler_id)
         router.bind(w.relay_addr)
         self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), w.relay_host)
         self.relay = RelaySource(w.delta)
         server = StreamServer(router, self.relay, self._closing, self._relay_failed)
         self._server = threading.Thread(target=server.run, daemon=True)
         self._server.start()
+
+    def _secure(self, sock: zmq.Socket, addr: str) -> None:
+        """CURVE for a connection to `addr`: the trainer's key for the trainer, a relay's own
+        for a relay (found by its address among the live samplers')."""
+        assert self.keys is not None
+        relay = next((sid for sid, a in self.relays().items() if a == addr), None)
+        if relay is None or addr == self.trainer_addr:
+            self.keys.apply(sock)
+            return
+        if relay not in self._relay_keys:
+            self._relay_keys[relay] = relay_key(self.curve_dir, relay)
+        self.keys.apply(sock, self._relay_keys[relay])
 
     def _relay_failed(self, why: str) -> None:
         # The samplers below route around a relay that stopped serving; this one samples on.
@@ -175,3 +199,5 @@ class VersionFollower:
         self._thread.join(timeout=5)
         if self._server is not None:
             self._server.join(timeout=5)
+        if self._auth is not None:
+            self._auth.stop()
