@@ -26,7 +26,7 @@ from grpo.delivery.stream.client import Receiver
 from grpo.delivery.stream.image import Image
 from grpo.delivery.stream.relay import RelaySource, sources
 from grpo.delivery.stream.server import StreamServer
-from grpo.wire.channels import SocketLimits, check_listening, new_socket
+from grpo.wire.channels import SocketLimits, check_listening, is_loopback, new_socket
 from grpo.wire.keys import ClientKeys, relay_key, secure_server
 
 log = logging.getLogger("grpo.sampler")
@@ -93,6 +93,12 @@ class VersionFollower:
     def _serve(self, cfg: Config, ctx: zmq.Context) -> None:
         w, t = cfg.weights, cfg.transport
         check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
+        if is_loopback(w.relay_addr) and not is_loopback(t.weights_addr):
+            log.warning("weights.relay_addr %s binds loopback but the trainer is at %s: samplers "
+                        "on other nodes cannot reach this relay (each tries it for "
+                        "weights.transfer_timeout_s); set weights.relay_addr=tcp://0.0.0.0:* and "
+                        "weights.relay_host, or weights.fanout=0",
+                        w.relay_addr, t.weights_addr)  # fmt: skip
         router = new_socket(ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(1 << 16, 64))
         if self.keys is not None:  # its own pair; it accepts the keys the trainer accepts
             self._auth = secure_server(ctx, [router], self.curve_dir, owner=self.sampler_id)
