@@ -47,9 +47,8 @@ def to_verl(rows: list[dict], split: str) -> list[dict]:
             "prompt": [{"role": "user", "content": f"{row['question']} {VERL_INSTRUCTION}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": gsm8k.parse_gold(row["answer"])},
-            "extra_info": {"split": split, "index": i, "answer": row["answer"],
-                           "question": row["question"]},
-        }  # fmt: skip
+            "extra_info": {"split": split, "index": i, **row},  # question, answer
+        }
         for i, row in enumerate(rows)
     ]
 
@@ -163,7 +162,7 @@ def test_a_hub_repository_directory(tmp_path):
 def _load_offline(hf_home: Path, source: str) -> subprocess.CompletedProcess:
     """load_rows(source) in a fresh process (huggingface_hub reads HF_HOME once, on import)."""
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    code = f"import json; from grpo.tasks import load_rows; print(json.dumps(load_rows({source!r})))"
+    code = f"import json, grpo.tasks as t; print(json.dumps(t.load_rows({source!r})))"
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
