@@ -292,7 +292,7 @@ def test_register_new_task(monkeypatch):
     task = Task("toy", load_rows, build_messages, lambda c, r: 1.0, "a.jsonl", "b.jsonl")
     assert register_task(task) is task
     assert get_task("toy") is task
-    assert task_names() == sorted(["gsm8k", "math", "toy"])
+    assert task_names() == sorted(["gsm8k", "math", "prompts", "toy"])
 
 
 def test_tasks_are_frozen():

@@ -9,6 +9,8 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo.config.data import check_rows
+
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
     from grpo.config.sections import Config, TransportConfig
@@ -60,6 +62,7 @@ def check_values(cfg: Config) -> None:
         raise ConfigError(
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
         )
+    check_rows(cfg.rows)
 
 
 def _check_signs(cfg: Config) -> None:

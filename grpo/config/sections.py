@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from grpo.config.data import RowsConfig
 from grpo.config.fields import knob, section
 from grpo.config.sampling import DataConfig, RewardConfig, RewardServerConfig, RolloutConfig
 from grpo.core.vocabulary import AggMode, CorrectionMode, KlKind
@@ -335,6 +336,7 @@ class Config:
     output_dir: str = knob("checkpoints", "root of run outputs")
     model: ModelConfig = section(ModelConfig, "policy / reference model")
     data: DataConfig = section(DataConfig, "dataset, prompts, reward")
+    rows: RowsConfig = section(RowsConfig, "reading rows whose columns the task names otherwise")
     reward: RewardConfig = section(
         RewardConfig,
         "the run's reward: how rule reward calls run (data.reward or the task's), and the "

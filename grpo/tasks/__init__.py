@@ -1,7 +1,7 @@
 """Tasks: datasets, prompts and rewards, looked up by name (``get_task("gsm8k")``, ``"math"``)."""
 
 # Importing a task module registers it with the registry in .base.
-from . import gsm8k, math500
+from . import gsm8k, math500, prompts
 from .base import (
     REPO_ROOT,
     RewardFn,
@@ -16,6 +16,7 @@ from .base import (
     score,
     task_names,
 )
+from .columns import task_for
 from .runner import RewardHangError, RewardRunner, RewardWorkerError, RunnerCounters
 
 __all__ = [
@@ -32,9 +33,11 @@ __all__ = [
     "load_reward_fn",
     "load_rows",
     "math500",
+    "prompts",
     "register_task",
     "resolve_path",
     "run_reward",
     "score",
+    "task_for",
     "task_names",
 ]

@@ -14,6 +14,8 @@ from typing import Any
 
 from grpo.core.registry import Registry, load_object
 
+from . import columns, conventions, sources
+
 Row = dict[str, Any]
 RewardFn = Callable[[str, Row], float | tuple[float, dict]]
 
@@ -60,14 +62,19 @@ get_task = TASKS.get
 
 
 def load_reward_fn(spec: str) -> RewardFn:
-    """Import a reward function from a ``"package.module:function"`` spec."""
+    """Import a reward function from a ``"package.module:function"`` spec: grpo's
+    ``fn(completion, row)``, a verl ``compute_score`` or a TRL batched reward function (read from
+    its signature, or declared as ``verl:package.module:function``), the last two wrapped to be
+    called as the first (grpo.tasks.conventions)."""
+    style, spec = conventions.split_style(spec)
     obj = load_object(spec, "reward")
     if not callable(obj):
         raise ValueError(
             f"reward {spec!r} is a {type(obj).__name__}, not a callable "
-            "(expected fn(completion: str, row: dict) -> float | (float, dict))"
+            "(expected fn(completion: str, row: dict) -> float | (float, dict), a verl "
+            "compute_score or a TRL reward function)"
         )
-    return obj
+    return conventions.adapt(obj, style)
 
 
 def run_reward(task: Task, spec: str) -> RewardFn:
@@ -207,21 +214,42 @@ def _read_local(path: Path) -> list[Row]:
 
 
 def _load_hf(source: str, split: str | None) -> list[Row]:
-    """Load ``name[:config[:split]]`` from the Hugging Face hub (or its local cache)."""
+    """Load ``name[:config[:split]]`` from the Hugging Face hub, or from the local HF cache when
+    the hub is out of reach (HF_HUB_OFFLINE set, or the download failed)."""
     name, _, rest = source.partition(":")
     config, _, spec_split = rest.partition(":")
     split = split or spec_split or "train"
+    if sources.offline():
+        rows = sources.load_cached(name, config, split)
+        if rows is not None:
+            return rows
+        raise ValueError(
+            f"dataset {source!r} is not in the local Hugging Face cache ({_cache_dir()}) and the "
+            "hub is off (HF_HUB_OFFLINE): download it once online, or pass a local file or "
+            "directory (e.g. data/gsm8k/train.jsonl)"
+        )
     try:
         import datasets  # lazy: heavy import, and unused for local files
 
         ds = datasets.load_dataset(name, config or None, split=split)
         return [dict(r) for r in ds]
     except Exception as exc:
+        rows = sources.load_cached(name, config, split)
+        if rows is not None:
+            logger.warning("dataset %s: the hub failed (%s); read from the local cache", name, exc)
+            return rows
         raise ValueError(
             f"could not load dataset {source!r} (split {split!r}) with `datasets`: "
-            f"{type(exc).__name__}: {exc}. Offline machines cannot reach the Hugging Face hub; "
-            "pass a local .jsonl/.json/.parquet file instead (e.g. data/gsm8k/train.jsonl)."
+            f"{type(exc).__name__}: {exc}. Offline machines cannot reach the Hugging Face hub, "
+            f"and it is not in the local cache ({_cache_dir()}); pass a local .jsonl/.json/"
+            ".parquet file or dataset directory instead (e.g. data/gsm8k/train.jsonl)."
         ) from exc
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
 
 
 def load_rows_with(source: str, keys: tuple[str, ...]) -> list[Row]:
@@ -243,18 +271,19 @@ def question_messages(question: str, instruction: str, system_prompt: str) -> li
 
 
 def load_rows(source: str, split: str | None = None) -> list[Row]:
-    """Load rows from a local .jsonl/.json/.parquet file or a Hugging Face dataset name.
+    """Load rows from a local .jsonl/.json/.parquet file, a dataset directory (``dir[:split]``,
+    grpo.tasks.sources) or a Hugging Face dataset name (``name[:config[:split]]``).
 
-    Local files ignore ``split``. Hub names accept ``name:config`` (and ``name:config:split``).
+    Local files ignore ``split``; `split` is the default for hub names.
     """
     source = str(source)
+    if not source.strip():
+        raise ValueError("no dataset named: set data.train / data.test (this task has no default)")
     path = resolve_path(source)
     if path.is_file():
         rows = _read_local(path)
-    elif path.is_dir():
-        raise ValueError(
-            f"dataset source {source!r} is a directory; pass a {'/'.join(LOCAL_SUFFIXES)} file"
-        )
+    elif (found := sources.split_suffix(source, resolve_path)) is not None:
+        rows = sources.load_directory(*found)
     elif _looks_local(source):
         raise FileNotFoundError(
             f"dataset file not found: {source!r} (looked relative to {os.getcwd()} "
@@ -264,4 +293,4 @@ def load_rows(source: str, split: str | None = None) -> list[Row]:
         rows = _load_hf(source, split)
     if not rows:
         raise ValueError(f"dataset {source!r} is empty")
-    return rows
+    return columns.apply_active(rows, source)

@@ -1,0 +1,152 @@
+"""Rewards as users have them (grpo.tasks.conventions): a verl compute_score and a TRL batched
+reward function named in data.reward, recognised by their signature (or declared), wrapped,
+and run by the reward workers with the built-in rewards' time limit and error handling; each
+gives the built-in GSM8K reward on the same answers. A short run with the TRL one over an HF
+dataset directory."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from grpo.tasks import RewardRunner, gsm8k, load_reward_fn, score
+from grpo.tasks.conventions import TrlReward, VerlReward, style_of
+from tests.conftest import run_launch, transport_overrides
+from tests.test_user_data import answers_for, gsm8k_rows, to_verl
+
+VERL = "tests.test_user_rewards:verl_compute_score"
+TRL = "tests.test_user_rewards:trl_gsm8k_reward"
+
+
+# ----------------------------------------------------------- the users' functions, as they are
+
+
+def verl_compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """GSM8K's reward, verl-style: a dict with the score and what else it found."""
+    assert data_source == "openai/gsm8k" and extra_info["split"] == "train"
+    pred = gsm8k.extract_answer(solution_str)
+    correct = pred is not None and gsm8k.is_correct(solution_str, ground_truth)
+    value = 1.0 if correct else gsm8k.FORMAT_REWARD if pred is not None else 0.0
+    return {"score": value, "pred": pred, "acc": correct, "skipped": [1, 2]}
+
+
+def trl_gsm8k_reward(prompts, completions, answer, **kwargs):
+    """GSM8K's reward, TRL-style: a batch in, one float per completion out."""
+    out = []
+    for completion, gold in zip(completions, answer, strict=True):
+        text = completion[0]["content"] if isinstance(completion, list) else completion
+        formatted = gsm8k.extract_answer(text) is not None
+        out.append(1.0 if gsm8k.is_correct(text, gold) else 0.1 if formatted else 0.0)
+    return out
+
+
+def trl_sees(prompts, completions, answer):  # no **kwargs: only the columns it names
+    return [float(len(prompts) == 1 and answer[0] == "7" and completions[0] == "x")]
+
+
+def trl_shapes(prompts, completions, **kwargs):
+    """1 when the completion has the prompt's shape: messages for a chat, as TRL passes them."""
+    chat = isinstance(prompts[0], list)
+    ok = completions[0] == ([{"role": "assistant", "content": "x"}] if chat else "x")
+    return [float(ok)]
+
+
+def trl_hangs(prompts, completions, **kwargs):
+    time.sleep(60)
+
+
+def trl_two_for_one(prompts, completions, **kwargs):
+    return [1.0, 1.0]
+
+
+def verl_plain(data_source, solution_str, ground_truth, extra_info):
+    return float(solution_str == ground_truth)
+
+
+# ------------------------------------------------------------------------------------- tests
+
+
+def test_signatures_are_recognised_and_wrapped():
+    assert style_of(verl_compute_score) == "verl" and style_of(trl_gsm8k_reward) == "trl"
+    assert style_of(gsm8k.reward) == "row"
+    assert isinstance(load_reward_fn(VERL), VerlReward)
+    assert isinstance(load_reward_fn(TRL), TrlReward)
+    plain = load_reward_fn("tests.rewards_for_tests:text_length")
+    assert plain.__name__ == "text_length"  # grpo's own: as it is
+    # Declared in data.reward: the convention the signature would not give.
+    declared = load_reward_fn("trl:tests.test_user_rewards:trl_sees")
+    assert isinstance(declared, TrlReward) and declared.fn is trl_sees
+    assert load_reward_fn(VERL).__qualname__ == "verl_compute_score"  # named so in logs
+
+
+def test_verl_compute_score_gives_the_gsm8k_rewards():
+    rows = gsm8k_rows(6)
+    verl_rows = to_verl(rows, "train")
+    fn = load_reward_fn(VERL)
+    for row, verl_row in zip(rows, verl_rows, strict=True):
+        for answer in answers_for(row):
+            mine, info = score(fn, answer, verl_row)
+            assert mine == score(gsm8k.reward, answer, row)[0]
+            assert set(info) == {"pred", "acc"}  # the dict's scalars, its list left out
+    assert score(load_reward_fn("tests.test_user_rewards:verl_plain"), "3",
+                 verl_rows[0] | {"reward_model": {"ground_truth": "3"}})[0] == 1.0  # fmt: skip
+    reward, info = score(fn, "#### 1", {"prompt": "q"})
+    assert reward == 0.0 and "reward_model.ground_truth" in info["reward_error"]
+
+
+def test_trl_reward_gives_the_gsm8k_rewards_as_string_and_as_chat():
+    rows = gsm8k_rows(6)
+    fn = load_reward_fn(TRL)
+    for row in rows:
+        for prompt in (row["question"], [{"role": "user", "content": row["question"]}]):
+            mine = {"prompt": prompt, "answer": row["answer"]}
+            for answer in answers_for(row):
+                assert score(fn, answer, mine) == (score(gsm8k.reward, answer, row)[0], {})
+    sees = load_reward_fn("tests.test_user_rewards:trl_sees")
+    assert score(sees, "x", {"prompt": "p", "answer": "7", "other": 1}) == (1.0, {})
+    shapes = load_reward_fn("tests.test_user_rewards:trl_shapes")
+    for prompt in ("p", [{"role": "user", "content": "p"}]):
+        assert score(shapes, "x", {"prompt": prompt}) == (1.0, {})
+    reward, info = score(load_reward_fn("tests.test_user_rewards:trl_two_for_one"), "x", {})
+    assert reward == 0.0 and "a list of one reward" in info["reward_error"]
+
+
+def test_wrapped_rewards_run_in_the_workers_with_the_same_limits():
+    """Through RewardRunner as every run's rewards go: the same scores, and a TRL function that
+    hangs is cut at the time limit, scored 0 with reward_error 'timeout', its worker replaced."""
+    rows = gsm8k_rows(3)
+    calls = [
+        (a, r) for r in to_verl(rows, "train") for a in answers_for(rows[r["extra_info"]["index"]])
+    ]
+    expected = [score(gsm8k.reward, a, rows[r["extra_info"]["index"]])[0] for a, r in calls]
+    with RewardRunner(load_reward_fn(VERL), workers=2, timeout_s=30) as runner:
+        assert [reward for reward, _ in runner.score_all(calls)] == expected
+    with RewardRunner(load_reward_fn("tests.test_user_rewards:trl_hangs"), workers=1,
+                      timeout_s=0.5) as runner:  # fmt: skip
+        assert runner.score_all([("x", {"prompt": "p"})]) == [(0.0, {"reward_error": "timeout"})]
+        assert runner.counters.timeouts == 1 and runner.counters.replacements == 1
+
+
+@pytest.mark.slow
+def test_a_run_with_a_trl_reward_over_a_dataset_directory(tmp_path, tiny_model_dir):
+    """GSM8K saved as an HF dataset directory (TRL's standard format: a prompt string, the
+    answer column), scored by a TRL batched reward: every answer scored, no reward_error."""
+    datasets = pytest.importorskip("datasets")
+    from tests.test_integration import tiny_config
+
+    rows = [{"prompt": f"{r['question']}\n\n{gsm8k.ANSWER_INSTRUCTION}", "answer": r["answer"]}
+            for r in gsm8k_rows(16)]  # fmt: skip
+    datasets.DatasetDict(train=datasets.Dataset.from_list(rows)).save_to_disk(str(tmp_path / "d"))
+    config = tiny_config(
+        tmp_path, tiny_model_dir,
+        train={"total_steps": 2, "num_ranks": 1},
+        data={"task": "prompts", "train": f"{tmp_path / 'd'}:train", "reward": TRL},
+        reward={"workers": 1},
+    )  # fmt: skip
+    proc = run_launch(config, transport_overrides(), timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["reward_errors"] == 0 and 0 <= r["reward_mean"] <= 1 for r in rows), rows
