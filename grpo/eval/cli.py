@@ -102,10 +102,10 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.multi_turn import with_tools
     from grpo.sampler.weights import Weights
-    from grpo.tasks import RewardRunner, get_task, run_reward
+    from grpo.tasks import RewardRunner, run_reward, task_for
 
     check_names(cfg)
-    task = get_task(cfg.data.task)
+    task = task_for(cfg)
     reward_fn = run_reward(task, cfg.data.reward)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)

@@ -23,7 +23,7 @@ from grpo.eval.questions import EvalSpec, eval_prompts, question_results, summar
 from grpo.models.loading import params_partitioned
 from grpo.rollout.hf import HFRollout
 from grpo.rollout.multi_turn import with_tools
-from grpo.tasks import RewardRunner, get_task, run_reward
+from grpo.tasks import RewardRunner, run_reward, task_for
 
 log = logging.getLogger("grpo.trainer")
 
@@ -35,7 +35,7 @@ class VersionEvaluator:
         self.prompts = []
         self.reward_fn: Callable | None = None
         if cfg.eval.interval and cfg.eval.num_questions:
-            task = get_task(cfg.data.task)
+            task = task_for(cfg)
             self.reward_fn = run_reward(task, cfg.data.reward)
             self.prompts = eval_prompts(cfg, task, tokenizer)
 

@@ -29,7 +29,7 @@ from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.rewards import SamplerRewards
 from grpo.sampler.weights import Weights, expected_batch, required_version
-from grpo.tasks import get_task
+from grpo.tasks import task_for
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 
@@ -42,7 +42,7 @@ class Sampler:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.run_dir = cfg.run_dir
-        task = get_task(cfg.data.task)
+        task = task_for(cfg)
         # Reward threads (and the service's socket) for the sampler's life; run_sampler
         # closes them.
         self.rewards = SamplerRewards(cfg, task)
