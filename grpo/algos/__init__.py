@@ -19,7 +19,7 @@ from grpo.algos.advantages import (
     rloo_advantages,
     token_level_rewards,
 )
-from grpo.algos.correction import CORRECTION_MODES, logp_abs_diff, rollout_correction_weights
+from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
 from grpo.algos.kl_control import adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
@@ -48,9 +48,11 @@ from grpo.algos.registry import (
 )
 from grpo.algos.shaping import overlong_penalty
 from grpo.algos.value import gae, value_loss
+from grpo.core.vocabulary import CORRECTION_MODES, REJECTION_MASKS
 
 __all__ = [
     "CORRECTION_MODES",
+    "REJECTION_MASKS",
     "logp_abs_diff",
     "rollout_correction_weights",
     "adaptive_kl_coef",

@@ -144,7 +144,12 @@ def build_experience(
         if cfg.algo.rollout_correction != "none":
             algo = cfg.algo
             weights, more = rollout_correction_weights(
-                old, rollout, mask, algo.rollout_correction, algo.rollout_correction_threshold
+                old,
+                rollout,
+                mask,
+                algo.rollout_correction,
+                algo.rollout_correction_threshold,
+                algo.correction_bands(),
             )
             metrics |= more
     exp = Experience(
