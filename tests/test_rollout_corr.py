@@ -1,23 +1,26 @@
-"""Rejection masks of the rollout correction (IcePop, Geo-RS, the token-outlier veto) and
-sequence-masked TIS: worked by hand, composed with the weight modes, and against verl's numbers.
+"""Rollout corrections beside TIS / MIS: IcePop, the token, Geo-RS and token-outlier rejection
+masks, and sequence-masked TIS: worked by hand, composed with the weight modes, and against
+verl's numbers.
 
 verl's numbers were produced by running verl's own functions (not copies of them) on the fixed
-input below, float64, from two commits of volcengine/verl (now verl-project/verl),
-verl/trainer/ppo/rollout_corr_helper.py:
-- OLD = 9b718e1a (2026-01-14, the parent of #4544): compute_rollout_rejection_mask with
-  rollout_rs "token" / "geometric" / "sequence" and rollout_rs_threshold(_lower) as the ratio
-  band, and compute_rollout_correction_and_rejection_mask's rollout_token_veto_threshold;
-- NEW = b178a3cd (2026-01-29): compute_rollout_rejection_mask with rollout_rs "token_k1",
-  "seq_mean_k1", "seq_max_k2" and their comma-joined combination, and
-  compute_rollout_correction_weights (rollout_is "token" / "sequence") times that mask, which is
-  what verl's loss multiplies each token by (decoupled_seq_is_rs, decoupled_geo_rs_token_tis).
+input below, float64, from verl/trainer/ppo/rollout_corr_helper.py at two commits:
+- NEW = verl-project/verl @1dda039 (2026-08, the commit test_algos_more.py cites):
+  compute_rollout_correction_weights (rollout_is "token" / "sequence", rollout_is_threshold a
+  cap, or "lower_upper" for IcePop) times compute_rollout_rejection_mask (rollout_rs
+  "token_k1", "seq_mean_k1", "seq_max_k2", "seq_sum_k1" and comma-joined ones): what verl's
+  loss multiplies each token by (its presets decoupled_seq_is_rs, decoupled_geo_rs_token_tis).
+  volcengine/verl @b178a3cd (2026-01-29) gives the same masks.
+- OLD = volcengine/verl @9b718e1a (2026-01-14, before #4544): compute_rollout_rejection_mask
+  with rollout_rs "token" / "geometric" / "sequence" and the ratio band as
+  rollout_rs_threshold(_lower), and rollout_token_veto_threshold.
 NEW's k1 options bound -log(ratio), so its "lower_upper" is the band of pi_rollout / pi_old:
-our ratio band [l, h] is its "1/h_1/l" (IcePop's [0.5, 5] is token_k1 "0.2_2.0").
+our ratio band [l, h] is its "1/h_1/l" (token_reject's [0.5, 5] is token_k1 "0.2_2.0").
 seq_max_k2 with bound u masks answers with any |log ratio| > sqrt(2u): our token_outlier with
 the band [e^-sqrt(2u), e^sqrt(2u)].
-verl's mask is what becomes its response_mask (those tokens get no gradient); ours is folded
-into the weights (0 = no gradient), so the two are compared token for token. Its sequence
-fractions are computed in float32, hence approx.
+verl's rejection mask becomes its response_mask (those tokens get no gradient); ours is folded
+into the weights (0 = no gradient), so the two are compared token for token. The shares are
+verl's rollout_rs_masked_fraction / rollout_rs_seq_masked_fraction (float32 for answers, hence
+approx) where verl's mask is the whole of ours, and counted by hand otherwise (said so).
 """
 
 import math
@@ -36,14 +39,24 @@ ROLLOUT = [[-0.5, -1.0, -2.5, -0.2], [-0.3, -1.1, -0.7, -0.9], [-1.2, -0.4, -0.8
 MASK = [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]]
 
 DROP_ROW_3 = [[1.0] * 4, [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0] * 4, [1.0, 1.0, 1.0, 0]]
-# (our mode, our bands, verl's weights x mask, verl's masked token share, answer share)
+ICEPOP = [
+    [1.0512710963760241, 0.0, 0.0, 1.0],
+    [1.0004000800106678, 0.9997000449955004, 1.0002000200013335, 0.0],
+    [1.3498588075760032, 0.8187307530779818, 0.0, 0.0],
+    [0.0, 1.1051709180756477, 1.1051709180756477, 1.1051709180756477],
+    [1.6487212707001282, 1.4918246976412703, 1.3498588075760032, 0.0],
+]
+# (our mode, our bands, verl's weights x mask, masked share of tokens, of answers)
 VERL = {
-    # OLD rollout_rs="token", threshold 5.0, lower 0.5; NEW token_k1 "0.2_2.0" gives the same
-    "icepop": ("icepop", {"icepop": (0.5, 5.0)},
-               [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0],
-                [0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]],
-               0.1874999998828125, 0.4000000059604645),
-    # OLD rollout_rs="geometric", threshold 1.5, lower 0.7; NEW seq_mean_k1 "1/1.5_1/0.7" the same
+    # NEW rollout_is "token", rollout_is_threshold "0.5_5.0" (IcePop); token share = its
+    # rollout_is_oob_ratio, answer share (rows 0 and 3) by hand
+    "icepop": ("icepop", {"icepop": (0.5, 5.0)}, ICEPOP, 0.1874999998828125, 0.4),
+    # NEW token_k1 "0.2_2.0"; OLD rollout_rs="token", threshold 5.0, lower 0.5, the same
+    "token_reject": ("token_reject", {"token_reject": (0.5, 5.0)},
+                     [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0],
+                      [0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]],
+                     0.1874999998828125, 0.4000000059604645),
+    # NEW seq_mean_k1 "1/1.5_1/0.7"; OLD rollout_rs="geometric", threshold 1.5, lower 0.7
     "geo_rs": ("geo_rs", {"geo_rs": (0.7, 1.5)}, DROP_ROW_3, 0.24999999984375, 0.20000000298023224),
     # NEW seq_max_k2 2.0 (|log ratio| <= 2); OLD rollout_token_veto_threshold=1e-4 drops the
     # same answer (rollout_is_veto_fraction 0.2) but has no upper side
@@ -57,15 +70,18 @@ VERL = {
                        0.6874999995703125, 0.6000000238418579),
     # NEW decoupled_geo_rs_token_tis: rollout_is "token" 2.0 x seq_mean_k1 "1/1.5_1/0.7"
     "token_truncate+geo_rs": ("token_truncate+geo_rs", {"geo_rs": (0.7, 1.5)},
-                              [[1.0512710963760241, 0.40656965974059917, 2.0, 1.0],
-                               [1.0004000800106678, 0.9997000449955004, 1.0002000200013335, 0.0],
-                               [1.3498588075760032, 0.8187307530779818, 0.0, 0.0], [0.0] * 4,
-                               [1.6487212707001282, 1.4918246976412703, 1.3498588075760032, 0.0]],
-                              0.24999999984375, 0.20000000298023224),
-    # NEW rollout_rs "token_k1,seq_mean_k1" "0.2_2.0,1/1.5_1/0.7": every option must pass
+                              [[1.0512710963760241, 0.40656965974059917, 2.0, 1.0], *ICEPOP[1:3],
+                               [0.0] * 4, ICEPOP[4]], 0.24999999984375, 0.20000000298023224),
+    # NEW rollout_is "token" "0.5_5.0" x seq_mean_k1 "1/1.5_1/0.7"; shares by hand (6 of 16
+    # tokens, rows 0 and 3)
     "icepop+geo_rs": ("icepop+geo_rs", {"icepop": (0.5, 5.0), "geo_rs": (0.7, 1.5)},
-                      [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0] * 4,
-                       [1.0, 1.0, 1.0, 0.0]], 0.374999999765625, 0.4000000059604645),
+                      [*ICEPOP[:3], [0.0] * 4, ICEPOP[4]], 0.375, 0.4),
+    # NEW rollout_rs "token_k1,seq_mean_k1" "0.2_2.0,1/1.5_1/0.7": every option must pass
+    "token_reject+geo_rs": ("token_reject+geo_rs",
+                            {"token_reject": (0.5, 5.0), "geo_rs": (0.7, 1.5)},
+                            [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0],
+                             [0.0] * 4, [1.0, 1.0, 1.0, 0.0]],
+                            0.374999999765625, 0.4000000059604645),
 }  # fmt: skip
 
 
@@ -95,20 +111,22 @@ def test_old_verl_veto_is_token_outlier_without_an_upper_side():
     assert m["correction_token_outlier_seq_frac"] == pytest.approx(0.20000000298023224, abs=1e-7)
 
 
-def test_icepop_band_is_on_the_trainer_over_engine_ratio():
-    # an asymmetric band tells the direction: ratio 4 kept, 1/4 dropped by [0.5, 5]
-    rollout = torch.zeros(1, 2)
+def test_icepop_and_token_reject_bands_are_on_the_trainer_over_engine_ratio():
+    # an asymmetric band tells the direction: ratio 4 kept, 1/4 dropped by [0.5, 5]; IcePop
+    # keeps the ratio as the weight (a threshold of 1 is no matter), token_reject keeps 1
     old = torch.tensor([[math.log(4.0), -math.log(4.0)]])
-    w, m = rollout_correction_weights(
-        old, rollout, torch.ones(1, 2), "icepop", 2.0, {"icepop": (0.5, 5.0)}
-    )
-    assert w.tolist() == [[1.0, 0.0]]
-    assert m == {
+    args = (old, torch.zeros(1, 2), torch.ones(1, 2))
+    w, m = rollout_correction_weights(*args, "icepop", 1.0, {"icepop": (0.5, 5.0)})
+    assert torch.allclose(w, torch.tensor([[4.0, 0.0]]))
+    assert m == pytest.approx({
+        "correction_weight_mean": 2.0,
         "correction_icepop_token_frac": 0.5,
         "correction_icepop_seq_frac": 1.0,
         "correction_masked_token_frac": 0.5,
         "correction_masked_seq_frac": 1.0,
-    }
+    })  # fmt: skip
+    w, m = rollout_correction_weights(*args, "token_reject", 2.0, {"token_reject": (0.5, 5.0)})
+    assert w.tolist() == [[1.0, 0.0]] and m["correction_token_reject_token_frac"] == 0.5
 
 
 def test_geo_rs_ignores_length_where_the_product_does_not():
@@ -156,21 +174,24 @@ def test_token_outlier_drops_the_whole_answer_on_either_side():
 def test_masks_compose_with_every_weight_mode():
     # the mask multiplies what the weight mode alone gives, token for token
     old, rollout, mask = fixed_input()
-    bands = {"icepop": (0.5, 5.0)}
-    keep, _ = rollout_correction_weights(old, rollout, mask, "icepop", 2.0, bands)
-    for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
-        alone, base = rollout_correction_weights(old, rollout, mask, mode, 2.0)
-        both, m = rollout_correction_weights(old, rollout, mask, f"{mode}+icepop", 2.0, bands)
+    bands = {"token_reject": (0.5, 5.0), "icepop": (0.2, 3.0), "seq_masked_tis": (0.5, 2.0)}
+    keep, _ = rollout_correction_weights(old, rollout, mask, "token_reject", 2.0, bands)
+    modes = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "icepop")
+    for mode in (*modes, "seq_masked_tis"):
+        alone, base = rollout_correction_weights(old, rollout, mask, mode, 2.0, bands)
+        both, m = rollout_correction_weights(old, rollout, mask, f"{mode}+token_reject", 2.0, bands)
         assert torch.equal(both, alone * keep)
-        assert m["correction_clipped_frac"] == base["correction_clipped_frac"]
-        assert m["correction_icepop_token_frac"] == pytest.approx(0.1875)
+        assert m.get("correction_clipped_frac") == base.get("correction_clipped_frac")
+        assert m["correction_token_reject_token_frac"] == pytest.approx(0.1875)
 
 
 def test_huge_ratios_neither_overflow_nor_slip_through():
     old = torch.tensor([[0.0, 0.0, 0.0]])
     rollout = torch.tensor([[-500.0, 0.0, 0.0]])  # ratio e^500: past float32's range
-    bands = {"icepop": (0.5, 5.0), "geo_rs": (0.5, 2.0), "token_outlier": (1e-4, 1e4)}
-    for mode in ("icepop", "geo_rs", "token_outlier", "token_truncate+icepop+geo_rs"):
+    bands = {"icepop": (0.5, 5.0), "token_reject": (0.5, 5.0), "geo_rs": (0.5, 2.0)}
+    bands |= {"token_outlier": (1e-4, 1e4), "seq_masked_tis": (0.5, 2.0)}
+    modes = ("icepop", "token_reject", "geo_rs", "token_outlier", "seq_masked_tis")
+    for mode in (*modes, "token_truncate+token_reject+geo_rs", "icepop+token_outlier"):
         w, _ = rollout_correction_weights(old, rollout, torch.ones(1, 3), mode, 2.0, bands)
         assert torch.isfinite(w).all() and w[0, 0] == 0
 
@@ -197,7 +218,7 @@ def test_bad_specs_and_bands_are_refused():
 def test_config_bands_reach_the_weights():
     from grpo.config import ConfigError, load_config
 
-    base = ["rollout.backend=vllm", "algo.rollout_correction=token_truncate+icepop"]
+    base = ["rollout.backend=vllm", "algo.rollout_correction=icepop"]
     algo = load_config("configs/cpu_demo.yaml", [*base, "algo.rollout_icepop_band=[0.2, 3]"]).algo
     assert algo.correction_bands()["icepop"] == (0.2, 3.0)
     old = torch.tensor([[math.log(4.0), math.log(0.3)]])

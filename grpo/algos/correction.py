@@ -6,8 +6,9 @@ slightly from the trainer's for the same weights (and more when the sampler lags
 The policy loss is computed against the trainer's old log-probs; weighting each token by
 pi_old / pi_rollout corrects for having sampled from pi_rollout instead (truncated
 importance sampling, Yao et al. 2025; masked variants as in verl's rollout correction).
-Rejection masks go further: tokens or whole answers whose ratio leaves a band get weight 0,
-so no gradient (IcePop, Geo-RS, the token-outlier veto), on top of any weight mode.
+IcePop (Ring-1T, 2025) keeps a token's ratio as its weight inside a band and gives it 0
+outside. Rejection masks go further: tokens or whole answers whose ratio leaves a band get
+weight 0, so no gradient (Geo-RS, the token-outlier veto...), on top of any weight mode.
 
 All tensors are (B, T) and aligned with `mask`; the weights carry no gradient. The bands are
 compared in log space, so a ratio of e^500 neither overflows nor slips through.
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor
 
 from grpo.algos.losses.common import clamp_log_ratio, masked_mean
-from grpo.core.vocabulary import REJECTION_MASKS, parse_correction
+from grpo.core.vocabulary import BANDED_MODES, REJECTION_MASKS, parse_correction
 
 Band = tuple[float, float]
 
@@ -37,25 +38,27 @@ def rollout_correction_weights(
     """Per-token weights (B, T) for the policy loss, and their metrics.
 
     `mode` is one weight mode and / or rejection masks joined by '+' (grpo.core.vocabulary.
-    parse_correction), e.g. "token_truncate", "icepop", "token_truncate+geo_rs".
+    parse_correction), e.g. "token_truncate", "icepop+geo_rs", "token_truncate+token_reject".
 
     Weight modes, from ratio = pi_old / pi_rollout per token (token_*) or per answer as the
     product over its tokens (sequence_*, the exact importance weight of the whole answer;
     every token of the answer gets it). *_truncate: weight = min(ratio, threshold) (bounded
     variance, a little bias). *_mask: weight = ratio inside [1 / threshold, threshold], 0
-    outside (outliers are dropped, not shrunk). seq_masked_tis: sequence_truncate's weight,
+    outside (outliers are dropped, not shrunk). icepop: weight = ratio inside
+    bands["icepop"], 0 outside (no threshold). seq_masked_tis: sequence_truncate's weight,
     and 0 for answers whose product ratio leaves bands["seq_masked_tis"] (verl's Seq-MIS).
 
-    Rejection masks, each with its band [low, high] from `bands`: icepop zeroes the tokens
-    whose ratio leaves it; geo_rs zeroes answers whose geometric mean of token ratios leaves
+    Rejection masks, each with its band [low, high] from `bands`: token_reject zeroes the
+    tokens whose ratio leaves it; geo_rs zeroes answers whose geometric mean of token ratios leaves
     it (length-independent, unlike the product); token_outlier zeroes answers with any token
     ratio outside it (verl's veto). Masks multiply each other and the weight mode's weights.
 
-    Metrics: correction_weight_mean (token mean of the final weights) and
-    correction_clipped_frac (share of tokens, or of answers for sequence_*, whose weight was
-    capped or zeroed by the weight mode); per band, correction_<name>_token_frac and
-    correction_<name>_seq_frac, the share of tokens and of answers it masked; with any band,
-    correction_masked_token_frac and correction_masked_seq_frac for all of them together.
+    Metrics: correction_weight_mean (token mean of the final weights) and, for the modes with
+    a threshold, correction_clipped_frac (share of tokens, or of answers for sequence_*, whose
+    weight was capped or zeroed by it); per band (icepop's and seq_masked_tis's included),
+    correction_<name>_token_frac and correction_<name>_seq_frac, the share of tokens and of
+    answers it masked; with any band, correction_masked_token_frac and
+    correction_masked_seq_frac for all of them together.
     """
     weight_mode, masks = parse_correction(mode)
     m = mask.to(old_logp.dtype)
@@ -65,7 +68,7 @@ def rollout_correction_weights(
     weights, metrics = torch.ones_like(m), {}
     if weight_mode != "none":
         weights, metrics = _mode_weights(log_ratio, m, weight_mode, threshold)
-    banded = masks + (("seq_masked_tis",) if weight_mode == "seq_masked_tis" else ())
+    banded = masks + ((weight_mode,) if weight_mode in BANDED_MODES else ())
     keep = torch.ones_like(m)
     for name in banded:
         kept = band_keep(name, log_ratio, m, _band(bands, name))
@@ -92,11 +95,11 @@ def _band(bands: Mapping[str, Band] | None, name: str) -> Band:
 def band_keep(name: str, log_ratio: Tensor, m: Tensor, band: Band) -> Tensor:
     """(B, T) 1.0 where `name`'s statistic of log_ratio (0 on padding) lies in `band`, else 0.
 
-    icepop: each token's own ratio; geo_rs: exp(mean of the answer's log-ratios);
+    icepop, token_reject: each token's own ratio; geo_rs: exp(mean of the answer's log-ratios);
     seq_masked_tis: exp(their sum), the answer's importance weight; token_outlier: every token
     of the answer in the band. Padding is 1 (the caller multiplies by the mask)."""
     low, high = math.log(band[0]), math.log(band[1])
-    if name == "icepop":
+    if name in ("icepop", "token_reject"):
         inside = (log_ratio >= low) & (log_ratio <= high)
         return torch.where(m > 0, inside, True).to(m.dtype)
     if name == "token_outlier":
@@ -126,6 +129,8 @@ def _mode_weights(
     log_ratio: Tensor, m: Tensor, mode: str, threshold: float
 ) -> tuple[Tensor, dict[str, float]]:
     """The weight mode's weights (B, T), before any band, and correction_clipped_frac."""
+    if mode == "icepop":  # the ratio itself: its band is applied with the masks
+        return clamp_log_ratio(log_ratio).exp(), {}
     if threshold <= 1.0:
         raise ValueError(f"rollout correction threshold must be > 1, got {threshold}")
     level, how = ("sequence", "truncate") if mode == "seq_masked_tis" else mode.split("_")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from grpo.config.fields import knob
-from grpo.core.vocabulary import AggMode, KlKind, parse_correction
+from grpo.core.vocabulary import BANDED_MODES, AggMode, KlKind, parse_correction
 
 
 @dataclass
@@ -43,7 +43,8 @@ class AlgoConfig:
         "grpo: (r - group mean) / group std; dr_grpo: r - group mean; rloo: leave-one-out "
         "baseline; grpo_passk: only each group's best answer, (r_max - r_second) / group std; "
         "reinforce_pp: discounted return whitened over the batch; reinforce_pp_baseline: "
-        "r - group mean, whitened over the batch; gae: PPO with a "
+        "r - group mean, whitened over the batch; gdpo: each reward component (format, answer, "
+        "judge...) group-normalised apart, summed, whitened over the batch; gae: PPO with a "
         "critic (see the critic section); or your own estimator as 'package.module:function'",
     )
     gamma: float = knob(1.0, "discount of reinforce_pp and gae returns")
@@ -69,20 +70,23 @@ class AlgoConfig:
         "none",
         "the rollout engine's numerical mismatch with the trainer, from ratio = pi_old / "
         "pi_rollout: one weight mode and / or rejection masks joined by '+' (e.g. "
-        "token_truncate+icepop). Weights, per token (token_*) or per answer (sequence_*, the "
+        "token_truncate+geo_rs). Weights, per token (token_*) or per answer (sequence_*, the "
         "product): *_truncate caps the weight at the threshold, *_mask drops tokens / answers "
-        "whose ratio is outside [1 / threshold, threshold], seq_masked_tis is "
-        "sequence_truncate with answers outside rollout_seq_band dropped. Masks (weight 0, no "
-        "gradient): icepop drops tokens outside rollout_icepop_band, geo_rs answers whose "
-        "geometric mean ratio is outside rollout_geo_rs_band, token_outlier answers with any "
-        "token outside rollout_token_outlier_band. Needs rollout.backend: vllm; see "
-        "docs/algorithms.md",
+        "whose ratio is outside [1 / threshold, threshold]; icepop: the token's ratio inside "
+        "rollout_icepop_band, 0 outside; seq_masked_tis: sequence_truncate with answers "
+        "outside rollout_seq_band dropped. Masks (weight 0, no gradient): token_reject drops "
+        "tokens outside rollout_token_reject_band, geo_rs answers whose geometric mean ratio "
+        "is outside rollout_geo_rs_band, token_outlier answers with any token outside "
+        "rollout_token_outlier_band. Needs rollout.backend: vllm; see docs/algorithms.md",
     )
     rollout_correction_threshold: float = knob(
-        2.0, "the cap / band of rollout_correction's weight mode (> 1)"
+        2.0, "the cap / band of rollout_correction's *_truncate / *_mask weights (> 1)"
     )
     rollout_icepop_band: list[float] = knob(
         [0.5, 5.0], "icepop: token ratios kept, [low, high] (IcePop's 0.5, 5)"
+    )
+    rollout_token_reject_band: list[float] = knob(
+        [0.5, 2.0], "token_reject: token ratios kept, [low, high]"
     )
     rollout_geo_rs_band: list[float] = knob(
         [0.999, 1.001], "geo_rs: geometric mean ratios kept, [low, high] (verl's default)"
@@ -99,6 +103,7 @@ class AlgoConfig:
         (grpo.algos.correction.rollout_correction_weights's `bands`)."""
         pairs = {
             "icepop": self.rollout_icepop_band,
+            "token_reject": self.rollout_token_reject_band,
             "geo_rs": self.rollout_geo_rs_band,
             "token_outlier": self.rollout_token_outlier_band,
             "seq_masked_tis": self.rollout_seq_band,
@@ -124,10 +129,10 @@ def check_correction(algo: AlgoConfig, backend: str) -> None:
             "rollout.backend=vllm (the hf backend reports none)"
         )
     threshold = algo.rollout_correction_threshold
-    if mode != "none" and threshold <= 1:
+    if mode not in ("none", "icepop") and threshold <= 1:
         raise ConfigError(f"algo.rollout_correction_threshold must be > 1, got {threshold!r}")
     keys = {"seq_masked_tis": "rollout_seq_band"}
-    for name in masks + ((mode,) if mode == "seq_masked_tis" else ()):
+    for name in masks + ((mode,) if mode in BANDED_MODES else ()):
         key = keys.get(name, f"rollout_{name}_band")
         band = getattr(algo, key)
         if len(band) != 2 or not 0 < band[0] < band[1]:
