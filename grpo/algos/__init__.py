@@ -1,16 +1,17 @@
 """GRPO-family algorithm pieces: pure functions of tensors, no config objects, no I/O.
 
 Importing this package registers the built-in policy losses ("ppo", "grpo", "gspo", "cispo",
-"sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome advantage
-estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk") and token advantage
-estimators ("reinforce_pp"). GAE and the value loss take extra inputs and are exported as plain
-functions (grpo.algos.value). The losses are a package, one module per family
-(grpo.algos.losses).
+"sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome
+advantage estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk",
+"gdpo") and token advantage estimators ("reinforce_pp"). GAE and the value loss take extra
+inputs and are exported as plain functions (grpo.algos.value). The losses are a package, one
+module per family (grpo.algos.losses).
 """
 
 from grpo.algos.advantages import (
     broadcast_to_tokens,
     dr_grpo_advantages,
+    gdpo_advantages,
     group_advantages,
     grpo_passk_advantages,
     masked_whiten,
@@ -67,6 +68,7 @@ __all__ = [
     "dppo_tv_policy_loss",
     "dr_grpo_advantages",
     "gae",
+    "gdpo_advantages",
     "get_advantage_estimator",
     "get_policy_loss",
     "get_token_advantage_estimator",
