@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo.algos import rollout_correction_weights
+from grpo.algos import rollout_correction_weights, rollout_rejection
 
 # log(pi_old / pi_rollout) per token, the engine's log-probs, and the answers' tokens
 LOG_RATIO = [[0.05, -0.9, 1.8, 0.0], [0.0004, -0.0003, 0.0002, 0.0], [0.3, -0.2, 0.0, 0.0],
@@ -239,8 +239,9 @@ def test_config_bands_reach_the_weights():
         load_config("configs/cpu_demo.yaml", ["algo.rollout_correction=geo_rs"])
 
 
-def test_the_trainer_applies_the_configured_masks():
-    # build_experience hands the config's bands on: the weights and metrics it keeps
+def test_the_trainer_applies_the_configured_corrections():
+    # build_experience hands the config's bands on; a rejection (token_reject) also takes its
+    # tokens out of the loss mask, as verl's response_mask, where IcePop's zeros are weights
     from grpo.config import load_config
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.trainer.experience import build_experience
@@ -251,9 +252,27 @@ def test_the_trainer_applies_the_configured_masks():
                 {}, "stop", 0, rollout_logp=np.zeros(len(o), np.float32))
         for i, o in enumerate(old)
     )  # fmt: skip
-    overrides = ["rollout.backend=vllm", "algo.rollout_correction=icepop",
-                 "algo.rollout_icepop_band=[0.5, 3]", "algo.kl_loss_coef=0"]  # fmt: skip
-    exp, metrics = build_experience(EpisodeBatch(eps, 2, 0, 0), load_config(None, overrides), 0.0)
-    assert exp.weights.tolist() == [[0.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
-    assert metrics["correction_icepop_token_frac"] == pytest.approx(2 / 5)
-    assert metrics["correction_masked_seq_frac"] == pytest.approx(1 / 2)
+    batch = EpisodeBatch(eps, 2, 0, 0)
+    kept = [[0.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
+    for mode, loss_mask in [("icepop", [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]), ("token_reject", kept)]:
+        overrides = ["rollout.backend=vllm", f"algo.rollout_correction={mode}",
+                     f"algo.rollout_{mode}_band=[0.5, 3]", "algo.kl_loss_coef=0"]  # fmt: skip
+        exp, metrics = build_experience(batch, load_config(None, overrides), 0.0)
+        assert exp.weights.tolist() == kept and exp.loss_mask.tolist() == loss_mask
+        assert metrics[f"correction_{mode}_token_frac"] == pytest.approx(2 / 5)
+        assert metrics["correction_masked_seq_frac"] == pytest.approx(1 / 2)
+
+
+def test_rejection_is_the_masks_and_seq_masked_tis_band_only():
+    old, rollout, mask = fixed_input()
+    bands = {"icepop": (0.5, 5.0), "token_reject": (0.5, 5.0), "seq_masked_tis": (0.5, 2.0)}
+    ones = torch.ones_like(mask)
+    for mode in ("token_truncate", "icepop", "sequence_mask"):
+        assert torch.equal(rollout_rejection(old, rollout, mask, mode, bands), ones)
+    for mode, name in [
+        ("icepop+token_reject", "token_reject"),
+        ("seq_masked_tis", "seq_masked_tis"),
+    ]:
+        w, _ = rollout_correction_weights(old, rollout, mask, name, 2.0, bands)
+        kept = rollout_rejection(old, rollout, mask, mode, bands)
+        assert torch.equal(kept * mask, (w > 0).to(mask.dtype))  # padding: the mask drops it

@@ -20,7 +20,7 @@ from grpo.algos.advantages import (
     rloo_advantages,
     token_level_rewards,
 )
-from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
+from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
 from grpo.algos.kl_control import adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
@@ -56,6 +56,7 @@ __all__ = [
     "REJECTION_MASKS",
     "logp_abs_diff",
     "rollout_correction_weights",
+    "rollout_rejection",
     "adaptive_kl_coef",
     "overlong_penalty",
     "AGG_MODES",

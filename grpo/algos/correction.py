@@ -82,6 +82,24 @@ def rollout_correction_weights(
     return weights, metrics
 
 
+@torch.no_grad()
+def rollout_rejection(
+    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str, bands: Mapping[str, Band]
+) -> Tensor:
+    """(B, T) 0 on the tokens `mode`'s rejections drop (its masks, and seq_masked_tis's band),
+    1 elsewhere. The trainer takes them out of the loss mask, as verl takes them out of its
+    response_mask: no policy gradient, no KL or entropy term, no place in the token-mean
+    denominator. IcePop's and *_mask's zeros are weights (verl's rollout_is), not rejections:
+    they stay in the denominator."""
+    weight_mode, masks = parse_correction(mode)
+    m = mask.to(old_logp.dtype)
+    log_ratio = (old_logp - rollout_logp) * m
+    keep = torch.ones_like(m)
+    for name in masks + (("seq_masked_tis",) if weight_mode == "seq_masked_tis" else ()):
+        keep = keep * band_keep(name, log_ratio, m, _band(bands, name))
+    return keep
+
+
 def _band(bands: Mapping[str, Band] | None, name: str) -> Band:
     """The [low, high] of `name`, checked: 0 < low < high, both finite."""
     if bands is None or name not in bands:

@@ -23,7 +23,7 @@ from grpo.algos import (
     overlong_penalty,
     token_level_rewards,
 )
-from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
+from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
 from grpo.algos.registry import advantage_kind
 from grpo.config import Config
 from grpo.core.batching import length_mask, pad_right
@@ -143,16 +143,12 @@ def build_experience(
         # so the ratio compares like with like under top-p / top-k too.
         metrics["rollout_vs_old_logp_abs_diff"] = logp_abs_diff(old, rollout, mask)
         if cfg.algo.rollout_correction != "none":
-            algo = cfg.algo
-            weights, more = rollout_correction_weights(
-                old,
-                rollout,
-                mask,
-                algo.rollout_correction,
-                algo.rollout_correction_threshold,
-                algo.correction_bands(),
-            )
+            spec, bands = cfg.algo.rollout_correction, cfg.algo.correction_bands()
+            threshold = cfg.algo.rollout_correction_threshold
+            weights, more = rollout_correction_weights(old, rollout, mask, spec, threshold, bands)
             metrics |= more
+            # Rejected tokens leave the loss altogether, as verl's rejection sampling.
+            loss_mask = loss_mask * rollout_rejection(old, rollout, mask, spec, bands)
     exp = Experience(
         prompts=tuple(e.prompt_ids for e in eps),
         completions=tuple(e.completion_ids for e in eps),
