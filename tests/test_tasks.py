@@ -215,15 +215,18 @@ def test_reward_values_and_info():
 
     value, info = reward("work...\n#### 1072", row)
     assert value == 1.0
-    assert info == {"formatted": True, "correct": True, "pred": "1072", "gold": "1072"}
+    assert info == {"formatted": True, "correct": True, "pred": "1072", "gold": "1072",
+                    "reward/format": 0.1, "reward/answer": 0.9}  # fmt: skip
 
     value, info = reward("#### 7", row)
     assert value == FORMAT_REWARD == 0.1
-    assert info == {"formatted": True, "correct": False, "pred": "7", "gold": "1072"}
+    assert info == {"formatted": True, "correct": False, "pred": "7", "gold": "1072",
+                    "reward/format": 0.1, "reward/answer": 0.0}  # fmt: skip
 
     value, info = reward("I think it is 1072", row)
     assert value == 0.0
-    assert info == {"formatted": False, "correct": False, "pred": None, "gold": "1072"}
+    assert info == {"formatted": False, "correct": False, "pred": None, "gold": "1072",
+                    "reward/format": 0.0, "reward/answer": 0.0}  # fmt: skip
 
 
 def test_reward_through_score_is_msgpack_friendly():

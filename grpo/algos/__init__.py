@@ -1,16 +1,17 @@
 """GRPO-family algorithm pieces: pure functions of tensors, no config objects, no I/O.
 
 Importing this package registers the built-in policy losses ("ppo", "grpo", "gspo", "cispo",
-"sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome advantage
-estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk") and token advantage
-estimators ("reinforce_pp"). GAE and the value loss take extra inputs and are exported as plain
-functions (grpo.algos.value). The losses are a package, one module per family
-(grpo.algos.losses).
+"sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome
+advantage estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk",
+"gdpo") and token advantage estimators ("reinforce_pp"). GAE and the value loss take extra
+inputs and are exported as plain functions (grpo.algos.value). The losses are a package, one
+module per family (grpo.algos.losses).
 """
 
 from grpo.algos.advantages import (
     broadcast_to_tokens,
     dr_grpo_advantages,
+    gdpo_advantages,
     group_advantages,
     grpo_passk_advantages,
     masked_whiten,
@@ -19,7 +20,7 @@ from grpo.algos.advantages import (
     rloo_advantages,
     token_level_rewards,
 )
-from grpo.algos.correction import CORRECTION_MODES, logp_abs_diff, rollout_correction_weights
+from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
 from grpo.algos.kl_control import adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
@@ -48,11 +49,14 @@ from grpo.algos.registry import (
 )
 from grpo.algos.shaping import overlong_penalty
 from grpo.algos.value import gae, value_loss
+from grpo.core.vocabulary import CORRECTION_MODES, REJECTION_MASKS
 
 __all__ = [
     "CORRECTION_MODES",
+    "REJECTION_MASKS",
     "logp_abs_diff",
     "rollout_correction_weights",
+    "rollout_rejection",
     "adaptive_kl_coef",
     "overlong_penalty",
     "AGG_MODES",
@@ -65,6 +69,7 @@ __all__ = [
     "dppo_tv_policy_loss",
     "dr_grpo_advantages",
     "gae",
+    "gdpo_advantages",
     "get_advantage_estimator",
     "get_policy_loss",
     "get_token_advantage_estimator",

@@ -1,9 +1,10 @@
 """Advantage estimators and helpers to turn sequence rewards into per-token signals.
 
-Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline, GRPO pass@k) map per-sequence
-rewards (N,) to (N,); token estimators (REINFORCE++) work on (B, T) per-token rewards
-aligned with a response mask. Batch whitening follows verl's convention (masked_whiten).
-GAE, which also needs the critic's values, lives beside the value loss in grpo.algos.value.
+Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline, GRPO pass@k, GDPO) map
+per-sequence rewards (N,) to (N,) (GDPO also reads the reward's components, (N, K)); token
+estimators (REINFORCE++) work on (B, T) per-token rewards aligned with a response mask.
+Batch whitening follows verl's convention (masked_whiten). GAE, which also needs the critic's
+values, lives beside the value loss in grpo.algos.value.
 """
 
 import torch
@@ -171,18 +172,23 @@ def reinforce_pp_baseline_advantages(
     grouped = _grouped(rewards, group_size)  # (n_groups, G)
     if group_size > 1:
         grouped = grouped - grouped.mean(dim=-1, keepdim=True)
-    centred = grouped.reshape(-1, 1)  # (N, 1)
-    if mask is None:
-        weights = torch.ones_like(centred)  # (N, 1): each answer counts once
-    else:
-        weights = mask.to(centred.dtype).sum(dim=-1, keepdim=True)  # (N, 1): its token count
+    return whiten_answers(grouped.reshape(-1), mask, eps=eps, unbiased=unbiased)  # (N,)
+
+
+def whiten_answers(
+    values: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, unbiased: bool = True
+) -> Tensor:
+    """(v - mean) / sqrt(var + eps) over a batch of answers, masked_whiten's convention: (N,)
+    -> (N,). Without `mask` each answer weighs the same; with `mask` (N, T) each weighs its
+    number of valid tokens, as whitening the value broadcast to every token does (verl)."""
+    # Each answer counts once, or as many times as it has tokens.
+    weights = torch.ones_like(values) if mask is None else mask.to(values.dtype).sum(dim=-1)
     # Whitening N values with integer weights w_i is whitening each value repeated w_i times.
-    m = weights.view(-1)
-    count = m.sum()
-    mean = (centred.view(-1) * m).sum() / count.clamp(min=1)
+    count = weights.sum()
+    mean = (values * weights).sum() / count.clamp(min=1)
     dof = (count - 1 if unbiased else count).clamp(min=1)
-    var = ((centred.view(-1) - mean).square() * m).sum() / dof
-    return (centred.view(-1) - mean) * torch.rsqrt(var + eps)  # (N,)
+    var = ((values - mean).square() * weights).sum() / dof
+    return (values - mean) * torch.rsqrt(var + eps)  # (N,)
 
 
 @register_advantage_estimator("grpo_passk")
@@ -206,3 +212,40 @@ def grpo_passk_advantages(
         gap = gap / (grouped.std(dim=-1) + eps)
     adv = torch.zeros_like(grouped).scatter(1, top.indices[:, :1], gap[:, None])
     return adv.view(-1)  # (N,)
+
+
+@register_advantage_estimator("gdpo")
+def gdpo_advantages(
+    rewards: Tensor,
+    group_size: int,
+    *,
+    components: Tensor | None = None,
+    mask: Tensor | None = None,
+    eps: float = 1e-6,
+) -> Tensor:
+    """GDPO: each reward component normalised within its group apart, then summed. (N,) -> (N,)
+
+    components: (N, K), the parts of each answer's reward (format, answer, a judge...; a task
+    reports them as reward_info["reward/<name>"], grpo.core.episode.reward_components). Each
+    part gets GRPO's group advantage (r_k - mean_k) / (std_k + eps); their sum is whitened
+    over the batch (whiten_answers: unbiased variance, 1e-8 inside the root, per answer, or
+    per token with `mask` as verl does), so that its scale does not grow with K (Liu et al.
+    2026, arXiv:2601.05242; verl's compute_gdpo_outcome_advantage). Summing the rewards
+    first (GRPO) maps different mixes of parts to one advantage and lets a part that varies
+    widely drown one that varies little. Whatever of `rewards` the parts do not sum to
+    (DAPO's overlong penalty, KL in the reward, the reward service's judge score) counts as
+    one more part. ValueError when the reward has a single part: GDPO would then be GRPO
+    with a batch whitening, not what the run asked for.
+    """
+    k = 0 if components is None else components.shape[-1]
+    if components is None or k < 2:
+        raise ValueError(
+            f"advantage=gdpo needs a reward of several components, this run's has {max(k, 1)}: "
+            "its reward_info must report each as 'reward/<name>' (GSM8K's does), or use grpo"
+        )
+    parts = components.to(torch.float64)
+    rest = rewards.to(torch.float64) - parts.sum(dim=-1)  # (N,)
+    if not torch.allclose(rest, torch.zeros_like(rest), atol=1e-5):
+        parts = torch.cat([parts, rest[:, None]], dim=-1)  # (N, K + 1)
+    total = sum(group_advantages(part, group_size, eps=eps) for part in parts.unbind(dim=-1))
+    return whiten_answers(total, mask)  # (N,)

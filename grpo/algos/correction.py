@@ -1,45 +1,157 @@
-"""Importance weights for the mismatch between the rollout engine and the trainer.
+"""Importance weights and rejection masks for the mismatch between the rollout engine and the
+trainer.
 
 The engine (vLLM) samples with its own kernels, so its log-probs of the sampled tokens differ
 slightly from the trainer's for the same weights (and more when the sampler lags behind).
 The policy loss is computed against the trainer's old log-probs; weighting each token by
 pi_old / pi_rollout corrects for having sampled from pi_rollout instead (truncated
 importance sampling, Yao et al. 2025; masked variants as in verl's rollout correction).
+IcePop (Ring-1T, 2025) keeps a token's ratio as its weight inside a band and gives it 0
+outside. Rejection masks go further: tokens or whole answers whose ratio leaves a band get
+weight 0, so no gradient (Geo-RS, the token-outlier veto...), on top of any weight mode.
 
-All tensors are (B, T) and aligned with `mask`; the weights carry no gradient.
+All tensors are (B, T) and aligned with `mask`; the weights carry no gradient. The bands are
+compared in log space, so a ratio of e^500 neither overflows nor slips through.
 """
+
+import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
 from grpo.algos.losses.common import clamp_log_ratio, masked_mean
-from grpo.core.vocabulary import CORRECTION_MODES
+from grpo.core.vocabulary import BANDED_MODES, REJECTION_MASKS, parse_correction
+
+Band = tuple[float, float]
 
 
 @torch.no_grad()
 def rollout_correction_weights(
-    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str, threshold: float
+    old_logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    mode: str,
+    threshold: float,
+    bands: Mapping[str, Band] | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Per-token weights (B, T) for the policy loss, and their metrics.
 
-    ratio = pi_old / pi_rollout, per token (token_*) or per answer as the product over its
-    tokens (sequence_*, the exact importance weight of the whole answer; every token of the
-    answer gets it). *_truncate: weight = min(ratio, threshold) (bounded variance, a little
-    bias). *_mask: weight = ratio inside [1 / threshold, threshold], 0 outside (outliers are
-    dropped, not shrunk). "none": all ones.
+    `mode` is one weight mode and / or rejection masks joined by '+' (grpo.core.vocabulary.
+    parse_correction), e.g. "token_truncate", "icepop+geo_rs", "token_truncate+token_reject".
 
-    Metrics: correction_weight_mean (token mean of the weights) and correction_clipped_frac
-    (share of tokens, or of answers for sequence_*, whose weight was capped or zeroed).
+    Weight modes, from ratio = pi_old / pi_rollout per token (token_*) or per answer as the
+    product over its tokens (sequence_*, the exact importance weight of the whole answer;
+    every token of the answer gets it). *_truncate: weight = min(ratio, threshold) (bounded
+    variance, a little bias). *_mask: weight = ratio inside [1 / threshold, threshold], 0
+    outside (outliers are dropped, not shrunk). icepop: weight = ratio inside
+    bands["icepop"], 0 outside (no threshold). seq_masked_tis: sequence_truncate's weight,
+    and 0 for answers whose product ratio leaves bands["seq_masked_tis"] (verl's Seq-MIS).
+
+    Rejection masks, each with its band [low, high] from `bands`: token_reject zeroes the
+    tokens whose ratio leaves it; geo_rs zeroes answers whose geometric mean of token ratios leaves
+    it (length-independent, unlike the product); token_outlier zeroes answers with any token
+    ratio outside it (verl's veto). Masks multiply each other and the weight mode's weights.
+
+    Metrics: correction_weight_mean (token mean of the final weights) and, for the modes with
+    a threshold, correction_clipped_frac (share of tokens, or of answers for sequence_*, whose
+    weight was capped or zeroed by it); per band (icepop's and seq_masked_tis's included),
+    correction_<name>_token_frac and correction_<name>_seq_frac, the share of tokens and of
+    answers it masked; with any band, correction_masked_token_frac and
+    correction_masked_seq_frac for all of them together.
     """
-    if mode not in CORRECTION_MODES:
-        raise ValueError(f"unknown rollout correction {mode!r}; valid: {list(CORRECTION_MODES)}")
+    weight_mode, masks = parse_correction(mode)
     m = mask.to(old_logp.dtype)
-    if mode == "none":
+    if weight_mode == "none" and not masks:
         return torch.ones_like(old_logp), {}
+    log_ratio = (old_logp - rollout_logp) * m  # (B, T), 0 on padding
+    weights, metrics = torch.ones_like(m), {}
+    if weight_mode != "none":
+        weights, metrics = _mode_weights(log_ratio, m, weight_mode, threshold)
+    banded = masks + ((weight_mode,) if weight_mode in BANDED_MODES else ())
+    keep = torch.ones_like(m)
+    for name in banded:
+        kept = band_keep(name, log_ratio, m, _band(bands, name))
+        metrics |= masked_shares(f"correction_{name}", kept, m)
+        keep = keep * kept
+    if banded:
+        metrics |= masked_shares("correction_masked", keep, m)
+    weights = weights * keep * m
+    if weight_mode != "none":
+        metrics["correction_weight_mean"] = masked_mean(weights, m).item()
+    return weights, metrics
+
+
+@torch.no_grad()
+def rollout_rejection(
+    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str, bands: Mapping[str, Band]
+) -> Tensor:
+    """(B, T) 0 on the tokens `mode`'s rejections drop (its masks, and seq_masked_tis's band),
+    1 elsewhere. The trainer takes them out of the loss mask, as verl takes them out of its
+    response_mask: no policy gradient, no KL or entropy term, no place in the token-mean
+    denominator. IcePop's and *_mask's zeros are weights (verl's rollout_is), not rejections:
+    they stay in the denominator."""
+    weight_mode, masks = parse_correction(mode)
+    m = mask.to(old_logp.dtype)
+    log_ratio = (old_logp - rollout_logp) * m
+    keep = torch.ones_like(m)
+    for name in masks + (("seq_masked_tis",) if weight_mode == "seq_masked_tis" else ()):
+        keep = keep * band_keep(name, log_ratio, m, _band(bands, name))
+    return keep
+
+
+def _band(bands: Mapping[str, Band] | None, name: str) -> Band:
+    """The [low, high] of `name`, checked: 0 < low < high, both finite."""
+    if bands is None or name not in bands:
+        raise ValueError(f"rollout correction {name!r} needs its band [low, high]")
+    low, high = bands[name]
+    if not 0 < low < high or not math.isfinite(high):
+        raise ValueError(f"rollout correction {name!r}: band needs 0 < low < high, got {low, high}")
+    return float(low), float(high)
+
+
+def band_keep(name: str, log_ratio: Tensor, m: Tensor, band: Band) -> Tensor:
+    """(B, T) 1.0 where `name`'s statistic of log_ratio (0 on padding) lies in `band`, else 0.
+
+    icepop, token_reject: each token's own ratio; geo_rs: exp(mean of the answer's log-ratios);
+    seq_masked_tis: exp(their sum), the answer's importance weight; token_outlier: every token
+    of the answer in the band. Padding is 1 (the caller multiplies by the mask)."""
+    low, high = math.log(band[0]), math.log(band[1])
+    if name in ("icepop", "token_reject"):
+        inside = (log_ratio >= low) & (log_ratio <= high)
+        return torch.where(m > 0, inside, True).to(m.dtype)
+    if name == "token_outlier":
+        outside = ((log_ratio < low) | (log_ratio > high)) & (m > 0)
+        return (~outside.any(dim=-1, keepdim=True)).expand_as(m).to(m.dtype)
+    total = log_ratio.sum(dim=-1, keepdim=True)  # (B, 1)
+    if name == "geo_rs":
+        total = total / m.sum(dim=-1, keepdim=True).clamp(min=1)
+    elif name != "seq_masked_tis":
+        raise ValueError(f"unknown rejection mask {name!r}; valid: {list(REJECTION_MASKS)}")
+    return ((total >= low) & (total <= high)).expand_as(m).to(m.dtype)
+
+
+def masked_shares(prefix: str, keep: Tensor, m: Tensor) -> dict[str, float]:
+    """{prefix}_token_frac: share of valid tokens with keep 0; {prefix}_seq_frac: share of
+    answers (with at least one valid token) that lost any."""
+    dropped = (keep < 0.5) & (m > 0)
+    rows = m.sum(dim=-1) > 0
+    seq = (dropped.any(dim=-1) & rows).sum() / rows.sum().clamp(min=1)
+    return {
+        f"{prefix}_token_frac": masked_mean(dropped.to(m.dtype), m).item(),
+        f"{prefix}_seq_frac": float(seq),
+    }
+
+
+def _mode_weights(
+    log_ratio: Tensor, m: Tensor, mode: str, threshold: float
+) -> tuple[Tensor, dict[str, float]]:
+    """The weight mode's weights (B, T), before any band, and correction_clipped_frac."""
+    if mode == "icepop":  # the ratio itself: its band is applied with the masks
+        return clamp_log_ratio(log_ratio).exp(), {}
     if threshold <= 1.0:
         raise ValueError(f"rollout correction threshold must be > 1, got {threshold}")
-    log_ratio = (old_logp - rollout_logp) * m  # (B, T), 0 on padding
-    level, how = mode.split("_")
+    level, how = ("sequence", "truncate") if mode == "seq_masked_tis" else mode.split("_")
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)  # (B, T)
     ratio = clamp_log_ratio(log_ratio).exp()  # e^20 is far past any threshold
@@ -54,11 +166,7 @@ def rollout_correction_weights(
         frac = (clipped[:, 0] & rows).sum() / rows.sum().clamp(min=1)
     else:
         frac = masked_mean(clipped.to(m.dtype), m)
-    metrics = {
-        "correction_weight_mean": masked_mean(weights, m).item(),
-        "correction_clipped_frac": float(frac),
-    }
-    return weights * m, metrics
+    return weights, {"correction_clipped_frac": float(frac)}
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo.config.algo import check_correction
 from grpo.config.data import check_rows
 
 if TYPE_CHECKING:
@@ -173,17 +174,7 @@ def _check_rollout(cfg: Config) -> None:
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
     _check_turns(r)
-    if cfg.algo.rollout_correction != "none":
-        if r.backend != "vllm":
-            raise ConfigError(
-                f"algo.rollout_correction={cfg.algo.rollout_correction} needs the rollout "
-                "engine's log-probs: set rollout.backend=vllm (the hf backend reports none)"
-            )
-        if cfg.algo.rollout_correction_threshold <= 1:
-            raise ConfigError(
-                "algo.rollout_correction_threshold must be > 1, got "
-                f"{cfg.algo.rollout_correction_threshold!r}"
-            )
+    check_correction(cfg.algo, r.backend)
 
 
 def _check_reward(cfg: Config) -> None:

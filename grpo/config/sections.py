@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from grpo.config.algo import AlgoConfig
 from grpo.config.data import RowsConfig
 from grpo.config.fields import knob, section
 from grpo.config.sampling import DataConfig, RewardConfig, RewardServerConfig, RolloutConfig
-from grpo.core.vocabulary import AggMode, CorrectionMode, KlKind
 
 # Attention kernels that keep packed sequences apart without a square mask over the whole row.
 VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
@@ -47,70 +47,6 @@ class ModelConfig:
         "sequences by document. Those three make train.packing=auto pack",
     )
     lora: LoraConfig = section(LoraConfig, "LoRA adapter training")
-
-
-@dataclass
-class AlgoConfig:
-    loss: str = knob(
-        "grpo",
-        "policy loss: grpo / ppo (token-level clipped ratio), gspo (sequence-level ratio), "
-        "cispo (clipped stop-gradient IS weight), sapo (soft gate), geo_mean / gmpo (geometric "
-        "mean of token ratios), clip_cov / kl_cov (high-covariance tokens detached / "
-        "KL-penalised), dppo_tv / dppo_kl (probability-divergence trust region), see "
-        "docs/algorithms.md; or your own as 'package.module:function' (grpo.algos.registry)",
-    )
-    clip_low: float | None = knob(
-        None,
-        "ratio >= 1 - clip_low (geo_mean: log-ratio >= -clip_low; dppo_*: the divergence "
-        "bound for A <= 0); null = the loss's own default",
-    )
-    clip_high: float | None = knob(
-        None,
-        "ratio <= 1 + clip_high (geo_mean: log-ratio <= clip_high; dppo_*: the divergence "
-        "bound for A > 0); null = the loss's own default",
-    )
-    clip_c: float | None = knob(
-        None,
-        "dual clip for negative advantages: loss capped at -A * clip_c (> 1); dppo_*: the cap "
-        "of the stop-gradient ratio; null = the loss's own default (off for ppo)",
-    )
-    kl_loss_coef: float = knob(0.04, "weight of the KL-to-reference penalty in the loss")
-    kl_kind: KlKind = knob("k3", "KL estimator per token")
-    advantage: str = knob(
-        "grpo",
-        "grpo: (r - group mean) / group std; dr_grpo: r - group mean; rloo: leave-one-out "
-        "baseline; grpo_passk: only each group's best answer, (r_max - r_second) / group std; "
-        "reinforce_pp: discounted return whitened over the batch; reinforce_pp_baseline: "
-        "r - group mean, whitened over the batch; gae: PPO with a "
-        "critic (see the critic section); or your own estimator as 'package.module:function'",
-    )
-    gamma: float = knob(1.0, "discount of reinforce_pp and gae returns")
-    lam: float = knob(0.95, "GAE lambda")
-    overlong_buffer: int = knob(
-        0, "DAPO: penalise answers in the last N tokens before max_new_tokens (0 = off)"
-    )
-    overlong_factor: float = knob(1.0, "DAPO: the penalty reached at max_new_tokens")
-    mask_truncated: bool = knob(False, "DAPO: answers cut at max_new_tokens get no loss")
-    entropy_coef: float = knob(0.0, "entropy bonus: loss -= entropy_coef * mean token entropy")
-    kl_in_reward: bool = knob(
-        False, "subtract kl_reward_coef * KL(old || ref) per token from the rewards (PPO-style)"
-    )
-    kl_reward_coef: float = knob(0.001, "initial coefficient of the in-reward KL penalty")
-    kl_reward_kind: KlKind = knob(
-        "k1", "KL estimator charged in the reward (k1, as verl and OpenRLHF)"
-    )
-    kl_ctrl: Literal["fixed", "adaptive"] = knob("fixed", "keep the coefficient, or adapt it")
-    kl_target: float = knob(0.1, "adaptive controller: the per-token KL to aim for")
-    kl_horizon: float = knob(10000.0, "adaptive controller: samples over which to adapt")
-    agg: AggMode | None = knob(None, "token-loss averaging; null = the loss's own default")
-    rollout_correction: CorrectionMode = knob(
-        "none",
-        "importance weights for the rollout engine's numerical mismatch with the trainer, "
-        "from ratio = pi_old / pi_rollout per token (token_*) or per answer (sequence_*, the "
-        "product): *_truncate caps the weight at the threshold, *_mask drops tokens / answers "
-        "whose ratio is outside [1 / threshold, threshold] (needs rollout.backend: vllm)",
-    )
-    rollout_correction_threshold: float = knob(2.0, "the cap / band of rollout_correction (> 1)")
 
 
 @dataclass

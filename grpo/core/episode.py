@@ -32,6 +32,26 @@ from grpo.core.columns import (
     plain_info,
 )
 
+# A reward made of parts (format, answer, a judge...) reports each part as
+# reward_info["reward/<name>"], the parts summing to the reward: GDPO normalises them apart
+# (grpo.algos.advantages.gdpo_advantages). A reward that reports none has one component.
+REWARD_COMPONENT_PREFIX = "reward/"
+
+
+def reward_components(infos: Sequence[dict[str, Any]]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The component names any episode reports (sorted) and their values, (N, K) float64; 0
+    where an episode lacks one (a reward that failed scored 0, so did each of its parts)."""
+    names = sorted({k for info in infos for k in info if k.startswith(REWARD_COMPONENT_PREFIX)})
+    values = np.zeros((len(infos), len(names)), np.float64)
+    for i, info in enumerate(infos):
+        for j, name in enumerate(names):
+            value = info.get(name, 0.0)
+            if not is_finite_real(value):
+                raise ValueError(f"episodes[{i}].reward_info[{name!r}] is {value!r}, not a number")
+            values[i, j] = float(value)
+    return tuple(n.removeprefix(REWARD_COMPONENT_PREFIX) for n in names), values
+
+
 # --------------------------------------------------------------------------- data
 
 

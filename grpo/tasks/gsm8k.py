@@ -191,13 +191,20 @@ def is_correct(completion: str, gold_answer: str) -> bool:
 
 
 def reward(completion: str, row: Row) -> tuple[float, dict]:
-    """1.0 if correct, FORMAT_REWARD for a parseable but wrong answer, else 0.0."""
+    """1.0 if correct, FORMAT_REWARD for a parseable but wrong answer, else 0.0; the info
+    also gives the format and answer parts of that value (reward/format, reward/answer)."""
     gold = _gold_number(row["answer"])
     pred = extract_answer(completion)
     formatted = pred is not None
     correct = formatted and _same_number(pred, gold)
     value = 1.0 if correct else FORMAT_REWARD if formatted else 0.0
-    return value, {"formatted": formatted, "correct": correct, "pred": pred, "gold": gold}
+    info = {"formatted": formatted, "correct": correct, "pred": pred, "gold": gold}
+    # The two parts of the value, for GDPO (grpo.core.episode.REWARD_COMPONENT_PREFIX).
+    parts = {
+        "reward/format": FORMAT_REWARD * formatted,
+        "reward/answer": (1 - FORMAT_REWARD) * correct,
+    }
+    return value, info | parts
 
 
 def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:

@@ -8,6 +8,7 @@ a micro-batch takes its rows with :meth:`Experience.rows` and moves them to its 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,11 +23,11 @@ from grpo.algos import (
     overlong_penalty,
     token_level_rewards,
 )
-from grpo.algos.correction import logp_abs_diff, rollout_correction_weights
+from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
 from grpo.algos.registry import advantage_kind
 from grpo.config import Config
 from grpo.core.batching import length_mask, pad_right
-from grpo.core.episode import EpisodeBatch
+from grpo.core.episode import EpisodeBatch, reward_components
 from grpo.core.vocabulary import GAE
 
 
@@ -142,11 +143,12 @@ def build_experience(
         # so the ratio compares like with like under top-p / top-k too.
         metrics["rollout_vs_old_logp_abs_diff"] = logp_abs_diff(old, rollout, mask)
         if cfg.algo.rollout_correction != "none":
-            algo = cfg.algo
-            weights, more = rollout_correction_weights(
-                old, rollout, mask, algo.rollout_correction, algo.rollout_correction_threshold
-            )
+            spec, bands = cfg.algo.rollout_correction, cfg.algo.correction_bands()
+            threshold = cfg.algo.rollout_correction_threshold
+            weights, more = rollout_correction_weights(old, rollout, mask, spec, threshold, bands)
             metrics |= more
+            # Rejected tokens leave the loss altogether, as verl's rejection sampling.
+            loss_mask = loss_mask * rollout_rejection(old, rollout, mask, spec, bands)
     exp = Experience(
         prompts=tuple(e.prompt_ids for e in eps),
         completions=tuple(e.completion_ids for e in eps),
@@ -160,17 +162,23 @@ def build_experience(
         weights=weights,
     )
     if cfg.algo.advantage != GAE:
-        exp = replace(exp, advantages=estimate_advantages(exp, cfg))
+        exp = replace(exp, advantages=estimate_advantages(exp, cfg, c.reward_info))
     return exp, metrics
 
 
-def estimate_advantages(exp: Experience, cfg: Config) -> torch.Tensor:
+def estimate_advantages(
+    exp: Experience, cfg: Config, infos: Sequence[dict[str, Any]]
+) -> torch.Tensor:
     """(N, C) token advantages from algo.advantage: a token estimator on the per-token
-    rewards, or an outcome estimator on each answer's total, given to every token."""
+    rewards, or an outcome estimator on each answer's total, given to every token; one that
+    takes `components` (GDPO) also gets the reward's parts, (N, K), read from `infos`."""
     kind, estimator = advantage_kind(cfg.algo.advantage)
     if kind == "token":
         token_adv = estimator(exp.token_rewards, exp.mask, gamma=cfg.algo.gamma)
     else:
-        outcome = estimator(exp.token_rewards.sum(dim=-1), exp.group_size)
+        more = {}
+        if "components" in inspect.signature(estimator).parameters:
+            more["components"] = torch.as_tensor(reward_components(infos)[1])
+        outcome = estimator(exp.token_rewards.sum(dim=-1), exp.group_size, **more)
         token_adv = broadcast_to_tokens(outcome, exp.mask)
     return token_adv.masked_fill(exp.no_loss_rows, 0.0)
