@@ -324,7 +324,7 @@ def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics():
                              "rollout.group_size=3", "reward.workers=3"])  # fmt: skip
     prompts = [Prompt(i, {"q": i}, np.array([5, 6], dtype=np.int32)) for i in (7, 9)]
     shard = SimpleNamespace(position=0, draw=lambda: prompts)
-    weights = SimpleNamespace(version=0, reload_s=0.0)
+    weights = SimpleNamespace(version=0, reload_s=0.0, stream_stats=dict)
 
     with RewardRunner(hangs_on_five, cfg.reward.workers, timeout_s=0.5) as runner:
         maker = BatchMaker(cfg, _Tokenizer(), runner, shard, weights)

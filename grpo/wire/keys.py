@@ -134,7 +134,8 @@ def secure_server(
     """Make `sockets` (before bind) CURVE servers with `owner`'s pair (the trainer's, or a
     relaying sampler's) that accept authorized/ keys only; returns the authenticator thread, to
     be stopped before the context is terminated."""
-    public, secret = _load_pair(curve_dir / f"{owner}.key_secret", f"{owner}'s secret key")
+    whose = "the trainer's" if owner == TRAINER else f"sampler {owner}'s"
+    public, secret = _load_pair(curve_dir / f"{owner}.key_secret", f"{whose} secret key")
     keys = _AuthorizedKeys(curve_dir / AUTHORIZED)
     auth = ThreadAuthenticator(ctx)
     auth.start()
