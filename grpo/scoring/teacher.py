@@ -32,13 +32,13 @@ def tokenizer_difference(
 
 
 def _special(tok: PreTrainedTokenizerBase) -> dict[str, object]:
-    """The named special tokens (bos, eos, pad...) with their ids, and the extra ones."""
+    """The named special tokens (bos, eos, pad...) with their ids, and all of them."""
     named = {
         name: (value, tok.convert_tokens_to_ids(value))
         for name, value in tok.special_tokens_map.items()
         if isinstance(value, str)
     }
-    return named | {"additional": tuple(sorted(map(str, tok.additional_special_tokens)))}
+    return named | {"all": tuple(sorted(zip(tok.all_special_tokens, tok.all_special_ids)))}
 
 
 def check_same_tokenizer(
