@@ -20,7 +20,7 @@ from grpo.config.passes import scoring_passes
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.models.embedded import ModelError
 from grpo.models.loading import load_tokenizer
-from grpo.scoring.teacher import check_same_tokenizer, tokenizer_difference
+from grpo.scoring.teacher import check_same_tokenizer, load_teacher, tokenizer_difference
 from grpo.trainer.experience import build_experience
 from grpo.wire.codec import FrameError, decode, encode_batch, seal
 from tests.conftest import run_launch, transport_overrides
@@ -125,6 +125,31 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_both(base_model_dir,
     line = str(refused.value)
     assert "\n" not in line and "'/models/teacher'" in line and "'/models/student'" in line
     assert "special token eos_token" in line
+
+
+def test_the_sampler_s_teacher_is_loaded_only_with_the_student_s_tokenizer(
+    tiny_model_dir, tmp_path
+):
+    """load_teacher, what the sampler calls at start: the same tokenizer loads the teacher
+    (in teacher.dtype); one with an extra token is refused before its weights are read."""
+    from tests.tiny_model import build_tiny_model
+
+    student = load_tokenizer(tiny_model_dir)
+    cfg = load_config(None, [*OPD[:1], f"teacher.path={tiny_model_dir}", "teacher.dtype=bfloat16"])
+    teacher = load_teacher(cfg, student, tiny_model_dir, torch.device("cpu"))
+    assert next(teacher.parameters()).dtype == torch.bfloat16 and not teacher.training
+    assert load_teacher(load_config(None, []), student, tiny_model_dir, torch.device("cpu")) is None
+
+    other = build_tiny_model(tmp_path / "other", tiny_model_dir, seed=2)
+    tok = load_tokenizer(other)
+    tok.add_tokens(["<teacher-only>"])
+    tok.save_pretrained(other)
+    cfg = load_config(None, [*OPD[:1], f"teacher.path={other}"])
+    with pytest.raises(ModelError, match=f"teacher.path '{other}' has another tokenizer"):
+        load_teacher(cfg, student, tiny_model_dir, torch.device("cpu"))
+    cfg = load_config(None, [*OPD[:1], f"teacher.path={tmp_path / 'nowhere'}"])
+    with pytest.raises(ModelError, match="^teacher.path .* is not an HF model dir"):
+        load_teacher(cfg, student, tiny_model_dir, torch.device("cpu"))
 
 
 # --------------------------------------------------------------------------- the wire

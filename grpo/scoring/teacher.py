@@ -38,7 +38,8 @@ def _special(tok: PreTrainedTokenizerBase) -> dict[str, object]:
         for name, value in tok.special_tokens_map.items()
         if isinstance(value, str)
     }
-    return named | {"all": tuple(sorted(zip(tok.all_special_tokens, tok.all_special_ids)))}
+    every = zip(tok.all_special_tokens, tok.all_special_ids, strict=True)
+    return named | {"all": tuple(sorted(every))}
 
 
 def check_same_tokenizer(
@@ -65,8 +66,8 @@ def load_teacher(
         return None
     try:
         path = resolve_model_path(cfg.teacher.path)
-    except ModelError as e:
-        raise ModelError(f"teacher.path: {e}") from None
+    except ModelError as e:  # its message names the key it checks for the policy
+        raise ModelError(str(e).replace("model.path", "teacher.path", 1)) from None
     check_same_tokenizer(student, load_tokenizer(path), student_path, path)
     model = load_reference(path, cfg.teacher.dtype, cfg.model.attn_implementation)
     return model.to(device)
