@@ -3,7 +3,8 @@
 Importing this package registers the built-in policy losses ("ppo", "grpo", "gspo", "cispo",
 "sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome
 advantage estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk",
-"gdpo") and token advantage estimators ("reinforce_pp"). GAE and the value loss take extra
+"gdpo") and token advantage estimators ("reinforce_pp", "opd": on-policy distillation, which
+also reads the teacher's and the student's log-probs). GAE and the value loss take extra
 inputs and are exported as plain functions (grpo.algos.value). The losses are a package, one
 module per family (grpo.algos.losses).
 """
@@ -15,6 +16,7 @@ from grpo.algos.advantages import (
     group_advantages,
     grpo_passk_advantages,
     masked_whiten,
+    opd_advantages,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
@@ -81,6 +83,7 @@ __all__ = [
     "kl_penalty",
     "masked_mean",
     "masked_whiten",
+    "opd_advantages",
     "policy_loss",
     "ppo_policy_loss",
     "register_advantage_estimator",

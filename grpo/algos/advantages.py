@@ -249,3 +249,38 @@ def gdpo_advantages(
         parts = torch.cat([parts, rest[:, None]], dim=-1)  # (N, K + 1)
     total = sum(group_advantages(part, group_size, eps=eps) for part in parts.unbind(dim=-1))
     return whiten_answers(total, mask)  # (N,)
+
+
+@register_token_advantage_estimator("opd")
+def opd_advantages(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    teacher_logp: Tensor | None = None,
+    student_logp: Tensor | None = None,
+    group_size: int = 1,
+    reward_weight: float = 0.0,
+) -> Tensor:
+    """On-policy distillation: per token, teacher_logp - student_logp, plus reward_weight times
+    the task reward's GRPO advantage. (B, T) -> (B, T), 0 on padding.
+
+    student_logp are the behaviour (old) log-probs of the sampled tokens, fixed inputs as any
+    advantage: log pi_teacher(y_t) - log pi_old(y_t) is minus the one-sample (k1) estimate of
+    the reverse KL(pi_old || pi_teacher) at token t, so the policy gradient lowers the reverse
+    KL, mode-seeking (Agarwal et al. 2023, GKD; Thinking Machines' on-policy distillation).
+    Tokens the teacher likes more than the student get a positive advantage. With
+    reward_weight > 0, each answer's total reward (B,) gets GRPO's group advantage, given to
+    every token, added: slime's `--opd-kl-coef 1` on a GRPO advantage scaled by the weight.
+    ValueError when either log-prob is missing (no teacher, or no old-policy pass).
+    """
+    if teacher_logp is None or student_logp is None:
+        missing = "no teacher_logp" if teacher_logp is None else "no student_logp"
+        raise ValueError(
+            f"advantage=opd needs the teacher's and the student's log-probs: {missing}"
+        )
+    m = mask.to(torch.float32)
+    adv = (teacher_logp.float() - student_logp.float()) * m  # (B, T)
+    if reward_weight:
+        outcome = group_advantages(as_float(token_rewards).sum(dim=-1), group_size)  # (B,)
+        adv = adv + reward_weight * broadcast_to_tokens(outcome, m)
+    return adv

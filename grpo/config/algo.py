@@ -44,8 +44,13 @@ class AlgoConfig:
         "baseline; grpo_passk: only each group's best answer, (r_max - r_second) / group std; "
         "reinforce_pp: discounted return whitened over the batch; reinforce_pp_baseline: "
         "r - group mean, whitened over the batch; gdpo: each reward component (format, answer, "
-        "judge...) group-normalised apart, summed, whitened over the batch; gae: PPO with a "
-        "critic (see the critic section); or your own estimator as 'package.module:function'",
+        "judge...) group-normalised apart, summed, whitened over the batch; opd: on-policy "
+        "distillation, per token teacher log-prob - student log-prob (needs teacher.path), "
+        "plus opd_reward_weight * the GRPO advantage; gae: PPO with a critic (see the critic "
+        "section); or your own estimator as 'package.module:function'",
+    )
+    opd_reward_weight: float = knob(
+        0.0, "opd: weight of the task reward's GRPO advantage added to the teacher's (0 = pure)"
     )
     gamma: float = knob(1.0, "discount of reinforce_pp and gae returns")
     lam: float = knob(0.95, "GAE lambda")

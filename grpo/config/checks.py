@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.config.algo import check_correction
 from grpo.config.data import check_rows
+from grpo.config.teacher import check_teacher
 
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
@@ -64,6 +65,7 @@ def check_values(cfg: Config) -> None:
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
         )
     check_rows(cfg.rows)
+    check_teacher(cfg)
 
 
 def _check_signs(cfg: Config) -> None:

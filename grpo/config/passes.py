@@ -46,8 +46,11 @@ def trained_with_sampling_weights(cfg: Config) -> bool:
 def scoring_passes(cfg: Config) -> ScoringPasses:
     algo = cfg.algo
     uses_kl = algo.kl_loss_coef > 0 or algo.kl_in_reward
-    # KL in the reward and the rollout correction read the old log-probs before the update.
-    reads_old_early = algo.kl_in_reward or algo.rollout_correction != "none"
+    # KL in the reward, the rollout correction and OPD's advantages read the old log-probs
+    # before the update.
+    reads_old_early = (
+        algo.kl_in_reward or algo.rollout_correction != "none" or algo.advantage == "opd"
+    )
     old_is_training_forward = (
         one_step_per_batch(cfg) and trained_with_sampling_weights(cfg) and not reads_old_early
     )

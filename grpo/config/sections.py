@@ -13,6 +13,7 @@ from grpo.config.algo import AlgoConfig
 from grpo.config.data import RowsConfig
 from grpo.config.fields import knob, section
 from grpo.config.sampling import DataConfig, RewardConfig, RewardServerConfig, RolloutConfig
+from grpo.config.teacher import TeacherConfig
 
 # Attention kernels that keep packed sequences apart without a square mask over the whole row.
 VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
@@ -283,6 +284,7 @@ class Config:
     )
     rollout: RolloutConfig = section(RolloutConfig, "sampling")
     algo: AlgoConfig = section(AlgoConfig, "advantages and loss")
+    teacher: TeacherConfig = section(TeacherConfig, "on-policy distillation's teacher (opd)")
     train: TrainConfig = section(TrainConfig, "optimisation and weight publishing")
     critic: CriticConfig = section(CriticConfig, "PPO value model (used with algo.advantage=gae)")
     eval: EvalConfig = section(EvalConfig, "periodic evaluation of versions")

@@ -23,12 +23,14 @@ ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
     ("ref_logp", "float32", "completion_len"),
     ("rollout_logp", "float32", "completion_len"),
     ("loss_mask", "uint8", "completion_len"),
+    ("teacher_logp", "float32", "completion_len"),
 )
 # Per-token arrays a batch may leave out (None for the whole batch): the old-policy and
 # reference log-probs when the trainer computes them (train.logprobs_on: trainer), the rollout
 # engine's when the backend reports none, and the loss mask of single-turn answers (every
-# token the model's), so that their frames are what they were before multi-turn answers.
-OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp", "loss_mask")
+# token the model's), so that their frames are what they were before multi-turn answers; and the
+# teacher's log-probs (on-policy distillation), absent when the run has no teacher.
+OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp", "loss_mask", "teacher_logp")
 # Wire dtypes are explicit little-endian so sender and receiver agree on any host.
 WIRE_DTYPES: dict[str, np.dtype] = {
     "int32": np.dtype("<i4"),
@@ -51,7 +53,7 @@ REWARD_DTYPE = np.dtype(np.float64)
 # can produce comes near it, so only a bug or a hostile peer is refused.
 VALUE_LIMIT = 1e12
 # The float arrays bounded by VALUE_LIMIT: the rewards, and the per-token log-probs.
-BOUNDED = ("reward", "old_logp", "ref_logp", "rollout_logp")
+BOUNDED = ("reward", "old_logp", "ref_logp", "rollout_logp", "teacher_logp")
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -69,6 +71,7 @@ class Columns:
     ref_logp: np.ndarray | None  # idem
     rollout_logp: np.ndarray | None  # idem
     loss_mask: np.ndarray | None  # uint8 0/1, aligned with completion_ids, or None (all 1)
+    teacher_logp: np.ndarray | None  # float32 like old_logp: the teacher's, or None (no teacher)
     prompt_len: np.ndarray  # int64 [N]
     completion_len: np.ndarray  # int64 [N]
     reward: np.ndarray  # float64 [N]

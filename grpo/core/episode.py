@@ -74,6 +74,7 @@ class Episode:
     # uint8 or bool [C]: 1 on the tokens the model sampled, 0 on a tool's results (a multi-turn
     # answer, grpo.rollout.multi_turn); None: every token is the model's.
     loss_mask: np.ndarray | None = None
+    teacher_logp: np.ndarray | None = None  # float32 [C], under the teacher (None: no teacher)
 
 
 class EpisodeBatch:
@@ -264,9 +265,9 @@ def check_batch(batch: EpisodeBatch) -> None:
 def _gather(eps: tuple[Episode, ...]) -> Columns:
     """Columns of checked episodes: one copy of each array, cast to its wire dtype.
 
-    An optional log-prob array (old_logp, ref_logp, rollout_logp) is kept only when every
-    episode has one; otherwise it is dropped for the whole batch (the receiver sees None
-    everywhere). The loss mask is kept when any episode has one, the others' all ones: a
+    An optional log-prob array (old_logp, ref_logp, rollout_logp, teacher_logp) is kept only
+    when every episode has one; otherwise it is dropped for the whole batch (the receiver sees
+    None everywhere). The loss mask is kept when any episode has one, the others' all ones: a
     dropped mask would train on a tool's tokens.
     """
     arrays: dict[str, np.ndarray | None] = {}
@@ -317,6 +318,7 @@ def _scatter(c: Columns) -> tuple[Episode, ...]:
             group_id=group_ids[i],
             rollout_logp=_part(c.rollout_logp, k[i], k[i + 1]),
             loss_mask=_part(c.loss_mask, k[i], k[i + 1]),
+            teacher_logp=_part(c.teacher_logp, k[i], k[i + 1]),
         )
         for i in range(len(c))
     )
@@ -337,6 +339,7 @@ def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
         ref_logp=_part(c.ref_logp, ks, ke),
         rollout_logp=_part(c.rollout_logp, ks, ke),
         loss_mask=_part(c.loss_mask, ks, ke),
+        teacher_logp=_part(c.teacher_logp, ks, ke),
         prompt_len=c.prompt_len[start:stop],
         completion_len=c.completion_len[start:stop],
         reward=c.reward[start:stop],

@@ -1,5 +1,5 @@
 """Batches of episodes: G answers per question from the rollout engine, their rewards, DAPO's
-dynamic sampling, and the old-policy, reference and engine log-probs of every answer."""
+dynamic sampling, and the old-policy, reference, engine and teacher log-probs of every answer."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from grpo.runtime.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.weights import Weights
 from grpo.scoring.kernels import Truncation
-from grpo.scoring.score import score_for_training
+from grpo.scoring.score import score_for_training, score_pairs
+from grpo.scoring.teacher import load_teacher
 from grpo.tasks import Row
 from grpo.wire.channels import PeerError
 
@@ -80,6 +81,8 @@ class BatchMaker:
             self.reference = load_reference(
                 weights.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(weights.device)
+        # On-policy distillation's teacher (teacher.path), refused if its tokenizer differs.
+        self.teacher = load_teacher(cfg, tokenizer, weights.model_path, weights.device)
 
     def make(self, seq: int, engine: RolloutEngine) -> EpisodeBatch:
         cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
@@ -150,6 +153,7 @@ class BatchMaker:
         scored = [s for group in groups for s in group.scored]
         index = [group.prompt.index for group in groups for _ in group.gens]
         old, ref, rollout = self.score(gens)
+        teacher = self.teacher_scores(gens)
         return tuple(
             Episode(
                 g.prompt_ids,
@@ -162,9 +166,10 @@ class BatchMaker:
                 i,
                 lp,
                 loss_mask=g.loss_mask,
+                teacher_logp=t,
             )
-            for g, o, r, lp, (reward, info), i in zip(
-                gens, old, ref, rollout, scored, index, strict=True
+            for g, o, r, lp, t, (reward, info), i in zip(
+                gens, old, ref, rollout, teacher, scored, index, strict=True
             )
         )
 
@@ -185,3 +190,19 @@ class BatchMaker:
             batch_size=self.cfg.rollout.generation_batch_size,
             packed=self.cfg.packed,
         )
+
+    def teacher_scores(self, gens: list[Generation]) -> list:
+        """The teacher's log-probs of each answer's tokens, at the sampling temperature as the
+        old ones (so that their difference is OPD's advantage); None each without a teacher."""
+        if self.teacher is None:
+            return [None] * len(gens)
+        logps, _ = score_pairs(
+            self.teacher,
+            [g.prompt_ids for g in gens],
+            [g.completion_ids for g in gens],
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=self.sampling.temperature,
+            batch_size=self.cfg.rollout.generation_batch_size,
+            packed=self.cfg.packed,
+        )
+        return logps

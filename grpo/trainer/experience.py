@@ -161,20 +161,39 @@ def build_experience(
         rollout_logp=rollout,
         weights=weights,
     )
+    teacher = None if c.teacher_logp is None else pad_right([e.teacher_logp for e in eps], width)
+    if teacher is not None and old is not None:
+        # Minus OPD's advantage: the k1 estimate of KL(old || teacher) per token.
+        metrics["opd_reverse_kl"] = float(masked_mean(old - teacher, mask))
     if cfg.algo.advantage != GAE:
-        exp = replace(exp, advantages=estimate_advantages(exp, cfg, c.reward_info))
+        exp = replace(exp, advantages=estimate_advantages(exp, cfg, c.reward_info, teacher))
+        if teacher is not None:
+            metrics["opd_advantage_mean"] = float(masked_mean(exp.advantages, exp.loss_mask))
     return exp, metrics
 
 
 def estimate_advantages(
-    exp: Experience, cfg: Config, infos: Sequence[dict[str, Any]]
+    exp: Experience,
+    cfg: Config,
+    infos: Sequence[dict[str, Any]],
+    teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N, C) token advantages from algo.advantage: a token estimator on the per-token
     rewards, or an outcome estimator on each answer's total, given to every token; one that
-    takes `components` (GDPO) also gets the reward's parts, (N, K), read from `infos`."""
+    takes `components` (GDPO) also gets the reward's parts, (N, K), read from `infos`; one
+    that takes `teacher_logp` (OPD) the teacher's (N, C) and the old policy's log-probs."""
     kind, estimator = advantage_kind(cfg.algo.advantage)
     if kind == "token":
-        token_adv = estimator(exp.token_rewards, exp.mask, gamma=cfg.algo.gamma)
+        params = inspect.signature(estimator).parameters
+        more = {"gamma": cfg.algo.gamma}
+        if "teacher_logp" in params:
+            more = {
+                "teacher_logp": teacher,
+                "student_logp": exp.old_logp,
+                "group_size": exp.group_size,
+                "reward_weight": cfg.algo.opd_reward_weight,
+            }
+        token_adv = estimator(exp.token_rewards, exp.mask, **more)
     else:
         more = {}
         if "components" in inspect.signature(estimator).parameters:
