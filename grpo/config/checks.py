@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo.config.algo import check_correction
-from grpo.config.data import check_rows
+from grpo.config.data import check_mixture, check_rows
 
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
@@ -64,6 +64,8 @@ def check_values(cfg: Config) -> None:
             f"data.reward must look like 'package.module:function', got {cfg.data.reward!r}"
         )
     check_rows(cfg.rows)
+    d = cfg.data
+    check_mixture(d.mixture, d.task, d.train, d.test, d.reward)
 
 
 def _check_signs(cfg: Config) -> None:
