@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import pickle
 from itertools import islice
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,4 +233,5 @@ def test_a_run_on_a_gsm8k_and_math500_mixture(tmp_path, tiny_model_dir):
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evals and all(e["n/gsm8k"] == 2 and e["n/math"] == 2 and e["n"] == 4 for e in evals)
     assert all(0 <= e["accuracy/math"] <= 1 for e in evals)
-    assert Path(run_dir / "config.yaml").read_text().count("weight: 1") == 2
+    saved = load_config(run_dir / "config.yaml").data.mixture  # the run's record of it
+    assert [(e.get("task"), e["weight"]) for e in saved] == [(None, 1), ("math", 1)]
