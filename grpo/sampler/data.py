@@ -180,11 +180,9 @@ class Shard:
         return prompts
 
     def order(self, start: int) -> Iterator[tuple[int, int]]:
-        """(part, row) pairs from position `start` on: one dataset's seeded order, or a
-        mixture's (mixture_order)."""
+        """(part, row) pairs from position `start` on (mixture_order: with one dataset, its
+        question_order, as before mixtures)."""
         seed, shuffle = self.cfg.rollout.seed, self.cfg.data.shuffle
-        if len(self.parts) == 1:
-            return ((0, i) for i in question_order(self.size, seed, shuffle, start))
         sizes, weights = [len(p.rows) for p in self.parts], [p.weight for p in self.parts]
         return mixture_order(sizes, weights, seed, shuffle, start)
 
