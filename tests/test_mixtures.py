@@ -103,7 +103,6 @@ def test_a_resumed_mixture_shard_draws_the_same_questions(base_model_dir):
     [
         ("[{train: a, weight: 0}, {train: b, name: b}]", "entry 0: weight must be a finite"),
         ("[{train: a, weight: -1}, {train: b, name: b}]", "entry 0: weight must be a finite"),
-        ("[{train: a, task: nope}, {train: b}]", "entry 0: task: unknown task 'nope'"),
         ("[{train: a}, {train: b}]", "entry 1: a second entry named 'gsm8k'"),
         ("[{train: a}]", "data.mixture has one entry"),
         ("[{name: x}, {train: b}]", "entry 0: no train rows"),
@@ -116,6 +115,17 @@ def test_a_bad_mixture_entry_is_one_config_error(mixture, message):
     with pytest.raises(ConfigError, match=message) as err:
         load_config(None, [f"data.mixture={mixture}"])
     assert "\n" not in str(err.value)
+
+
+def test_an_entry_of_an_unknown_task_is_one_config_error():
+    cfg = load_config(None, ["data.mixture=[{train: a, task: nope}, {train: b}]"])
+    with pytest.raises(ConfigError, match="entry 0: task: unknown task 'nope'; valid: gsm8k"):
+        task_for(cfg)  # as the sampler and the evaluations build it
+    cfg = load_config(
+        None, ["data.mixture=[{train: a, reward: 'no_such:fn'}, {train: b, name: b}]"]
+    )
+    with pytest.raises(ConfigError, match="entry 0: reward: "):
+        task_for(cfg)
 
 
 def test_data_train_or_reward_beside_a_mixture_is_refused():

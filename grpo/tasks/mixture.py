@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo.config import ConfigError
 from grpo.config.data import parse_mixture
 
 from .base import RewardFn, Row, Task, get_task, run_reward, score
@@ -39,12 +40,19 @@ class Source:
 
 
 def sources(cfg: Config) -> tuple[Source, ...]:
-    """The entries of data.mixture, their tasks and rewards looked up."""
+    """The entries of data.mixture, their tasks and rewards looked up; ConfigError in one line
+    naming the entry whose task or reward is not one (grpo.plan checks data.task alone)."""
     out = []
-    for e in parse_mixture(cfg.data.mixture, cfg.data.task):
-        task = mapped(get_task(e.task), cfg.rows.columns)
-        test = e.test or task.default_test
-        out.append(Source(e.name, task, run_reward(task, e.reward), e.train, test, e.weight))
+    for i, e in enumerate(parse_mixture(cfg.data.mixture, cfg.data.task)):
+        try:
+            task = mapped(get_task(e.task), cfg.rows.columns)
+        except ValueError as err:
+            raise ConfigError(f"data.mixture: entry {i}: task: {err}") from None
+        try:
+            reward = run_reward(task, e.reward)
+        except ValueError as err:
+            raise ConfigError(f"data.mixture: entry {i}: reward: {err}") from None
+        out.append(Source(e.name, task, reward, e.train, e.test or task.default_test, e.weight))
     return tuple(out)
 
 
