@@ -161,9 +161,14 @@ def summarise(
     """The eval.jsonl row: pass@1 greedy ("accuracy"), format rate, and each pass@k as the
     mean over questions of the unbiased estimate; for a mixture, each of them per entry too
     (``accuracy/<name>``, ``n/<name>``...)."""
-    row: dict = {"version": version, **_rates(results, spec, "")}
-    if spec.samples and results:
+    overall = _rates(results, spec, "")
+    row: dict = {
+        "version": version,
+        **{k: overall.pop(k) for k in ("accuracy", "format_rate", "n")},
+    }
+    if spec.samples and results:  # before the pass@k, as eval.jsonl has always had it
         row["samples"] = spec.samples
+    row.update(overall)
     for name in sorted({r.source for r in results if r.source}):
         row.update(_rates([r for r in results if r.source == name], spec, f"/{name}"))
     row["seconds"] = round(seconds, 2)
