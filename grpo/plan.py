@@ -25,6 +25,7 @@ from grpo.config.passes import scored_by
 from grpo.core.vocabulary import GAE
 from grpo.rollout.registry import check_engine_name
 from grpo.tasks import get_task
+from grpo.tasks.mixture import mixture_task
 from grpo.tools import Toolbox, get_tool
 
 # The keyword options the config gives a policy loss (None = the loss's own default).
@@ -89,6 +90,8 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     loss = plan_loss(cfg)
     _looked_up("rollout.backend", check_engine_name, cfg.rollout.backend)
     _looked_up("data.task", get_task, cfg.data.task)
+    if cfg.data.mixture:  # each entry's task and reward, looked up (ConfigError naming it)
+        mixture_task(cfg)
     if cfg.rollout.tools:
         _looked_up("rollout.tools", lambda names: Toolbox([get_tool(n) for n in names]),
                    cfg.rollout.tools)  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo.config.algo import check_correction
-from grpo.config.data import check_rows
+from grpo.config.data import check_mixture, check_rows
 from grpo.config.teacher import check_teacher
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ def check_values(cfg: Config) -> None:
         )
     check_rows(cfg.rows)
     check_teacher(cfg)
+    d = cfg.data
+    check_mixture(d.mixture, d.task, d.train, d.test, d.reward)
 
 
 def _check_signs(cfg: Config) -> None:

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from grpo.config.fields import knob
 
@@ -43,3 +46,90 @@ def check_rows(rows: RowsConfig) -> None:
         parse_columns(rows.columns)
     except ValueError as e:
         raise ConfigError(f"rows.columns: {e}") from None
+
+
+# ---------------------------------------------------------------------------
+# Mixtures (data.mixture): several datasets in one run, each with its own task and reward
+# ---------------------------------------------------------------------------
+
+MIXTURE_KEYS = ("name", "train", "test", "task", "reward", "weight")
+# A source name becomes part of metric keys (accuracy/<name>): no spaces, no '='.
+_NAME = re.compile(r"[\w.\-/]+")
+
+
+@dataclass(frozen=True)
+class MixtureEntry:
+    """One dataset of a mixture, its defaults filled in (see DataConfig.mixture)."""
+
+    name: str
+    train: str
+    test: str  # '' = its task's default test split
+    task: str
+    reward: str  # '' = its task's reward
+    weight: float
+
+
+def _entry(raw: Any, default_task: str) -> MixtureEntry:
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a mapping like {{train: ..., weight: 1}}, got {raw!r:.80}")
+    unknown = sorted(set(map(str, raw)) - set(MIXTURE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} (keys: {', '.join(MIXTURE_KEYS)})")
+    strings = {k: raw.get(k, "") for k in ("name", "train", "test", "task", "reward")}
+    for key, value in strings.items():
+        if not isinstance(value, str):
+            raise ValueError(f"{key} must be a string, got {value!r:.80}")
+    if not strings["train"]:
+        raise ValueError("no train rows: set train (a file, a directory or a hub name)")
+    if strings["reward"] and ":" not in strings["reward"]:
+        raise ValueError(
+            f"reward must look like 'package.module:function', got {strings['reward']!r}"
+        )
+    weight = raw.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise ValueError(f"weight must be a number, got {weight!r:.80}")
+    if not (math.isfinite(weight) and weight > 0):
+        raise ValueError(f"weight must be a finite number > 0, got {weight!r}")
+    task = strings["task"] or default_task
+    name = strings["name"] or task
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"name {name!r} must be letters, digits and _ . - / only (a metric key)")
+    return MixtureEntry(name, strings["train"], strings["test"], task, strings["reward"],
+                        float(weight))  # fmt: skip
+
+
+def parse_mixture(entries: list[Any], default_task: str) -> tuple[MixtureEntry, ...]:
+    """The entries of data.mixture, checked; ValueError 'entry i: why' for a bad one."""
+    parsed = []
+    for i, raw in enumerate(entries):
+        try:
+            parsed.append(_entry(raw, default_task))
+        except ValueError as e:
+            raise ValueError(f"entry {i}: {e}") from None
+    names = [e.name for e in parsed]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ValueError(f"entry {i}: a second entry named {name!r}: give each a name")
+    return tuple(parsed)
+
+
+def check_mixture(mixture: list[Any], task: str, train: str, test: str, reward: str) -> None:
+    """ConfigError in one line for a bad data.mixture: an entry (see parse_mixture), or
+    data.train / test / reward set beside it (each entry has its own). Its tasks are looked up
+    with the run's names (grpo.tasks.mixture.sources): this layer knows no tasks."""
+    from grpo.config.checks import ConfigError  # here: checks imports this module
+
+    if not mixture:
+        return
+    for key, value in (("train", train), ("test", test), ("reward", reward)):
+        if value:
+            raise ConfigError(
+                f"data.{key} is set beside data.mixture: set {key} in each mixture entry instead"
+            )
+    try:
+        entries = parse_mixture(mixture, task)
+    except ValueError as e:
+        raise ConfigError(f"data.mixture: {e}") from None
+    if len(entries) < 2:
+        raise ConfigError("data.mixture has one entry: a mixture needs two or more datasets "
+                          "(one dataset is data.task / data.train)")  # fmt: skip

@@ -29,6 +29,14 @@ class DataConfig:
         512, "prompts longer than this (in tokens) are skipped when drawn (logged)"
     )
     shuffle: bool = knob(True, "shuffle the train rows each epoch (seeded by rollout.seed)")
+    mixture: list[dict] = knob(
+        [],
+        "several datasets in one run (docs/extending.md, Mixtures): entries {train, test, task, "
+        "reward, weight, name}; each question is drawn from an entry picked by weight (seeded "
+        "by rollout.seed) and scored by that entry's reward (task defaults to data.task, name "
+        "to the task); metrics and evaluation per entry name; [] = the one dataset of "
+        "data.train",
+    )
 
 
 @dataclass

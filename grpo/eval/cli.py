@@ -67,6 +67,8 @@ def eval_config(run_dir: Path, args: argparse.Namespace) -> Config:
     overrides = [f"output_dir={run_dir.parent}", f"name={run_dir.name}", "eval.interval=1"]
     if args.task:  # another task: its own reward and test split, not the run's
         overrides += [f"data.task={args.task}", "data.reward=", "data.test="]
+    if args.task or args.test:  # one dataset named: not the run's mixture
+        overrides += ["data.mixture=[]", "data.train="]
     if args.samples is not None and args.k is None:  # the run's k may not fit the new n
         overrides.append("eval.k=[]")
     for key, value in (
@@ -82,12 +84,18 @@ def eval_config(run_dir: Path, args: argparse.Namespace) -> Config:
 
 
 def table(rows: list[dict]) -> str:
-    passes = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
-    head = ["version", "pass@1 (greedy)", "format", *passes, "questions", "seconds"]
+    """The markdown table of `rows`; a mixture's entries get a pass@1 column each."""
+    keys = {k for r in rows for k in r}
+    passes = sorted((k for k in keys if k.startswith("pass@") and "/" not in k),
+                    key=lambda k: int(k[5:]))  # fmt: skip
+    sources = sorted(k.removeprefix("accuracy/") for k in keys if k.startswith("accuracy/"))
+    head = ["version", "pass@1 (greedy)", "format", *passes]
+    head += [f"{name} pass@1" for name in sources] + ["questions", "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r["version"]), f"{r['accuracy']:.3f}", f"{r['format_rate']:.3f}"]
         cells += [f"{r[k]:.3f}" if k in r else "-" for k in passes]
+        cells += [f"{r[f'accuracy/{s}']:.3f}" if f"accuracy/{s}" in r else "-" for s in sources]
         cells += [str(r["n"]), f"{r['seconds']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

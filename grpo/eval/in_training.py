@@ -76,7 +76,11 @@ class VersionEvaluator:
             return None
         everyone = sorted((r for part in gathered for r in part), key=lambda r: r.index)
         row = summarise(everyone, self.spec, version, time.monotonic() - t0)
-        passes = " ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("pass@"))
+        passes = " ".join(
+            f"{k} {v:.3f}"
+            for k, v in row.items()
+            if k.startswith("pass@") or k.startswith("accuracy/")  # with a mixture's entries'
+        )
         log.info(
             "eval v%d: accuracy %.3f, format %.3f on %d questions%s (%.0f s)",
             version, row["accuracy"], row["format_rate"], row["n"],

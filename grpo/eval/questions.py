@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from grpo.config import Config
 from grpo.rollout.base import RolloutEngine, Sampling
 from grpo.sampler.data import Prompt, encode_prompts
-from grpo.tasks import RewardRunner, Task
+from grpo.tasks import RewardRunner, Task, mixture
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class QuestionResult:
     greedy_correct: bool
     greedy_formatted: bool
     correct_samples: int = 0  # of the spec's `samples` sampled answers
+    source: str = ""  # the mixture entry the question is from ('' for a single dataset)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -79,11 +80,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def eval_prompts(cfg: Config, task: Task, tokenizer) -> list[Prompt]:
-    """The first `eval.num_questions` test questions, encoded as the sampler encodes them."""
-    rows = task.load(cfg.data.test or task.default_test)
+    """The first `eval.num_questions` test questions (of each entry of a mixture), encoded as
+    the sampler encodes them."""
+    n = cfg.eval.num_questions
+    if cfg.data.mixture:
+        rows = mixture.test_rows(cfg, n)
+    else:
+        rows = task.load(cfg.data.test or task.default_test)[:n]
     return encode_prompts(
         task,
-        rows[: cfg.eval.num_questions],
+        rows,
         tokenizer,
         cfg.data.system_prompt,
         cfg.data.max_prompt_tokens,
@@ -131,6 +137,7 @@ def question_results(
                     greedy_correct=bool(greedy_infos[j].get("correct")),
                     greedy_formatted=bool(greedy_infos[j].get("formatted")),
                     correct_samples=sum(bool(i.get("correct")) for i in mine_sampled),
+                    source=str(prompts[index].row.get(mixture.SOURCE_KEY, "")),
                 )
             )
         bar.update(len(mine))
@@ -152,20 +159,34 @@ def summarise(
     results: Sequence[QuestionResult], spec: EvalSpec, version: int, seconds: float
 ) -> dict:
     """The eval.jsonl row: pass@1 greedy ("accuracy"), format rate, and each pass@k as the
-    mean over questions of the unbiased estimate."""
-    n = len(results)
+    mean over questions of the unbiased estimate; for a mixture, each of them per entry too
+    (``accuracy/<name>``, ``n/<name>``...)."""
+    overall = _rates(results, spec, "")
     row: dict = {
         "version": version,
-        "accuracy": sum(r.greedy_correct for r in results) / max(n, 1),
-        "format_rate": sum(r.greedy_formatted for r in results) / max(n, 1),
-        "n": n,
+        **{k: overall.pop(k) for k in ("accuracy", "format_rate", "n")},
+    }
+    if spec.samples and results:  # before the pass@k, as eval.jsonl has always had it
+        row["samples"] = spec.samples
+    row.update(overall)
+    for name in sorted({r.source for r in results if r.source}):
+        row.update(_rates([r for r in results if r.source == name], spec, f"/{name}"))
+    row["seconds"] = round(seconds, 2)
+    return row
+
+
+def _rates(results: Sequence[QuestionResult], spec: EvalSpec, suffix: str) -> dict:
+    """accuracy, format_rate, n and each pass@k of `results`, each key ending in `suffix`."""
+    n = len(results)
+    row = {
+        f"accuracy{suffix}": sum(r.greedy_correct for r in results) / max(n, 1),
+        f"format_rate{suffix}": sum(r.greedy_formatted for r in results) / max(n, 1),
+        f"n{suffix}": n,
     }
     if spec.samples and n:
-        row["samples"] = spec.samples
         for k in spec.ks:
             estimates = [pass_at_k(spec.samples, r.correct_samples, k) for r in results]
-            row[f"pass@{k}"] = sum(estimates) / n
-    row["seconds"] = round(seconds, 2)
+            row[f"pass@{k}{suffix}"] = sum(estimates) / n
     return row
 
 

@@ -50,12 +50,36 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def info_rates(infos: list[dict[str, Any]]) -> dict[str, float]:
-    """Accuracy and format rate from reward infos (their `correct` and `formatted` keys)."""
+# The reward info key naming an answer's dataset (grpo.tasks.mixture.INFO_KEY; verl's word).
+SOURCE_INFO = "data_source"
+
+
+def info_rates(infos: list[dict[str, Any]], rewards: list[float] | None = None) -> dict[str, float]:
+    """Accuracy and format rate from reward infos (their `correct` and `formatted` keys), and
+    per dataset when the infos name theirs (source_rates)."""
     return {
         "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
         "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
+        **source_rates(infos, rewards),
     }
+
+
+def source_rates(
+    infos: list[dict[str, Any]], rewards: list[float] | None = None
+) -> dict[str, float]:
+    """Per dataset of a mixture (the `data_source` its reward info names): accuracy/<name>,
+    format_rate/<name>, source_frac/<name> (its share of the answers) and, given the answers'
+    rewards, reward_mean/<name>. Nothing when no info names a dataset."""
+    names = sorted({str(i[SOURCE_INFO]) for i in infos if SOURCE_INFO in i})
+    row: dict[str, float] = {}
+    for name in names:
+        mine = [k for k, i in enumerate(infos) if str(i.get(SOURCE_INFO)) == name]
+        row[f"accuracy/{name}"] = mean([float(bool(infos[k].get("correct"))) for k in mine])
+        row[f"format_rate/{name}"] = mean([float(bool(infos[k].get("formatted"))) for k in mine])
+        row[f"source_frac/{name}"] = len(mine) / len(infos)
+        if rewards is not None:
+            row[f"reward_mean/{name}"] = mean([float(rewards[k]) for k in mine])
+    return row
 
 
 def per_sampler(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -111,7 +135,8 @@ def plot_run(run_dir: Path) -> Path | None:
     if evals:  # version v = the weights after step v, so it shares the step axis
         axes[1].plot(*series(evals, "accuracy", "version"), marker="s", label="eval pass@1")
         axes[1].plot(*series(evals, "format_rate", "version"), marker="^", label="eval format")
-        for key in sorted({k for e in evals for k in e if k.startswith("pass@")}, key=_k_of):
+        overall = {k for e in evals for k in e if k.startswith("pass@") and "/" not in k}
+        for key in sorted(overall, key=_k_of):  # a mixture's per-entry pass@k/<name>: not here
             axes[1].plot(*series(evals, key, "version"), marker="x", ls="--", label=f"eval {key}")
     axes[1].set_title("accuracy and format rate")
     axes[1].legend(fontsize=8)

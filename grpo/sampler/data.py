@@ -14,7 +14,7 @@ import numpy as np
 from grpo.config import Config
 from grpo.delivery.spool import Spool
 from grpo.delivery.versions import require_same
-from grpo.tasks import Row, Task
+from grpo.tasks import Row, Task, mixture
 
 log = logging.getLogger("grpo.sampler")
 
@@ -64,6 +64,81 @@ def question_order(count: int, seed: int, shuffle: bool, start: int = 0) -> Iter
         epoch, pos = epoch + 1, 0
 
 
+# A mixture picks each position's entry in blocks of this many, each block from its own seed:
+# the pick at any position is found without drawing those before it, and a resumed sampler
+# counts each entry's draws so far in a few vectorised blocks.
+PICK_BLOCK = 4096
+# Entry k of a mixture orders its rows with seed + k * ENTRY_SEED_STRIDE (entry 0: the seed).
+ENTRY_SEED_STRIDE = 1_000_003
+
+
+def entry_picks(weights: list[float], seed: int, block: int) -> np.ndarray:
+    """The entries drawn at positions [block * PICK_BLOCK, (block + 1) * PICK_BLOCK)."""
+    p = np.asarray(weights, dtype=np.float64)
+    rng = np.random.default_rng([seed, block, 0x6D6978])  # "mix": not the row orders' streams
+    return rng.choice(len(p), size=PICK_BLOCK, p=p / p.sum())
+
+
+def entry_counts(weights: list[float], seed: int, start: int) -> np.ndarray:
+    """How many of the first `start` positions drew each entry."""
+    counts = np.zeros(len(weights), dtype=np.int64)
+    full, rest = divmod(start, PICK_BLOCK)
+    for block in range(full):
+        counts += np.bincount(entry_picks(weights, seed, block), minlength=len(weights))
+    if rest:
+        counts += np.bincount(entry_picks(weights, seed, full)[:rest], minlength=len(weights))
+    return counts
+
+
+def mixture_order(
+    sizes: list[int], weights: list[float], seed: int, shuffle: bool, start: int = 0
+) -> Iterator[tuple[int, int]]:
+    """Endless (entry, row index) pairs: each position's entry picked by weight, each entry's
+    rows in their own seeded order (question_order), all a pure function of the seed and the
+    position; the first `start` are skipped, as a resumed sampler goes on."""
+    done = entry_counts(weights, seed, start)
+    orders = [
+        question_order(n, seed + k * ENTRY_SEED_STRIDE, shuffle, int(done[k]))
+        for k, n in enumerate(sizes)
+    ]
+    block, offset = divmod(start, PICK_BLOCK)
+    while True:
+        for k in entry_picks(weights, seed, block)[offset:]:
+            yield int(k), next(orders[k])
+        block, offset = block + 1, 0
+
+
+@dataclass(frozen=True)
+class Part:
+    """One dataset's rows in this sampler's shard: (group id, row) pairs, and its weight."""
+
+    name: str
+    weight: float
+    rows: list[tuple[int, Row]]
+
+
+def shard_parts(cfg: Config, task: Task) -> list[Part]:
+    """This sampler's rows of each dataset (one for a single dataset): rows i, i + n, ... of
+    each. Group ids are row indices, a mixture's entry k's offset by the rows of the ones
+    before it, so that no two questions of a run share one."""
+    r = cfg.rollout
+    if cfg.data.mixture:
+        named = [(s.name, s.weight, mixture.train_rows(s)) for s in mixture.sources(cfg)]
+    else:
+        named = [(cfg.data.task, 1.0, task.load(cfg.data.train or task.default_train))]
+    parts, offset = [], 0
+    for name, weight, rows in named:
+        mine = [
+            (offset + i, row) for i, row in enumerate(rows) if i % r.num_samplers == r.sampler_index
+        ]
+        if not mine:
+            raise ValueError(f"sampler {r.sampler_index} of {r.num_samplers} has no train rows"
+                             + (f" of {name!r}" if cfg.data.mixture else ""))  # fmt: skip
+        parts.append(Part(name, weight, mine))
+        offset += len(rows)
+    return parts
+
+
 class Shard:
     """This sampler's share of the train rows, and `position`: how many it has drawn.
 
@@ -74,14 +149,8 @@ class Shard:
 
     def __init__(self, cfg: Config, task: Task, tokenizer):
         self.cfg = cfg
-        r = cfg.rollout
-        rows = task.load(cfg.data.train or task.default_train)
-        # Disjoint shards by row index (rows i, i + n, ...).
-        self.rows = [
-            (i, row) for i, row in enumerate(rows) if i % r.num_samplers == r.sampler_index
-        ]
-        if not self.rows:
-            raise ValueError(f"sampler {r.sampler_index} of {r.num_samplers} has no train rows")
+        self.parts = shard_parts(cfg, task)
+        self.size = sum(len(p.rows) for p in self.parts)
         self.encode = partial(encode_prompt, task, tokenizer=tokenizer,
                               system_prompt=cfg.data.system_prompt)  # fmt: skip
         self.position = 0
@@ -91,12 +160,12 @@ class Shard:
         """The next rollout.questions_per_step prompts that fit, in the seeded order."""
         r, max_tokens = self.cfg.rollout, self.cfg.data.max_prompt_tokens
         if self._order is None:
-            self._order = question_order(len(self.rows), r.seed, self.cfg.data.shuffle,
-                                         self.position)  # fmt: skip
+            self._order = self.order(self.position)
         prompts: list[Prompt] = []
         skipped_in_a_row = 0
         while len(prompts) < r.questions_per_step:
-            index, row = self.rows[next(self._order)]
+            part, i = next(self._order)
+            index, row = self.parts[part].rows[i]
             self.position += 1
             ids = self.encode(row)
             if len(ids) <= max_tokens:
@@ -106,18 +175,31 @@ class Shard:
             log.warning("skipped train row %d: its prompt has %d tokens, more than "
                         "data.max_prompt_tokens=%d", index, len(ids), max_tokens)  # fmt: skip
             skipped_in_a_row += 1
-            if skipped_in_a_row >= len(self.rows):
+            if skipped_in_a_row >= self.size:
                 raise ValueError(f"no train prompt fits data.max_prompt_tokens={max_tokens}")
         return prompts
+
+    def order(self, start: int) -> Iterator[tuple[int, int]]:
+        """(part, row) pairs from position `start` on (mixture_order: with one dataset, its
+        question_order, as before mixtures)."""
+        seed, shuffle = self.cfg.rollout.seed, self.cfg.data.shuffle
+        sizes, weights = [len(p.rows) for p in self.parts], [p.weight for p in self.parts]
+        return mixture_order(sizes, weights, seed, shuffle, start)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must not change for a dataset position to mean the same questions."""
         cfg = self.cfg
+        mixed = (
+            {"mixture": [[p.name, p.weight, len(p.rows)] for p in self.parts]}
+            if cfg.data.mixture
+            else {}
+        )
         return {
             "task": cfg.data.task,
             "train": cfg.data.train,
-            "rows": len(self.rows),
-            "first_row": self.rows[0][0],
+            **mixed,
+            "rows": self.size,
+            "first_row": self.parts[0].rows[0][0],
             "max_prompt_tokens": cfg.data.max_prompt_tokens,
             "seed": cfg.rollout.seed,
             "shuffle": cfg.data.shuffle,

@@ -78,7 +78,12 @@ def mapped(task: Task, entries: list[str]) -> Task:
 
 
 def task_for(cfg: Config) -> Task:
-    """The run's task: ``data.task`` with ``rows.columns`` applied to what it loads."""
+    """The run's task: ``data.task`` with ``rows.columns`` applied to what it loads; with
+    ``data.mixture``, the mixture's (grpo.tasks.mixture)."""
     from .base import get_task  # here: base imports this module
 
+    if cfg.data.mixture:
+        from .mixture import mixture_task  # here: mixture imports this module
+
+        return mixture_task(cfg)
     return mapped(get_task(cfg.data.task), cfg.rows.columns)

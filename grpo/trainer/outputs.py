@@ -68,7 +68,7 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
     row = {
         "reward_mean": float(c.reward.mean()),
         "reward_std": float(c.reward.std(ddof=1)) if len(c) > 1 else 0.0,
-        **info_rates(infos),
+        **info_rates(infos, c.reward.tolist()),
         "reward_errors": sum("reward_error" in i for i in infos),
         # Of those, the calls stopped waiting for at reward.timeout_s (grpo.tasks.runner).
         "reward_timeouts": sum(i.get("reward_error") == TIMEOUT for i in infos),
