@@ -82,7 +82,9 @@ class BatchMaker:
                 weights.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(weights.device)
         # On-policy distillation's teacher (teacher.path), refused if its tokenizer differs.
-        self.teacher = load_teacher(cfg, tokenizer, weights.model_path, weights.device)
+        self.teacher = None
+        if cfg.teacher.path:
+            self.teacher = load_teacher(cfg, tokenizer, weights.model_path, weights.device)
 
     def make(self, seq: int, engine: RolloutEngine) -> EpisodeBatch:
         cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
