@@ -185,16 +185,19 @@ def test_a_hub_name_from_the_local_cache_offline(tmp_path):
 def test_a_run_on_gsm8k_in_verls_schema_with_a_verl_compute_score(tmp_path, tiny_model_dir):
     """verl's parquet, its prompts as they are, scored by a verl-style compute_score: every
     answer scored, none with a reward_error (a wrong argument would be one on every answer)."""
+    write_verl_parquet(tmp_path / "train.parquet", 16)
+    data = {"task": "prompts", "train": str(tmp_path / "train.parquet"),
+            "reward": "tests.test_user_rewards:verl_compute_score"}  # fmt: skip
+    run_two_steps(tmp_path, tiny_model_dir, data)
+
+
+def run_two_steps(tmp_path: Path, model_dir: Path, data: dict) -> None:
+    """A 2-step run of the tiny model on `data`: every answer scored, none with a
+    reward_error (a wrong argument to the user's reward would be one on every answer)."""
     from tests.test_integration import tiny_config
 
-    write_verl_parquet(tmp_path / "train.parquet", 16)
-    config = tiny_config(
-        tmp_path, tiny_model_dir,
-        train={"total_steps": 2, "num_ranks": 1},
-        data={"task": "prompts", "train": str(tmp_path / "train.parquet"),
-              "reward": "tests.test_user_rewards:verl_compute_score"},
-        reward={"workers": 1},
-    )  # fmt: skip
+    config = tiny_config(tmp_path, model_dir, train={"total_steps": 2, "num_ranks": 1},
+                         data=data, reward={"workers": 1})  # fmt: skip
     proc = run_launch(config, transport_overrides(), timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]

@@ -6,15 +6,13 @@ dataset directory."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from grpo.tasks import RewardRunner, gsm8k, load_reward_fn, score
 from grpo.tasks.conventions import TrlReward, VerlReward, style_of
-from tests.conftest import run_launch, transport_overrides
-from tests.test_user_data import answers_for, gsm8k_rows, to_verl
+from tests.test_user_data import answers_for, gsm8k_rows, run_two_steps, to_verl
 
 VERL = "tests.test_user_rewards:verl_compute_score"
 TRL = "tests.test_user_rewards:trl_gsm8k_reward"
@@ -134,19 +132,8 @@ def test_a_run_with_a_trl_reward_over_a_dataset_directory(tmp_path, tiny_model_d
     """GSM8K saved as an HF dataset directory (TRL's standard format: a prompt string, the
     answer column), scored by a TRL batched reward: every answer scored, no reward_error."""
     datasets = pytest.importorskip("datasets")
-    from tests.test_integration import tiny_config
-
     rows = [{"prompt": f"{r['question']}\n\n{gsm8k.ANSWER_INSTRUCTION}", "answer": r["answer"]}
             for r in gsm8k_rows(16)]  # fmt: skip
     datasets.DatasetDict(train=datasets.Dataset.from_list(rows)).save_to_disk(str(tmp_path / "d"))
-    config = tiny_config(
-        tmp_path, tiny_model_dir,
-        train={"total_steps": 2, "num_ranks": 1},
-        data={"task": "prompts", "train": f"{tmp_path / 'd'}:train", "reward": TRL},
-        reward={"workers": 1},
-    )  # fmt: skip
-    proc = run_launch(config, transport_overrides(), timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["reward_errors"] == 0 and 0 <= r["reward_mean"] <= 1 for r in rows), rows
+    data = {"task": "prompts", "train": f"{tmp_path / 'd'}:train", "reward": TRL}
+    run_two_steps(tmp_path, tiny_model_dir, data)
