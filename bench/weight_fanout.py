@@ -133,7 +133,7 @@ def worker(me: str, timeout_s: float) -> None:
     """Sampler `me`'s relay and receiver, until stdin ends."""
     logging.getLogger("grpo.transport").setLevel(logging.ERROR)  # fallbacks are reported
     out, ctx = _Out(), zmq.Context()
-    node = RelayNode(ctx, MAX_BYTES, timeout_s).start()
+    node = RelayNode.on_loopback(ctx, MAX_BYTES, timeout_s).start()
     out.say(ready=me, addr=node.addr)
     for line in sys.stdin:  # EOF: the bench is done (or gone)
         cmd = json.loads(line)

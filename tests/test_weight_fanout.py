@@ -72,7 +72,7 @@ def test_a_relay_refuses_at_once_a_version_older_than_its_own() -> None:
     for it must be sent on to its next source now, not held PARK_S for nothing."""
     store = VersionStore(keep=2, budget_bytes=1 << 30)
     ctx = zmq.Context()
-    relay = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
+    relay = RelayNode.on_loopback(ctx, MAX_BYTES, timeout_s=5).start()
     try:
         with serving(store, ctx) as trainer:
             for version in (1, 2):
@@ -95,7 +95,7 @@ def test_a_child_that_hears_of_a_version_before_its_parent_still_gets_it_from_th
     the trainer (which would then send the version twice)."""
     store = VersionStore(keep=2, budget_bytes=1 << 30)
     ctx = zmq.Context()
-    parent = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
+    parent = RelayNode.on_loopback(ctx, MAX_BYTES, timeout_s=5).start()
     got: list = []
     try:
         with serving(store, ctx) as trainer:
@@ -132,7 +132,7 @@ def test_children_wait_for_a_slow_relay_while_its_buckets_keep_coming(monkeypatc
     loop = server.StreamServer(router, store, closing, failures.append, limiter=slow)
     serving_thread = threading.Thread(target=loop.run, daemon=True)
     serving_thread.start()
-    parent = RelayNode(ctx, MAX_BYTES, timeout_s=5).start()
+    parent = RelayNode.on_loopback(ctx, MAX_BYTES, timeout_s=5).start()
     child, got = Receiver(ctx, None, MAX_BYTES, timeout_s=5), []
     try:
         asking = threading.Thread(

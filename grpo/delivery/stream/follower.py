@@ -24,8 +24,8 @@ from zmq.auth.thread import ThreadAuthenticator
 from grpo.config import Config
 from grpo.delivery.stream.client import Receiver
 from grpo.delivery.stream.image import Image
-from grpo.delivery.stream.relay import RelaySource, sources
-from grpo.delivery.stream.server import StreamServer
+from grpo.delivery.stream.node import RelayNode
+from grpo.delivery.stream.relay import sources
 from grpo.wire.channels import SocketLimits, check_listening, is_loopback, new_socket
 from grpo.wire.keys import ClientKeys, relay_key, secure_server
 
@@ -80,17 +80,19 @@ class VersionFollower:
         self._target = -1
         self._cond = threading.Condition()
         self._closing = threading.Event()
-        self.relay: RelaySource | None = None
+        self.node: RelayNode | None = None  # this sampler's relay, with relays on
         self.address = ""  # where this sampler relays ('' = it does not)
-        self._server: threading.Thread | None = None
         if announced is not None and w.fanout > 0:
-            self._serve(cfg, ctx)
-        if self.relay is not None and seed is not None:
-            self.relay.finished(seed)
+            router = self._bind(cfg, ctx)
+            self.node = RelayNode(router, self.receiver, w.delta, self._relay_failed).start()
+            self.address = advertised(self.node.addr, w.relay_host)
+            if seed is not None:
+                self.node.source.finished(seed)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _serve(self, cfg: Config, ctx: zmq.Context) -> None:
+    def _bind(self, cfg: Config, ctx: zmq.Context) -> zmq.Socket:
+        """The relay's ROUTER on weights.relay_addr, a CURVE server with this sampler's pair."""
         w, t = cfg.weights, cfg.transport
         check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
         if is_loopback(w.relay_addr) and not is_loopback(t.weights_addr):
@@ -103,11 +105,7 @@ class VersionFollower:
         if self.keys is not None:  # its own pair; it accepts the keys the trainer accepts
             self._auth = secure_server(ctx, [router], self.curve_dir, owner=self.sampler_id)
         router.bind(w.relay_addr)
-        self.address = advertised(router.getsockopt_string(zmq.LAST_ENDPOINT), w.relay_host)
-        self.relay = RelaySource(w.delta)
-        server = StreamServer(router, self.relay, self._closing, self._relay_failed)
-        self._server = threading.Thread(target=server.run, daemon=True)
-        self._server.start()
+        return router
 
     def _secure(self, sock: zmq.Socket, addr: str) -> None:
         """CURVE for a connection to `addr`: the trainer's key for the trainer, a relay's own
@@ -159,17 +157,13 @@ class VersionFollower:
 
     def _run(self) -> None:
         while (version := self._next()) is not None:
-            relay = self.relay
+            newer = self.announced is not None  # a relay may have moved past `version`
             before = self.receiver.stats.bytes
             try:
-                image = self.receiver.receive(
-                    self._sources(),
-                    version,
-                    self.held,
-                    sink=relay.took if relay is not None else None,
-                    staged=relay.started if relay is not None else None,
-                    newer=self.announced is not None,  # a relay may have moved past `version`
-                )
+                if self.node is not None:  # its children get each bucket as it is checked
+                    image = self.node.receive(version, self._sources(), newer=newer)
+                else:
+                    image = self.receiver.receive(self._sources(), version, self.held, newer=newer)
             except Exception as e:  # noqa: BLE001 - the sampler must hear why, not hang
                 with self._cond:
                     self.failed[version] = str(e) if isinstance(e, ValueError) else repr(e)
@@ -178,8 +172,6 @@ class VersionFollower:
             finally:
                 now = time.monotonic()
                 self._passed_over.update((addr, now) for addr in self.receiver.passed_over)
-            if relay is not None:
-                relay.finished(image)
             got = self.receiver.stats.bytes - before
             log.info(
                 "weights: version %d from %s (%d bytes)", image.version, self.receiver.source, got
@@ -203,7 +195,7 @@ class VersionFollower:
         with self._cond:
             self._cond.notify_all()
         self._thread.join(timeout=5)
-        if self._server is not None:
-            self._server.join(timeout=5)
+        if self.node is not None:
+            self.node.close()
         if self._auth is not None:
             self._auth.stop()
