@@ -175,30 +175,27 @@ class VllmRollout:
     def load_tensors(self, state: dict, version: int) -> None:
         """Streamed full weights into the running engine, in place (a streamed LoRA adapter is
         refused by the config check: vLLM loads adapters from a dir)."""
-        llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
         named = list(state.items())
-        results = within(
-            timeout_s,
-            lambda: llm.collective_rpc("grpo_load_tensors", args=(named, version)),
-            f"loading version {version} into the running engine took over {timeout_s:.0f} s "
-            "(rollout.vllm.reload_timeout_s)",
-        )
-        for result in results:
-            if result.get("version") != version or result.get("tensors") != len(named):
-                raise RuntimeError(f"a worker reports {result} after loading version {version}")
-        self.llm.reset_prefix_cache()
+        self._load_in_workers("grpo_load_tensors", named, version, lambda n: n == len(named))
 
     def _reload_in_place(self, weights: list[Path], version: int) -> None:
-        llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
         files = [str(p) for p in weights]
+        self._load_in_workers("grpo_reload", files, version, lambda n: n >= 1)
+
+    def _load_in_workers(
+        self, method: str, what: list, version: int, loaded: Callable[[int], bool]
+    ) -> None:
+        """Every worker's `method`(what, version) within rollout.vllm.reload_timeout_s; each
+        must report `version` with a tensor count that `loaded` accepts."""
+        llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
         results = within(
             timeout_s,
-            lambda: llm.collective_rpc("grpo_reload", args=(files, version)),
+            lambda: llm.collective_rpc(method, args=(what, version)),
             f"loading version {version} into the running engine took over {timeout_s:.0f} s "
             "(rollout.vllm.reload_timeout_s)",
         )
         for result in results:
-            if result.get("version") != version or result.get("tensors", 0) < 1:
+            if result.get("version") != version or not loaded(result.get("tensors", 0)):
                 raise RuntimeError(f"a worker reports {result} after loading version {version}")
         # Cached prefixes hold keys and values computed with the old weights.
         self.llm.reset_prefix_cache()
