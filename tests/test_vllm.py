@@ -271,6 +271,32 @@ def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir,
     assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
 
 
+def test_streamed_tensors_are_served_in_place(engine, hf_base, base_model_dir, tmp_path):
+    """weights.mode: stream hands the engine tensors, not files (load_tensors): the new ones are
+    served, then the base ones again (tied embedding and head included)."""
+    tok = load_tokenizer(base_model_dir)
+    prompt = prompts(tok, QUESTIONS[:1])[0]
+    completion = np.asarray(tok("The answer is 42.\n#### 42").input_ids, np.int32)
+    new_model = perturbed_version(base_model_dir, tmp_path / "v000001", 1)
+    (old_hf,), _ = score_pairs(hf_base, [prompt], [completion], pad_id=2, temperature=1.0,
+                               packed=False)  # fmt: skip
+    (new_hf,), _ = score_pairs(new_model, [prompt], [completion], pad_id=2, temperature=1.0,
+                               packed=False)  # fmt: skip
+    engine.load_tensors(streamed(new_model, 1), 1)
+    after = engine_logprobs_of(engine, prompt, completion)
+    assert np.abs(after - new_hf).mean() < MEAN_TOL
+    assert np.abs(after - old_hf).mean() > 20 * MEAN_TOL  # the change is visible
+    engine.load_tensors(streamed(hf_base, 2), 2)  # back, for the other tests of this module
+    assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
+
+
+def streamed(model, version: int) -> dict:
+    """`model`'s weights as a sampler hands them on after receiving them (tied ones once)."""
+    from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
+
+    return state_from_image(image_from_state(version, model.state_dict(), 1 << 26, False))
+
+
 def test_hung_in_place_reload_falls_back_to_a_restart(
     engine, base_model_dir, tmp_path, monkeypatch, caplog
 ):

@@ -175,15 +175,18 @@ class VllmRollout:
     def load_tensors(self, state: dict, version: int) -> None:
         """Streamed full weights into the running engine, in place (a streamed LoRA adapter is
         refused by the config check: vLLM loads adapters from a dir)."""
-        named = list(state.items())
-        self._load_in_workers("grpo_load_tensors", named, version, lambda n: n == len(named))
+        from safetensors.torch import save
+
+        # As safetensors bytes: the engine's RPC turns tensors inside arguments into lists.
+        payload = save({name: t.contiguous() for name, t in state.items()})
+        self._load_in_workers("grpo_load_tensors", payload, version, lambda n: n == len(state))
 
     def _reload_in_place(self, weights: list[Path], version: int) -> None:
         files = [str(p) for p in weights]
         self._load_in_workers("grpo_reload", files, version, lambda n: n >= 1)
 
     def _load_in_workers(
-        self, method: str, what: list, version: int, loaded: Callable[[int], bool]
+        self, method: str, what: object, version: int, loaded: Callable[[int], bool]
     ) -> None:
         """Every worker's `method`(what, version) within rollout.vllm.reload_timeout_s; each
         must report `version` with a tensor count that `loaded` accepts."""

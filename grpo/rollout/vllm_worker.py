@@ -40,9 +40,12 @@ class WeightReloader:
         self._retie_lm_head()
         return {"version": version, "tensors": count[0]}
 
-    def grpo_load_tensors(self, named: list, version: int) -> dict[str, int]:
-        """Streamed tensors (name, tensor) into the running model, in place, as grpo_reload
-        loads a checkpoint's."""
+    def grpo_load_tensors(self, payload: bytes, version: int) -> dict[str, int]:
+        """Streamed tensors (safetensors bytes) into the running model, in place, as
+        grpo_reload loads a checkpoint's."""
+        from safetensors.torch import load
+
+        named = list(load(payload).items())
         self.model_runner.reload_weights(weights_iterator=iter(named))  # type: ignore[attr-defined]
         self._retie_lm_head()
         return {"version": version, "tensors": len(named)}
