@@ -34,6 +34,10 @@ class Generation:
     turns: int = 1  # model turns
     tool_calls: int = 0  # tool results appended
     tool_errors: int = 0  # of which errors
+    # Continuous generation (grpo.rollout.continuous): int32 (C,), the weights version that
+    # sampled each token (an answer in flight across an update has two or more); None: all
+    # of it was sampled with the batch's version.
+    token_versions: np.ndarray | None = None
 
     @property
     def sampled_tokens(self) -> int:

@@ -1,0 +1,141 @@
+"""Continuous generation: what the sampler needs from an engine that keeps a fixed number of
+answers in flight, refilled as they finish, and takes new weights between decode steps.
+
+The sampler (grpo.sampler.continuous) admits whole groups into free slots, calls `step()`
+until answers finish, loads a new version into the engine between two steps (the engine keeps
+or recomputes the cache of the tokens already generated: rollout.kv_on_update), and cuts
+batches from complete groups. Every generated token records the weights version that sampled
+it and its log-prob under them (the behaviour policy of that token).
+
+Exact resume (HF): at every batch cut the sampler calls `rebuild_cache()` and saves the answers
+in flight; a resumed sampler `restore()`s them into the same slots, which rebuilds the cache by
+the same computation, so decoding goes on bit for bit as in the uninterrupted run. Sampling
+draws token t of an answer from an RNG seeded by (the answer's seed, t), never from a shared
+stream, so it needs no RNG state saved.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from grpo.rollout.base import Generation
+
+
+@dataclass(frozen=True)
+class Request:
+    """One answer to generate."""
+
+    uid: int  # unique in the run and deterministic: the sampler's admission counter
+    prompt_ids: np.ndarray  # int32 (P,)
+    seed: int  # token t is sampled with an RNG seeded by (seed, t)
+    max_new_tokens: int
+
+
+@dataclass
+class Answer:
+    """A request's progress, appended to by the engine at each decode step."""
+
+    request: Request
+    slot: int  # the engine's slot (row) it decodes in; restore() puts it back there
+    tokens: list[int] = field(default_factory=list)
+    # The log-prob of each token under the weights that sampled it, at the sampling
+    # temperature and truncation (the distribution it was drawn from).
+    logps: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the weights version of each token
+    finish_reason: str | None = None  # None while in flight; then "stop" | "length"
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def generation(self) -> Generation:
+        """The finished answer as the batch code takes it."""
+        assert self.finish_reason is not None, "an answer in flight is not a generation"
+        return Generation(
+            np.asarray(self.request.prompt_ids, np.int32),
+            np.asarray(self.tokens, np.int32),
+            self.finish_reason,
+            rollout_logp=np.asarray(self.logps, np.float32),
+            token_versions=np.asarray(self.versions, np.int32),
+        )
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able, for the sampler's resume state (floats round-trip exactly)."""
+        r = self.request
+        return {
+            "uid": r.uid,
+            "prompt_ids": [int(t) for t in r.prompt_ids],
+            "seed": r.seed,
+            "max_new_tokens": r.max_new_tokens,
+            "slot": self.slot,
+            "tokens": self.tokens,
+            "logps": self.logps,
+            "versions": self.versions,
+            "finish_reason": self.finish_reason,
+        }
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any]) -> Answer:
+        request = Request(
+            int(s["uid"]), np.asarray(s["prompt_ids"], np.int32), int(s["seed"]),
+            int(s["max_new_tokens"]),
+        )  # fmt: skip
+        return cls(
+            request,
+            int(s["slot"]),
+            [int(t) for t in s["tokens"]],
+            [float(x) for x in s["logps"]],
+            [int(v) for v in s["versions"]],
+            s["finish_reason"],
+        )
+
+
+class ContinuousEngine(Protocol):
+    """A fixed number of slots, each decoding one answer; the sampler drives it step by step.
+
+    Sampling options (temperature, top_p, top_k, stop strings) are the run's, fixed when the
+    engine is built; each request brings its own seed and cap."""
+
+    stop_event: threading.Event  # set when the run is stopping
+    slots: int
+    version: int  # the weights version the next step samples with
+
+    def free_slots(self) -> list[int]:
+        """Slots with no answer in them, lowest first."""
+        ...
+
+    def admit(self, requests: list[Request]) -> list[Answer]:
+        """Start these answers in the lowest free slots (there must be enough); their prompts
+        are prefilled by the next step. Returns their Answer records."""
+        ...
+
+    def step(self) -> list[Answer]:
+        """Prefill what was admitted, then one decode step for every answer in flight; the
+        answers that finished in it (their slots are free again), in slot order."""
+        ...
+
+    def in_flight(self) -> list[Answer]:
+        """The answers in the slots, in slot order."""
+        ...
+
+    def weights_changed(self, version: int) -> None:
+        """The weights now hold `version` (loaded by the sampler between two steps): tokens
+        from the next step on record it; with rollout.kv_on_update: recompute, the cache of
+        the answers in flight is rebuilt under the new weights first."""
+        ...
+
+    def rebuild_cache(self) -> None:
+        """Recompute the cache of every answer in flight from its tokens, under the current
+        weights (what restore() does): a resume from here decodes bit for bit the same."""
+        ...
+
+    def restore(self, answers: list[Answer]) -> None:
+        """Put saved answers in flight back into their slots (a resumed sampler) and rebuild
+        the cache; the engine must be empty."""
+        ...
+
+    def close(self) -> None: ...
