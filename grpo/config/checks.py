@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.config.algo import check_correction
 from grpo.config.data import check_mixture, check_rows
+from grpo.config.sampling import check_continuous
 from grpo.config.teacher import check_teacher
 
 if TYPE_CHECKING:
@@ -178,6 +179,7 @@ def _check_rollout(cfg: Config) -> None:
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
     _check_turns(r)
+    check_continuous(r)
     check_correction(cfg.algo, r.backend)
 
 

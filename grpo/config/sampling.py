@@ -138,6 +138,20 @@ class RolloutConfig:
     vllm: VllmConfig = section(VllmConfig, "vLLM engine options (rollout.backend: vllm)")
     questions_per_step: int = knob(4, "questions per batch (Q)")
     group_size: int = knob(4, "answers sampled per question (G); a group is contiguous")
+    mode: Literal["lockstep", "continuous"] = knob(
+        "lockstep",
+        "lockstep: each batch generated whole with one version; continuous: answers in flight "
+        "in rollout.slots, refilled as they finish, new versions between decode steps, batches "
+        "cut from complete groups (docs/async.md)",
+    )
+    slots: int = knob(
+        0, "continuous: answers in flight at most (a multiple of group_size); 0 = Q x G"
+    )
+    kv_on_update: Literal["keep", "recompute"] = knob(
+        "keep",
+        "continuous: at a new version, keep the answers in flight's cache of their earlier "
+        "tokens (computed by the old weights), or recompute it under the new ones",
+    )
     temperature: float = knob(1.0, "sampling temperature (log-probs use the same temperature)")
     top_p: float = knob(1.0, "nucleus sampling mass")
     top_k: int = knob(0, "sample from the k most likely tokens only (0 = off)")
@@ -197,3 +211,22 @@ class RolloutConfig:
         False, "DAPO: replace groups whose answers all score the same with new questions"
     )
     max_sampling_rounds: int = knob(3, "dynamic sampling: generation rounds per batch at most")
+
+
+def check_continuous(r: RolloutConfig) -> None:
+    """rollout.mode: continuous's limits (ConfigError, one line)."""
+    from grpo.config.checks import ConfigError  # the checks import the sections, not back
+
+    if r.mode != "continuous":
+        return
+    if r.backend not in ("hf", "vllm"):
+        raise ConfigError(f"rollout.mode=continuous runs the hf or vllm engine, not {r.backend!r}")
+    if r.max_turns > 1 or r.dynamic_sampling:
+        raise ConfigError(
+            "rollout.mode=continuous takes single-turn answers without dynamic_sampling: "
+            "set rollout.max_turns=1 and rollout.dynamic_sampling=false"
+        )
+    if r.slots < 0 or r.slots % r.group_size:
+        raise ConfigError(
+            f"rollout.slots={r.slots} must be a multiple of group_size={r.group_size}"
+        )

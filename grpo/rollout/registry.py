@@ -13,6 +13,11 @@ ENGINES: Registry[EngineFactory] = Registry("rollout engine", callable, "a facto
 ENGINES.add("hf", "grpo.rollout.hf:build")
 ENGINES.add("vllm", "grpo.rollout.vllm:build")
 
+# rollout.mode: continuous (grpo.rollout.continuous.ContinuousEngine), by rollout.backend.
+CONTINUOUS: Registry = Registry("continuous rollout engine", callable, "a factory")
+CONTINUOUS.add("hf", "grpo.rollout.hf_continuous:build_continuous")
+CONTINUOUS.add("vllm", "grpo.rollout.vllm_continuous:build_continuous")
+
 
 def register_engine(name: str, factory: EngineFactory) -> EngineFactory:
     """Add an engine factory under `name`; a name clash is an error, never an overwrite."""
@@ -22,3 +27,4 @@ def register_engine(name: str, factory: EngineFactory) -> EngineFactory:
 
 check_engine_name = ENGINES.check
 get_engine = ENGINES.get
+get_continuous_engine = CONTINUOUS.get

@@ -24,6 +24,7 @@ class Prompt:
     index: int  # row index in the dataset: the group id
     row: Row
     ids: np.ndarray  # int32 chat-templated prompt tokens
+    position: int = 0  # where in the shard's order it was drawn (Shard.prompt_at)
 
 
 def encode_prompt(task: Task, row: Row, tokenizer, system_prompt: str) -> np.ndarray:
@@ -156,20 +157,22 @@ class Shard:
         self.position = 0
         self._order: Iterator[int] | None = None
 
-    def draw(self) -> list[Prompt]:
-        """The next rollout.questions_per_step prompts that fit, in the seeded order."""
-        r, max_tokens = self.cfg.rollout, self.cfg.data.max_prompt_tokens
+    def draw(self, count: int = 0) -> list[Prompt]:
+        """The next `count` prompts that fit (0: rollout.questions_per_step), in the seeded
+        order."""
+        count = count or self.cfg.rollout.questions_per_step
+        max_tokens = self.cfg.data.max_prompt_tokens
         if self._order is None:
             self._order = self.order(self.position)
         prompts: list[Prompt] = []
         skipped_in_a_row = 0
-        while len(prompts) < r.questions_per_step:
+        while len(prompts) < count:
             part, i = next(self._order)
             index, row = self.parts[part].rows[i]
             self.position += 1
             ids = self.encode(row)
             if len(ids) <= max_tokens:
-                prompts.append(Prompt(index, row, ids))
+                prompts.append(Prompt(index, row, ids, self.position - 1))
                 skipped_in_a_row = 0
                 continue
             log.warning("skipped train row %d: its prompt has %d tokens, more than "
@@ -178,6 +181,13 @@ class Shard:
             if skipped_in_a_row >= self.size:
                 raise ValueError(f"no train prompt fits data.max_prompt_tokens={max_tokens}")
         return prompts
+
+    def prompt_at(self, position: int) -> Prompt:
+        """The prompt drawn at `position` of the order (one that fit): a resumed continuous
+        sampler finds the questions of its answers in flight by their positions."""
+        part, i = next(self.order(position))
+        index, row = self.parts[part].rows[i]
+        return Prompt(index, row, self.encode(row), position)
 
     def order(self, start: int) -> Iterator[tuple[int, int]]:
         """(part, row) pairs from position `start` on (mixture_order: with one dataset, its

@@ -102,38 +102,50 @@ class BatchMaker:
             for g in groups:
                 (flat if cfg.dynamic_sampling and g.is_flat() else kept).append(g)
         chosen = (kept + flat)[:Q]  # past the cap, flat groups fill the batch (zero advantage)
-        t1 = time.monotonic()
-        ACTIVITY.enter(SCORING, f"batch {seq}")
-        episodes = self.attach_logprobs(chosen)
-        t2 = time.monotonic()
         stats = {
-            "gen_s": t1 - t0,
-            "logprob_s": t2 - t1,
+            "gen_s": time.monotonic() - t0,
             "gen_tokens": float(n_tokens),
-            "gen_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
-            "reload_s": self.weights.reload_s,
             "sampling_rounds": float(rounds),
             "groups_generated": float(len(kept) + len(flat)),
             "flat_groups_dropped": float(len(flat) - sum(g in chosen for g in flat)),
             "flat_groups_kept": float(sum(g in chosen for g in flat)),
             # Which prompts of this sampler's shard the batch drew: [data_start, data_end).
             "data_start": float(data_start),
+        }
+        return self.batch(seq, chosen, self.weights.version, stats)
+
+    def batch(self, seq: int, groups: list[Group], version: int, stats: dict) -> EpisodeBatch:
+        """Batch `seq` of these groups, sampled with `version` (their oldest), with the
+        log-probs the sampler computes and the batch's metrics (`stats` from the caller: its
+        gen_s and gen_tokens at least)."""
+        t1 = time.monotonic()
+        ACTIVITY.enter(SCORING, f"batch {seq}")
+        episodes = self.attach_logprobs(groups)
+        stats = {
+            **stats,
+            "logprob_s": time.monotonic() - t1,
+            "gen_tokens_per_s": stats["gen_tokens"] / max(stats["gen_s"], 1e-9),
+            "reload_s": self.weights.reload_s,
             "data_end": float(self.shard.position),
             "peak_mem_gib": peak_memory_gib(),
             # Reward calls timed out, workers killed and replaced: totals so far.
             **self.rewards.stats(),
             **self.weights.stream_stats(),
         }
-        version = self.weights.version
-        return EpisodeBatch(episodes, cfg.group_size, version, seq, cfg.sampler_id, stats)
+        group_size = self.cfg.rollout.group_size
+        return EpisodeBatch(episodes, group_size, version, seq, self.cfg.rollout.sampler_id, stats)
 
     def sample_groups(self, prompts: list[Prompt], engine: RolloutEngine, seed: int) -> list[Group]:
         """G answers per prompt, decoded (a tool's results included) and scored, all of the
         round's answers at once, each call within reward.timeout_s (grpo.tasks.runner); a
         multi-turn answer's turns and tool calls go into its reward info."""
-        G = self.sampling.n
         gens = engine.generate([p.ids for p in prompts], replace(self.sampling, seed=seed))
         raise_if_stopped(engine)
+        return self.score_groups(prompts, gens)
+
+    def score_groups(self, prompts: list[Prompt], gens: list[Generation]) -> list[Group]:
+        """The groups of these answers (G per prompt, contiguous), decoded and scored."""
+        G = self.sampling.n
         texts = self.tokenizer.batch_decode(
             [g.completion_ids for g in gens], skip_special_tokens=True
         )

@@ -18,13 +18,15 @@ import threading
 
 from grpo.config import Config
 from grpo.config.checks import weights_mode
+from grpo.core.episode import EpisodeBatch
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool
 from grpo.models.loading import load_tokenizer, resolve_model_path
 from grpo.observe.metrics import mean
 from grpo.rollout.base import EngineContext, RolloutEngine
 from grpo.rollout.multi_turn import with_tools
-from grpo.rollout.registry import get_engine
+from grpo.rollout.registry import get_continuous_engine, get_engine
+from grpo.sampler.continuous import ContinuousLoop
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.rewards import SamplerRewards
@@ -54,6 +56,10 @@ class Sampler:
         self.weights = Weights(cfg, model_path)
         self.batches = BatchMaker(cfg, tokenizer, self.rewards, self.shard, self.weights)
         self.engine: RolloutEngine | None = None
+        self.continuous: ContinuousLoop | None = None  # rollout.mode: continuous
+        if cfg.rollout.mode == "continuous":
+            self.continuous = ContinuousLoop(cfg, self.shard, self.batches, self.weights)
+            self.continuous.load(self.spool.dir, self.next_seq)
 
     # ------------------------------------------------------------------ run
 
@@ -103,6 +109,8 @@ class Sampler:
             stop_event,
             policy=self.weights.hf_policy,
         )
+        if self.continuous is not None:
+            return get_continuous_engine(self.cfg.rollout.backend)(context)
         engine = get_engine(self.cfg.rollout.backend)(context)
         return with_tools(engine, self.cfg.rollout, self.tokenizer)
 
@@ -128,16 +136,8 @@ class Sampler:
         # launch.sh turns it off (TQDM_DISABLE=1) when the trainer's bar shares the terminal.
         alone = cfg.rollout.num_samplers == 1
         bar = tqdm(total=total if alone else None, initial=self.next_seq, desc="sample")
-        # Bounded waits: the endpoint sets `stopped` on done, stop, or a lost trainer.
-        while not endpoint.stopped.is_set():
-            if self.expected_batch(status) >= total:  # enough on the way: wait (and see)
-                endpoint.wait_until(lambda: self.expected_batch(status) < total, "the run's end")
-                continue
-            weights.wait_for_version(lambda: self.version_needed(status))
-            endpoint.wait_for_room()
-            if endpoint.stopped.is_set():
-                break
-            batch = self.batches.make(self.next_seq, engine)
+
+        def send(batch: EpisodeBatch) -> None:
             self.next_seq = batch.seq + 1
             endpoint.send(batch, self.shard.state(self.next_seq))
             log.info(
@@ -150,7 +150,45 @@ class Sampler:
             tokens_per_s = f"{batch.stats['gen_tokens_per_s']:.0f}"
             bar.set_postfix(version=batch.policy_version, tokens_per_s=tokens_per_s)
             bar.update()
+
+        # Bounded waits: the endpoint sets `stopped` on done, stop, or a lost trainer.
+        while not endpoint.stopped.is_set():
+            if self.expected_batch(status) >= total:  # enough on the way: wait (and see)
+                endpoint.wait_until(lambda: self.expected_batch(status) < total, "the run's end")
+                continue
+            if self.continuous is not None:
+                self.run_continuous(engine, endpoint, send)
+                continue
+            weights.wait_for_version(lambda: self.version_needed(status))
+            endpoint.wait_for_room()
+            if endpoint.stopped.is_set():
+                break
+            send(self.batches.make(self.next_seq, engine))
         bar.close()
+
+    def run_continuous(self, engine, endpoint: SamplerEndpoint, send) -> None:
+        """rollout.mode: continuous (grpo.sampler.continuous) until the run needs no more
+        groups from this sampler or it stops. Each batch's state is written before the batch
+        is spooled, so a resume finds the one that goes with the last batch spooled."""
+        assert self.continuous is not None
+        loop, status = self.continuous, endpoint.status
+        total, Q = self.cfg.train.total_steps, self.cfg.rollout.questions_per_step
+
+        def cut(batch: EpisodeBatch) -> None:
+            endpoint.wait_for_room()
+            if endpoint.stopped.is_set():
+                raise PeerError("stopped")
+            loop.save(self.spool.dir, batch.seq, engine)
+            send(batch)
+
+        loop.run(
+            engine,
+            next_batch=lambda: (self.expected_batch(status), status.alive),
+            groups_wanted=lambda: max(total - self.expected_batch(status), 0) * Q,
+            send=cut,
+            stopped=endpoint.stopped.is_set,
+            seq=self.next_seq,
+        )
 
 
 def _stop_on_signals(endpoint: SamplerEndpoint) -> threading.Event:
