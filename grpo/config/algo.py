@@ -116,9 +116,10 @@ class AlgoConfig:
         return {name: (float(b[0]), float(b[1])) for name, b in pairs.items()}
 
 
-def check_correction(algo: AlgoConfig, backend: str) -> None:
+def check_correction(algo: AlgoConfig, engine_logprobs: bool) -> None:
     """algo.rollout_correction's parts, its threshold when it weights and the bands it names:
-    ConfigError, one line naming the key, for anything unusable (grpo.config.checks)."""
+    ConfigError, one line naming the key, for anything unusable (grpo.config.checks).
+    `engine_logprobs`: whether the run's rollout engine reports its log-probs."""
     from grpo.config.checks import ConfigError  # the checks import the sections, not back
 
     spec = algo.rollout_correction
@@ -128,10 +129,10 @@ def check_correction(algo: AlgoConfig, backend: str) -> None:
         raise ConfigError(f"algo.rollout_correction: {e}") from None
     if mode == "none" and not masks:
         return
-    if backend != "vllm":
+    if not engine_logprobs:
         raise ConfigError(
             f"algo.rollout_correction={spec} needs the rollout engine's log-probs: set "
-            "rollout.backend=vllm (the hf backend reports none)"
+            "rollout.backend=vllm or rollout.mode=continuous (lock-step hf reports none)"
         )
     threshold = algo.rollout_correction_threshold
     if mode not in ("none", "icepop") and threshold <= 1:

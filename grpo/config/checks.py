@@ -180,7 +180,7 @@ def _check_rollout(cfg: Config) -> None:
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
     _check_turns(r)
     check_continuous(r)
-    check_correction(cfg.algo, r.backend)
+    check_correction(cfg.algo, engine_logprobs=r.backend == "vllm" or r.mode == "continuous")
 
 
 def _check_reward(cfg: Config) -> None:

@@ -72,9 +72,9 @@ class Answer:
             "seed": r.seed,
             "max_new_tokens": r.max_new_tokens,
             "slot": self.slot,
-            "tokens": self.tokens,
-            "logps": self.logps,
-            "versions": self.versions,
+            "tokens": list(self.tokens),  # copies: the engine goes on appending to these
+            "logps": list(self.logps),
+            "versions": list(self.versions),
             "finish_reason": self.finish_reason,
         }
 
