@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import math
 from typing import Any
@@ -33,10 +34,11 @@ from grpo.wire.codec import (
 
 
 def make_episode(
-    rng: np.random.Generator, group_id: int, completion_len: int, rollout: bool, mask: bool = False
-) -> Episode:
+    rng: np.random.Generator, group_id: int, completion_len: int, rollout: bool, mask: bool = False,
+    versions: bool = False,
+) -> Episode:  # fmt: skip
     c = completion_len
-    return Episode(
+    episode = Episode(
         prompt_ids=rng.integers(0, 50_000, size=int(rng.integers(1, 20)), dtype=np.int32),
         completion_ids=rng.integers(0, 50_000, size=c, dtype=np.int32),
         old_logp=-rng.random(c, dtype=np.float32),
@@ -48,11 +50,16 @@ def make_episode(
         rollout_logp=-rng.random(c, dtype=np.float32) if rollout else None,
         loss_mask=rng.integers(0, 2, size=c, dtype=np.uint8) if mask else None,
     )
+    if not versions:  # drawn last: the other batches are what they were without versions
+        return episode
+    # Continuous generation: the batch's policy_version (5) or newer, rising along the answer.
+    steps = np.cumsum(rng.random(c) < 0.3).astype(np.int32)
+    return dataclasses.replace(episode, token_versions=5 + steps)
 
 
 def make_batch(
     seed: int = 0, num_groups: int = 3, group_size: int = 4, rollout: bool = True,
-    mask: bool = False,
+    mask: bool = False, versions: bool = False,
 ) -> EpisodeBatch:  # fmt: skip
     rng = np.random.default_rng(seed)
     eps = []
@@ -61,7 +68,7 @@ def make_batch(
         for _ in range(group_size):
             # Zero-length completions are legal and exercise empty slices.
             c = int(rng.integers(0, 12)) if rng.random() > 0.2 else 0
-            eps.append(make_episode(rng, gid, c, rollout, mask))
+            eps.append(make_episode(rng, gid, c, rollout, mask, versions))
     return EpisodeBatch(
         episodes=tuple(eps),
         group_size=group_size,
@@ -102,7 +109,7 @@ def assert_episodes_identical(a: Episode, b: Episode) -> None:
         x, y = getattr(a, name), getattr(b, name)
         assert y.dtype == (np.int32 if "ids" in name else np.float32)
         assert x.tobytes() == y.tobytes()  # bit-identical
-    for name in ("rollout_logp", "loss_mask"):
+    for name in ("rollout_logp", "loss_mask", "token_versions"):
         x, y = getattr(a, name), getattr(b, name)
         assert (x is None) == (y is None), name
         if x is not None:
@@ -644,10 +651,12 @@ def assert_valid_batch(batch: EpisodeBatch) -> None:
     assert sum(len(ep.completion_ids) for ep in episodes) == len(columns.completion_ids)
     for ep in episodes:
         assert ep.prompt_ids.dtype == ep.completion_ids.dtype == np.int32
-        for name in ("old_logp", "ref_logp", "rollout_logp", "loss_mask"):
+        for name in ("old_logp", "ref_logp", "rollout_logp", "loss_mask", "token_versions"):
             per_token = getattr(ep, name)
             assert per_token is None or per_token.shape == ep.completion_ids.shape, name
         assert ep.loss_mask is None or set(ep.loss_mask.tolist()) <= {0, 1}
+        # no token older than the batch claims (its policy_version: its oldest token's)
+        assert ep.token_versions is None or (ep.token_versions >= batch.policy_version).all()
         assert math.isfinite(ep.reward) and ep.finish_reason in ("stop", "length")
         assert all(type(k) is str and isinstance(v, (str, int, float, bool, type(None)))
                    for k, v in ep.reward_info.items())  # fmt: skip
@@ -680,7 +689,8 @@ def refused_or_faithful(frames: list[bytes]) -> None:
 def test_valid_frames_pass_the_fuzz_tests_checks() -> None:
     """The checks the fuzz tests make of whatever decodes hold for the encoder's own frames."""
     masked = received(encode_batch(make_batch(seed=4, rollout=False, mask=True)))
-    for frames in (GOOD_FRAMES, GOOD_MESSAGE, masked):
+    versioned = received(encode_batch(make_batch(seed=4, versions=True)))
+    for frames in (GOOD_FRAMES, GOOD_MESSAGE, masked, versioned):
         assert decode_checked(frames) is not None
         refused_or_faithful(frames)
 

@@ -59,6 +59,8 @@ FUZZ = settings(
 GOOD = {
     "batch": received(encode_batch(make_batch(seed=1))),
     "masked batch": received(encode_batch(make_batch(seed=2, rollout=False, mask=True))),
+    # continuous generation's: each token's version (int32, the last array frame)
+    "versioned batch": received(encode_batch(make_batch(seed=3, versions=True))),
     "message": received(encode_message(Message("heartbeat", {"version": 3, "acked": [1, 2]}))),
 }
 

@@ -7,7 +7,11 @@ The policy loss is computed against the trainer's old log-probs; weighting each 
 pi_old / pi_rollout corrects for having sampled from pi_rollout instead (truncated
 importance sampling, Yao et al. 2025; masked variants as in verl's rollout correction).
 IcePop (Ring-1T, 2025) keeps a token's ratio as its weight inside a band and gives it 0
-outside. Rejection masks go further: tokens or whole answers whose ratio leaves a band get
+outside. Decoupled PPO (AReaL, Fu et al. 2025) reads the old log-probs as the proximal policy
+of its clip and weighs each token by pi_prox / pi_behav, pi_behav being the weights that
+sampled that very token (with continuous generation one answer's tokens come from several
+versions, each with its own rollout log-prob); a weight above the cap is 0, not capped.
+Rejection masks go further: tokens or whole answers whose ratio leaves a band get
 weight 0, so no gradient (Geo-RS, the token-outlier veto...), on top of any weight mode.
 
 All tensors are (B, T) and aligned with `mask`; the weights carry no gradient. The bands are
@@ -47,6 +51,10 @@ def rollout_correction_weights(
     outside (outliers are dropped, not shrunk). icepop: weight = ratio inside
     bands["icepop"], 0 outside (no threshold). seq_masked_tis: sequence_truncate's weight,
     and 0 for answers whose product ratio leaves bands["seq_masked_tis"] (verl's Seq-MIS).
+    decoupled: AReaL's decoupled PPO, weight = the token's ratio pi_prox / pi_behav (old_logp
+    being the proximal policy, rollout_logp each token's behaviour log-prob) when at most
+    `threshold` (AReaL's behav_imp_weight_cap), 0 above it (no lower bound); its zeros stay in
+    the token-mean denominator, as in AReaL's loss.
 
     Rejection masks, each with its band [low, high] from `bands`: token_reject zeroes the
     tokens whose ratio leaves it; geo_rs zeroes answers whose geometric mean of token ratios leaves
@@ -151,6 +159,11 @@ def _mode_weights(
         return clamp_log_ratio(log_ratio).exp(), {}
     if threshold <= 1.0:
         raise ValueError(f"rollout correction threshold must be > 1, got {threshold}")
+    if mode == "decoupled":  # AReaL's behaviour weight: kept up to the cap, 0 above it
+        ratio = clamp_log_ratio(log_ratio).exp()
+        over = ratio > threshold
+        weights = torch.where(over, torch.zeros_like(ratio), ratio)
+        return weights, {"correction_clipped_frac": float(masked_mean(over.to(m.dtype), m))}
     level, how = ("sequence", "truncate") if mode == "seq_masked_tis" else mode.split("_")
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)  # (B, T)

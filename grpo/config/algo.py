@@ -79,13 +79,18 @@ class AlgoConfig:
         "product): *_truncate caps the weight at the threshold, *_mask drops tokens / answers "
         "whose ratio is outside [1 / threshold, threshold]; icepop: the token's ratio inside "
         "rollout_icepop_band, 0 outside; seq_masked_tis: sequence_truncate with answers "
-        "outside rollout_seq_band dropped. Masks (weight 0, no gradient): token_reject drops "
+        "outside rollout_seq_band dropped; decoupled: AReaL's decoupled PPO, the old "
+        "log-probs as the proximal policy and each token weighted by pi_old / pi_rollout of "
+        "the weights that sampled it, 0 above the threshold (AReaL's behav_imp_weight_cap). "
+        "Masks (weight 0, no gradient): token_reject drops "
         "tokens outside rollout_token_reject_band, geo_rs answers whose geometric mean ratio "
         "is outside rollout_geo_rs_band, token_outlier answers with any token outside "
         "rollout_token_outlier_band. Needs rollout.backend: vllm; see docs/algorithms.md",
     )
     rollout_correction_threshold: float = knob(
-        2.0, "the cap / band of rollout_correction's *_truncate / *_mask weights (> 1)"
+        2.0,
+        "the cap / band of rollout_correction's *_truncate / *_mask weights, and decoupled's "
+        "cap (> 1)",
     )
     rollout_icepop_band: list[float] = knob(
         [0.5, 5.0], "icepop: token ratios kept, [low, high] (IcePop's 0.5, 5)"

@@ -24,13 +24,19 @@ ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
     ("rollout_logp", "float32", "completion_len"),
     ("loss_mask", "uint8", "completion_len"),
     ("teacher_logp", "float32", "completion_len"),
+    ("token_versions", "int32", "completion_len"),
 )
 # Per-token arrays a batch may leave out (None for the whole batch): the old-policy and
 # reference log-probs when the trainer computes them (train.logprobs_on: trainer), the rollout
 # engine's when the backend reports none, and the loss mask of single-turn answers (every
 # token the model's), so that their frames are what they were before multi-turn answers; and the
-# teacher's log-probs (on-policy distillation), absent when the run has no teacher.
-OPTIONAL_ARRAYS = ("old_logp", "ref_logp", "rollout_logp", "loss_mask", "teacher_logp")
+# teacher's log-probs (on-policy distillation), absent when the run has no teacher; and the
+# weights version that sampled each token (continuous generation, where an answer in flight
+# across an update has tokens of several versions), absent when all of a batch's tokens are of
+# its policy_version (lock-step sampling).
+OPTIONAL_ARRAYS = (
+    "old_logp", "ref_logp", "rollout_logp", "loss_mask", "teacher_logp", "token_versions",
+)  # fmt: skip
 # Wire dtypes are explicit little-endian so sender and receiver agree on any host.
 WIRE_DTYPES: dict[str, np.dtype] = {
     "int32": np.dtype("<i4"),
@@ -72,6 +78,9 @@ class Columns:
     rollout_logp: np.ndarray | None  # idem
     loss_mask: np.ndarray | None  # uint8 0/1, aligned with completion_ids, or None (all 1)
     teacher_logp: np.ndarray | None  # float32 like old_logp: the teacher's, or None (no teacher)
+    # int32 >= 0, aligned with completion_ids: the weights version that sampled each token, none
+    # older than the batch's policy_version (check_token_versions); None: all of that version.
+    token_versions: np.ndarray | None
     prompt_len: np.ndarray  # int64 [N]
     completion_len: np.ndarray  # int64 [N]
     reward: np.ndarray  # float64 [N]
@@ -173,6 +182,9 @@ def check_columns(c: Columns) -> None:
             raise ValueError(f"{name} holds token id {low}, below 0")
     for name in BOUNDED:
         check_bounded(getattr(c, name), name)
+    versions = c.token_versions
+    if versions is not None and versions.size and (low := int(versions.min())) < 0:
+        raise ValueError(f"token_versions holds version {low}, below 0")
     if c.loss_mask is not None:
         check_loss_mask(c.loss_mask, "loss_mask")
     if len(c.finish_reason) != n or not FINISH_REASONS.issuperset(c.finish_reason):
@@ -186,6 +198,36 @@ def check_columns(c: Columns) -> None:
             for k, v in info.items():
                 if not isinstance(k, str) or not isinstance(v, JSON_SCALARS):
                     raise ValueError(f"reward_info[{k!r}] is not a str key with a JSON scalar")
+
+
+def oldest_token_versions(c: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """(the indices of the answers with at least one token, the version of each one's oldest
+    token), from checked columns that have token_versions."""
+    assert c.token_versions is not None
+    lens = c.completion_len
+    answers = np.flatnonzero(lens > 0)
+    if not answers.size:
+        return answers, np.zeros(0, c.token_versions.dtype)
+    # Each segment runs from one non-empty answer's start to the next's: exactly its tokens
+    # (the empty answers between them hold none).
+    starts = (np.cumsum(lens) - lens)[answers]
+    return answers, np.minimum.reduceat(c.token_versions, starts)
+
+
+def check_token_versions(c: Columns, policy_version: int) -> None:
+    """No answer's token older than the batch's policy_version: a batch claims the version of
+    its oldest token (the staleness the trainer reports and bounds), so a token older than the
+    claim is a batch staler than it says."""
+    if c.token_versions is None:
+        return
+    answers, oldest = oldest_token_versions(c)
+    bad = np.flatnonzero(oldest < policy_version)
+    if bad.size:
+        i = bad[0]
+        raise ValueError(
+            f"answer {int(answers[i])} has a token of version {int(oldest[i])}, older than the "
+            f"batch's policy_version {policy_version} (the version of its oldest token)"
+        )
 
 
 _PLAIN_SCALARS = frozenset(JSON_SCALARS)

@@ -26,6 +26,7 @@ from grpo.core.columns import (
     check_1d,
     check_columns,
     check_loss_mask,
+    check_token_versions,
     is_finite_real,
     is_int,
     is_real,
@@ -75,10 +76,16 @@ class Episode:
     # answer, grpo.rollout.multi_turn); None: every token is the model's.
     loss_mask: np.ndarray | None = None
     teacher_logp: np.ndarray | None = None  # float32 [C], under the teacher (None: no teacher)
+    # int [C] >= 0: the weights version that sampled each token (continuous generation); None:
+    # all of them the batch's policy_version.
+    token_versions: np.ndarray | None = None
 
 
 class EpisodeBatch:
     """Whole groups of episodes sampled with one policy version, stored as :class:`Columns`.
+
+    ``policy_version`` is the version of the oldest token: with continuous generation an answer
+    may span several versions (``columns.token_versions``), none older than it.
 
     Groups are contiguous: ``episodes[g * group_size:(g + 1) * group_size]`` is group g.
     Build one from episodes (``EpisodeBatch(episodes, ...)``, which gathers their arrays
@@ -201,6 +208,9 @@ def _naming(seq: object, sampler_id: object) -> Iterator[None]:
         raise ValueError(f"batch {seq!r:.20} from {sampler_id!r:.80}: {e}") from None
 
 
+_KINDS = {"loss_mask": "bu", "token_versions": "iu"}  # the optional arrays that are not floats
+
+
 def _check_episode(ep: object, i: int) -> None:
     """Shape/type checks of one episode; reads only metadata, never copies arrays."""
     if not isinstance(ep, Episode):
@@ -211,10 +221,17 @@ def _check_episode(ep: object, i: int) -> None:
         if getattr(ep, name) is None:
             continue
         # A mask of another integer type could wrap when cast to uint8 (256 -> 0): refused.
-        kinds = "bu" if name == "loss_mask" else "f"
+        kinds = _KINDS.get(name, "f")
         m = check_1d(getattr(ep, name), kinds, f"episodes[{i}].{name}")
         if m != n:
             raise ValueError(f"episodes[{i}].{name} has length {m}, completion_ids has {n}")
+    versions = ep.token_versions
+    if versions is not None and versions.dtype != np.int32 and versions.size:
+        # int64 -> int32 is a same_kind cast, which wraps: 2**32 would arrive as version 0.
+        low, high = int(versions.min()), int(versions.max())
+        if low < 0 or high > np.iinfo(np.int32).max:
+            bad = low if low < 0 else high
+            raise ValueError(f"episodes[{i}].token_versions holds {bad}, not a version >= 0")
     if ep.loss_mask is not None:
         check_loss_mask(ep.loss_mask, f"episodes[{i}].loss_mask")
     if ep.finish_reason not in FINISH_REASONS:
@@ -242,6 +259,7 @@ def check_batch(batch: EpisodeBatch) -> None:
             raise ValueError(f"{name} must be an int, got {getattr(batch, name)!r}")
     if not isinstance(batch.sampler_id, str):
         raise ValueError(f"sampler_id must be a str, got {batch.sampler_id!r}")
+    check_token_versions(batch.columns, batch.policy_version)
     if not isinstance(batch.stats, dict) or not all(
         isinstance(k, str) and is_real(v) for k, v in batch.stats.items()
     ):
@@ -265,10 +283,10 @@ def check_batch(batch: EpisodeBatch) -> None:
 def _gather(eps: tuple[Episode, ...]) -> Columns:
     """Columns of checked episodes: one copy of each array, cast to its wire dtype.
 
-    An optional log-prob array (old_logp, ref_logp, rollout_logp, teacher_logp) is kept only
-    when every episode has one; otherwise it is dropped for the whole batch (the receiver sees
-    None everywhere). The loss mask is kept when any episode has one, the others' all ones: a
-    dropped mask would train on a tool's tokens.
+    An optional log-prob array (old_logp, ref_logp, rollout_logp, teacher_logp), or
+    token_versions, is kept only when every episode has one; otherwise it is dropped for the
+    whole batch (the receiver sees None everywhere). The loss mask is kept when any episode has
+    one, the others' all ones: a dropped mask would train on a tool's tokens.
     """
     arrays: dict[str, np.ndarray | None] = {}
     for name, dtype_name in ARRAY_DTYPES.items():
@@ -319,6 +337,7 @@ def _scatter(c: Columns) -> tuple[Episode, ...]:
             rollout_logp=_part(c.rollout_logp, k[i], k[i + 1]),
             loss_mask=_part(c.loss_mask, k[i], k[i + 1]),
             teacher_logp=_part(c.teacher_logp, k[i], k[i + 1]),
+            token_versions=_part(c.token_versions, k[i], k[i + 1]),
         )
         for i in range(len(c))
     )
@@ -340,6 +359,7 @@ def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
         rollout_logp=_part(c.rollout_logp, ks, ke),
         loss_mask=_part(c.loss_mask, ks, ke),
         teacher_logp=_part(c.teacher_logp, ks, ke),
+        token_versions=_part(c.token_versions, ks, ke),
         prompt_len=c.prompt_len[start:stop],
         completion_len=c.completion_len[start:stop],
         reward=c.reward[start:stop],

@@ -20,7 +20,7 @@ KL_KINDS: tuple[str, ...] = get_args(KlKind)
 # Importance weights for the rollout engine's mismatch (grpo.algos.correction).
 CorrectionMode = Literal[
     "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "icepop",
-    "seq_masked_tis",
+    "seq_masked_tis", "decoupled",
 ]  # fmt: skip
 CORRECTION_MODES: tuple[str, ...] = get_args(CorrectionMode)
 BANDED_MODES = ("icepop", "seq_masked_tis")  # the weight modes that read a band too

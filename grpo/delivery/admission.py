@@ -33,6 +33,11 @@ class Expected:
     # memory. None: not checked (a test's trainer with no config); see for_run.
     max_prompt_tokens: int | None = None
     max_new_tokens: int | None = None
+    # train.total_steps: the newest weights version the run can publish (version s is the
+    # weights after step s), so no token was sampled with a newer one. Not the trainer's current
+    # version: a restarted trainer is resent batches sampled from versions of the crashed run
+    # that it republishes. None: not checked.
+    max_version: int | None = None
 
     @classmethod
     def for_run(cls, cfg: Config, arrays: frozenset[str], vocab_size: int) -> Expected:
@@ -46,6 +51,7 @@ class Expected:
             vocab_size=vocab_size,
             max_prompt_tokens=cfg.data.max_prompt_tokens,
             max_new_tokens=r.max_new_tokens,
+            max_version=cfg.train.total_steps,
         )
 
 
@@ -71,7 +77,8 @@ def misfit(batch: EpisodeBatch, want: Expected) -> str | None:
 
 
 def _token_misfit(batch: EpisodeBatch, want: Expected) -> str | None:
-    """Token ids within [0, vocab), lengths within the run's maxima."""
+    """Token ids within [0, vocab), lengths within the run's maxima, token versions within
+    the run's."""
     c = batch.columns
     for name in ("prompt_ids", "completion_ids"):
         ids = getattr(c, name)
@@ -94,6 +101,14 @@ def _token_misfit(batch: EpisodeBatch, want: Expected) -> str | None:
                 f"it holds a {'prompt' if key.startswith('data') else 'completion'} of "
                 f"{longest} tokens, over the trainer's {key}={limit}: start both roles with "
                 f"the same {key}"
+            )
+    versions, last = c.token_versions, want.max_version
+    if last is not None and versions is not None and versions.size:
+        newest = int(versions.max())
+        if newest > last:
+            return (
+                f"its token_versions hold version {newest}, past the last this run publishes "
+                f"(train.total_steps={last}): start both roles with the same config"
             )
     return None
 

@@ -162,7 +162,8 @@ class BatchMaker:
 
     def attach_logprobs(self, groups: list[Group]) -> tuple[Episode, ...]:
         """Every answer as an episode, with the old-policy and reference log-probs the sampler
-        computes (see the class), the others None."""
+        computes (see the class), the others None; and each token's weights version when the
+        engine reports them (continuous generation)."""
         gens = [g for group in groups for g in group.gens]
         scored = [s for group in groups for s in group.scored]
         index = [group.prompt.index for group in groups for _ in group.gens]
@@ -181,6 +182,7 @@ class BatchMaker:
                 lp,
                 loss_mask=g.loss_mask,
                 teacher_logp=t,
+                token_versions=g.token_versions,
             )
             for g, o, r, lp, t, (reward, info), i in zip(
                 gens, old, ref, rollout, teacher, scored, index, strict=True

@@ -27,7 +27,7 @@ from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rol
 from grpo.algos.registry import advantage_kind
 from grpo.config import Config
 from grpo.core.batching import length_mask, pad_right
-from grpo.core.episode import EpisodeBatch, reward_components
+from grpo.core.episode import Episode, EpisodeBatch, reward_components
 from grpo.core.vocabulary import GAE
 
 
@@ -48,6 +48,9 @@ class Experience:
     advantages: torch.Tensor | None = None  # (N, C), once computed
     returns: torch.Tensor | None = None  # (N, C) value targets (PPO)
     old_values: torch.Tensor | None = None  # (N, C) the critic's before its update (PPO)
+    # (N, C) int64, the weights version that sampled each token (continuous generation, 0 on
+    # padding); None: every token of the batch's policy_version
+    token_versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -89,7 +92,7 @@ class Experience:
 
 _ROW_TENSORS = (
     "mask", "loss_mask", "old_logp", "ref_logp", "token_rewards", "rollout_logp", "weights",
-    "advantages", "returns", "old_values",
+    "advantages", "returns", "old_values", "token_versions",
 )  # fmt: skip
 
 
@@ -160,6 +163,7 @@ def build_experience(
         token_rewards=rewards,
         rollout_logp=rollout,
         weights=weights,
+        token_versions=None if c.token_versions is None else pad_versions(eps, width),
     )
     teacher = None if c.teacher_logp is None else pad_right([e.teacher_logp for e in eps], width)
     if teacher is not None and old is not None:
@@ -170,6 +174,42 @@ def build_experience(
         if teacher is not None:
             metrics["opd_advantage_mean"] = float(masked_mean(exp.advantages, exp.loss_mask))
     return exp, metrics
+
+
+def pad_versions(eps: Sequence[Episode], width: int) -> torch.Tensor:
+    """The episodes' token versions as an (N, width) int64 tensor, 0 on padding."""
+    out = torch.zeros((len(eps), width), dtype=torch.int64)
+    for i, e in enumerate(eps):
+        assert e.token_versions is not None
+        out[i, : len(e.token_versions)] = torch.as_tensor(e.token_versions, dtype=torch.int64)
+    return out
+
+
+@torch.no_grad()
+def token_version_metrics(
+    versions: torch.Tensor, mask: torch.Tensor, current: int
+) -> dict[str, float]:
+    """How old the tokens of a step's batch are, per token (continuous generation).
+
+    `versions` (N, C): the weights version that sampled each token; `mask` (N, C): the tokens
+    that count (the model's, not padding nor a tool's results); `current`: the version of the
+    weights the step trains (step - 1, as `staleness`). token_version_lag_mean and
+    token_version_lag_max: current - version over those tokens; answers_multi_version_share:
+    the share of answers (with at least one such token) whose tokens span more than one
+    version. Empty when no token counts."""
+    valid = mask > 0
+    if not bool(valid.any()):
+        return {}
+    lag = current - versions[valid]
+    newest = versions.masked_fill(~valid, torch.iinfo(versions.dtype).min).amax(dim=-1)
+    oldest = versions.masked_fill(~valid, torch.iinfo(versions.dtype).max).amin(dim=-1)
+    answers = valid.any(dim=-1)
+    multi = (newest > oldest) & answers
+    return {
+        "token_version_lag_mean": float(lag.double().mean()),
+        "token_version_lag_max": float(lag.max()),
+        "answers_multi_version_share": float(multi.sum()) / float(answers.sum()),
+    }
 
 
 def estimate_advantages(

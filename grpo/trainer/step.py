@@ -15,7 +15,7 @@ from grpo.core.episode import EpisodeBatch
 from grpo.plan import LossPlan
 from grpo.runtime.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
 from grpo.trainer.critic import Critic
-from grpo.trainer.experience import build_experience
+from grpo.trainer.experience import build_experience, token_version_metrics
 from grpo.trainer.ranks import average_across_ranks
 from grpo.trainer.scoring import score_on_ranks
 from grpo.trainer.update import ppo_update, train_on_batch
@@ -88,6 +88,8 @@ def train_step(
     with seconds("train_s"):
         ACTIVITY.enter(TRAINING, f"step {step}")
         exp, numbers = build_experience(batch, cfg, kl_reward_coef)
+        if exp.token_versions is not None:  # the weights this step trains are version step - 1
+            numbers |= token_version_metrics(exp.token_versions, exp.mask, step - 1)
         mine = exp.rows(shard.rows(batch.group_size))
         skipped_before = models.skipped_steps()
         if models.critic is None:

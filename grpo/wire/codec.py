@@ -59,7 +59,9 @@ MAGIC = b"GRPOEP1"
 # 2: old_logp and ref_logp became optional like rollout_logp; 3: a checksum before the header.
 # The optional loss_mask (multi-turn answers) came without a new schema, so that single-turn
 # frames stay byte for byte what they were; a decoder that predates it refuses a batch that has
-# one as an unknown array. The optional teacher_logp (on-policy distillation) came the same way.
+# one as an unknown array. The optional teacher_logp (on-policy distillation) came the same way,
+# and so did token_versions (continuous generation: each token's weights version, int32), which
+# lock-step batches leave out.
 SCHEMA_VERSION = 3
 MAX_FRAME_BYTES = 1 << 30
 # The header only holds scalars, so it stays far below this even for huge batches;
