@@ -315,3 +315,17 @@ def test_an_override_nested_too_deeply_is_refused_by_key():
     its RecursionError left load_config instead of a line naming the key."""
     with pytest.raises(ConfigError, match=r"^rollout.stop must be a list, got "):
         load_config(None, ["rollout.stop=" + "[" * 3000])
+
+
+def test_continuous_mode_is_checked():
+    base = ["rollout.mode=continuous", "train.max_staleness=1"]
+    with pytest.raises(ConfigError, match="set algo.rollout_correction=decoupled"):
+        load_config(DEMO, base)
+    cfg = load_config(DEMO, [*base, "algo.rollout_correction=decoupled"])
+    assert cfg.rollout.mode == "continuous"
+    assert load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0"])
+    with pytest.raises(ConfigError, match="rollout.slots=6 must be a multiple of group_size"):
+        load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0", "rollout.slots=6"])
+    with pytest.raises(ConfigError, match="single-turn answers"):
+        load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0",
+                           "rollout.max_turns=2", "rollout.tools=[calculator]"])  # fmt: skip

@@ -76,15 +76,14 @@ def test_sample_rows_draws_by_inverse_cdf_from_the_truncated_distribution():
 
 
 @pytest.mark.parametrize("truncation", [Truncation(), Truncation(top_p=0.9, top_k=40)])
-def test_answers_in_refilled_slots_carry_a_fresh_forwards_logprobs(
-    model_and_tokenizer, truncation
-):
+def test_answers_in_refilled_slots_carry_a_fresh_forwards_logprobs(model_and_tokenizer, truncation):
     model, tokenizer = model_and_tokenizer
     engine = HFContinuous(model, tokenizer, slots=3, temperature=T, truncation=truncation)
     answers = run_to_end(engine, requests(tokenizer, 7, max_new=12))
     assert [a.request.uid for a in answers] == list(range(7))  # 7 answers through 3 slots
     for a in answers:
-        assert len(a.tokens) == len(a.logps) == len(a.versions) and a.versions == [0] * len(a.tokens)
+        assert len(a.tokens) == len(a.logps) == len(a.versions)
+        assert a.versions == [0] * len(a.tokens)
         assert a.finish_reason == ("stop" if a.tokens[-1] in engine.eos else "length")
         np.testing.assert_allclose(a.logps, reference_logps(model, a, truncation), atol=2e-4)
     assert not engine.in_flight() and engine.free_slots() == [0, 1, 2]

@@ -179,7 +179,7 @@ def _check_rollout(cfg: Config) -> None:
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
     _check_turns(r)
-    check_continuous(r)
+    check_continuous(cfg)
     check_correction(cfg.algo, engine_logprobs=r.backend == "vllm" or r.mode == "continuous")
 
 

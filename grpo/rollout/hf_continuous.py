@@ -35,6 +35,8 @@ from grpo.rollout.hf import eos_ids
 from grpo.runtime.progress import ACTIVITY
 from grpo.scoring.kernels import Truncation
 
+NO_TRUNCATION = Truncation()
+
 
 def build_continuous(ctx: EngineContext) -> HFContinuous:
     """rollout.mode: continuous with rollout.backend: hf. Samples with the sampler's own policy,
@@ -95,7 +97,7 @@ class HFContinuous:
         tokenizer,
         slots: int,
         temperature: float = 1.0,
-        truncation: Truncation = Truncation(),
+        truncation: Truncation = NO_TRUNCATION,
         stop: tuple[str, ...] = (),
         kv_on_update: str = "keep",
         stop_event: threading.Event | None = None,

@@ -1,29 +1,34 @@
 """Continuous generation (rollout.mode: continuous): answers in flight in a fixed number of
 slots, refilled by whole groups as slots free up; new weights between two decode steps; batches
-cut from complete groups in the order they complete.
+cut from complete groups in the order they were admitted.
 
-Pacing, not dropping. Batch b may hold answers whose oldest token is at least
-required_version(b) old (train.max_staleness). Groups complete in any order, so a group in
-flight may land in any later batch: the n-th group from now (the complete ones first) lands in
-batch `landing(n)` at the latest. A new group is admitted only while every group in flight,
-the new one included, would still meet its bound there; else the slots wait and the answers in
-flight go on decoding. Nothing finished is discarded by a lone sampler; with several (whose
-batch numbers move with the others') a group past its bound when its batch is cut is
-discarded, counted, and its length reported beside the trained ones' (a bias toward short
-answers shows).
+Batches in admission order. This sampler's k-th batch holds its groups kQ to (k+1)Q - 1 (Q =
+rollout.questions_per_step): a group's batch is known when it is admitted, and a long answer
+holds up its own batch's cut, never the slots, which go on taking the next batches' groups.
 
-Versions. A lone sampler loads the version its next group needs exactly when it needs it and
-waits there for it, so which tokens each version samples never depends on timing (as the
-lock-step sampler's batches): a deterministic run repeats. Several samplers load the newest
-version out whenever the next group needs a newer one, without waiting while answers are in
-flight.
+Pacing, not dropping. Batch b may only hold answers whose oldest token is at least
+required_version(b) (train.max_staleness). A group is admitted only when the weights in the
+engine meet the bound of the batch it lands in; else its slots wait, and the answers in flight
+go on decoding. A lone sampler never discards a finished answer. With several, the run's batch
+numbers move with the others' batches, so a group's batch is an estimate: a group past its
+bound when its batch is cut is discarded, counted, and its length reported beside the trained
+ones' (a bias toward short answers shows).
+
+Versions. After the cut of batch b the sampler waits for the version batch b + 2 needs (b + 1
+when train.max_staleness < 2: b + 2's would need batch b trained), as the lock-step sampler
+waits before each batch, and loads it under the answers in flight: they decode on with the new
+weights, so an answer's tokens may come from several versions (each token records its own, and
+its behaviour log-prob). Two batches' groups may then be in flight. A lone sampler loads
+exactly that version, so which tokens each version samples never depends on timing: a
+deterministic run repeats. Several samplers load the newest out.
 
 Resume. At every batch cut the engine rebuilds the cache of the answers in flight from their
-tokens, and the cut's state (answers in flight, complete groups not yet cut, the weights
-version, the admission counter) is written before the batch is spooled. A resumed sampler
-loads that version, restores the answers into their slots (the same rebuild) and goes on: with
-the HF engine, bit for bit as the run that was not interrupted (tests/test_continuous_runs.py);
-vLLM continues them, not bit for bit (grpo.rollout.vllm_continuous).
+tokens, and the cut's state (the groups not yet cut, their answers, the weights version, the
+admission counter) is written before the batch is spooled. A resumed sampler loads that
+version, restores the answers into their slots (the same rebuild), loads the version its next
+batch needs as the uninterrupted sampler did after spooling, and goes on: with the HF engine,
+bit for bit as the run that was not interrupted (tests/test_continuous_runs.py); vLLM continues
+them, not bit for bit (grpo.rollout.vllm_continuous).
 """
 
 from __future__ import annotations
@@ -53,33 +58,23 @@ STATE_PREFIX = "continuous-"
 
 
 @dataclass
-class Flying:
-    """One group in flight: its question and its answers' records (appended by the engine)."""
+class Admitted:
+    """One group admitted: its question, its answers' records (the engine appends to them) and,
+    once they all finished, their scores."""
 
     prompt: Prompt
     answers: list[Answer]
     admitted: int  # the weights version when it was admitted: its oldest possible
+    group: Group | None = None  # scored, once every answer finished
 
     @property
-    def done(self) -> bool:
+    def finished(self) -> bool:
         return all(a.done for a in self.answers)
-
-
-@dataclass
-class Complete:
-    """A group whose answers all finished, scored, waiting for its batch."""
-
-    group: Group
-    answers: list[Answer]
 
     @property
     def oldest(self) -> int:
         """The version of its oldest token."""
-        return min((a.versions[0] for a in self.answers if a.versions), default=0)
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(a.tokens) for a in self.answers)
+        return min((a.versions[0] for a in self.answers if a.versions), default=self.admitted)
 
 
 def answer_seed(run_seed: int, uid: int) -> int:
@@ -98,10 +93,12 @@ class ContinuousLoop:
         self.batches = batches
         self.weights = weights
         self.uid = 0  # answers admitted so far
-        self.flying: list[Flying] = []  # in admission order
-        self.complete: list[Complete] = []  # in completion order
+        self.groups: list[Admitted] = []  # admitted and not yet cut, in admission order
         self.saved_version = 0  # the weights version of a resumed state
         self.restored: list[Answer] = []  # a resumed state's answers in flight
+        t = cfg.train
+        # Load after the cut of batch b the version batch b + ahead needs (see the module).
+        self.ahead = 2 if (t.max_staleness or 0) >= 2 else 1
         # Metrics: since the last cut, and totals of the run for the length bias.
         self.step_s = 0.0
         self.tokens = 0
@@ -114,18 +111,15 @@ class ContinuousLoop:
     # ------------------------------------------------------------------ the bound
 
     def landing(self, n: int, first: int, alive: int) -> int:
-        """The batch the n-th group from now (0: the oldest complete one) lands in at the
-        latest, when this sampler's next batch is the run's batch `first`: Q groups a batch,
-        the other live samplers' batches in between."""
+        """The run's batch that the n-th group not yet cut lands in, when this sampler's next
+        batch is the run's batch `first`: Q groups a batch, the other live samplers' batches
+        in between (exact for a lone sampler)."""
         return first + n // self.cfg.rollout.questions_per_step * max(alive, 1)
 
     def needed(self, batch: int) -> int:
         """The oldest version batch `batch` may hold."""
         t = self.cfg.train
         return required_version(batch, t.max_staleness, t.sync_interval)
-
-    def oldest_flying(self) -> int | None:
-        return min((f.admitted for f in self.flying), default=None)
 
     # ------------------------------------------------------------------ the loop
 
@@ -142,34 +136,40 @@ class ContinuousLoop:
         or `stopped()`. next_batch(): (the run's batch this sampler's next one is, live
         samplers); send(batch) spools and sends it with the state. Returns the next seq."""
         self.resume_into(engine)
-        Q = self.cfg.rollout.questions_per_step
+        self.load_for(engine, next_batch()[0] - 1 + self.ahead)
         while not stopped():
             first, alive = next_batch()
-            while len(self.complete) >= Q and (batch := self.cut(engine, seq, first)):
+            while batch := self.cut(engine, seq, first):
                 send(batch)
                 seq += 1
                 first, alive = next_batch()
+                self.load_for(engine, first - 1 + self.ahead)
             self.admit(engine, first, alive, groups_wanted())
             if not engine.in_flight():
-                if len(self.complete) < Q and groups_wanted() <= len(self.complete):
+                if groups_wanted() <= len(self.groups):
                     return seq  # the run needs no more than it has
                 continue
             self.step(engine)
         return seq
 
+    def load_for(self, engine: ContinuousEngine, batch: int) -> None:
+        """Wait for the version batch `batch` needs and load it under the answers in flight
+        (a lone sampler exactly that one, several the newest: Weights.wait_for_version)."""
+        self.weights.wait_for_version(lambda: self.needed(batch))
+        if self.weights.version != engine.version:
+            engine.weights_changed(self.weights.version)
+
     def admit(self, engine: ContinuousEngine, first: int, alive: int, wanted: int) -> None:
-        """Whole groups into the free slots while the bound allows (see the module)."""
+        """Whole groups into the free slots while the engine's weights meet the bound of the
+        batch each lands in (see the module)."""
         G = self.cfg.rollout.group_size
-        while len(engine.free_slots()) >= G and len(self.flying) + len(self.complete) < wanted:
-            n = len(self.complete) + len(self.flying)
-            need = self.needed(self.landing(n, first, alive))
-            oldest = self.oldest_flying()
-            if oldest is not None and oldest < need:
-                self.paced += 1  # an older group could be pushed past its bound: wait
-                return
-            if engine.version < need and not self.update(engine, need, first, alive):
-                self.paced += 1
-                return
+        while len(engine.free_slots()) >= G and len(self.groups) < wanted:
+            batch = self.landing(len(self.groups), first, alive)
+            if engine.version < self.needed(batch):
+                if engine.in_flight() or self.cfg.rollout.num_samplers == 1:
+                    self.paced += 1  # wait for the next cut's version, decoding meanwhile
+                    return
+                self.load_for(engine, batch)  # several: the others' batches moved the bound
             self.start_group(engine, self.shard.draw(1)[0])
 
     def start_group(self, engine: ContinuousEngine, prompt: Prompt) -> None:
@@ -179,26 +179,10 @@ class ContinuousLoop:
             for uid in range(self.uid, self.uid + G)
         ]
         self.uid += G
-        self.flying.append(Flying(prompt, engine.admit(requests), engine.version))
-
-    def update(self, engine: ContinuousEngine, need: int, first: int, alive: int) -> bool:
-        """Load version `need` (or, with several samplers, the newest) between two steps;
-        whether the engine has it now. A lone sampler waits for it when it is bound to come
-        (the batches it needs are sent), else goes on decoding: both never depend on timing."""
-        alone = self.cfg.rollout.num_samplers == 1
-        if alone and need > first:
-            return False  # it needs a batch this sampler has not cut yet
-        status = self.weights.endpoint.status if self.weights.endpoint else None
-        if not alone and engine.in_flight() and (status is None or status.version < need):
-            return False
-        before = self.weights.version
-        self.weights.wait_for_version(lambda: need)
-        if self.weights.version != before:
-            engine.weights_changed(self.weights.version)
-        return engine.version >= need
+        self.groups.append(Admitted(prompt, engine.admit(requests), engine.version))
 
     def step(self, engine: ContinuousEngine) -> None:
-        """One decode step; answers that finished complete their groups, which are scored."""
+        """One decode step; groups whose answers all finished are scored."""
         ACTIVITY.enter(GENERATING, f"{len(engine.in_flight())} answers in flight")
         busy = len(engine.in_flight())
         t0 = time.monotonic()
@@ -207,46 +191,41 @@ class ContinuousLoop:
         self.steps += 1
         self.busy += busy
         self.tokens += sum(len(a.tokens) for a in finished)
-        if engine.stop_event.is_set():
+        if engine.stop_event.is_set() or not finished:
             return
-        if finished:
-            self.collect()
-
-    def collect(self) -> None:
-        """Groups whose answers all finished leave the flight, scored, in admission order among
-        those that finished in the same step."""
-        done = [f for f in self.flying if f.done]
-        if not done:
-            return
-        self.flying = [f for f in self.flying if not f.done]
-        for f in done:
-            gens = [a.generation() for a in f.answers]
-            group = self.batches.score_groups([f.prompt], gens)[0]
-            self.complete.append(Complete(group, f.answers))
+        for g in self.groups:
+            if g.group is None and g.finished:
+                gens = [a.generation() for a in g.answers]
+                g.group = self.batches.score_groups([g.prompt], gens)[0]
 
     def cut(self, engine: ContinuousEngine, seq: int, batch: int) -> EpisodeBatch | None:
-        """Batch `seq` (the run's batch `batch`) from the oldest complete groups that meet its
-        bound; the others are discarded. None when fewer than Q are left."""
+        """Batch `seq` (the run's batch `batch`) from the first Q groups in admission order,
+        once they are all scored; with several samplers, a group among them that misses the
+        bound is discarded and the next one takes its place. None while they are not."""
         Q, need = self.cfg.rollout.questions_per_step, self.needed(batch)
-        late = [c for c in self.complete if c.oldest < need]
-        for c in late:
-            self.discarded_lengths += [len(a.tokens) for a in c.answers]
+        chosen: list[Admitted] = []
+        late: list[Admitted] = []
+        for g in self.groups:
+            if g.group is None or len(chosen) == Q:
+                break
+            (late if g.oldest < need else chosen).append(g)
+        for g in late:
+            self.discarded_lengths += [len(a.tokens) for a in g.answers]
             log.warning("discarded a group of question %d: its oldest token is version %d, "
-                        "batch %d needs %d or newer", c.group.prompt.index, c.oldest, batch,
+                        "batch %d needs %d or newer", g.prompt.index, g.oldest, batch,
                         need)  # fmt: skip
-        self.complete = [c for c in self.complete if c.oldest >= need]
-        if len(self.complete) < Q:
+        self.groups = [g for g in self.groups if g not in late]
+        if len(chosen) < Q:
             return None
-        chosen, self.complete = self.complete[:Q], self.complete[Q:]
-        for c in chosen:
-            self.trained_lengths += [len(a.tokens) for a in c.answers]
+        self.groups = self.groups[Q:]
+        self.trained_lengths += [len(a.tokens) for g in chosen for a in g.answers]
         engine.rebuild_cache()  # what a resume from here does: it decodes on the same
-        stats = self.cut_stats(engine, late, chosen)
-        version = min(c.oldest for c in chosen)
-        return self.batches.batch(seq, [c.group for c in chosen], version, stats)
+        stats = self.cut_stats(engine, len(late), chosen)
+        version = min(g.oldest for g in chosen)
+        return self.batches.batch(seq, [g.group for g in chosen if g.group], version, stats)
 
     def cut_stats(
-        self, engine: ContinuousEngine, late: list[Complete], chosen: list[Complete]
+        self, engine: ContinuousEngine, late: int, chosen: list[Admitted]
     ) -> dict[str, float]:
         steps = max(self.steps, 1)
         stats = {
@@ -255,49 +234,49 @@ class ContinuousLoop:
             "in_flight_answers": float(len(engine.in_flight())),
             "slot_occupancy": self.busy / (steps * engine.slots),
             "paced_share": self.paced / steps,
-            "groups_discarded": float(len(late)),
+            "groups_discarded": float(late),
             "answers_discarded_total": float(len(self.discarded_lengths)),
             "answer_len_trained_mean": float(np.mean(self.trained_lengths or [0])),
             "answer_len_discarded_mean": float(np.mean(self.discarded_lengths or [0])),
             # The first question of the batch (data_end, the shard's position, as lock-step's).
-            "data_start": float(min(c.group.prompt.position for c in chosen)),
+            "data_start": float(min(g.prompt.position for g in chosen)),
         }
         self.step_s, self.tokens, self.steps, self.paced, self.busy = 0.0, 0, 0, 0, 0
         return stats
 
     # ------------------------------------------------------------------ resume
 
-    def state(self, engine: ContinuousEngine) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         """What a resumed sampler needs to go on from this cut (JSON-able)."""
         return {
             "uid": self.uid,
             "version": self.weights.version,
-            "flying": [
+            "groups": [
                 {
-                    "position": f.prompt.position,
-                    "admitted": f.admitted,
-                    "answers": [a.to_state() for a in f.answers],
+                    "position": g.prompt.position,
+                    "admitted": g.admitted,
+                    "answers": [a.to_state() for a in g.answers],
+                    "scored": None if g.group is None else g.group.scored,
                 }
-                for f in self.flying
-            ],  # fmt: skip
-            "complete": [
-                {
-                    "position": c.group.prompt.position,
-                    "scored": c.group.scored,
-                    "answers": [a.to_state() for a in c.answers],
-                }
-                for c in self.complete
-            ],  # fmt: skip
+                for g in self.groups
+            ],
         }
 
-    def save(self, spool_dir: Path, seq: int, engine: ContinuousEngine) -> None:
-        """The state after cutting batch `seq`, written before the batch is spooled; older
-        ones removed."""
+    def save(self, spool_dir: Path, seq: int) -> None:
+        """The state after cutting batch `seq`, written before the batch is spooled. The one of
+        batch seq - 1 stays until batch seq is spooled (a crash in between resumes from it);
+        older ones are removed."""
         path = spool_dir / f"{STATE_PREFIX}{seq:09d}.json"
-        write_atomic(path, json.dumps(self.state(engine)).encode())
+        write_atomic(path, json.dumps(self.state()).encode())
+        keep = {path, spool_dir / f"{STATE_PREFIX}{seq - 1:09d}.json"}
         for old in spool_dir.glob(f"{STATE_PREFIX}*.json"):
-            if old != path:
+            if old not in keep:
                 old.unlink(missing_ok=True)
+
+    def clear(self, spool_dir: Path) -> None:
+        """The run is done: no cut will be resumed from."""
+        for path in spool_dir.glob(f"{STATE_PREFIX}*.json"):
+            path.unlink(missing_ok=True)
 
     def load(self, spool_dir: Path, seq: int) -> None:
         """The state saved with batch `seq - 1` (none: a fresh start at seq 0)."""
@@ -311,18 +290,17 @@ class ContinuousLoop:
                 f"cannot resume the continuous sampler at batch {seq}: {path} is missing"
             ) from None
         self.uid, self.saved_version = int(s["uid"]), int(s["version"])
-        for f in s["flying"]:
-            answers = [Answer.from_state(a) for a in f["answers"]]
-            self.flying.append(Flying(self.shard.prompt_at(f["position"]), answers, f["admitted"]))
-            self.restored += answers
-        for c in s["complete"]:
-            answers = [Answer.from_state(a) for a in c["answers"]]
-            scored = [(float(r), dict(info)) for r, info in c["scored"]]
-            group = Group(self.shard.prompt_at(c["position"]),
-                          [a.generation() for a in answers], scored)  # fmt: skip
-            self.complete.append(Complete(group, answers))
-        log.info("resuming %d answers in flight and %d complete groups at version %d",
-                 len(self.restored), len(self.complete), self.saved_version)  # fmt: skip
+        for g in s["groups"]:
+            prompt = self.shard.prompt_at(g["position"])
+            answers = [Answer.from_state(a) for a in g["answers"]]
+            admitted = Admitted(prompt, answers, int(g["admitted"]))
+            if g["scored"] is not None:
+                scored = [(float(r), dict(info)) for r, info in g["scored"]]
+                admitted.group = Group(prompt, [a.generation() for a in answers], scored)
+            self.groups.append(admitted)
+            self.restored += [a for a in answers if not a.done]
+        log.info("resuming %d answers in flight in %d groups at version %d",
+                 len(self.restored), len(self.groups), self.saved_version)  # fmt: skip
 
     def resume_into(self, engine: ContinuousEngine) -> None:
         """A resumed state's weights and answers into a new engine."""

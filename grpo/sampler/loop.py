@@ -90,6 +90,8 @@ class Sampler:
             raise
         if endpoint.status.done:
             endpoint.finish()
+            if self.continuous is not None:
+                self.continuous.clear(self.spool.dir)
             log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
             endpoint.close()
             return 0
@@ -178,7 +180,7 @@ class Sampler:
             endpoint.wait_for_room()
             if endpoint.stopped.is_set():
                 raise PeerError("stopped")
-            loop.save(self.spool.dir, batch.seq, engine)
+            loop.save(self.spool.dir, batch.seq)
             send(batch)
 
         loop.run(
