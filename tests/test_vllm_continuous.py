@@ -15,7 +15,15 @@ import torch
 from grpo.models.loading import load_causal_lm, load_tokenizer
 from grpo.rollout.continuous import Answer, Request
 from grpo.scoring.score import score_pairs
-from tests.test_vllm import MAX_TOL, MEAN_TOL, QUESTIONS, prompts, streamed, vllm_config
+from tests.test_vllm import (
+    MAX_TOL,
+    MEAN_TOL,
+    QUESTIONS,
+    prompts,
+    stop_string_at,
+    streamed,
+    vllm_config,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -210,3 +218,37 @@ def test_restored_answers_continue_to_completion(engine, asked, hf_base):
     )
     assert mean < MEAN_TOL and worst < MAX_TOL
     assert answers  # the first run's records are its own
+
+
+def test_a_stop_string_begun_before_a_restore_ends_the_answer(
+    engine, asked, base_model_dir, monkeypatch
+):
+    """Greedy, so the answer is known: a two-token stop string whose first token was saved
+    and whose second is the first one sampled after the restore ends it there (vLLM itself
+    checks only the text it generated since the restore)."""
+    tok = load_tokenizer(base_model_dir)
+    monkeypatch.setattr(engine.cfg.rollout, "temperature", 0.0)
+    (free,) = engine.admit(requests(asked, 300, 1))
+    while engine.in_flight():
+        engine.step()
+    stop, end = stop_string_at(tok, np.asarray(free.tokens))
+    state = json.loads(json.dumps(Answer(free.request, 2).to_state()))
+    state.update(tokens=free.tokens[: end - 1], logps=free.logps[: end - 1],
+                 versions=free.versions[: end - 1])  # fmt: skip
+    monkeypatch.setattr(engine.cfg.rollout, "stop", [stop])
+    engine.restore([Answer.from_state(state)])
+    done = []
+    while engine.in_flight():
+        done += engine.step()
+    (a,) = done
+    print(f"\nstop string {stop!r} begun at token {end - 2} of {len(free.tokens)}, saved up to "
+          f"{end - 1}: the restored answer stops with {len(a.tokens)} tokens")  # fmt: skip
+    assert a.slot == 2 and a.finish_reason == "stop"
+    assert a.tokens == free.tokens[:end] and tok.decode(a.tokens).endswith(stop)
+    # Without the engine's own check, vLLM runs past it: the check is needed.
+    monkeypatch.setattr(engine, "_stop_across_restore", lambda answer: False)
+    engine.restore([Answer.from_state(state)])
+    done = []
+    while engine.in_flight():
+        done += engine.step()
+    assert len(done[0].tokens) > end

@@ -76,8 +76,9 @@ def request_seed(seed: int, tokens: int) -> int:
 
 @contextlib.contextmanager
 def _in_process_core() -> Iterator[None]:
-    """vLLM's engine core in this process while the engine starts (read then, and cached by
-    vLLM for the rest of the process: a later engine here runs its core in-process too)."""
+    """vLLM's engine core in this process for the engine started inside (vLLM reads the
+    variable only at a start; its in-process core caches every variable once started, so the
+    cache is dropped on the way out, and a later engine in this process starts as usual)."""
     import vllm.envs
 
     vllm.envs.disable_envs_cache()  # an earlier engine here may have cached the variable
@@ -90,6 +91,7 @@ def _in_process_core() -> Iterator[None]:
             os.environ.pop(_IN_PROCESS_ENV, None)
         else:
             os.environ[_IN_PROCESS_ENV] = before
+        vllm.envs.disable_envs_cache()
 
 
 class VllmContinuous(VllmRollout):
