@@ -1,0 +1,289 @@
+"""Continuous generation on vLLM (rollout.mode: continuous, rollout.backend: vllm): a fixed
+number of slots, each answer one vLLM request; vLLM's scheduler batches them.
+
+The engine is VllmRollout's (same `vllm.LLM` arguments, same `load_version` / `load_tensors`
+in place), driven one scheduler step at a time: `step()` is one `LLMEngine.step()`, whose
+per-request outputs are deltas (the tokens sampled in that step, with their processed
+log-probs: the distribution they were drawn from, as VllmRollout reports).
+
+Stepping. vLLM's engine core normally runs in its own process and decodes ahead of its client
+on its own, so a token's version could not be told from the step that returned it, and a lone
+sampler waiting for a version would see old-weights tokens made while it waited. Here the core
+(the scheduler) runs in the sampler's process and does nothing between two `step()` calls; the
+model still runs in vLLM's worker process (distributed_executor_backend: mp), where
+`collective_rpc` loads new weights. So new weights land exactly between two steps and every
+token records the version that sampled it. (vLLM then seeds this process's global RNGs with
+rollout.seed at start, as it warns.)
+
+Prefix cache. A request's prompt carries a cache salt naming the version it was admitted
+under, so a request admitted after an update never reuses cached keys and values computed by
+older weights (the reset after a load cannot clear blocks held by answers in flight).
+
+New weights (rollout.kv_on_update):
+- keep: answers in flight keep their cache, computed by the older weights, and go on sampling
+  with the new ones. Answers admitted but not yet prefilled are re-added under the new salt, so
+  their prompts are prefilled by the new weights.
+- recompute: vLLM's `reset_prefix_cache(reset_running_requests=True)`, the reset vLLM offers
+  for weight updates: every running request is preempted (its blocks freed) and the cache is
+  emptied; the next step prefills each one's prompt and tokens so far again, under the new
+  weights, and it goes on where it was: the same request, so its sampling state (seed stream,
+  stop-string check, remaining max_tokens) carries on untouched.
+- With a LoRA adapter, each request is bound to the adapter it was added with, so a new
+  version aborts every answer in flight and re-adds it (prompt + tokens so far, the remaining
+  budget) with the new adapter: recompute, whatever kv_on_update says.
+
+Seeds. Each request has its own seed, derived from the answer's seed and how many tokens it
+had when it was added: an answer re-added (restore, adapter change) draws a new stream rather
+than replaying the one it started with. Token t is not drawn from an RNG seeded by (seed, t) as
+the HF engine's are, so a resumed run continues its answers, not bit for bit.
+
+Resume. `rebuild_cache()` does nothing: vLLM's cache of an answer cannot be recomputed in
+place without changing what the uninterrupted run does, and a resume is not bit for bit
+anyway. `restore()` re-adds saved answers with their tokens so far as part of the prompt and the
+remaining budget; a stop string that straddles the saved tokens and new ones is caught here
+(vLLM checks only the text it generated itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from grpo.config import Config
+from grpo.rollout.base import EngineContext
+from grpo.rollout.continuous import Answer, Request
+from grpo.rollout.vllm import VllmRollout
+from grpo.runtime.progress import ACTIVITY
+
+log = logging.getLogger("grpo.vllm")
+
+_IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def build_continuous(ctx: EngineContext) -> VllmContinuous:
+    """rollout.mode: continuous with rollout.backend: vllm."""
+    return VllmContinuous(ctx.cfg, ctx.model_path, ctx.stop_event)
+
+
+def request_seed(seed: int, tokens: int) -> int:
+    """The vLLM seed of an answer (re-)added with `tokens` tokens already sampled."""
+    return (seed * 1_000_003 + tokens) % 2**63
+
+
+@contextlib.contextmanager
+def _in_process_core() -> Iterator[None]:
+    """vLLM's engine core in this process for the engine started inside (vLLM reads the
+    variable only at a start; its in-process core caches every variable once started, so the
+    cache is dropped on the way out, and a later engine in this process starts as usual)."""
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()  # an earlier engine here may have cached the variable
+    before = os.environ.get(_IN_PROCESS_ENV)
+    os.environ[_IN_PROCESS_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_IN_PROCESS_ENV, None)
+        else:
+            os.environ[_IN_PROCESS_ENV] = before
+        vllm.envs.disable_envs_cache()
+
+
+class VllmContinuous(VllmRollout):
+    """grpo.rollout.continuous.ContinuousEngine on VllmRollout's engine (its weight loading
+    unchanged: the sampler calls load_version / load_tensors, then weights_changed)."""
+
+    def __init__(self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None):
+        r = cfg.rollout
+        self.slots = r.slots or r.questions_per_step * r.group_size
+        self.version = 0
+        self._answers: dict[int, Answer] = {}  # slot -> the answer decoding there
+        self._requests: dict[str, int] = {}  # vLLM request id -> slot
+        self._resumed: dict[int, int] = {}  # slot -> tokens it had when last re-added
+        self._added = 0  # requests added so far (their ids are unique)
+        self._finished: list[Answer] = []  # finished outside a step, for the next one
+        self._old_adapter: int | None = None  # replaced by load_version, still in use
+        self._tokenizer = None
+        super().__init__(cfg, model_path, stop_event)
+
+    def _start(self, model_path: Path):
+        # The worker in its own process (on CPU vLLM forbids it in ours: its OpenMP setup),
+        # the scheduler in ours: see the module docstring.
+        self.kwargs.update(distributed_executor_backend="mp", max_num_seqs=self.slots)
+        with _in_process_core():
+            return super()._start(model_path)
+
+    # ------------------------------------------------------------------ slots
+
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.slots) if s not in self._answers]
+
+    def in_flight(self) -> list[Answer]:
+        return [self._answers[s] for s in sorted(self._answers)]
+
+    def admit(self, requests: list[Request]) -> list[Answer]:
+        free = self.free_slots()
+        if len(requests) > len(free):
+            raise ValueError(f"{len(requests)} answers admitted into {len(free)} free slots")
+        answers = [Answer(r, slot) for r, slot in zip(requests, free, strict=False)]
+        for a in answers:
+            self._answers[a.slot] = a
+            self._add(a)
+        return answers
+
+    def restore(self, answers: list[Answer]) -> None:
+        if self._answers:
+            raise RuntimeError("restore() into an engine with answers in flight")
+        for a in answers:
+            if not 0 <= a.slot < self.slots or a.slot in self._answers:
+                raise ValueError(f"cannot restore an answer into slot {a.slot}")
+            self._answers[a.slot] = a
+        for a in sorted(answers, key=lambda a: a.slot):
+            self._add(a)
+
+    def rebuild_cache(self) -> None:
+        """Nothing: see the module docstring (a vLLM resume continues, not bit for bit)."""
+
+    # ------------------------------------------------------------------ decoding
+
+    def step(self) -> list[Answer]:
+        finished, self._finished = self._finished, []
+        if self.stop_event.is_set() or not self._requests:
+            return finished
+        for out in self.llm.llm_engine.step():
+            slot = self._requests.get(out.request_id)
+            if slot is None:
+                continue  # aborted by us
+            a, c = self._answers[slot], out.outputs[0]
+            if c.token_ids and c.logprobs is None:
+                raise RuntimeError("vLLM returned tokens without their log-probs")
+            for tok, lp in zip(c.token_ids, c.logprobs or (), strict=True):
+                a.tokens.append(int(tok))
+                a.logps.append(float(lp[tok].logprob))
+                a.versions.append(self.version)
+            reason = c.finish_reason if out.finished else None
+            if reason is None and self._stop_across_restore(a):
+                self.llm.llm_engine.abort_request([out.request_id])
+                reason = "stop"
+            if reason is None:
+                continue
+            if reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM ended an answer with finish_reason={reason!r}")
+            a.finish_reason = reason
+            self._release(slot)
+            finished.append(a)
+        ACTIVITY.tick(len(finished))
+        return sorted(finished, key=lambda a: a.slot)
+
+    def weights_changed(self, version: int) -> None:
+        self.version = version
+        engine = self.llm.llm_engine
+        if self._old_adapter is not None:
+            # Requests keep the adapter they were added with: re-add them all with the new one.
+            answers = self.in_flight()
+            self._abort(answers)
+            engine.remove_lora(self._old_adapter)
+            self._old_adapter = None
+            for a in answers:
+                self._add(a)
+        elif self.cfg.rollout.kv_on_update == "recompute":
+            if self._requests:
+                engine.reset_prefix_cache(reset_running_requests=True)
+        else:  # keep; the answers not started yet are prefilled by the new weights
+            fresh = [a for a in self.in_flight() if not a.tokens]
+            self._abort(fresh)
+            for a in fresh:
+                self._add(a)
+
+    def close(self) -> None:
+        self._answers.clear()
+        self._requests.clear()
+        super().close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _add(self, a: Answer) -> None:
+        """Add answer `a` to the engine: its prompt and tokens so far as the prompt, its
+        remaining budget as max_tokens."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        left = a.request.max_new_tokens - len(a.tokens)
+        if left <= 0:
+            a.finish_reason = "length"
+            self._answers.pop(a.slot, None)
+            self._finished.append(a)
+            return
+        r = self.cfg.rollout
+        params = SamplingParams(
+            n=1,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_tokens=left,
+            stop=list(r.stop) or None,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=request_seed(a.request.seed, len(a.tokens)),
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(
+            prompt_token_ids=[int(t) for t in a.request.prompt_ids] + a.tokens,
+            cache_salt=f"v{self.version}",
+        )
+        request_id = f"{a.request.uid}-{self._added}"
+        self._added += 1
+        self.llm.llm_engine.add_request(request_id, prompt, params, lora_request=self.lora_request)
+        self._requests[request_id] = a.slot
+        if a.tokens:
+            self._resumed[a.slot] = len(a.tokens)
+        else:
+            self._resumed.pop(a.slot, None)
+
+    def _abort(self, answers: list[Answer]) -> None:
+        slots = {a.slot for a in answers}
+        ids = [rid for rid, slot in self._requests.items() if slot in slots]
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+        for rid in ids:
+            del self._requests[rid]
+
+    def _release(self, slot: int) -> None:
+        self._answers.pop(slot, None)
+        self._resumed.pop(slot, None)
+        for rid in [rid for rid, s in self._requests.items() if s == slot]:
+            del self._requests[rid]
+
+    def _stop_across_restore(self, a: Answer) -> bool:
+        """Whether a re-added answer's text now holds a stop string that vLLM cannot see: one
+        that begins in the tokens it was re-added with. Checked only while it can be (a stop
+        string's tokens are no more than its characters), on the answer's whole text."""
+        stops = self.cfg.rollout.stop
+        base = self._resumed.get(a.slot)
+        if not stops or base is None:
+            return False
+        if len(a.tokens) - base > max(len(s) for s in stops):
+            self._resumed.pop(a.slot, None)
+            return False
+        if self._tokenizer is None:
+            self._tokenizer = self.llm.get_tokenizer()
+        text = self._tokenizer.decode(a.tokens)
+        before = self._tokenizer.decode(a.tokens[:base])
+        return any(s in text and s not in before for s in stops)
+
+    def _use_adapter(self, vdir: Path, version: int) -> str:
+        """As VllmRollout's, but the old adapter stays loaded until weights_changed has moved
+        the answers in flight off it."""
+        previous = self.lora_request
+        self.lora_request = None  # the base class removes nothing when it finds none
+        how = super()._use_adapter(vdir, version)
+        if previous is not None and self._old_adapter is None:
+            self._old_adapter = previous.lora_int_id
+        elif previous is not None:  # an adapter loaded since the last update: unused
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        return how
