@@ -81,7 +81,7 @@ def sample_rows(
         logp = logp.masked_fill(~keep, -torch.inf)
         logp = logp - logp.logsumexp(dim=-1, keepdim=True)
     cdf = logp.exp().cumsum(dim=-1)  # (n, V)
-    target = torch.as_tensor(u, dtype=cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
+    target = torch.as_tensor(u, dtype=cdf.dtype, device=cdf.device).unsqueeze(-1) * cdf[:, -1:]
     pos = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)  # (n, 1)
     chosen = logp.gather(-1, pos).squeeze(-1)
     tokens = pos if order is None else order.gather(-1, pos)
@@ -143,7 +143,7 @@ class HFContinuous:
     def step(self) -> list[Answer]:
         """One token for every answer in flight: a decode step for those already in the cache,
         the first token (from its prefill) for each admitted one."""
-        if self.stop_event.is_set():
+        if self.stop_event.is_set() or not self.in_flight():
             return []
         ACTIVITY.tick()  # a token step: progress for the stall check
         new = self.pending
