@@ -1,0 +1,86 @@
+"""The continuous sampler's batch cut (grpo.sampler.continuous): admission order, and the
+discards of several samplers with their lengths in the metrics. The engine and the batch maker
+are stand-ins that record what the cut asks of them; the real ones run in
+tests/test_continuous_runs.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpo.config import load_config
+from grpo.rollout.continuous import Answer, Request
+from grpo.sampler.continuous import Admitted, ContinuousLoop
+from grpo.sampler.data import Prompt
+from grpo.sampler.episodes import Group
+
+
+class Engine:
+    slots = 8
+
+    def __init__(self) -> None:
+        self.rebuilds = 0
+
+    def in_flight(self) -> list[Answer]:
+        return []
+
+    def rebuild_cache(self) -> None:
+        self.rebuilds += 1
+
+
+class Batches:
+    def batch(self, seq, groups, version, stats):
+        return seq, [g.prompt.index for g in groups], version, stats
+
+
+def admitted(index: int, versions: list[list[int]], scored: bool = True) -> Admitted:
+    """A group of question `index`, its answers' tokens of these versions (one list each)."""
+    prompt = Prompt(index, {}, np.zeros(3, np.int32), position=index)
+    answers = [
+        Answer(
+            Request(10 * index + k, prompt.ids, 0, 64),
+            k,
+            list(range(len(v))),
+            [0.0] * len(v),
+            v,
+            "stop" if scored else None,
+        )  # fmt: skip
+        for k, v in enumerate(versions)
+    ]
+    g = Admitted(prompt, answers, admitted=min(min(v) for v in versions))
+    if scored:
+        g.group = Group(prompt, [a.generation() for a in answers], [(0.0, {})] * len(answers))
+    return g
+
+
+def loop_with(groups: list[Admitted], samplers: int = 1) -> ContinuousLoop:
+    cfg = load_config(None, ["rollout.mode=continuous", "rollout.questions_per_step=2",
+                             "rollout.group_size=2", "train.max_staleness=0",
+                             f"rollout.num_samplers={samplers}"])  # fmt: skip
+    loop = ContinuousLoop(cfg, shard=None, batches=Batches(), weights=None)  # type: ignore[arg-type]
+    loop.groups = groups
+    return loop
+
+
+def test_a_batch_is_its_first_groups_in_admission_order_once_they_are_all_scored():
+    loop = loop_with([admitted(0, [[3], [3]], scored=False), admitted(1, [[3], [3]]),
+                      admitted(2, [[3], [3]])])  # fmt: skip
+    engine = Engine()
+    assert loop.cut(engine, seq=0, batch=3) is None  # group 0 still decoding holds its batch
+    assert len(loop.groups) == 3 and engine.rebuilds == 0
+    loop.groups[0] = admitted(0, [[3, 3], [3]])
+    seq, questions, version, stats = loop.cut(engine, seq=0, batch=3)
+    assert questions == [0, 1] and version == 3 and engine.rebuilds == 1
+    assert [g.prompt.index for g in loop.groups] == [2]
+    assert stats["groups_discarded"] == 0 and stats["data_start"] == 0
+
+
+def test_groups_past_their_bound_are_discarded_and_their_lengths_reported():
+    """Several samplers: batch 5 needs version 5 (no lag); group 1's oldest token is version
+    4, so it is dropped, group 2 takes its place, and the lengths of both kinds show."""
+    loop = loop_with([admitted(0, [[5, 5], [5]]), admitted(1, [[4, 5, 5, 5], [5, 5, 5]]),
+                      admitted(2, [[5], [6]])], samplers=2)  # fmt: skip
+    _, questions, version, stats = loop.cut(Engine(), seq=0, batch=5)
+    assert questions == [0, 2] and version == 5 and loop.groups == []
+    assert stats["groups_discarded"] == 1 and stats["answers_discarded_total"] == 2
+    assert stats["answer_len_discarded_mean"] == 3.5
+    assert stats["answer_len_trained_mean"] == 1.25
