@@ -6,6 +6,7 @@ The vLLM rows need vLLM installed (scripts/setup.sh --dev or --vllm)."""
 import argparse
 
 from bench import (
+    continuous,
     e2e,
     hostile,
     logprobs,
@@ -32,6 +33,7 @@ BENCHMARKS = {
     "weight_fanout": weight_fanout,
     "overlap": overlap,
     "e2e": e2e,
+    "continuous": continuous,
     "recovery": recovery,
     "hostile": hostile,
     "vllm": vllm,

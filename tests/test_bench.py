@@ -17,7 +17,8 @@ from tests.conftest import REPO
 
 # The rows each benchmark writes; each runs as its own test, so that pytest-xdist spreads them.
 ROWS = {"transport": 6, "logprobs": 2, "padding": 3, "weight_sync": 1, "weight_stream": 2,
-        "weight_delta": 3, "weight_fanout": 3, "overlap": 1, "e2e": 1, "recovery": 1,
+        "weight_delta": 3, "weight_fanout": 3, "overlap": 1, "e2e": 1, "continuous": 2,
+        "recovery": 1,
         "hostile": 1, "vllm": 2}  # fmt: skip
 HAS_VLLM = importlib.util.find_spec("vllm") is not None  # without it the vllm benchmark writes none
 COMMITTED = sorted((REPO / "bench" / "results").glob("*.json"))
