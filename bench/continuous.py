@@ -25,12 +25,14 @@ rate; and 8 steps of a run take seconds, so repetitions fit in minutes. SmolLM2-
 core would spend a step on arithmetic proportional to the rows (a CPU artefact) and take
 minutes a run. A low learning rate keeps the length distribution from drifting over a run.
 
-What it showed (2026-11-26, a loaded machine): 2.13x, but not for the reason the mode is for.
-The staleness bound keeps continuous's slots as empty as lock-step's rows are idle (occupancy
-0.46, paced share 0.65, against lock-step's 0.40 of row-steps making a token): a group in the
-tail holds back admission past max_staleness batches. The gain is the engines' cost per
-decode step on this model: about 22 ms for HFContinuous against 56 ms for HF generate with
-stop strings, at 16 rows. The notes carry both parts, so a change to either shows.
+What it shows (2026-11-26): 2.02x (ratios per pair 2.14, 2.18, 1.82). While generating,
+continuous makes 525 tokens/s at a slot occupancy of 0.61 against lock-step's 141 tokens/s
+with 0.40 of its row-steps making a token: about 1.5x from keeping the slots full and 2.4x
+from the cost of a decode step (HFContinuous's own loop against HF generate with its stop-
+string criterion, on a model this small). End to end both are below that: the sampler also
+scores the old log-probs at each cut and waits there for the version of the batch after next
+(the staleness bound keeps 0.38 of its steps from admitting). The notes carry each part, so
+a change to any shows.
 
 Row 2, `continuous_update_cost_keep_vs_recompute`: in process, the HF continuous engine on the
 embedded SmolLM2-135M with 16 answers in flight, each about 110 tokens (prompt and answer);
