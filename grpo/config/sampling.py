@@ -156,6 +156,12 @@ class RolloutConfig:
         "continuous: at a new version, keep the answers in flight's cache of their earlier "
         "tokens (computed by the old weights), or recompute it under the new ones",
     )
+    exact_resume: bool = knob(
+        True,
+        "continuous, hf: rebuild the cache of the answers in flight at every batch cut, so a "
+        "resume decodes on bit for bit (a prefill of their tokens per batch); false: a resume "
+        "continues them from their tokens, not bit for bit",
+    )
     temperature: float = knob(1.0, "sampling temperature (log-probs use the same temperature)")
     top_p: float = knob(1.0, "nucleus sampling mass")
     top_k: int = knob(0, "sample from the k most likely tokens only (0 = off)")

@@ -23,12 +23,13 @@ exactly that version, so which tokens each version samples never depends on timi
 deterministic run repeats. Several samplers load the newest out.
 
 Resume. At every batch cut the engine rebuilds the cache of the answers in flight from their
-tokens, and the cut's state (the groups not yet cut, their answers, the weights version, the
-admission counter) is written before the batch is spooled. A resumed sampler loads that
-version, restores the answers into their slots (the same rebuild), loads the version its next
-batch needs as the uninterrupted sampler did after spooling, and goes on: with the HF engine,
-bit for bit as the run that was not interrupted (tests/test_continuous_runs.py); vLLM continues
-them, not bit for bit (grpo.rollout.vllm_continuous).
+tokens (rollout.exact_resume), and the cut's state (the groups not yet cut, their answers, the
+weights version, the admission counter) is written before the batch is spooled. A resumed
+sampler loads that version, restores the answers into their slots (the same rebuild), loads
+the version its next batch needs as the uninterrupted sampler did after spooling, and goes on:
+with the HF engine, bit for bit as the run that was not interrupted
+(tests/test_continuous_runs.py). Without the rebuild, or with vLLM (grpo.rollout.
+vllm_continuous), a resume continues the answers from their tokens, not bit for bit.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ class ContinuousLoop:
             return None
         self.groups = self.groups[Q:]
         self.trained_lengths += [len(a.tokens) for g in chosen for a in g.answers]
-        engine.rebuild_cache()  # what a resume from here does: it decodes on the same
+        if self.cfg.rollout.exact_resume:
+            engine.rebuild_cache()  # what a resume from here does: it decodes on the same
         stats = self.cut_stats(engine, len(late), chosen)
         version = min(g.oldest for g in chosen)
         return self.batches.batch(seq, [g.group for g in chosen if g.group], version, stats)
