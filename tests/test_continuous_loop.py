@@ -52,10 +52,9 @@ def admitted(index: int, versions: list[list[int]], scored: bool = True) -> Admi
     return g
 
 
-def loop_with(groups: list[Admitted], samplers: int = 1) -> ContinuousLoop:
-    cfg = load_config(None, ["rollout.mode=continuous", "rollout.questions_per_step=2",
-                             "rollout.group_size=2", "train.max_staleness=0",
-                             f"rollout.num_samplers={samplers}"])  # fmt: skip
+def loop_with(groups: list[Admitted], *overrides: str) -> ContinuousLoop:
+    base = ["rollout.mode=continuous", "rollout.questions_per_step=2", "rollout.group_size=2"]
+    cfg = load_config(None, [*base, "train.max_staleness=0", *overrides])
     loop = ContinuousLoop(cfg, shard=None, batches=Batches(), weights=None)  # type: ignore[arg-type]
     loop.groups = groups
     return loop
@@ -78,9 +77,17 @@ def test_groups_past_their_bound_are_discarded_and_their_lengths_reported():
     """Several samplers: batch 5 needs version 5 (no lag); group 1's oldest token is version
     4, so it is dropped, group 2 takes its place, and the lengths of both kinds show."""
     loop = loop_with([admitted(0, [[5, 5], [5]]), admitted(1, [[4, 5, 5, 5], [5, 5, 5]]),
-                      admitted(2, [[5], [6]])], samplers=2)  # fmt: skip
+                      admitted(2, [[5], [6]])], "rollout.num_samplers=2")  # fmt: skip
     _, questions, version, stats = loop.cut(Engine(), seq=0, batch=5)
     assert questions == [0, 2] and version == 5 and loop.groups == []
     assert stats["groups_discarded"] == 1 and stats["answers_discarded_total"] == 2
     assert stats["answer_len_discarded_mean"] == 3.5
     assert stats["answer_len_trained_mean"] == 1.25
+
+
+def test_without_exact_resume_a_cut_rebuilds_no_cache():
+    loop = loop_with(
+        [admitted(0, [[0], [0]]), admitted(1, [[0], [0]])], "rollout.exact_resume=false"
+    )
+    engine = Engine()
+    assert loop.cut(engine, seq=0, batch=0) is not None and engine.rebuilds == 0
