@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 from grpo.config import Config
 from grpo.config.checks import weights_mode
@@ -24,6 +25,7 @@ from grpo.delivery.spool import Spool
 from grpo.models.loading import load_tokenizer, resolve_model_path
 from grpo.observe.metrics import mean
 from grpo.rollout.base import EngineContext, RolloutEngine
+from grpo.rollout.continuous import ContinuousEngine
 from grpo.rollout.multi_turn import with_tools
 from grpo.rollout.registry import get_continuous_engine, get_engine
 from grpo.sampler.continuous import ContinuousLoop
@@ -101,9 +103,10 @@ class Sampler:
         log.error("sampler stopping: %s", reason)
         return 130 if signalled.is_set() else 1
 
-    def make_engine(self, stop_event: threading.Event) -> RolloutEngine:
+    def make_engine(self, stop_event: threading.Event) -> RolloutEngine | ContinuousEngine:
         """The engine rollout.backend names, whichever it is, built from the sampler's parts;
-        with rollout.max_turns > 1, under the multi-turn loop with the run's tools."""
+        with rollout.max_turns > 1, under the multi-turn loop with the run's tools; with
+        rollout.mode: continuous, its continuous engine (which loads versions as the other)."""
         context = EngineContext(
             self.cfg,
             self.weights.model_path,
@@ -168,7 +171,12 @@ class Sampler:
             send(self.batches.make(self.next_seq, engine))
         bar.close()
 
-    def run_continuous(self, engine, endpoint: SamplerEndpoint, send) -> None:
+    def run_continuous(
+        self,
+        engine: ContinuousEngine,
+        endpoint: SamplerEndpoint,
+        send: Callable[[EpisodeBatch], None],
+    ) -> None:
         """rollout.mode: continuous (grpo.sampler.continuous) until the run needs no more
         groups from this sampler or it stops. Each batch's state is written before the batch
         is spooled, so a resume finds the one that goes with the last batch spooled."""
