@@ -84,10 +84,12 @@ class BatchMaker:
         # On-policy distillation's teacher (teacher.path), in this process (refused here if its
         # tokenizer differs) or, teacher.where: service, the reward service's through the
         # rewards' connection to it (`teacher_service`, grpo.sampler.rewards).
-        self.teacher = teacher_scorer(
-            cfg, tokenizer, weights.model_path, weights.device,
-            service_client=getattr(rewards, "teacher_service", None),
-        )  # fmt: skip
+        self.teacher = None
+        if cfg.teacher.path:
+            self.teacher = teacher_scorer(
+                cfg, tokenizer, weights.model_path, weights.device,
+                service_client=getattr(rewards, "teacher_service", None),
+            )  # fmt: skip
 
     def make(self, seq: int, engine: RolloutEngine) -> EpisodeBatch:
         cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
