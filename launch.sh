@@ -10,11 +10,12 @@
 # trainer over several nodes: ROLE=trainer with train.node_rank on each). Each role gets its
 # GPUs in CUDA_VISIBLE_DEVICES (grpo/runtime/placement.py). Addresses come from the config. If one
 # role fails, the other is stopped and this script exits non-zero; Ctrl-C stops both. With
-# reward_server.backend set, both roles come with the reward service (stopped at the end).
+# reward_server.backend or teacher.where=service set, both roles come with the reward service
+# (stopped at the end).
 # Relative paths in the config are relative to the repository root.
 set -uo pipefail
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 # The config path is taken from where you stand; paths inside it from the repository root.
@@ -27,7 +28,7 @@ case $ROLE in both|sampler|trainer|reward) ;; *) echo "launch.sh: ROLE must be s
 # Validate the config once, up front (values, and the names of the loss, estimator, task and
 # engine), and place each role on this node's GPUs (none on a CPU node): a typo stops here with
 # one line naming the key. Sets TRAINER_GPUS, SAMPLER_GPUS, SHARED, MODEL_PATH, RUN_DIR and
-# REWARD_BACKEND.
+# REWARD_SERVICE (1: the config has the reward service serve a backend or the teacher).
 placement=$(ROLE=$ROLE "$PY" -m grpo launch-env "$@") || exit 2
 eval "$placement"
 
@@ -64,7 +65,7 @@ start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
 # One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.
 TQDM_DISABLE=1 start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
 reward_pid=
-if [[ -n $REWARD_BACKEND ]]; then
+if [[ $REWARD_SERVICE == 1 ]]; then
   start_reward "$@" & reward_pid=$!; name_of[$reward_pid]="reward service"
 fi
 groups=("-$trainer_pid" "-$sampler_pid" ${reward_pid:+"-$reward_pid"})

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from grpo.config import ConfigError, describe, load_config
+from grpo.config.teacher import serves_teacher
 from grpo.plan import check_names
 from grpo.runtime.host_memory import keep_freed_memory
 from grpo.runtime.lifetime import die_with_parent
@@ -115,5 +116,6 @@ def launch_env(argv: list[str]) -> int:
     print(f"SHARED={int(p.shared)}")
     print(f"MODEL_PATH={shlex.quote(cfg.model.path)}")
     print(f"RUN_DIR={shlex.quote(str(Path(cfg.output_dir) / cfg.name))}")
-    print(f"REWARD_BACKEND={shlex.quote(cfg.reward_server.backend)}")
+    served = bool(cfg.reward_server.backend) or serves_teacher(cfg)
+    print(f"REWARD_SERVICE={int(served)}")  # launch.sh's both roles start the service too
     return 0

@@ -26,6 +26,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -227,6 +228,60 @@ def test_reward_messages_through_the_codec(kind: str, body: dict, mutations: lis
     if isinstance(msg, Message):
         parsed_request(msg.body)
         parsed_scores(msg.body, 2)
+
+
+def _int32s(values: list[int]) -> dict:
+    return protocol.pack_array(np.array(values, np.int64), "int32")
+
+
+ARRAY = (
+    st.lists(st.integers(-3, 70), max_size=6).map(_int32s)
+    | st.fixed_dictionaries({"dtype": st.sampled_from(["int32", "float32", "int64", 3]),
+                             "data": st.binary(max_size=24) | _MSGPACK_VALUES})
+    | _MSGPACK_VALUES
+)  # fmt: skip
+TEACHER_REQUEST = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.text(min_size=1, max_size=4) | _MSGPACK_VALUES,
+        "temperature": NUMBER,
+        "tokenizer": st.dictionaries(st.text(max_size=4), _MSGPACK_VALUES, max_size=2)
+        | _MSGPACK_VALUES,
+        "prompt_len": ARRAY, "completion_len": ARRAY, "prompt_ids": ARRAY,
+        "completion_ids": ARRAY,
+    },
+)  # fmt: skip
+
+
+@FUZZ
+@given(TEACHER_REQUEST)
+def test_teacher_requests(body: dict[str, Any]) -> None:
+    """A teacher request (teacher.where: service) is parsed into answers within the limits the
+    service runs the teacher on, or refused with ValueError, nothing else."""
+    try:
+        rid, request = protocol.parse_teacher_request(body, 4, max_tokens=8, vocab_size=64)
+    except ValueError:
+        return
+    assert isinstance(rid, str) and 1 <= len(request.prompts) <= 4
+    assert len(request.prompts) == len(request.completions)
+    for p, c in zip(request.prompts, request.completions, strict=True):
+        assert p.dtype == c.dtype == np.int32 and len(p) >= 1 and len(p) + len(c) <= 8
+        assert all(0 <= int(x) < 64 for x in (*p, *c))
+    assert math.isfinite(request.temperature) and request.temperature > 0
+
+
+@FUZZ
+@given(ARRAY | st.lists(st.floats(width=32), max_size=6).map(
+    lambda v: protocol.pack_array(np.array(v, np.float32), "float32")),
+    st.lists(st.integers(0, 3), max_size=3))  # fmt: skip
+def test_teacher_replies(logp: Any, lengths: list[int]) -> None:
+    """A teacher reply is exactly one finite, bounded float32 per answer token, or refused."""
+    try:
+        got = protocol.parse_teacher_reply({"id": "r", "logp": logp}, lengths)
+    except ValueError:
+        return
+    assert [len(x) for x in got] == lengths
+    assert all(x.dtype == np.float32 and np.isfinite(x).all() for x in got)
 
 
 # --------------------------------------------------------------------------- weight server

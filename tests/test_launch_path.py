@@ -117,7 +117,7 @@ def test_placement_command_for_launch_sh(monkeypatch, capsys):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["TRAINER_GPUS=", "SAMPLER_GPUS=", "SHARED=0",
                                    "MODEL_PATH=embedded", "RUN_DIR=checkpoints/cpu_demo",
-                                   "REWARD_BACKEND=''"]  # fmt: skip
+                                   "REWARD_SERVICE=0"]  # fmt: skip
     monkeypatch.setenv("ROLE", "both")
     assert launch_env([DEMO, "name=a b's run"]) == 0
     odd = capsys.readouterr().out

@@ -1,6 +1,7 @@
 """What the reward service scores with: a sequence-classification reward model or a generative
 judge, looked up by name (`reward_server.backend`), or your own as 'package.module:name' (a
-function `build(cfg) -> RewardBackend`).
+function `build(cfg) -> RewardBackend`); and, with teacher.where: service, the on-policy
+distillation teacher (`ServedTeacher`).
 
 Both put the question and the answer through the model's chat template (user, assistant), so a
 reward model trained on chat data sees the layout it was trained on.
@@ -233,3 +234,42 @@ BACKENDS.add("judge", _judge)
 def build_backend(cfg: Config) -> RewardBackend:
     """The backend reward_server.backend names: a registered one or 'package.module:name'."""
     return BACKENDS.get(cfg.reward_server.backend)(cfg)
+
+
+class ServedTeacher:
+    """teacher.where: service: the teacher of teacher.path on this node's device, scoring the
+    samplers' answers token by token with grpo.scoring's kernels (InProcessTeacher), within
+    its vocabulary (the embedding's rows) and teacher.max_tokens, for samplers whose tokenizer
+    has its fingerprint."""
+
+    def __init__(self, path: Path, dtype: str, batch_size: int, max_tokens: int, packed: bool,
+                 attn_implementation: str = "sdpa"):  # fmt: skip
+        from grpo.models.loading import load_reference
+        from grpo.scoring.teacher import InProcessTeacher, tokenizer_fingerprint
+
+        self.path, self.max_tokens = str(path), max_tokens
+        tokenizer = load_tokenizer(path)
+        self.fingerprint = tokenizer_fingerprint(tokenizer)
+        model = load_reference(path, dtype, attn_implementation).to(_device())
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.scorer = InProcessTeacher(model, pad_id, batch_size, packed)
+
+    @classmethod
+    def load(cls, cfg: Config) -> ServedTeacher:
+        from grpo.models.embedded import ModelError
+
+        try:
+            path = resolve_model_path(cfg.teacher.path)
+        except ModelError as e:  # its message names the key it checks for the policy
+            raise ModelError(str(e).replace("model.path", "teacher.path", 1)) from None
+        return cls(path, cfg.teacher.dtype, cfg.reward_server.batch_size, cfg.teacher.max_tokens,
+                   cfg.packed, cfg.model.attn_implementation)  # fmt: skip
+
+    def tokenizer_difference(self, sampler: Any) -> str | None:
+        from grpo.scoring.teacher import fingerprint_difference
+
+        return fingerprint_difference(sampler, self.fingerprint)
+
+    def logprobs(self, prompts, completions, temperature: float) -> list[np.ndarray]:
+        return self.scorer.logprobs(prompts, completions, temperature)

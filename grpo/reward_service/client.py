@@ -8,6 +8,11 @@ sampler stops with a line naming the service; with `wait`, it keeps resending, s
 until the service is back. An ERROR reply scores its answers 0 with the reason as
 `reward_error`, as a failing rule reward does.
 
+`RewardClient.teacher_logprobs` (teacher.where: service, through `RemoteTeacher`) asks the
+service's teacher for per-token log-probs on the same terms; a reply it cannot take (an error,
+wrong lengths, a value not finite) is refused, counted and resent, since an answer has no
+stand-in for its teacher's log-probs.
+
 `combine` is the run's reward: the weighted sum of the task's rule reward and the service's,
 each kept in the reward info.
 """
@@ -18,13 +23,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zmq
 
+from grpo.models.embedded import ModelError
 from grpo.reward_service import protocol
 from grpo.reward_service.keys import client_keys
 from grpo.reward_service.protocol import Item
@@ -44,13 +51,18 @@ class RewardServiceError(PeerError):
 
 @dataclass
 class _Request:
-    items: Sequence[Item]
+    size: int  # answers it holds
     frames: list[bytes]
     sent_at: float
     tries: int = 1
+    refused: str = ""  # why the last reply to it was not taken (it is then resent)
 
 
 class RewardClient:
+    """One sampler's DEALER socket to the service: scores (`score`) and, with teacher.where:
+    service, the teacher's log-probs (`teacher_logprobs`, used through RemoteTeacher), each
+    request resent on the same terms."""
+
     def __init__(
         self,
         addr: str,
@@ -79,17 +91,75 @@ class RewardClient:
             )  # reward.key, not the trainer's
         self.sock.connect(addr)
         self.resends = 0
+        self.refused = 0  # replies not taken: malformed, or a teacher request's error
 
     def score(self, items: Sequence[Item]) -> list[Scored]:
         """(reward, info) per item, in order: every item scored once."""
-        pending: dict[str, _Request] = {}
-        for start in range(0, len(items), self.batch):
-            chunk = items[start : start + self.batch]
+
+        def parse(msg: Message, n: int) -> list[Scored]:
+            if msg.kind == protocol.SCORES:
+                return protocol.parse_scores(msg.body, n)  # ValueError: malformed, resent
+            reason = f"reward service: {msg.body.get('reason', 'no reason given')}"
+            log.warning("%s (%d answers score 0)", reason, n)
+            return [(0.0, {"reward_error": reason})] * n
+
+        bodies = [
+            (protocol.SCORE, {"id": uuid.uuid4().hex,
+                              "items": [it.to_json() for it in items[s : s + self.batch]]})
+            for s in range(0, len(items), self.batch)
+        ]  # fmt: skip
+        return self._exchange(bodies, [len(b["items"]) for _, b in bodies],
+                              (protocol.SCORES, protocol.ERROR), parse)  # fmt: skip
+
+    def teacher_logprobs(
+        self,
+        prompts: Sequence[np.ndarray],
+        completions: Sequence[np.ndarray],
+        temperature: float,
+        tokenizer: dict[str, Any],
+    ) -> list[np.ndarray]:
+        """The service's teacher's log-probs of each completion's tokens, in order; requests of
+        `batch` answers. A reply that is malformed (lengths, dtype, a value not finite within
+        VALUE_LIMIT) or an ERROR is refused, counted (`refused`) and the request resent, as an
+        unanswered one is; a tokenizer the teacher does not share stops the sampler
+        (ModelError, one line)."""
+
+        def parse(msg: Message, n: int, lengths: list[int]) -> list[np.ndarray]:
+            if msg.kind == protocol.TEACHER_LOGP:
+                return protocol.parse_teacher_reply(msg.body, lengths)
+            reason = str(msg.body.get("reason", "no reason given"))[:500]
+            if msg.body.get("code") == protocol.TOKENIZER_MISMATCH:
+                raise ModelError(f"the reward service at {self.addr}: {reason}")
+            raise ValueError(f"it answered an error: {reason}")
+
+        bodies, lengths = [], []
+        for s in range(0, len(completions), self.batch):
+            chunk = completions[s : s + self.batch]
             rid = uuid.uuid4().hex
-            body = {"id": rid, "items": [it.to_json() for it in chunk]}
-            pending[rid] = _Request(chunk, encode_message(Message(protocol.SCORE, body)), 0.0)
+            bodies.append((protocol.TEACHER, protocol.teacher_body(
+                rid, prompts[s : s + self.batch], chunk, temperature, tokenizer)))  # fmt: skip
+            lengths.append([len(c) for c in chunk])
+        by_size = dict(zip((b["id"] for _, b in bodies), lengths, strict=True))
+        return self._exchange(
+            bodies, [len(x) for x in lengths], (protocol.TEACHER_LOGP, protocol.ERROR),
+            lambda msg, n: parse(msg, n, by_size[msg.body["id"]]),
+        )  # fmt: skip
+
+    def _exchange(
+        self,
+        bodies: list[tuple[str, dict[str, Any]]],
+        sizes: list[int],
+        kinds: tuple[str, ...],
+        parse: Callable[[Message, int], list],
+    ) -> list:
+        """Send the requests all at once and wait for their replies: what `parse` makes of
+        each (a list per request, of its size), in request order. `parse` raising ValueError
+        refuses that reply: counted, logged, and the request resent after its timeout."""
+        pending: dict[str, _Request] = {}
+        for (kind, body), size in zip(bodies, sizes, strict=True):
+            pending[body["id"]] = _Request(size, encode_message(Message(kind, body)), 0.0)
         order = list(pending)
-        results: dict[str, list[Scored]] = {}
+        results: dict[str, list] = {}
         for request in pending.values():
             self._send(request)
         # Waiting on a peer, not working: its silence is judged by service_timeout_s, not by
@@ -99,18 +169,25 @@ class RewardClient:
                 if self.stop_event.is_set():
                     raise PeerError("stopped while waiting for the reward service")
                 if self.sock.poll(timeout=200):
-                    self._receive(pending, results)
+                    self._receive(pending, results, kinds, parse)
                 self._resend_overdue(pending)
-        return [scored for rid in order for scored in results[rid]]
+        return [out for rid in order for out in results[rid]]
 
     def _send(self, request: _Request) -> None:
         request.sent_at = time.monotonic()
         self.sock.send_multipart(request.frames)
 
-    def _receive(self, pending: dict[str, _Request], results: dict[str, list[Scored]]) -> None:
+    def _receive(
+        self,
+        pending: dict[str, _Request],
+        results: dict[str, list],
+        kinds: tuple[str, ...],
+        parse: Callable[[Message, int], list],
+    ) -> None:
         try:
             msg = decode(self.sock.recv_multipart(), max_frame_bytes=self.max_frame_bytes)
         except FrameError as e:
+            self.refused += 1
             log.warning("dropped a malformed reply from the reward service: %s", e)
             return
         rid = msg.body.get("id") if isinstance(msg, Message) else None
@@ -118,17 +195,18 @@ class RewardClient:
         if request is None:
             return  # a late reply to a request answered already (a resend's twin)
         assert isinstance(msg, Message) and isinstance(rid, str)
-        if msg.kind == protocol.SCORES:
-            try:
-                results[rid] = protocol.parse_scores(msg.body, len(request.items))
-            except ValueError as e:
-                log.warning("a malformed reply from the reward service (%s): resending", e)
-                return
-        elif msg.kind == protocol.ERROR:
-            reason = f"reward service: {msg.body.get('reason', 'no reason given')}"
-            log.warning("%s (%d answers score 0)", reason, len(request.items))
-            results[rid] = [(0.0, {"reward_error": reason})] * len(request.items)
-        else:
+        if msg.kind not in kinds:
+            return
+        try:
+            results[rid] = parse(msg, request.size)
+        except ValueError as e:
+            if isinstance(e, ModelError):
+                raise
+            self.refused += 1
+            request.refused = str(e)[:500]
+            log.warning("refused a reply from the reward service to request %s (%d refused so "
+                        "far): %s; it is sent again after %g s", rid[:8], self.refused,
+                        request.refused, self.timeout_s)  # fmt: skip
             return
         del pending[rid]
 
@@ -140,8 +218,10 @@ class RewardClient:
                 continue
             what = (
                 f"the reward service at {self.addr} did not answer request {rid[:8]} "
-                f"({len(request.items)} answers) within {self.timeout_s:g} s"
+                f"({request.size} answers) within {self.timeout_s:g} s"
             )
+            if request.refused:
+                what += f" (the last reply was refused: {request.refused})"
             if request.tries > self.retries and self.on_failure == FAIL:
                 raise RewardServiceError(
                     f"{what}, {request.tries} tries: is it running (ROLE=reward)? "
@@ -156,6 +236,19 @@ class RewardClient:
         if not self.ctx.closed:
             self.sock.close()
             self.ctx.term()
+
+
+class RemoteTeacher:
+    """teacher.where: service: the reward service's teacher, as a TeacherScorer
+    (grpo.scoring.teacher) through the sampler's RewardClient for it."""
+
+    def __init__(self, client: RewardClient, tokenizer: dict[str, Any]):
+        self.client, self.tokenizer = client, tokenizer
+
+    def logprobs(
+        self, prompts: Sequence[np.ndarray], completions: Sequence[np.ndarray], temperature: float
+    ) -> list[np.ndarray]:
+        return self.client.teacher_logprobs(prompts, completions, temperature, self.tokenizer)
 
 
 def combine(

@@ -1,6 +1,10 @@
 """The reward service (ROLE=reward): a ROUTER socket that gathers score requests from any number
 of samplers for up to `reward_server.batch_wait_ms` (or `max_batch` answers), scores them in
-one backend call, and answers each request.
+one backend call, and answers each request. With teacher.where: service it also serves the
+on-policy distillation teacher: TEACHER requests (prompt and completion ids) are gathered the
+same way and answered with the teacher's per-token log-probs, one forward pass over them all
+(reward_server.batch_size answers per forward); a service may hold a reward backend, the
+teacher, or both.
 
 Each request id is scored once: the replies of the last `CACHE` requests are kept, and a
 sampler's resend of one (after its timeout) is answered from there, as is a repeat that arrives
@@ -22,10 +26,11 @@ from pathlib import Path
 import zmq
 
 from grpo.config import Config
+from grpo.config.teacher import serves_teacher
 from grpo.reward_service import protocol
-from grpo.reward_service.backends import RewardBackend, build_backend
+from grpo.reward_service.backends import RewardBackend, ServedTeacher, build_backend
 from grpo.reward_service.keys import secure_reward_server
-from grpo.reward_service.protocol import Item
+from grpo.reward_service.protocol import Item, TeacherRequest
 from grpo.wire.channels import (
     PeerError,
     SocketLimits,
@@ -45,7 +50,12 @@ CACHE = 4096  # replies kept for resends: far more requests than samplers ever h
 class Request:
     peer: bytes  # the ROUTER identity to answer
     rid: str
-    items: list[Item]
+    items: list[Item]  # SCORE: the answers to score
+    teacher: TeacherRequest | None = None  # TEACHER: the answers to score with the teacher
+
+    @property
+    def size(self) -> int:
+        return len(self.teacher.completions) if self.teacher is not None else len(self.items)
 
 
 @dataclass
@@ -57,14 +67,17 @@ class Counters:
     refused: int = 0  # malformed frames and requests
     failures: int = 0  # backend calls that raised
     seconds: float = field(default=0.0)  # in the backend
+    teacher_answers: int = 0  # answers whose tokens the teacher scored
+    teacher_calls: int = 0
 
 
 class RewardServer:
     def __init__(
         self,
         addr: str,
-        backend: RewardBackend,
+        backend: RewardBackend | None,
         *,
+        teacher: ServedTeacher | None = None,
         max_batch: int = 64,
         batch_wait_s: float = 0.02,
         max_request_items: int = 4096,
@@ -72,7 +85,9 @@ class RewardServer:
         curve_dir: str = "",
         allow_insecure: bool = False,
     ):
-        self.addr, self.backend = addr, backend
+        if backend is None and teacher is None:
+            raise ValueError("a reward service needs a reward backend, a teacher, or both")
+        self.addr, self.backend, self.teacher = addr, backend, teacher
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self.max_request_items, self.max_frame_bytes = max_request_items, max_frame_bytes
         self.ctx = zmq.Context()
@@ -91,10 +106,19 @@ class RewardServer:
         self.counters = Counters()
 
     def serve(self, stop: threading.Event) -> None:
-        log.info("reward service (%s) on %s", self.backend.name, self.addr)
+        log.info("reward service (%s) on %s", self.serves, self.addr)
         while not stop.is_set():
             if pending := self.gather(stop):
-                self.score(pending)
+                scores = [r for r in pending if r.teacher is None]
+                if scores:
+                    self.score(scores)
+                if len(scores) < len(pending):
+                    self.teach([r for r in pending if r.teacher is not None])
+
+    @property
+    def serves(self) -> str:
+        names = [self.backend.name] if self.backend is not None else []
+        return " and ".join(names + (["the teacher"] if self.teacher is not None else []))
 
     def gather(self, stop: threading.Event) -> list[Request]:
         """Requests to score together: those that arrive within batch_wait_s of the first, up
@@ -103,7 +127,7 @@ class RewardServer:
         first_at = 0.0
         while not stop.is_set():
             wait_s = 0.2 if not pending else first_at + self.batch_wait_s - time.monotonic()
-            if pending and (wait_s <= 0 or sum(len(r.items) for r in pending) >= self.max_batch):
+            if pending and (wait_s <= 0 or sum(r.size for r in pending) >= self.max_batch):
                 return pending
             if self.router.poll(timeout=max(int(wait_s * 1000), 0)):
                 request = self.receive(pending)
@@ -136,16 +160,34 @@ class RewardServer:
             log.warning("dropped a malformed frame (%d so far): %s", self.counters.refused, e)
             return None
         if msg.kind == protocol.PING:
-            self.reply(peer, Message(protocol.PONG, {"backend": self.backend.name}))
+            backend = self.backend.name if self.backend is not None else ""
+            self.reply(
+                peer,
+                Message(protocol.PONG, {"backend": backend, "teacher": self.teacher is not None}),
+            )
             return None
+        items, teacher = [], None
         try:
-            if msg.kind != protocol.SCORE:
+            if msg.kind == protocol.SCORE:
+                if self.backend is None:
+                    raise ValueError(
+                        "this reward service has no reward backend "
+                        "(reward_server.backend): it serves the teacher only"
+                    )
+                rid, items = protocol.parse_request(msg.body, self.max_request_items)
+            elif msg.kind == protocol.TEACHER:
+                rid, teacher = self._teacher_request(msg.body)
+            else:
                 raise ValueError(f"unknown request kind {msg.kind!r}")
-            rid, items = protocol.parse_request(msg.body, self.max_request_items)
         except ValueError as e:
             self.counters.refused += 1
             rid = msg.body.get("id") if isinstance(msg.body.get("id"), str) else ""
-            self.reply(peer, Message(protocol.ERROR, {"id": rid, "reason": str(e)}))
+            body = {"id": rid, "reason": str(e)[:2000]}
+            if isinstance(e, TokenizerMismatch):
+                body["code"] = protocol.TOKENIZER_MISMATCH
+            log.warning("refused request %s (%d refused so far): %s", rid[:8],
+                        self.counters.refused, str(e)[:300])  # fmt: skip
+            self.reply(peer, Message(protocol.ERROR, body))
             return None
         if rid in self.replies:  # a resend of one already scored
             self.counters.repeats += 1
@@ -155,12 +197,78 @@ class RewardServer:
             self.counters.repeats += 1
             return None
         self.counters.requests += 1
-        return Request(peer, rid, items)
+        return Request(peer, rid, items, teacher)
+
+    def _teacher_request(self, body: dict) -> tuple[str, TeacherRequest]:
+        """A TEACHER body, checked against the teacher's limits and tokenizer."""
+        t = self.teacher
+        if t is None:
+            raise ValueError("this reward service serves no teacher (teacher.where: service)")
+        rid, request = protocol.parse_teacher_request(
+            body, self.max_request_items, t.max_tokens, t.vocab_size
+        )
+        difference = t.tokenizer_difference(request.tokenizer)
+        if difference is not None:
+            raise TokenizerMismatch(
+                f"teacher.path {t.path!r} has another tokenizer than the sampler's student: "
+                f"{difference}; on-policy distillation needs the same one"
+            )
+        return rid, request
+
+    def teach(self, pending: list[Request]) -> None:
+        """The teacher's log-probs for the TEACHER requests, in one call; on failure each
+        request alone, as score does."""
+        assert self.teacher is not None
+        prompts = [p for r in pending for p in r.teacher.prompts]  # type: ignore[union-attr]
+        completions = [c for r in pending for c in r.teacher.completions]  # type: ignore[union-attr]
+        temperatures = {r.teacher.temperature for r in pending}  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        try:
+            if len(temperatures) > 1:  # one forward per temperature: each request alone
+                raise _Split()
+            logps = self.teacher.logprobs(prompts, completions, temperatures.pop())
+            if [len(x) for x in logps] != [len(c) for c in completions]:
+                raise RuntimeError("the teacher gave log-probs of other lengths than the answers")
+        except Exception as e:
+            if not isinstance(e, _Split):
+                self.counters.failures += 1
+                log.exception("the teacher failed on %d answers", len(completions))
+            if len(pending) > 1:
+                for r in pending:
+                    self.teach([r])
+            else:
+                reason = f"the teacher failed: {type(e).__name__}: {e}"
+                self._answer_error(pending[0].peer, pending[0].rid, reason)
+            return
+        self.counters.seconds += time.monotonic() - t0
+        self.counters.teacher_calls += 1
+        self.counters.teacher_answers += len(completions)
+        start = 0
+        for r in pending:
+            mine = logps[start : start + r.size]
+            start += r.size
+            try:
+                frames = encode_message(
+                    Message(protocol.TEACHER_LOGP, protocol.teacher_reply_body(r.rid, mine))
+                )
+            except Exception as e:  # a NaN (a bfloat16 overflow): this request's failure
+                log.warning("the teacher's log-probs of request %s cannot be sent: %s",
+                            r.rid[:8], e)  # fmt: skip
+                self._answer_error(r.peer, r.rid, f"its log-probs cannot be sent: {e}")
+                continue
+            self._keep(r.rid, frames)
+            self.router.send_multipart([r.peer, *frames])
+
+    def _keep(self, rid: str, frames: list[bytes]) -> None:
+        self.replies[rid] = frames
+        while len(self.replies) > CACHE:
+            self.replies.popitem(last=False)
 
     def score(self, pending: list[Request]) -> None:
         """Score the requests in one backend call. If it fails, each request is scored again
         on its own, so that one the backend cannot take (too long, malformed) fails alone,
         not the other samplers' requests gathered with it."""
+        assert self.backend is not None
         items = [item for r in pending for item in r.items]
         t0 = time.monotonic()
         try:
@@ -190,9 +298,7 @@ class RewardServer:
                 log.warning("the scores of request %s cannot be sent: %s", r.rid[:8], e)
                 self._answer_error(r.peer, r.rid, f"its scores cannot be sent: {e}")
                 continue
-            self.replies[r.rid] = frames
-            while len(self.replies) > CACHE:
-                self.replies.popitem(last=False)
+            self._keep(r.rid, frames)
             self.router.send_multipart([r.peer, *frames])
 
     def _answer_error(self, peer: bytes, rid: str, reason: str) -> None:
@@ -208,6 +314,14 @@ class RewardServer:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()
+
+
+class TokenizerMismatch(ValueError):
+    """A TEACHER request from a sampler whose tokenizer is not the teacher's."""
+
+
+class _Split(Exception):
+    """Requests gathered together that one teacher call cannot take (other temperatures)."""
 
 
 def _scores_body(rid: str, scored: list[tuple[float, dict]]) -> dict:
@@ -237,18 +351,22 @@ def _request_id(frames: list[bytes]) -> str:
 
 
 def run_reward_server(cfg: Config) -> int:
-    """ROLE=reward: load the backend, serve until SIGTERM or Ctrl-C."""
+    """ROLE=reward: load the backend and/or the teacher, serve until SIGTERM or Ctrl-C."""
     s = cfg.reward_server
-    if not cfg.reward.service_addr or not s.backend:
+    if not cfg.reward.service_addr or not (s.backend or serves_teacher(cfg)):
         raise ValueError(
             "ROLE=reward needs reward.service_addr (where to listen) and reward_server.backend "
-            "(classifier, judge or 'package.module:build')"
+            "(classifier, judge or 'package.module:build') or a teacher to serve (teacher.path "
+            "with teacher.where=service)"
         )
     t0 = time.monotonic()
-    backend = build_backend(cfg)
-    log.info("loaded the %s backend in %.1f s", backend.name, time.monotonic() - t0)
+    backend = build_backend(cfg) if s.backend else None
+    teacher = ServedTeacher.load(cfg) if serves_teacher(cfg) else None
+    loaded = [f"the {backend.name} backend"] if backend else []
+    loaded += [f"the teacher {cfg.teacher.path}"] if teacher else []
+    log.info("loaded %s in %.1f s", " and ".join(loaded), time.monotonic() - t0)
     server = RewardServer(
-        cfg.reward.service_addr, backend,
+        cfg.reward.service_addr, backend, teacher=teacher,
         max_batch=s.max_batch, batch_wait_s=s.batch_wait_ms / 1000,
         max_frame_bytes=cfg.transport.max_frame_bytes, curve_dir=cfg.transport.curve_dir,
         allow_insecure=cfg.transport.allow_insecure,
@@ -263,7 +381,9 @@ def run_reward_server(cfg: Config) -> int:
         c = server.counters
         log.info(
             "reward service stopping: %d requests, %d answers scored in %d backend calls "
-            "(%.1f s), %d repeats answered once, %d refused, %d backend failures",
-            c.requests, c.answers, c.backend_calls, c.seconds, c.repeats, c.refused, c.failures,
+            "(%.1f s), %d answers' tokens scored by the teacher in %d calls, %d repeats "
+            "answered once, %d refused, %d backend failures",
+            c.requests, c.answers, c.backend_calls, c.seconds, c.teacher_answers,
+            c.teacher_calls, c.repeats, c.refused, c.failures,
         )  # fmt: skip
     return 0

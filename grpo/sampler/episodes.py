@@ -19,8 +19,8 @@ from grpo.runtime.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.weights import Weights
 from grpo.scoring.kernels import Truncation
-from grpo.scoring.score import score_for_training, score_pairs
-from grpo.scoring.teacher import load_teacher
+from grpo.scoring.score import score_for_training
+from grpo.scoring.teacher import teacher_scorer
 from grpo.tasks import Row
 from grpo.wire.channels import PeerError
 
@@ -81,10 +81,15 @@ class BatchMaker:
             self.reference = load_reference(
                 weights.model_path, cfg.model.dtype, cfg.model.attn_implementation
             ).to(weights.device)
-        # On-policy distillation's teacher (teacher.path), refused if its tokenizer differs.
+        # On-policy distillation's teacher (teacher.path), in this process (refused here if its
+        # tokenizer differs) or, teacher.where: service, the reward service's through the
+        # rewards' connection to it (`teacher_service`, grpo.sampler.rewards).
         self.teacher = None
         if cfg.teacher.path:
-            self.teacher = load_teacher(cfg, tokenizer, weights.model_path, weights.device)
+            self.teacher = teacher_scorer(
+                cfg, tokenizer, weights.model_path, weights.device,
+                service_client=getattr(rewards, "teacher_service", None),
+            )  # fmt: skip
 
     def make(self, seq: int, engine: RolloutEngine) -> EpisodeBatch:
         cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
@@ -209,16 +214,12 @@ class BatchMaker:
 
     def teacher_scores(self, gens: list[Generation]) -> list:
         """The teacher's log-probs of each answer's tokens, at the sampling temperature as the
-        old ones (so that their difference is OPD's advantage); None each without a teacher."""
+        old ones (so that their difference is OPD's advantage); None each without a teacher.
+        The teacher is in this process or in the reward service (grpo.scoring.teacher)."""
         if self.teacher is None:
             return [None] * len(gens)
-        logps, _ = score_pairs(
-            self.teacher,
+        return self.teacher.logprobs(
             [g.prompt_ids for g in gens],
             [g.completion_ids for g in gens],
-            pad_id=self.tokenizer.pad_token_id,
-            temperature=self.sampling.temperature,
-            batch_size=self.cfg.rollout.generation_batch_size,
-            packed=self.cfg.packed,
+            self.sampling.temperature,
         )
-        return logps

@@ -1,6 +1,8 @@
 """The sampler's rewards: the task's rule reward for every answer (grpo.tasks.runner: concurrent
 calls, each with a time limit), and with `reward.service_addr` the reward service's score too,
-weighted and summed (grpo.reward_service.client.combine)."""
+weighted and summed (grpo.reward_service.client.combine). With teacher.where: service it also
+holds the connection the sampler's teacher asks the service through (`teacher_service`, used by
+grpo.sampler.episodes.BatchMaker), stopped and closed with the rest."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import threading
 from collections.abc import Sequence
 
 from grpo.config import Config
+from grpo.config.teacher import serves_teacher, service_scores
 from grpo.core.columns import VALUE_LIMIT, is_finite_real
 from grpo.reward_service.client import RewardClient, Scored, combine
 from grpo.reward_service.protocol import Item
@@ -22,25 +25,31 @@ class SamplerRewards:
         self.cfg, self.task = cfg, task
         r = cfg.reward
         self.rules = RewardRunner(run_reward(task, cfg.data.reward), r.workers, r.timeout_s)
-        self.service = (
-            RewardClient(
-                r.service_addr,
-                timeout_s=r.service_timeout_s,
-                retries=r.service_retries,
-                on_failure=r.on_service_failure,
-                batch=r.service_batch,
-                curve_dir=cfg.transport.curve_dir,
-                sampler_id=cfg.rollout.sampler_id,
-                max_frame_bytes=cfg.transport.max_frame_bytes,
-            )  # fmt: skip
-            if r.service_addr
-            else None
+        # Scores from the service, unless it serves the teacher alone (service_scores).
+        self.service = self._client() if service_scores(cfg) else None
+        # Its own socket: a reply to one kind of request never reaches a wait for the other.
+        self.teacher_service = self._client() if serves_teacher(cfg) else None
+
+    def _client(self) -> RewardClient:
+        cfg, r = self.cfg, self.cfg.reward
+        return RewardClient(
+            r.service_addr,
+            timeout_s=r.service_timeout_s,
+            retries=r.service_retries,
+            on_failure=r.on_service_failure,
+            batch=r.service_batch,
+            curve_dir=cfg.transport.curve_dir,
+            sampler_id=cfg.rollout.sampler_id,
+            max_frame_bytes=cfg.transport.max_frame_bytes,
         )
+
+    def clients(self) -> list[RewardClient]:
+        return [c for c in (self.service, self.teacher_service) if c is not None]
 
     def stop_on(self, event: threading.Event) -> None:
         """Stop waiting for the service when `event` is set (the run stops)."""
-        if self.service is not None:
-            self.service.stop_event = event
+        for client in self.clients():
+            client.stop_event = event
 
     def item(self, completion: str, row: Row) -> Item:
         """What the service sees of an answer: the question as the model was asked it (the
@@ -49,7 +58,11 @@ class SamplerRewards:
         return Item(prompt, completion, str(row.get("answer", "")))
 
     def stats(self) -> dict[str, float]:
-        return self.rules.stats()
+        stats = self.rules.stats()
+        if self.teacher_service is not None:  # totals so far, as the rule workers' are
+            stats["teacher_replies_refused"] = float(self.teacher_service.refused)
+            stats["teacher_resends"] = float(self.teacher_service.resends)
+        return stats
 
     def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[Scored]:
         rule = self.rules.score_all(calls)
@@ -61,8 +74,8 @@ class SamplerRewards:
 
     def close(self) -> None:
         self.rules.close()
-        if self.service is not None:
-            self.service.close()
+        for client in self.clients():
+            client.close()
 
 
 def checked_rewards(scored: Sequence[Scored]) -> list[Scored]:
