@@ -3,8 +3,8 @@ across versions, pacing under the staleness bound, and an exact resume after eve
 SIGKILLed with answers in flight.
 
 The tiny random model rarely samples EOS; the stop string "v" ends an answer at its first
-letter v (about 7% of tokens hold one), so answer lengths vary (geometrically, capped) and groups finish out of step, as
-real answers do."""
+letter v (about 7% of tokens hold one), so answer lengths vary (geometrically, capped) and
+groups finish out of step, as real answers do."""
 
 from __future__ import annotations
 
