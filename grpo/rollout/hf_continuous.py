@@ -33,7 +33,7 @@ from grpo.rollout.base import EngineContext
 from grpo.rollout.continuous import Answer, Request
 from grpo.rollout.hf import eos_ids
 from grpo.runtime.progress import ACTIVITY
-from grpo.scoring.kernels import Truncation
+from grpo.scoring.kernels import Truncation, kept_tokens
 
 NO_TRUNCATION = Truncation()
 
@@ -69,16 +69,7 @@ def sample_rows(
     order = None
     if truncation.active:  # the kept tokens as kept_log_mass keeps them (ascending order)
         logp, order = logp.sort(dim=-1)
-        V = logp.shape[-1]
-        keep = torch.ones_like(logp, dtype=torch.bool)
-        if 0 < truncation.top_k < V:
-            keep &= logp >= logp[:, V - truncation.top_k, None]
-        if truncation.top_p < 1.0:
-            cum = logp.masked_fill(~keep, -torch.inf).softmax(dim=-1).cumsum(dim=-1)
-            drop = cum <= 1.0 - truncation.top_p
-            drop[:, -1] = False
-            keep &= ~drop
-        logp = logp.masked_fill(~keep, -torch.inf)
+        logp = logp.masked_fill(~kept_tokens(logp, truncation), -torch.inf)
         logp = logp - logp.logsumexp(dim=-1, keepdim=True)
     cdf = logp.exp().cumsum(dim=-1)  # (n, V)
     target = torch.as_tensor(u, dtype=cdf.dtype, device=cdf.device).unsqueeze(-1) * cdf[:, -1:]

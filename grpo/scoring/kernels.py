@@ -160,21 +160,27 @@ class Truncation:
         return self.top_p < 1.0 or self.top_k > 0
 
 
-def _chunk_kept_log_mass(z: Tensor, truncation: Truncation) -> Tensor:
-    """log of the mass top-k then top-p keep, per row of z (N, V), as vLLM and HF pick it:
-    top-k keeps values >= the k-th largest; top-p then drops, in ascending order, the
-    tokens whose cumulative (top-k renormalised) probability is <= 1 - p, keeping the last."""
-    logp = z.log_softmax(dim=-1).sort(dim=-1).values  # ascending
-    keep = torch.ones_like(logp, dtype=torch.bool)
-    V = logp.shape[-1]
+def kept_tokens(sorted_logp: Tensor, truncation: Truncation) -> Tensor:
+    """Which tokens top-k then top-p keep, per row of log-probs sorted ascending (N, V), as
+    vLLM and HF pick them: top-k keeps values >= the k-th largest; top-p then drops, in
+    ascending order, the tokens whose cumulative (top-k renormalised) probability is <= 1 - p,
+    keeping the last. A bool mask (N, V) aligned with `sorted_logp`."""
+    keep = torch.ones_like(sorted_logp, dtype=torch.bool)
+    V = sorted_logp.shape[-1]
     if 0 < truncation.top_k < V:
-        keep &= logp >= logp[:, V - truncation.top_k, None]
+        keep &= sorted_logp >= sorted_logp[:, V - truncation.top_k, None]
     if truncation.top_p < 1.0:
-        cum = logp.masked_fill(~keep, -torch.inf).softmax(dim=-1).cumsum(dim=-1)
+        cum = sorted_logp.masked_fill(~keep, -torch.inf).softmax(dim=-1).cumsum(dim=-1)
         drop = cum <= 1.0 - truncation.top_p
         drop[:, -1] = False
         keep &= ~drop
-    return logp.masked_fill_(~keep, -torch.inf).logsumexp(dim=-1)
+    return keep
+
+
+def _chunk_kept_log_mass(z: Tensor, truncation: Truncation) -> Tensor:
+    """log of the mass top-k then top-p keep (kept_tokens), per row of z (N, V)."""
+    logp = z.log_softmax(dim=-1).sort(dim=-1).values  # ascending
+    return logp.masked_fill_(~kept_tokens(logp, truncation), -torch.inf).logsumexp(dim=-1)
 
 
 @torch.no_grad()
