@@ -211,8 +211,20 @@ def test_combine_weights_both_parts_and_keeps_them():
     model = [(0.5, {"rm_score": 0.5}), (0.25, {"rm_score": 0.25})]
     out = combine(rule, model, rule_weight=1.0, model_weight=2.0)
     assert out[0] == (2.0, {"correct": True, "rm_score": 0.5, "rule_reward": 1.0,
-                            "model_reward": 0.5})  # fmt: skip
+                            "model_reward": 0.5, "reward/model": 1.0})  # fmt: skip
     assert out[1][0] == 0.5 and out[1][1]["reward_error"] == "timeout"
+
+
+def test_combine_keeps_gdpo_components_summing_to_the_reward_with_the_judge_apart():
+    rule = [(1.1, {"reward/format": 0.1, "reward/answer": 1.0}),
+            (0.1, {"reward/format": 0.1, "reward/answer": 0.0})]  # fmt: skip
+    model = [(0.8, {}), (0.3, {})]
+    out = combine(rule, model, rule_weight=0.5, model_weight=2.0)
+    for reward, info in out:
+        parts = {k: v for k, v in info.items() if k.startswith("reward/")}
+        assert set(parts) == {"reward/format", "reward/answer", "reward/model"}
+        assert sum(parts.values()) == pytest.approx(reward)
+    assert out[0][1]["reward/model"] == 1.6 and out[0][1]["reward/format"] == 0.05
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import zmq
 
+from grpo.core.columns import is_finite_real
+from grpo.core.episode import REWARD_COMPONENT_PREFIX
 from grpo.models.embedded import ModelError
 from grpo.reward_service import protocol
 from grpo.reward_service.keys import client_keys
@@ -256,10 +258,16 @@ def combine(
 ) -> list[Scored]:
     """rule_weight * rule + model_weight * model per answer; the info keeps both parts
     (`rule_reward`, `model_reward`) and both infos (the model's keys win a clash, except
-    `reward_error`, which either part sets)."""
+    `reward_error`, which either part sets). GDPO's components (`reward/<name>`) still sum to
+    the reward: the rule's scaled by rule_weight, and the model's score one of its own,
+    `reward/model` (so a judge is normalised apart from format and answer)."""
     out = []
     for (r, r_info), (m, m_info) in zip(rule, model, strict=True):
         info = {**r_info, **m_info, "rule_reward": r, "model_reward": m}
+        for key, value in r_info.items():
+            if key.startswith(REWARD_COMPONENT_PREFIX) and is_finite_real(value):
+                info[key] = rule_weight * float(value)
+        info[f"{REWARD_COMPONENT_PREFIX}model"] = model_weight * m
         errors = [e for e in (r_info.get("reward_error"), m_info.get("reward_error")) if e]
         if errors:
             info["reward_error"] = "; ".join(errors)
