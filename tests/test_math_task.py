@@ -139,20 +139,26 @@ def test_extract_boxed_is_linear(make):
     assert large <= FACTOR * small * 1.2 + 50, (small, large)
 
 
+# The value's parts for GDPO, as GSM8K's: format 0.1 when parseable, answer 0.9 when right.
+RIGHT = {"reward/format": 0.1, "reward/answer": 0.9}
+FORMATTED = {"reward/format": 0.1, "reward/answer": 0.0}
+NEITHER = {"reward/format": 0.0, "reward/answer": 0.0}
+
+
 def test_reward_values_and_info():
     row = {"problem": "p", "answer": r"\frac{1}{2}"}
     assert reward(r"so \boxed{0.5}", row) == (
         1.0,
-        {"formatted": True, "correct": True, "pred": "0.5", "gold": r"\frac{1}{2}"},
+        {"formatted": True, "correct": True, "pred": "0.5", "gold": r"\frac{1}{2}", **RIGHT},
     )
     assert reward(r"\boxed{3}", row) == (
         FORMAT_REWARD,
-        {"formatted": True, "correct": False, "pred": "3", "gold": r"\frac{1}{2}"},
+        {"formatted": True, "correct": False, "pred": "3", "gold": r"\frac{1}{2}", **FORMATTED},
     )
     assert FORMAT_REWARD == 0.1  # the GSM8K value, for the same reason
     assert reward("it is 1/2", row) == (
         0.0,
-        {"formatted": False, "correct": False, "pred": None, "gold": r"\frac{1}{2}"},
+        {"formatted": False, "correct": False, "pred": None, "gold": r"\frac{1}{2}", **NEITHER},
     )
     value, info = reward("\\boxed{" + "1+" * 200 + "1}", row)
     assert value == FORMAT_REWARD and len(info["pred"]) == math500.PRED_CHARS + 3
@@ -207,7 +213,7 @@ def test_hang_times_out_scores_zero_and_the_checker_restarts(monkeypatch):
     monkeypatch.setattr(math500, "CHECK_TIMEOUT_S", 30.0)  # slack for a loaded CPU
     assert score(reward, r"\boxed{3.0}", row) == (
         1.0,
-        {"formatted": True, "correct": True, "pred": "3.0", "gold": "3"},
+        {"formatted": True, "correct": True, "pred": "3.0", "gold": "3", **RIGHT},
     )
 
 

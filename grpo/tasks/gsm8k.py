@@ -197,14 +197,19 @@ def reward(completion: str, row: Row) -> tuple[float, dict]:
     pred = extract_answer(completion)
     formatted = pred is not None
     correct = formatted and _same_number(pred, gold)
+    return format_and_answer(formatted, correct, {"pred": pred, "gold": gold})
+
+
+def format_and_answer(formatted: bool, correct: bool, info: dict) -> tuple[float, dict]:
+    """1.0 if correct, FORMAT_REWARD if only formatted, else 0.0; the info with both flags and
+    the value's two parts, for GDPO (reward/format, reward/answer: grpo.core.episode.
+    REWARD_COMPONENT_PREFIX)."""
     value = 1.0 if correct else FORMAT_REWARD if formatted else 0.0
-    info = {"formatted": formatted, "correct": correct, "pred": pred, "gold": gold}
-    # The two parts of the value, for GDPO (grpo.core.episode.REWARD_COMPONENT_PREFIX).
     parts = {
         "reward/format": FORMAT_REWARD * formatted,
         "reward/answer": (1 - FORMAT_REWARD) * correct,
     }
-    return value, info | parts
+    return value, {"formatted": formatted, "correct": correct, **info, **parts}
 
 
 def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:

@@ -34,7 +34,7 @@ from grpo.runtime.lifetime import die_with_parent
 
 from . import children
 from .base import Row, Task, load_rows_with, question_messages, register_task
-from .gsm8k import FORMAT_REWARD, boxed_spans
+from .gsm8k import FORMAT_REWARD, boxed_spans, format_and_answer
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -217,17 +217,16 @@ atexit.register(_CHECKER.close)
 
 def reward(completion: str, row: Row) -> tuple[float, dict]:
     """1.0 if math-verify finds the last ``\\boxed{}`` equal to the answer, FORMAT_REWARD for a
-    parseable but wrong one, else 0.0. A checker error or timeout raises (see module doc)."""
+    parseable but wrong one, else 0.0, with its two parts for GDPO (reward/format,
+    reward/answer, as GSM8K's). A checker error or timeout raises (see module doc)."""
     gold = str(row["answer"])
     pred = extract_boxed(completion)
     formatted = correct = False
     if pred is not None:
         formatted, correct = _CHECKER.check(gold, pred, CHECK_TIMEOUT_S)
-    value = 1.0 if correct else FORMAT_REWARD if formatted else 0.0
-    info = {"formatted": formatted, "correct": correct, "pred": pred, "gold": gold}
     if pred is not None and len(pred) > PRED_CHARS:
-        info["pred"] = pred[:PRED_CHARS] + "..."
-    return value, info
+        pred = pred[:PRED_CHARS] + "..."
+    return format_and_answer(formatted, correct, {"pred": pred, "gold": gold})
 
 
 def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:
