@@ -46,7 +46,7 @@ def admitted(index: int, versions: list[list[int]], scored: bool = True) -> Admi
         )  # fmt: skip
         for k, v in enumerate(versions)
     ]
-    g = Admitted(prompt, answers, admitted=min(min(v) for v in versions))
+    g = Admitted(prompt, answers, min(min(v) for v in versions), drawn=(index, index + 1))
     if scored:
         g.group = Group(prompt, [a.generation() for a in answers], [(0.0, {})] * len(answers))
     return g
@@ -70,7 +70,7 @@ def test_a_batch_is_its_first_groups_in_admission_order_once_they_are_all_scored
     seq, questions, version, stats = loop.cut(engine, seq=0, batch=3)
     assert questions == [0, 1] and version == 3 and engine.rebuilds == 1
     assert [g.prompt.index for g in loop.groups] == [2]
-    assert stats["groups_discarded"] == 0 and stats["data_start"] == 0
+    assert stats["groups_discarded"] == 0 and (stats["data_start"], stats["data_end"]) == (0, 2)
 
 
 def test_groups_past_their_bound_are_discarded_and_their_lengths_reported():

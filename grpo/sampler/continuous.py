@@ -66,6 +66,7 @@ class Admitted:
     prompt: Prompt
     answers: list[Answer]
     admitted: int  # the weights version when it was admitted: its oldest possible
+    drawn: tuple[int, int]  # the shard positions its draw spanned, [start, end): skips too
     group: Group | None = None  # scored, once every answer finished
 
     @property
@@ -171,16 +172,20 @@ class ContinuousLoop:
                     self.paced += 1  # wait for the next cut's version, decoding meanwhile
                     return
                 self.load_for(engine, batch)  # several: the others' batches moved the bound
-            self.start_group(engine, self.shard.draw(1)[0])
+            self.start_group(engine)
 
-    def start_group(self, engine: ContinuousEngine, prompt: Prompt) -> None:
+    def start_group(self, engine: ContinuousEngine) -> None:
+        """The next question's G answers into free slots."""
         G, r = self.cfg.rollout.group_size, self.cfg.rollout
+        start = self.shard.position
+        prompt = self.shard.draw(1)[0]
         requests = [
             Request(uid, prompt.ids, answer_seed(r.seed, uid), r.max_new_tokens)
             for uid in range(self.uid, self.uid + G)
         ]
         self.uid += G
-        self.groups.append(Admitted(prompt, engine.admit(requests), engine.version))
+        drawn = (start, self.shard.position)
+        self.groups.append(Admitted(prompt, engine.admit(requests), engine.version, drawn))
 
     def step(self, engine: ContinuousEngine) -> None:
         """One decode step; groups whose answers all finished are scored."""
@@ -240,8 +245,9 @@ class ContinuousLoop:
             "answers_discarded_total": float(len(self.discarded_lengths)),
             "answer_len_trained_mean": float(np.mean(self.trained_lengths or [0])),
             "answer_len_discarded_mean": float(np.mean(self.discarded_lengths or [0])),
-            # The first question of the batch (data_end, the shard's position, as lock-step's).
-            "data_start": float(min(g.prompt.position for g in chosen)),
+            # The shard positions the batch's questions were drawn from, as lock-step's.
+            "data_start": float(chosen[0].drawn[0]),
+            "data_end": float(chosen[-1].drawn[1]),
         }
         self.step_s, self.tokens, self.steps, self.paced, self.busy = 0.0, 0, 0, 0, 0
         return stats
@@ -257,6 +263,7 @@ class ContinuousLoop:
                 {
                     "position": g.prompt.position,
                     "admitted": g.admitted,
+                    "drawn": list(g.drawn),
                     "answers": [a.to_state() for a in g.answers],
                     "scored": None if g.group is None else g.group.scored,
                 }
@@ -295,7 +302,8 @@ class ContinuousLoop:
         for g in s["groups"]:
             prompt = self.shard.prompt_at(g["position"])
             answers = [Answer.from_state(a) for a in g["answers"]]
-            admitted = Admitted(prompt, answers, int(g["admitted"]))
+            start, end = (int(x) for x in g["drawn"])
+            admitted = Admitted(prompt, answers, int(g["admitted"]), (start, end))
             if g["scored"] is not None:
                 scored = [(float(r), dict(info)) for r, info in g["scored"]]
                 admitted.group = Group(prompt, [a.generation() for a in answers], scored)

@@ -131,7 +131,7 @@ class BatchMaker:
             "logprob_s": time.monotonic() - t1,
             "gen_tokens_per_s": stats["gen_tokens"] / max(stats["gen_s"], 1e-9),
             "reload_s": self.weights.reload_s,
-            "data_end": float(self.shard.position),
+            "data_end": float(stats.get("data_end", self.shard.position)),
             "peak_mem_gib": peak_memory_gib(),
             # Reward calls timed out, workers killed and replaced: totals so far.
             **self.rewards.stats(),
