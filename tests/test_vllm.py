@@ -22,7 +22,8 @@ from grpo.rollout.base import Sampling
 from grpo.scoring.kernels import Truncation
 from grpo.scoring.score import score_pairs
 
-pytestmark = [
+# Every real-engine vLLM test file's marks (tests/test_vllm_continuous.py imports them).
+pytestmark = VLLM_MARKS = [
     pytest.mark.slow,
     pytest.mark.xdist_group("embedded_model"),  # one such test at a time: pyproject.toml
     pytest.mark.must_run_in_ci,  # CI's setup --dev installs vLLM: a skip there is a broken install

