@@ -39,6 +39,7 @@ def engine(base_model_dir):
         "rollout.questions_per_step=2",
         "rollout.group_size=2",
         f"rollout.max_new_tokens={MAX_NEW}",
+        "algo.rollout_correction=decoupled",  # continuous with a lag needs a behaviour weight
     )
     eng = VllmContinuous(cfg, base_model_dir)
     assert eng.slots == SLOTS
