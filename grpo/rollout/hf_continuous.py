@@ -146,7 +146,8 @@ class HFContinuous:
         if new:
             sampled |= dict(zip(new, self._prefill(new), strict=True))
             self.pending = []
-        self._trim()
+        if self.cache is not None:
+            self.mask = trimmed(self.cache, self.mask, max(self.lengths + [1]))
         order = sorted(sampled)
         return self._append(order, torch.stack([sampled[s] for s in order]))
 
@@ -258,7 +259,7 @@ class HFContinuous:
         shared, self.cache = self.cache, DynamicCache()
         logits = self._forward(ids.to(self.device), mask.to(self.device), cache_position=0)
         fresh, self.cache = self.cache, shared
-        self._grow(width, like=fresh)
+        self.cache, self.mask = grown(self.cache, self.mask, width, fresh)
         assert self.cache is not None
         L = self.mask.shape[1]
         for i, s in enumerate(slots):
@@ -270,39 +271,6 @@ class HFContinuous:
             self.mask[s, L - n :] = 1
             self.lengths[s] = n
         return list(logits)
-
-    def _grow(self, width: int, like: DynamicCache) -> None:
-        """At least `width` columns in the cache (a new one shaped as `like`'s layers), the new
-        columns zeros, masked, on the left."""
-        if self.cache is None:
-            self.cache = DynamicCache()
-            for i, layer in enumerate(like.layers):
-                k, v = layer.keys, layer.values
-                self.cache.update(
-                    k.new_zeros(self.slots, k.shape[1], 0, k.shape[-1]),
-                    v.new_zeros(self.slots, v.shape[1], 0, v.shape[-1]),
-                    i,
-                )
-        extra = width - self.mask.shape[1]
-        if extra <= 0:
-            return
-        for layer in self.cache.layers:
-            k, v = layer.keys, layer.values
-            layer.keys = torch.cat([k.new_zeros(*k.shape[:2], extra, k.shape[-1]), k], dim=2)
-            layer.values = torch.cat([v.new_zeros(*v.shape[:2], extra, v.shape[-1]), v], dim=2)
-        self.mask = torch.cat([self.mask.new_zeros(self.slots, extra), self.mask], dim=1)
-
-    def _trim(self) -> None:
-        """Cut the columns on the left that no answer in flight reaches."""
-        if self.cache is None:
-            return
-        cut = self.mask.shape[1] - max(self.lengths + [1])
-        if cut <= 0:
-            return
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, cut:]
-            layer.values = layer.values[:, :, cut:]
-        self.mask = self.mask[:, cut:]
 
     # ------------------------------------------------------------------ the answers
 
@@ -316,22 +284,58 @@ class HFContinuous:
             a.tokens.append(int(tok))
             a.logps.append(float(lp))
             a.versions.append(self.version)
-            a.finish_reason = self._finish_reason(a)
+            a.finish_reason = finish_reason(a, self.eos, self.stop, self.tokenizer)
             if a.done:
                 self.answers[a.slot] = None
                 self.lengths[a.slot] = 0
                 finished.append(a)
         return finished
 
-    def _finish_reason(self, a: Answer) -> str | None:
-        if a.tokens[-1] in self.eos:
+
+def finish_reason(a: Answer, eos: set[int], stop: tuple[str, ...], tokenizer) -> str | None:
+    """Why answer `a` ends with its newest token: "stop" (EOS, or its text now holds a stop
+    string), "length" (its cap), or None (it goes on)."""
+    if a.tokens[-1] in eos:
+        return "stop"
+    if stop:
+        # The tail's text: a stop string ending in the newest token starts within it.
+        tail = a.tokens[-(max(len(s) for s in stop) + 4) :]
+        text = tokenizer.decode(tail, skip_special_tokens=False)
+        if any(s in text for s in stop):
             return "stop"
-        if self.stop:
-            # The tail's text: a stop string ending in the newest token starts within it.
-            tail = a.tokens[-(max(len(s) for s in self.stop) + 4) :]
-            text = self.tokenizer.decode(tail, skip_special_tokens=False)
-            if any(s in text for s in self.stop):
-                return "stop"
-        if len(a.tokens) >= a.request.max_new_tokens:
-            return "length"
-        return None
+    if len(a.tokens) >= a.request.max_new_tokens:
+        return "length"
+    return None
+
+
+def grown(
+    cache: DynamicCache | None, mask: torch.Tensor, width: int, like: DynamicCache
+) -> tuple[DynamicCache, torch.Tensor]:
+    """At least `width` columns in the cache (a new one shaped as `like`'s layers, with
+    mask's rows), the new columns zeros, masked, on the left; the cache and its mask."""
+    slots = mask.shape[0]
+    if cache is None:
+        cache = DynamicCache()
+        for i, layer in enumerate(like.layers):
+            k, v = layer.keys, layer.values
+            cache.update(k.new_zeros(slots, k.shape[1], 0, k.shape[-1]),
+                         v.new_zeros(slots, v.shape[1], 0, v.shape[-1]), i)  # fmt: skip
+    extra = width - mask.shape[1]
+    if extra <= 0:
+        return cache, mask
+    for layer in cache.layers:
+        k, v = layer.keys, layer.values
+        layer.keys = torch.cat([k.new_zeros(*k.shape[:2], extra, k.shape[-1]), k], dim=2)
+        layer.values = torch.cat([v.new_zeros(*v.shape[:2], extra, v.shape[-1]), v], dim=2)
+    return cache, torch.cat([mask.new_zeros(slots, extra), mask], dim=1)
+
+
+def trimmed(cache: DynamicCache, mask: torch.Tensor, longest: int) -> torch.Tensor:
+    """Cut the cache's columns on the left that no row's last `longest` reach; the mask."""
+    cut = mask.shape[1] - longest
+    if cut <= 0:
+        return mask
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, cut:]
+        layer.values = layer.values[:, :, cut:]
+    return mask[:, cut:]

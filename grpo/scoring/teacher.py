@@ -135,31 +135,6 @@ def check_same_tokenizer(
         )
 
 
-def teacher_scorer(
-    cfg: Config,
-    student: PreTrainedTokenizerBase,
-    student_path: Path,
-    device: torch.device,
-    service_client=None,
-) -> TeacherScorer | None:
-    """The run's teacher as the sampler asks it: None without teacher.path; with
-    teacher.where: service, the reward service's (through `service_client`, a RewardClient);
-    else loaded here (load_teacher)."""
-    if not cfg.teacher.path:
-        return None
-    if cfg.teacher.where == "service":
-        from grpo.reward_service.client import RemoteTeacher
-
-        if service_client is None:
-            raise ValueError("teacher.where=service needs reward.service_addr")
-        return RemoteTeacher(service_client, tokenizer_fingerprint(student))
-    model = load_teacher(cfg, student, student_path, device)
-    assert model is not None
-    return InProcessTeacher(
-        model, student.pad_token_id, cfg.rollout.generation_batch_size, cfg.packed
-    )
-
-
 def load_teacher(
     cfg: Config, student: PreTrainedTokenizerBase, student_path: Path, device: torch.device
 ) -> torch.nn.Module | None:
