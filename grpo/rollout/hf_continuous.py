@@ -132,8 +132,7 @@ class HFContinuous:
 
     @torch.no_grad()
     def step(self) -> list[Answer]:
-        """One token for every answer in flight: a decode step for those already in the cache,
-        the first token (from its prefill) for each admitted one."""
+        """One token per answer in flight: decoded, or a new answer's first from its prefill."""
         if self.stop_event.is_set() or not self.in_flight():
             return []
         ACTIVITY.tick()  # a token step: progress for the stall check
@@ -162,12 +161,7 @@ class HFContinuous:
         one forward, left-padded; a slot with none holds one pad token."""
         self.pending = [s for s in self.pending if self.answers[s] is not None]
         seqs = [self._cached_tokens(s) for s in range(self.slots)]
-        width = max(len(q) for q in seqs)
-        ids = torch.full((self.slots, width), self.pad, dtype=torch.long)
-        mask = torch.zeros(self.slots, width, dtype=torch.long)
-        for s, q in enumerate(seqs):
-            ids[s, width - len(q) :] = torch.as_tensor(q, dtype=torch.long)
-            mask[s, width - len(q) :] = 1
+        ids, mask = left_padded(seqs, self.pad)
         self.cache = DynamicCache()
         self._forward(ids.to(self.device), mask.to(self.device), cache_position=0)
         self.mask = mask.to(self.device)
@@ -190,8 +184,7 @@ class HFContinuous:
     def load_version(self, vdir, version: int) -> None:
         """Nothing to do: the model is the sampler's policy, which the sampler reloads."""
 
-    def load_tensors(self, state: dict, version: int) -> None:
-        """Nothing to do, as load_version."""
+    load_tensors = load_version  # (state, version): nothing to do either
 
     def close(self) -> None:
         self.cache = None
@@ -250,12 +243,8 @@ class HFContinuous:
         """The prompts of these slots through the model on a cache of their own, spliced into
         their rows' last columns; each one's last logits."""
         prompts = [self.answers[s].request.prompt_ids for s in slots]  # type: ignore[union-attr]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(slots), width), self.pad, dtype=torch.long)
-        mask = torch.zeros(len(slots), width, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.as_tensor(np.asarray(p), dtype=torch.long)
-            mask[i, width - len(p) :] = 1
+        ids, mask = left_padded([[int(t) for t in p] for p in prompts], self.pad)
+        width = ids.shape[1]
         shared, self.cache = self.cache, DynamicCache()
         logits = self._forward(ids.to(self.device), mask.to(self.device), cache_position=0)
         fresh, self.cache = self.cache, shared
@@ -339,3 +328,14 @@ def trimmed(cache: DynamicCache, mask: torch.Tensor, longest: int) -> torch.Tens
         layer.keys = layer.keys[:, :, cut:]
         layer.values = layer.values[:, :, cut:]
     return mask[:, cut:]
+
+
+def left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists as one left-padded batch: ids and attention mask, (B, longest)."""
+    width = max(len(q) for q in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, q in enumerate(seqs):
+        ids[row, width - len(q) :] = torch.as_tensor(q, dtype=torch.long)
+        mask[row, width - len(q) :] = 1
+    return ids, mask
