@@ -113,7 +113,7 @@ class RewardServer:
                 if scores:
                     self.score(scores)
                 if len(scores) < len(pending):
-                    self.teach([r for r in pending if r.teacher is not None])
+                    teach(self, [r for r in pending if r.teacher is not None])
 
     @property
     def serves(self) -> str:
@@ -176,7 +176,7 @@ class RewardServer:
                     )
                 rid, items = protocol.parse_request(msg.body, self.max_request_items)
             elif msg.kind == protocol.TEACHER:
-                rid, teacher = self._teacher_request(msg.body)
+                rid, teacher = teacher_request(self, msg.body)
             else:
                 raise ValueError(f"unknown request kind {msg.kind!r}")
         except ValueError as e:
@@ -198,66 +198,6 @@ class RewardServer:
             return None
         self.counters.requests += 1
         return Request(peer, rid, items, teacher)
-
-    def _teacher_request(self, body: dict) -> tuple[str, TeacherRequest]:
-        """A TEACHER body, checked against the teacher's limits and tokenizer."""
-        t = self.teacher
-        if t is None:
-            raise ValueError("this reward service serves no teacher (teacher.where: service)")
-        rid, request = protocol.parse_teacher_request(
-            body, self.max_request_items, t.max_tokens, t.vocab_size
-        )
-        difference = t.tokenizer_difference(request.tokenizer)
-        if difference is not None:
-            raise TokenizerMismatch(
-                f"teacher.path {t.path!r} has another tokenizer than the sampler's student: "
-                f"{difference}; on-policy distillation needs the same one"
-            )
-        return rid, request
-
-    def teach(self, pending: list[Request]) -> None:
-        """The teacher's log-probs for the TEACHER requests, in one call; on failure each
-        request alone, as score does."""
-        assert self.teacher is not None
-        prompts = [p for r in pending for p in r.teacher.prompts]  # type: ignore[union-attr]
-        completions = [c for r in pending for c in r.teacher.completions]  # type: ignore[union-attr]
-        temperatures = {r.teacher.temperature for r in pending}  # type: ignore[union-attr]
-        t0 = time.monotonic()
-        try:
-            if len(temperatures) > 1:  # one forward per temperature: each request alone
-                raise _Split()
-            logps = self.teacher.logprobs(prompts, completions, temperatures.pop())
-            if [len(x) for x in logps] != [len(c) for c in completions]:
-                raise RuntimeError("the teacher gave log-probs of other lengths than the answers")
-        except Exception as e:
-            if not isinstance(e, _Split):
-                self.counters.failures += 1
-                log.exception("the teacher failed on %d answers", len(completions))
-            if len(pending) > 1:
-                for r in pending:
-                    self.teach([r])
-            else:
-                reason = f"the teacher failed: {type(e).__name__}: {e}"
-                self._answer_error(pending[0].peer, pending[0].rid, reason)
-            return
-        self.counters.seconds += time.monotonic() - t0
-        self.counters.teacher_calls += 1
-        self.counters.teacher_answers += len(completions)
-        start = 0
-        for r in pending:
-            mine = logps[start : start + r.size]
-            start += r.size
-            try:
-                frames = encode_message(
-                    Message(protocol.TEACHER_LOGP, protocol.teacher_reply_body(r.rid, mine))
-                )
-            except Exception as e:  # a NaN (a bfloat16 overflow): this request's failure
-                log.warning("the teacher's log-probs of request %s cannot be sent: %s",
-                            r.rid[:8], e)  # fmt: skip
-                self._answer_error(r.peer, r.rid, f"its log-probs cannot be sent: {e}")
-                continue
-            self._keep(r.rid, frames)
-            self.router.send_multipart([r.peer, *frames])
 
     def _keep(self, rid: str, frames: list[bytes]) -> None:
         self.replies[rid] = frames
@@ -387,3 +327,65 @@ def run_reward_server(cfg: Config) -> int:
             c.teacher_calls, c.repeats, c.refused, c.failures,
         )  # fmt: skip
     return 0
+
+
+def teacher_request(server: RewardServer, body: dict) -> tuple[str, TeacherRequest]:
+    """A TEACHER body, checked against the teacher's limits and tokenizer."""
+    t = server.teacher
+    if t is None:
+        raise ValueError("this reward service serves no teacher (teacher.where: service)")
+    rid, request = protocol.parse_teacher_request(
+        body, server.max_request_items, t.max_tokens, t.vocab_size
+    )
+    difference = t.tokenizer_difference(request.tokenizer)
+    if difference is not None:
+        raise TokenizerMismatch(
+            f"teacher.path {t.path!r} has another tokenizer than the sampler's student: "
+            f"{difference}; on-policy distillation needs the same one"
+        )
+    return rid, request
+
+
+def teach(server: RewardServer, pending: list[Request]) -> None:
+    """The teacher's log-probs for the TEACHER requests, in one call; on failure each
+    request alone, as score does."""
+    assert server.teacher is not None
+    prompts = [p for r in pending for p in r.teacher.prompts]  # type: ignore[union-attr]
+    completions = [c for r in pending for c in r.teacher.completions]  # type: ignore[union-attr]
+    temperatures = {r.teacher.temperature for r in pending}  # type: ignore[union-attr]
+    t0 = time.monotonic()
+    try:
+        if len(temperatures) > 1:  # one forward per temperature: each request alone
+            raise _Split()
+        logps = server.teacher.logprobs(prompts, completions, temperatures.pop())
+        if [len(x) for x in logps] != [len(c) for c in completions]:
+            raise RuntimeError("the teacher gave log-probs of other lengths than the answers")
+    except Exception as e:
+        if not isinstance(e, _Split):
+            server.counters.failures += 1
+            log.exception("the teacher failed on %d answers", len(completions))
+        if len(pending) > 1:
+            for r in pending:
+                teach(server, [r])
+        else:
+            reason = f"the teacher failed: {type(e).__name__}: {e}"
+            server._answer_error(pending[0].peer, pending[0].rid, reason)
+        return
+    server.counters.seconds += time.monotonic() - t0
+    server.counters.teacher_calls += 1
+    server.counters.teacher_answers += len(completions)
+    start = 0
+    for r in pending:
+        mine = logps[start : start + r.size]
+        start += r.size
+        try:
+            frames = encode_message(
+                Message(protocol.TEACHER_LOGP, protocol.teacher_reply_body(r.rid, mine))
+            )
+        except Exception as e:  # a NaN (a bfloat16 overflow): this request's failure
+            log.warning("the teacher's log-probs of request %s cannot be sent: %s",
+                        r.rid[:8], e)  # fmt: skip
+            server._answer_error(r.peer, r.rid, f"its log-probs cannot be sent: {e}")
+            continue
+        server._keep(r.rid, frames)
+        server.router.send_multipart([r.peer, *frames])

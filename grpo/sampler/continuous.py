@@ -113,9 +113,7 @@ class ContinuousLoop:
     # ------------------------------------------------------------------ the bound
 
     def landing(self, n: int, first: int, alive: int) -> int:
-        """The run's batch that the n-th group not yet cut lands in, when this sampler's next
-        batch is the run's batch `first`: Q groups a batch, the other live samplers' batches
-        in between (exact for a lone sampler)."""
+        """The run's batch the n-th group not yet cut lands in (exact for a lone sampler)."""
         return first + n // self.cfg.rollout.questions_per_step * max(alive, 1)
 
     def needed(self, batch: int) -> int:
@@ -155,8 +153,7 @@ class ContinuousLoop:
         return seq
 
     def load_for(self, engine: ContinuousEngine, batch: int) -> None:
-        """Wait for the version batch `batch` needs and load it under the answers in flight
-        (a lone sampler exactly that one, several the newest: Weights.wait_for_version)."""
+        """Wait for the version batch `batch` needs; load it under the answers in flight."""
         self.weights.wait_for_version(lambda: self.needed(batch))
         if self.weights.version != engine.version:
             engine.weights_changed(self.weights.version)
@@ -254,39 +251,6 @@ class ContinuousLoop:
 
     # ------------------------------------------------------------------ resume
 
-    def state(self) -> dict[str, Any]:
-        """What a resumed sampler needs to go on from this cut (JSON-able)."""
-        return {
-            "uid": self.uid,
-            "version": self.weights.version,
-            "groups": [
-                {
-                    "position": g.prompt.position,
-                    "admitted": g.admitted,
-                    "drawn": list(g.drawn),
-                    "answers": [a.to_state() for a in g.answers],
-                    "scored": None if g.group is None else g.group.scored,
-                }
-                for g in self.groups
-            ],
-        }
-
-    def save(self, spool_dir: Path, seq: int) -> None:
-        """The state after cutting batch `seq`, written before the batch is spooled. The one of
-        batch seq - 1 stays until batch seq is spooled (a crash in between resumes from it);
-        older ones are removed."""
-        path = spool_dir / f"{STATE_PREFIX}{seq:09d}.json"
-        write_atomic(path, json.dumps(self.state()).encode())
-        keep = {path, spool_dir / f"{STATE_PREFIX}{seq - 1:09d}.json"}
-        for old in spool_dir.glob(f"{STATE_PREFIX}*.json"):
-            if old not in keep:
-                old.unlink(missing_ok=True)
-
-    def clear(self, spool_dir: Path) -> None:
-        """The run is done: no cut will be resumed from."""
-        for path in spool_dir.glob(f"{STATE_PREFIX}*.json"):
-            path.unlink(missing_ok=True)
-
     def load(self, spool_dir: Path, seq: int) -> None:
         """The state saved with batch `seq - 1` (none: a fresh start at seq 0)."""
         if seq == 0:
@@ -321,3 +285,39 @@ class ContinuousLoop:
         if self.restored:
             engine.restore(self.restored)
             self.restored = []
+
+
+def save_state(loop: ContinuousLoop, spool_dir: Path, seq: int) -> None:
+    """The state after cutting batch `seq`, written before the batch is spooled. The one of
+    batch seq - 1 stays until batch seq is spooled (a crash in between resumes from it);
+    older ones are removed."""
+    path = spool_dir / f"{STATE_PREFIX}{seq:09d}.json"
+    write_atomic(path, json.dumps(cut_state(loop)).encode())
+    keep = {path, spool_dir / f"{STATE_PREFIX}{seq - 1:09d}.json"}
+    for old in spool_dir.glob(f"{STATE_PREFIX}*.json"):
+        if old not in keep:
+            old.unlink(missing_ok=True)
+
+
+def clear_states(spool_dir: Path) -> None:
+    """The run is done: no cut will be resumed from."""
+    for path in spool_dir.glob(f"{STATE_PREFIX}*.json"):
+        path.unlink(missing_ok=True)
+
+
+def cut_state(loop: ContinuousLoop) -> dict[str, Any]:
+    """What a resumed sampler needs to go on from this cut (JSON-able)."""
+    return {
+        "uid": loop.uid,
+        "version": loop.weights.version,
+        "groups": [
+            {
+                "position": g.prompt.position,
+                "admitted": g.admitted,
+                "drawn": list(g.drawn),
+                "answers": [a.to_state() for a in g.answers],
+                "scored": None if g.group is None else g.group.scored,
+            }
+            for g in loop.groups
+        ],
+    }

@@ -28,7 +28,7 @@ from grpo.rollout.base import EngineContext, RolloutEngine
 from grpo.rollout.continuous import ContinuousEngine
 from grpo.rollout.multi_turn import with_tools
 from grpo.rollout.registry import get_continuous_engine, get_engine
-from grpo.sampler.continuous import ContinuousLoop
+from grpo.sampler.continuous import ContinuousLoop, clear_states, save_state
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.rewards import SamplerRewards
@@ -93,7 +93,7 @@ class Sampler:
         if endpoint.status.done:
             endpoint.finish()
             if self.continuous is not None:
-                self.continuous.clear(self.spool.dir)
+                clear_states(self.spool.dir)
             log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
             endpoint.close()
             return 0
@@ -188,7 +188,7 @@ class Sampler:
             endpoint.wait_for_room()
             if endpoint.stopped.is_set():
                 raise PeerError("stopped")
-            loop.save(self.spool.dir, batch.seq)
+            save_state(loop, self.spool.dir, batch.seq)
             send(batch)
 
         loop.run(
