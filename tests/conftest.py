@@ -25,12 +25,32 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 keep_freed_memory()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first, each kind in collection order. pytest-xdist hands its workers the
-    xdist groups first (most tests first), then the other tests in collection order: a run of
-    tens of seconds handed out last keeps one worker busy while the other has nothing left,
+EXTENDED = "extended"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        f"--{EXTENDED}",
+        action="store_true",
+        help="also run the extended tier: long end-to-end variants CI leaves out (docs/testing.md)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --extended, the tests marked `extended` are deselected (CI's run must stay
+    within its minutes on 2 cores; each of them repeats, end to end, what a test CI keeps
+    already shows, or runs a benchmark's code at quick sizes).
+
+    Then the slow tests first, each kind in collection order. pytest-xdist hands its workers
+    the xdist groups first (most tests first), then the other tests in collection order: a run
+    of tens of seconds handed out last keeps one worker busy while the other has nothing left,
     and the many short tests, last, end both workers' queues together. (Every worker collects
     in this same order, which xdist requires.)"""
+    if not config.getoption(EXTENDED):
+        left_out = [item for item in items if item.get_closest_marker(EXTENDED)]
+        if left_out:
+            items[:] = [item for item in items if not item.get_closest_marker(EXTENDED)]
+            config.hook.pytest_deselected(items=left_out)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

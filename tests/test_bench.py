@@ -78,12 +78,18 @@ def test_result_refuses_an_unknown_direction():
         Result("x", "s", 1.0, 1.0, "ours/target", 1.0, "machine")
 
 
-@pytest.mark.slow  # each starts launch.sh or an engine, some of them several times
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xdist_group("embedded_model")) if n == "vllm" else n
-     for n in ROWS],
-)  # fmt: skip
+# Benchmarks whose quick run takes seconds: CI runs them; the others (each starts launch.sh or
+# an engine, some of them several times) are in the extended tier (tests/conftest.py).
+QUICK_IN_CI = {"transport", "logprobs", "weight_fanout"}
+
+
+def quick_marks(name: str) -> list[pytest.MarkDecorator]:
+    marks = [] if name in QUICK_IN_CI else [pytest.mark.extended]
+    return marks + ([pytest.mark.xdist_group("embedded_model")] if name == "vllm" else [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(n, marks=quick_marks(n)) for n in ROWS])
 def test_benchmark_runs_quick(tmp_path, name):
     env = {**os.environ, "BENCH_RESULTS": str(tmp_path)}
     command = [sys.executable, "-m", "bench.run_all", "--quick", "--only", name]

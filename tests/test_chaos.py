@@ -157,8 +157,13 @@ def kill_and_restart(
     return steps_before, recover_s
 
 
+# The stream variant is in the extended tier (tests/conftest.py): serving and fetching versions
+# from memory, test_weight_streaming.py.
+STREAM = pytest.param("stream", marks=pytest.mark.extended)
+
+
 @pytest.mark.xdist_group("crash_tests")  # with the others, so straight_run runs once
-@pytest.mark.parametrize("weights", ["shared_dir", "stream"])
+@pytest.mark.parametrize("weights", ["shared_dir", STREAM])
 def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_once(
     tmp_path, tiny_model_dir, straight_run, weights
 ):

@@ -47,6 +47,9 @@ def test_cpu_demo_config_two_steps(tmp_path, base_model_dir):
     assert re.search(r"plot:\s+\S+plot.png", log)
 
 
+# CI leaves it out (extended tier): vLLM's engine, reload and corrections are test_vllm.py's,
+# the demo config's path the test above's.
+@pytest.mark.extended
 @pytest.mark.must_run_in_ci  # CI's setup --dev installs vLLM: a skip there is a broken install
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 @pytest.mark.parametrize(

@@ -45,8 +45,18 @@ def test_an_estimator_variant_differs_from_grpo_in_its_estimator_alone(config):
     plan_run(ours)  # the launch's up-front check: every name resolves, the loss takes its options
 
 
+# CI launches the recipe; the other configs, in the extended tier (tests/conftest.py), differ
+# from it in their loss, reward or tools, each unit-tested (PPO's critic on two ranks: the
+# ZeRO-3 test).
+IN_CI = {gpu_check.RECIPE}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [*LAUNCHED, gpu_check.RECIPE])
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(c, marks=[] if c in IN_CI else [pytest.mark.extended])
+     for c in [*LAUNCHED, gpu_check.RECIPE]],
+)  # fmt: skip
 def test_every_shipped_config_runs_through_the_gpu_check(tmp_path, tiny_model_dir, config):
     """Each config (one test each, so that xdist spreads them; the estimator variants above
     excepted) for 2 steps through the check's own code path, then what it must show in its

@@ -184,6 +184,7 @@ def _check_evaluations(run_dir: Path, log: str) -> None:
     assert "has no versions [5]" in err.getvalue()
 
 
+@pytest.mark.extended  # CI leaves it out; a dead trainer stopping the sampler: test_transport.py
 def test_failing_trainer_stops_the_sampler(tmp_path, tiny_model_dir):
     """A trainer that cannot start takes the sampler down with it; launch.sh says why."""
     config = tiny_config(tmp_path, tiny_model_dir, train={"num_ranks": 1})
@@ -218,6 +219,7 @@ def _assert_no_stray_processes(config: Path) -> None:
     assert str(config) not in ps, ps
 
 
+@pytest.mark.extended  # CI leaves it out; each part has unit tests
 def test_overlap_dynamic_sampling_and_several_optimizer_steps_then_ctrl_c(tmp_path, tiny_model_dir):
     """One run, four features whose checks do not interfere (Ctrl-C had a run of its own
     before):
@@ -270,6 +272,7 @@ def test_overlap_dynamic_sampling_and_several_optimizer_steps_then_ctrl_c(tmp_pa
     assert rows[0]["approx_kl"] > 0 and all(math.isfinite(r["loss"]) for r in rows)
 
 
+@pytest.mark.extended  # CI leaves it out; packed forwards: test_logprobs.py
 @pytest.mark.xdist_group(REFERENCE_GROUP)
 def test_packing_token_budget_and_checkpointing_give_the_same_gradient(
     tmp_path, tiny_model_dir, reference_run
@@ -306,6 +309,7 @@ def test_packing_token_budget_and_checkpointing_give_the_same_gradient(
             )  # fmt: skip
 
 
+@pytest.mark.extended  # CI leaves it out; LoRA, the critic: unit tests
 def test_trainer_over_two_nodes_with_lora_and_a_critic_then_its_sampler_killed(
     tmp_path, tiny_model_dir
 ):

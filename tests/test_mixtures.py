@@ -209,6 +209,7 @@ def test_the_evaluation_reports_each_entry():
 # ----------------------------------------------------------------------------- a real run
 
 
+@pytest.mark.extended  # CI leaves it out; mixture sampling and metrics: unit tests
 @pytest.mark.slow
 def test_a_run_on_a_gsm8k_and_math500_mixture(tmp_path, tiny_model_dir):
     """Two steps on gsm8k + math500: every answer scored by its entry's reward (none fails),

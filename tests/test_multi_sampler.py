@@ -23,6 +23,7 @@ STEPS = 10
 STALL_S = 3
 
 
+@pytest.mark.extended  # CI leaves it out; the pool's bookkeeping: test_pool.py
 def test_a_killed_and_a_hung_sampler_are_dropped_by_name_and_the_pool_finishes(
     tmp_path, tiny_model_dir
 ):

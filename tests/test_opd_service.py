@@ -349,6 +349,7 @@ def test_launch_sh_starts_the_service_for_a_served_teacher(monkeypatch, capsys):
 # --------------------------------------------------------------------------- a real run
 
 
+@pytest.mark.extended  # CI leaves it out; OPD's run: test_opd.py; the service's log-probs: above
 @pytest.mark.slow
 def test_a_two_step_opd_run_with_the_teacher_in_the_reward_service(
     tmp_path: Path, tiny_model_dir, base_model_dir

@@ -44,6 +44,7 @@ def test_toy_task_is_found_and_scores():
     check_names(load_config(None, [f"algo.loss={LOSS}", f"data.task={TASK}"]))  # no error
 
 
+@pytest.mark.extended  # CI leaves it out; plugins and the service: unit tests
 @pytest.mark.slow
 def test_a_run_with_the_toy_plugins_and_a_served_reward_model(
     tmp_path, tiny_model_dir, classifier_dir

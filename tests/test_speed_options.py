@@ -32,6 +32,7 @@ def test_static_kv_cache_samples_the_same_tokens(tiny_model_dir):
     assert out["static"] == out["dynamic"] and len(out["static"]) == 12
 
 
+@pytest.mark.extended  # CI leaves it out; packed forwards: test_logprobs.py
 @pytest.mark.slow
 def test_packed_flex_attention_matches_padded_sdpa(tiny_model_dir):
     """Flex attention keeps packed sequences apart with a document mask (no square mask over

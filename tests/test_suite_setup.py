@@ -68,3 +68,24 @@ def test_a_skip_ci_must_not_have_fails_under_ci_and_every_skip_is_printed(tmp_pa
     assert "SKIPPED [1] t/test_skips.py" in under_ci.stdout and "optional here" in under_ci.stdout
     assert elsewhere.returncode == 0, elsewhere.stdout[-2000:]
     assert "no second interface" in elsewhere.stdout and "optional here" in elsewhere.stdout
+
+
+def test_the_extended_tier_runs_only_when_asked():
+    """tests/conftest.py deselects the tests marked `extended` (CI's default run leaves them
+    out) and keeps them with --extended; the other tests of a module run either way."""
+
+    def collected(*extra: str) -> list[str]:
+        proc = subprocess.run(
+            [PYTHON, "-m", "pytest", "-q", "--collect-only", "-n", "0", "-p", "no:cacheprovider",
+             *extra, "tests/test_chaos.py"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return [line for line in proc.stdout.splitlines() if "::" in line]
+
+    crash = "test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_once"
+    default, extended = collected(), collected("--extended")
+    assert f"tests/test_chaos.py::{crash}[shared_dir]" in default
+    assert f"tests/test_chaos.py::{crash}[stream]" not in default
+    assert set(default) < set(extended) and f"tests/test_chaos.py::{crash}[stream]" in extended
+    assert collected("--extended", "-m", "extended") == [f"tests/test_chaos.py::{crash}[stream]"]

@@ -114,6 +114,7 @@ def test_silent_weights_server_times_out_clearly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI leaves it out; serving and fetching: test_weight_streaming.py
 def test_sampler_without_the_trainers_filesystem(tmp_path, tiny_model_dir):
     """The sampler writes to its own output_dir and gets every version over the socket, each
     published in shards (train.max_shard_size: the tiny model's embedding alone is 12.6 MB)."""

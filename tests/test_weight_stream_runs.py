@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import free_port, transport_overrides
 
 
+@pytest.mark.extended  # CI leaves it out; relays: test_weight_fanout.py
 @pytest.mark.slow
 def test_three_samplers_relay_versions_down_a_chain_and_route_around_a_killed_one(
     tmp_path, tiny_model_dir

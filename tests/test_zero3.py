@@ -400,6 +400,7 @@ def test_zero3_and_offload_on_two_ranks(tmp_path: Path, tiny_model_dir: Path) ->
     assert r["critic"]["vf_loss"] > 0 and r["critic"]["moved"] > 0, r["critic"]
 
 
+@pytest.mark.extended  # CI leaves it out; ZeRO-3 and offload on two ranks: the test above
 @pytest.mark.slow
 def test_a_zero3_offload_run_publishes_evaluates_and_resumes(
     tmp_path: Path, tiny_model_dir: Path

@@ -54,8 +54,9 @@ def run(mutation: Mutation) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         root = copy_checkout(Path(tmp))
         apply(mutation, root)
+        # --extended: a mutation's tests may be in the extended tier (tests/conftest.py)
         command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                   "-x", *mutation.tests]  # fmt: skip
+                   "--extended", "-x", *mutation.tests]  # fmt: skip
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
         # pytest: 1 = tests failed (what we want); 0 = all passed; anything else = the run broke
