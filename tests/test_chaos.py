@@ -296,6 +296,7 @@ def test_resume_refuses_another_world_size_or_dataset(tmp_path, tiny_model_dir, 
     assert [r["step"] for r in rows_of(run_dir)] == list(range(1, TOTAL + 1))  # left alone
 
 
+@pytest.mark.extended  # CI leaves it out; the shape check itself: test_admission.py
 def test_a_sampler_with_another_batch_shape_is_stopped_by_name(tmp_path, tiny_model_dir):
     """The trainer drops the misfit batch and tells the sampler, which stops saying why; its
     stop then ends the trainer, the only way the run could go on being a silent wait."""

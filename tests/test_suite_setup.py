@@ -88,4 +88,3 @@ def test_the_extended_tier_runs_only_when_asked():
     assert f"tests/test_chaos.py::{crash}[shared_dir]" in default
     assert f"tests/test_chaos.py::{crash}[stream]" not in default
     assert set(default) < set(extended) and f"tests/test_chaos.py::{crash}[stream]" in extended
-    assert collected("--extended", "-m", "extended") == [f"tests/test_chaos.py::{crash}[stream]"]
