@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,15 +229,32 @@ class RewardServer:
         self.counters.seconds += time.monotonic() - t0
         self.counters.backend_calls += 1
         self.counters.answers += len(items)
+
+        def reply(r: Request, mine: list) -> Message:
+            return Message(protocol.SCORES, _scores_body(r.rid, mine))
+
+        self.send_each(pending, scored, [len(r.items) for r in pending], "scores", reply)
+
+    def send_each(
+        self,
+        pending: list[Request],
+        results: list,
+        sizes: list[int],
+        what: str,
+        reply: Callable[[Request, list], Message],
+    ) -> None:
+        """One batched call's `results`, in request order, split by `sizes` and sent to each
+        request as `reply` builds it. A reply that cannot be encoded (an info msgpack cannot
+        carry, a NaN log-prob) fails its own request alone."""
         start = 0
-        for r in pending:
-            mine = scored[start : start + len(r.items)]
-            start += len(r.items)
+        for r, size in zip(pending, sizes, strict=True):
+            mine = results[start : start + size]
+            start += size
             try:
-                frames = encode_message(Message(protocol.SCORES, _scores_body(r.rid, mine)))
-            except Exception as e:  # an info msgpack cannot carry: this request's failure
-                log.warning("the scores of request %s cannot be sent: %s", r.rid[:8], e)
-                self._answer_error(r.peer, r.rid, f"its scores cannot be sent: {e}")
+                frames = encode_message(reply(r, mine))
+            except Exception as e:
+                log.warning("the %s of request %s cannot be sent: %s", what, r.rid[:8], e)
+                self._answer_error(r.peer, r.rid, f"its {what} cannot be sent: {e}")
                 continue
             self._keep(r.rid, frames)
             self.router.send_multipart([r.peer, *frames])
@@ -374,18 +392,8 @@ def teach(server: RewardServer, pending: list[Request]) -> None:
     server.counters.seconds += time.monotonic() - t0
     server.counters.teacher_calls += 1
     server.counters.teacher_answers += len(completions)
-    start = 0
-    for r in pending:
-        mine = logps[start : start + r.size]
-        start += r.size
-        try:
-            frames = encode_message(
-                Message(protocol.TEACHER_LOGP, protocol.teacher_reply_body(r.rid, mine))
-            )
-        except Exception as e:  # a NaN (a bfloat16 overflow): this request's failure
-            log.warning("the teacher's log-probs of request %s cannot be sent: %s",
-                        r.rid[:8], e)  # fmt: skip
-            server._answer_error(r.peer, r.rid, f"its log-probs cannot be sent: {e}")
-            continue
-        server._keep(r.rid, frames)
-        server.router.send_multipart([r.peer, *frames])
+
+    def reply(r: Request, mine: list) -> Message:
+        return Message(protocol.TEACHER_LOGP, protocol.teacher_reply_body(r.rid, mine))
+
+    server.send_each(pending, logps, [r.size for r in pending], "log-probs", reply)
