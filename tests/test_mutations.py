@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import REPO
+from tests.mutations import in_ci_tier
 from tests.mutations.__main__ import apply
 from tests.mutations.catalogue import ALL
 
@@ -27,3 +28,14 @@ def test_mutation_applies_and_names_existing_tests(tmp_path, mutation) -> None:
         path, _, name = node.partition("::")
         source = (REPO / path).read_text()
         assert f"def {name.split('[')[0].split('::')[-1]}(" in source, node
+
+
+@pytest.mark.parametrize("mutation", ALL, ids=lambda m: m.name)
+def test_every_mutation_names_a_test_ci_runs(mutation) -> None:
+    """No guarantee rests on the extended tier alone: CI's run must be able to catch it."""
+    assert any(in_ci_tier(node) for node in mutation.tests), mutation.tests
+
+
+def test_the_tier_of_a_test_is_read_from_its_marks() -> None:
+    assert in_ci_tier("tests/test_mutations.py::test_names_are_unique")
+    assert not in_ci_tier("tests/test_mixtures.py::test_a_run_on_a_gsm8k_and_math500_mixture")
