@@ -88,6 +88,44 @@ def test_the_trainer_s_experience_takes_opd_advantages_and_reports_the_reverse_k
         build_experience(_batch(teacher=False), cfg, 0.0)
 
 
+def test_the_trainer_adds_the_reward_advantage_with_the_configured_weight():
+    """algo.opd_reward_weight reaches build_experience: teacher - old per token plus the weight
+    times GRPO's advantage of the answer's reward, by hand."""
+    overrides = [*OPD, "rollout.questions_per_step=2", "rollout.group_size=2",
+                 "algo.opd_reward_weight=0.5"]  # fmt: skip
+    exp, _ = build_experience(_batch(), load_config(None, overrides), 0.0)
+    # group 0: rewards 1, 0 -> +-1/(1/sqrt(2) + 1e-6); group 1: 0.5, 0.5 -> 0 (flat)
+    grpo = 1 / (1 / math.sqrt(2) + 1e-6) / 2
+    for i, (n, g) in enumerate(zip([2, 3, 1, 2], [grpo, -grpo, 0.0, 0.0], strict=True)):
+        want = torch.full((n,), 0.25 * (i + 1) + 0.5 * g)
+        assert torch.allclose(exp.advantages[i, :n], want, atol=1e-6), (i, exp.advantages[i])
+
+
+def test_the_sampler_asks_the_teacher_at_the_sampling_temperature(tiny_model_dir):
+    """The sampler's teacher log-probs (BatchMaker.teacher_scores) are the teacher's
+    log_softmax(logits / T) at rollout.temperature, as the old log-probs are, by hand."""
+    from grpo.models.loading import load_reference
+    from grpo.rollout.base import Generation, Sampling
+    from grpo.sampler.episodes import BatchMaker
+    from grpo.scoring.teacher import InProcessTeacher
+
+    cfg = load_config(None, [*OPD, "rollout.temperature=0.6"])
+    teacher = load_reference(tiny_model_dir)
+    maker = BatchMaker.__new__(BatchMaker)  # only what teacher_scores reads
+    maker.sampling = Sampling.from_config(cfg)
+    maker.teacher = InProcessTeacher(teacher, pad_id=0, batch_size=4, packed=False)
+    prompt, answer = np.array([5, 9, 13], np.int32), np.array([21, 8, 40, 7], np.int32)
+    got = maker.teacher_scores([Generation(prompt, answer, "stop")])[0]
+    with torch.no_grad():
+        logits = teacher(torch.as_tensor(np.concatenate([prompt, answer]))[None].long()).logits
+    logp = (logits[0, 2:-1].float() / 0.6).log_softmax(-1)
+    ids = torch.as_tensor(answer).long()[:, None]
+    want = logp.gather(-1, ids)[:, 0]
+    assert np.allclose(got, want.numpy(), atol=1e-4), (got, want)
+    at_one = logits[0, 2:-1].float().log_softmax(-1).gather(-1, ids)[:, 0]
+    assert not np.allclose(got, at_one.numpy(), atol=1e-3)  # T matters for this model
+
+
 # --------------------------------------------------------------------------- the config
 
 

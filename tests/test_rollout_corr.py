@@ -276,3 +276,42 @@ def test_rejection_is_the_masks_and_seq_masked_tis_band_only():
         w, _ = rollout_correction_weights(old, rollout, mask, name, 2.0, bands)
         kept = rollout_rejection(old, rollout, mask, mode, bands)
         assert torch.equal(kept * mask, (w > 0).to(mask.dtype))  # padding: the mask drops it
+
+
+# Each band: a spec that uses it, a band of the user's, and the token ratio (pi_old /
+# pi_rollout, one token per answer) that the user's band and the default band judge apart.
+BAND_CASES = {
+    "rollout_icepop_band": ("icepop", "[0.9, 1.1]", 1.35),  # default [0.5, 5] keeps 1.35
+    "rollout_token_reject_band": ("token_truncate+token_reject", "[0.9, 1.1]", 1.35),
+    "rollout_geo_rs_band": ("token_truncate+geo_rs", "[0.5, 2]", 1.35),  # default drops it
+    "rollout_token_outlier_band": ("token_truncate+token_outlier", "[0.9, 1.1]", 1.35),
+    "rollout_seq_band": ("seq_masked_tis", "[0.9, 1.1]", 1.35),
+}
+
+
+@pytest.mark.parametrize("key", sorted(BAND_CASES))
+def test_every_band_arrives_from_the_config_at_the_trainer(key):
+    """The trainer's weights and loss mask (build_experience, as a step computes them) follow
+    each band the config sets: a token the default band keeps and the user's drops, or the
+    reverse, is treated the other way."""
+    from grpo.config import load_config
+    from grpo.core.episode import Episode, EpisodeBatch
+    from grpo.trainer.experience import build_experience
+
+    spec, band, ratio = BAND_CASES[key]
+    eps = tuple(
+        Episode(np.array([1, 2], np.int32), np.arange(1, dtype=np.int32),
+                np.array([math.log(r)], np.float32), None, float(i), {}, "stop", 0,
+                rollout_logp=np.zeros(1, np.float32))
+        for i, r in enumerate([ratio, 1.0])
+    )  # fmt: skip
+    batch = EpisodeBatch(eps, 2, 0, 0)
+    base = ["rollout.backend=vllm", f"algo.rollout_correction={spec}", "algo.kl_loss_coef=0"]
+
+    def kept(*more: str) -> list[float]:
+        exp, _ = build_experience(batch, load_config(None, [*base, *more]), 0.0)
+        return (exp.weights * exp.loss_mask)[:, 0].gt(0).float().tolist()
+
+    default, users = kept(), kept(f"algo.{key}={band}")
+    assert default[1] == users[1] == 1.0  # a ratio of 1 is in every band
+    assert default[0] != users[0], (key, default, users)
