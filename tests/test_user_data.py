@@ -120,7 +120,8 @@ def test_the_column_mapping_is_checked_with_the_config():
 
 
 def test_a_save_to_disk_directory(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     splits = datasets.DatasetDict(
         train=datasets.Dataset.from_list(gsm8k_rows(3)),
         test=datasets.Dataset.from_list(gsm8k_rows(5)[3:]),
@@ -148,7 +149,6 @@ def _hub_repo(root: Path, kind: str) -> Path:
 
 
 def test_a_hub_repository_directory(tmp_path):
-    pytest.importorskip("datasets")
     repo = _hub_repo(tmp_path / "gsm8k", "jsonl")
     assert load_rows(str(repo)) == gsm8k_rows(4)
     assert get_task("gsm8k").load(f"{repo}:test") == gsm8k_rows(6)[4:]
@@ -168,7 +168,6 @@ def _load_offline(hf_home: Path, source: str) -> subprocess.CompletedProcess:
 
 
 def test_a_hub_name_from_the_local_cache_offline(tmp_path):
-    pytest.importorskip("datasets")
     cache = tmp_path / "hf/hub/datasets--someone--gsm8k"
     _hub_repo(cache / "snapshots/0123abcd", "parquet")
     (cache / "refs").mkdir()
@@ -187,14 +186,17 @@ def test_a_run_on_gsm8k_in_verls_schema_with_a_verl_compute_score(tmp_path, tiny
     answer scored, none with a reward_error (a wrong argument would be one on every answer)."""
     write_verl_parquet(tmp_path / "train.parquet", 16)
     data = {"task": "prompts", "train": str(tmp_path / "train.parquet"),
-            "reward": "tests.test_user_rewards:verl_compute_score"}  # fmt: skip
+            "reward": "tests.test_user_rewards:verl_fingerprint_score"}  # fmt: skip
     run_two_steps(tmp_path, tiny_model_dir, data)
 
 
 def run_two_steps(tmp_path: Path, model_dir: Path, data: dict) -> None:
-    """A 2-step run of the tiny model on `data`: every answer scored, none with a
-    reward_error (a wrong argument to the user's reward would be one on every answer)."""
+    """A 2-step run of the tiny model on `data`, whose reward is one of the fingerprint rewards
+    of tests/test_user_rewards.py: every answer scored by it (each reward in its range, which
+    no built-in checker's 0, 0.1 or 1 is), none with a reward_error (a wrong argument to the
+    user's reward would be one on every answer)."""
     from tests.test_integration import tiny_config
+    from tests.test_user_rewards import FINGERPRINT_LOW
 
     config = tiny_config(tmp_path, model_dir, train={"total_steps": 2, "num_ranks": 1},
                          data=data, reward={"workers": 1})  # fmt: skip
@@ -202,4 +204,9 @@ def run_two_steps(tmp_path: Path, model_dir: Path, data: dict) -> None:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["reward_errors"] == 0 and 0 <= r["reward_mean"] <= 1 for r in rows), rows
+    for r in rows:
+        assert r["reward_errors"] == 0, r
+        # every value in [low, low + 0.03]: their mean is, and their spread at most 0.016 (one
+        # answer scored 0 or 1 among them would move the spread past 0.04)
+        assert FINGERPRINT_LOW <= r["reward_mean"] <= FINGERPRINT_LOW + 0.03, r
+        assert r["reward_std"] <= 0.016, r

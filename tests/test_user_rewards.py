@@ -40,6 +40,28 @@ def trl_gsm8k_reward(prompts, completions, answer, **kwargs):
     return out
 
 
+# Rewards no built-in checker gives: every value in [FINGERPRINT_LOW, FINGERPRINT_LOW + 0.03]
+# (GSM8K's are 0, 0.1 and 1), so a run's rewards show that the user's function scored each
+# answer (tests/test_user_data.py's runs).
+FINGERPRINT_LOW = 0.25
+
+
+def fingerprint(text: str) -> float:
+    return FINGERPRINT_LOW + 0.01 * (len(text) % 4)
+
+
+def verl_fingerprint_score(data_source, solution_str, ground_truth, extra_info=None):
+    """A verl compute_score that checks its arguments as verl passes them."""
+    assert data_source == "openai/gsm8k" and extra_info["split"] == "train" and ground_truth
+    return {"score": fingerprint(solution_str), "pred": None}
+
+
+def trl_fingerprint_reward(prompts, completions, answer, **kwargs):
+    """A TRL batched reward that checks it gets the batch's columns."""
+    assert len(prompts) == len(completions) == len(answer) and all(answer)
+    return [fingerprint(c) for c in completions]
+
+
 def trl_sees(prompts, completions, answer):  # no **kwargs: only the columns it names
     return [float(len(prompts) == 1 and answer[0] == "7" and completions[0] == "x")]
 
@@ -131,9 +153,11 @@ def test_wrapped_rewards_run_in_the_workers_with_the_same_limits():
 def test_a_run_with_a_trl_reward_over_a_dataset_directory(tmp_path, tiny_model_dir):
     """GSM8K saved as an HF dataset directory (TRL's standard format: a prompt string, the
     answer column), scored by a TRL batched reward: every answer scored, no reward_error."""
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     rows = [{"prompt": f"{r['question']}\n\n{gsm8k.ANSWER_INSTRUCTION}", "answer": r["answer"]}
             for r in gsm8k_rows(16)]  # fmt: skip
     datasets.DatasetDict(train=datasets.Dataset.from_list(rows)).save_to_disk(str(tmp_path / "d"))
-    data = {"task": "prompts", "train": f"{tmp_path / 'd'}:train", "reward": TRL}
+    data = {"task": "prompts", "train": f"{tmp_path / 'd'}:train",
+            "reward": "tests.test_user_rewards:trl_fingerprint_reward"}  # fmt: skip
     run_two_steps(tmp_path, tiny_model_dir, data)
