@@ -137,10 +137,14 @@ def test_the_trainer_s_loss_is_areal_s_decoupled_ppo():
     assert uncapped.item() != pytest.approx(want.item(), rel=1e-3)
 
 
-def test_each_token_is_weighted_with_the_behaviour_log_prob_of_its_own_version():
-    """One answer sampled across an update: its first three tokens by version 3, the last two
-    by version 4. Changing the behaviour log-probs of the later tokens only changes only their
-    weights; the loss stays AReaL's with the per-token behaviour log-probs."""
+def test_each_token_is_weighted_with_its_own_behaviour_log_prob():
+    """One answer sampled across an update (its first three tokens by version 3, the last two
+    by version 4): changing the behaviour log-probs of the later tokens changes their weights
+    only; the loss stays AReaL's with the per-token behaviour log-probs. The trainer reads each
+    token's behaviour log-prob as it comes, whatever its version: that the engine records the
+    log-prob of the version that sampled the token is shown where it is made
+    (tests/test_hf_continuous.py, a version changing mid-answer) and in a run
+    (tests/test_continuous_runs.py, the engine's log-probs against the trainer's)."""
     cfg = load_config(None, CONFIG)
     model = _model()
     versions = [np.array([3, 3, 3, 4, 4], np.int32), np.array([4, 4, 4], np.int32)]

@@ -222,14 +222,16 @@ def test_decode_returns_views_not_copies() -> None:
     frames = received(encode_batch(make_batch()))
     out = decode(frames)
     buffers = [np.frombuffer(f, dtype=np.uint8) for f in frames]
+    names = ("prompt_ids", "completion_ids", "old_logp", "ref_logp", "rollout_logp")
+    viewed = dict.fromkeys(names, 0)
     for ep in out.episodes:
-        for i, name in enumerate(
-            ("prompt_ids", "completion_ids", "old_logp", "ref_logp", "rollout_logp"), start=1
-        ):
+        for i, name in enumerate(names, start=1):
             arr = getattr(ep, name)
-            if arr.size:
+            if arr.size:  # an empty answer's arrays share no bytes to check
                 assert np.shares_memory(arr, buffers[i]), name
+                viewed[name] += 1
             assert not arr.flags.writeable  # views of immutable bytes
+    assert min(viewed.values()) >= len(out.episodes) // 2, viewed  # most were checked
 
 
 def test_partial_rollout_logp_is_dropped() -> None:

@@ -1,5 +1,6 @@
 """grpo.logprobs against naive full-vocabulary references, plus a tiny random Llama."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -357,3 +358,21 @@ def test_pairs_logprobs_reports_kept_mass_only_when_truncating(tiny_llama):
     valid = on.mask.bool()
     assert (on.log_kept_mass[valid] < 0).all()
     assert torch.allclose(packed.log_kept_mass[valid], on.log_kept_mass[valid], atol=1e-5)
+
+
+def test_the_packed_forward_feeds_the_model_one_row_of_the_real_tokens(tiny_model_dir):
+    """packed=True puts the pairs end to end in one row (no padding computed), padded puts them
+    in a rectangle: the shapes the model is fed, counted by a hook on its forward."""
+    from grpo.models.loading import load_reference
+    from grpo.scoring.forward import completion_outputs
+
+    model = load_reference(tiny_model_dir)
+    fed: list[tuple[int, ...]] = []
+    model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    prompts = [np.array([1, 2, 3], np.int32), np.array([4], np.int32)]
+    completions = [np.array([5, 6], np.int32), np.array([7, 8, 9, 10], np.int32)]
+    completion_outputs(model, prompts, completions, packed=True, pad_id=0)
+    completion_outputs(model, prompts, completions, packed=False, pad_id=0)
+    assert fed == [(1, 10), (2, 7)]  # 10 real tokens in one row; two of 3 + 4 padded

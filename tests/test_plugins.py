@@ -44,6 +44,21 @@ def test_toy_task_is_found_and_scores():
     check_names(load_config(None, [f"algo.loss={LOSS}", f"data.task={TASK}"]))  # no error
 
 
+def test_the_run_s_plan_and_reward_are_the_plugins():
+    """What a run builds from the config (grpo.plan.plan_loss, grpo.tasks.run_reward) is the
+    toy loss and the toy task's reward, not a built-in one: the loss leaves its own metric,
+    the reward scores below 0, where no built-in task's go."""
+    from grpo.plan import plan_loss
+    from grpo.tasks import run_reward
+
+    plan = plan_loss(load_config(None, [f"algo.loss={LOSS}", f"data.task={TASK}"]))
+    t = torch.tensor([[-1.0, -2.0]])
+    _, metrics = plan.fn(t, t * 0.5, t, torch.ones_like(t), agg="token-mean")
+    assert "reinforce_logp" in metrics
+    reward = run_reward(get_task(TASK), "")
+    assert reward("it is 8", {"answer": "7"})[0] == pytest.approx(-0.007)
+
+
 @pytest.mark.extended  # CI leaves it out; plugins and the service: unit tests
 @pytest.mark.slow
 def test_a_run_with_the_toy_plugins_and_a_served_reward_model(

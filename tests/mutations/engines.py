@@ -11,6 +11,8 @@ from tests.mutations import Mutation
 
 STOP_TEST = "tests/test_vllm.py::test_stop_strings_end_answers_like_hf"
 PLUGIN_RUN = "tests/test_plugins.py::test_a_run_with_the_toy_plugins_and_a_served_reward_model"
+PLUGIN_PLAN = "tests/test_plugins.py::test_the_run_s_plan_and_reward_are_the_plugins"  # CI's tier
+PLUGIN_TASK = "tests/test_plugins.py::test_toy_task_is_found_and_scores"
 
 MUTATIONS = (
     Mutation(
@@ -35,7 +37,7 @@ MUTATIONS = (
         path="grpo/plan.py",  # where the trainer's loss is looked up, once
         old='fn = _looked_up("algo.loss", get_policy_loss, algo.loss)',
         new='fn = _looked_up("algo.loss", get_policy_loss, "grpo")',
-        tests=(PLUGIN_RUN,),
+        tests=(PLUGIN_PLAN, PLUGIN_RUN),
     ),
     Mutation(
         name="built_in_task_for_a_plugin_one",
@@ -43,7 +45,7 @@ MUTATIONS = (
         path="grpo/tasks/base.py",
         old="get_task = TASKS.get",
         new='get_task = lambda name: TASKS.get("gsm8k" if ":" in name else name)  # noqa: E731',
-        tests=(PLUGIN_RUN,),
+        tests=(PLUGIN_TASK, PLUGIN_RUN),
     ),
     Mutation(
         name="built_in_reward_for_a_plugin_task",
@@ -51,6 +53,6 @@ MUTATIONS = (
         path="grpo/tasks/base.py",
         old="    return load_reward_fn(spec) if spec else task.reward\n",
         new='    return load_reward_fn(spec) if spec else get_task("gsm8k").reward\n',
-        tests=(PLUGIN_RUN,),
+        tests=(PLUGIN_PLAN, PLUGIN_RUN),
     ),
 )
