@@ -87,7 +87,6 @@ def _in_ns(ns: str, argv: list[str], log: Path, role: str | None = None) -> subp
     )  # fmt: skip
 
 
-@pytest.mark.extended  # CI leaves it out; CURVE on loopback: test_curve.py
 def test_two_namespaces_with_curve(tmp_path, tiny_model_dir, namespaces):
     trainer_ns, sampler_ns = namespaces
     keys = tmp_path / "keys"
