@@ -25,7 +25,7 @@ from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
-from grpo.delivery.stream.relay import relay_members
+from grpo.delivery.stream.relay import announced_manifests, relay_members
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.wire import messages
 from grpo.wire.codec import Message
@@ -39,6 +39,7 @@ log = logging.getLogger("grpo.sampler")
 DELIVERING = "delivering"
 # Times a batch the trainer passed over is resent before the sampler stops (see _sync).
 MAX_LOST_RESENDS = 3
+KEPT_IDENTITIES = 64  # versions whose announced identity a sampler remembers
 
 
 @dataclass
@@ -57,6 +58,9 @@ class TrainerStatus:
     alive: int = 0  # samplers the trainer counts as alive (this one included, once heard)
     activity: Snapshot | None = None  # what the trainer last said it was doing
     relays: dict[str, str] = field(default_factory=dict)  # live samplers' relay addresses
+    # weights.mode: stream: the identity of each version the trainer holds in memory, the only
+    # versions this sampler takes from any source (grpo.delivery.stream.client.Receiver)
+    manifests: dict[int, str] = field(default_factory=dict)
 
 
 class SamplerEndpoint:
@@ -110,6 +114,7 @@ class SamplerEndpoint:
                 if isinstance(version, int):
                     status.version = version
                 status.acked, status.consumed = SeqSet(), SeqSet()
+                status.manifests = {}  # its versions are not the old one's, whatever they number
                 log.warning("the trainer restarted (version %s): resending the spool", version)
             status.incarnation = incarnation
         if isinstance(version, int) and version > status.version:
@@ -123,6 +128,11 @@ class SamplerEndpoint:
             status.activity = activity
         if "relays" in body:
             status.relays = relay_members(body)
+        if (manifests := announced_manifests(body)) is not None:
+            # This incarnation's word on each version; kept after it drops one from memory, as
+            # a relay may still hold it (the newest KEPT_IDENTITIES).
+            merged = {**status.manifests, **manifests}
+            status.manifests = dict(sorted(merged.items())[-KEPT_IDENTITIES:])
         for attr, key in (("acked", "acks"), ("consumed", "consumed")):
             per_sampler = body.get(key)
             if isinstance(per_sampler, dict) and self.sampler_id in per_sampler:

@@ -96,10 +96,11 @@ class TrainerEndpoint:
         self.duplicates_dropped = 0
         self.rejected_batches = 0
         self.transport = transport
+        self.store = store
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
         self.channel = TrainerChannel(
-            transport, run_dir, lambda: self._status, exit_on_stall, _serving(store)
+            transport, run_dir, self._heartbeat, exit_on_stall, _serving(store)
         )
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
@@ -114,6 +115,14 @@ class TrainerEndpoint:
             "alive": self.alive,
             "relays": self.pool.relays(),
         }
+
+    def _heartbeat(self) -> dict[str, Any]:
+        """The status, and with weights served from memory the identity of every version held
+        (grpo.wire.weight_frames.Manifest.identity): the samplers' root of trust, since a
+        relay's bytes are taken only when they match what the trainer says here."""
+        if self.store is None:
+            return self._status
+        return {**self._status, "manifests": self.store.identities()}
 
     def _refresh(self) -> None:
         self._status = self._current_status()

@@ -108,6 +108,7 @@ class Weights:
                 relays=lambda: status.relays,
                 announced=(lambda: status.version) if several else None,
                 seed=seed,
+                trusted=lambda: status.manifests,
             )
             channel.relay_address = self.follower.address
             endpoint.before_close.append(self.follower.close)

@@ -16,6 +16,7 @@ FrameError, like the episode codec.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 from collections.abc import Sequence
@@ -83,6 +84,17 @@ class Manifest:
     def digest(self) -> int:
         """The version's identity: the checksum of its tensors' digests, in order."""
         return checksum([np.array([s.digest for s in self.specs], np.uint64)])
+
+    @cached_property
+    def identity(self) -> str:
+        """SHA-256 (hex) of everything the manifest says: version, adapter, every tensor's
+        name, dtype, shape and checksum, and the bucket tiling. The trainer announces it with
+        each version over the channel the samplers authenticate; a sampler takes a manifest
+        from any source (a relay included) only when it has this identity, and then each
+        tensor only when it matches the manifest's checksum."""
+        body = [self.version, self.adapter, [[s.name, s.dtype, list(s.shape), s.digest]
+                for s in self.specs], [list(b) for b in self.buckets]]  # fmt: skip
+        return hashlib.sha256(msgpack.packb(body)).hexdigest()
 
     @property
     def nbytes(self) -> int:

@@ -11,6 +11,12 @@ and logged:
     a delta whose result fails its checksum        -> that bucket as full copies
     a corrupt bucket (frame checksum)              -> asked again as full copies, 3 times at most
     a source silent for timeout_s, or refusing     -> the next source, keeping the buckets in
+
+The root of trust is the trainer (`trusted`: the identity of each version it announced over
+the channel the sampler authenticates, grpo.wire.weight_frames.Manifest.identity). A manifest
+of a version the trainer has not announced, or whose identity is not the announced one, is
+refused from any source: a relay forwards versions, it never originates one. Each tensor is
+then taken only when it matches the manifest's checksum.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +84,13 @@ class Receiver:
         timeout_s: float,
         window: int = 4,
         delta: bool = True,
+        trusted: Callable[[], Mapping[int, str]] | None = None,
     ):
+        """`trusted()`: version -> the identity the trainer announced for it (None: every
+        manifest is taken on its source's word, as from the trainer itself: tests, benchmarks)."""
         self.ctx, self.secure, self.max_bytes = ctx, secure, max_bytes
         self.timeout_s, self.window, self.delta = timeout_s, window, delta
+        self.trusted = trusted
         self.stats = SyncStats()
         self.source = ""  # where the last version came from
         self.passed_over: list[str] = []  # the sources that failed it
@@ -104,7 +114,7 @@ class Receiver:
             sock = self._connect(addr)
             try:
                 manifest = self._manifest(sock, addr, version, newer)
-                if staging is None or staging.manifest.digest != manifest.digest:
+                if staging is None or staging.manifest.identity != manifest.identity:
                     staging = Staging(manifest)  # another incarnation's version v: start over
                     if staged is not None:
                         staged(staging)
@@ -161,7 +171,25 @@ class Receiver:
             raise SourceFailed(f"a bad manifest: {e}") from None
         if manifest.version < version or (manifest.version > version and not newer):
             raise SourceFailed(f"it sent the manifest of version {manifest.version}")
+        if self.trusted is not None:
+            self._check_announced(manifest)
         return manifest
+
+    def _check_announced(self, manifest: Manifest) -> None:
+        """SourceFailed unless the trainer announced `manifest`'s version with its identity. A
+        version past the newest announced may be on its way in the next heartbeat: waited for,
+        timeout_s at most."""
+        assert self.trusted is not None
+        v, since = manifest.version, time.monotonic()
+        while (want := (known := self.trusted()).get(v)) is None:
+            if (known and max(known) > v) or time.monotonic() - since > self.timeout_s:
+                raise SourceFailed(f"it offers version {v}, which the trainer has not announced")
+            time.sleep(0.05)
+        if manifest.identity != want:
+            raise SourceFailed(
+                f"its manifest of version {v} is not the one the trainer announced (identity "
+                f"{manifest.identity[:12]}..., announced {want[:12]}...)"
+            )
 
     def _buckets(
         self,

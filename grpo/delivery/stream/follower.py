@@ -14,7 +14,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -53,13 +53,16 @@ class VersionFollower:
         relays: Callable[[], dict[str, str]],
         announced: Callable[[], int] | None,
         seed: Image | None = None,
+        trusted: Callable[[], Mapping[int, str]] | None = None,
     ):
         """`relays()`: the live samplers' relay addresses (from the trainer's heartbeats);
         `announced()`: the newest version out, with relays on (None: a lone sampler); `seed`:
         the weights this sampler starts with, the base of its first delta and of its
         children's (if the trainer's version 0 has other bits, that delta fails its checksums:
         full copies). `keys`: this sampler's CURVE keys (transport.curve_dir), which it
-        connects to the trainer and to relays with, and serves its own relay with."""
+        connects to the trainer and to relays with, and serves its own relay with.
+        `trusted()`: the identity of each version the trainer announced (its heartbeats), the
+        only manifests taken from any source (grpo.delivery.stream.client.Receiver)."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
@@ -73,6 +76,7 @@ class VersionFollower:
             w.transfer_timeout_s,
             w.window,
             w.delta,
+            trusted,
         )
         self.held: Image | None = seed
         self._passed_over: dict[str, float] = {}  # relay -> when it last failed a version

@@ -115,3 +115,20 @@ def relay_members(status: dict[str, Any]) -> dict[str, str]:
 
 def sources(me: str, relays: dict[str, str], fanout: int, trainer: str) -> Sequence[str]:
     return [*upstream(me, relays, fanout), trainer]
+
+
+MAX_ANNOUNCED = 1024  # versions a heartbeat may name (the trainer holds weights.keep_bases)
+
+
+def announced_manifests(status: dict[str, Any]) -> dict[int, str] | None:
+    """Version -> manifest identity (SHA-256 hex) from the trainer's heartbeat, checked; None
+    when the heartbeat names none (the trainer serves no versions from memory)."""
+    named = status.get("manifests")
+    if not isinstance(named, dict) or len(named) > MAX_ANNOUNCED:
+        return None
+    out = {}
+    for version, identity in named.items():
+        numbered = isinstance(version, str) and version.isdigit() and len(version) <= 18
+        if numbered and isinstance(identity, str) and len(identity) == 64:
+            out[int(version)] = identity
+    return out

@@ -102,6 +102,11 @@ class VersionStore:
     def _bytes(self) -> int:
         return sum(a.nbytes for image in self.images.values() for a in image.arrays.values())
 
+    def identities(self) -> dict[str, str]:
+        """Version (a string, for the wire) -> its manifest's identity, for each version held."""
+        with self._lock:
+            return {str(v): image.manifest.identity for v, image in self.images.items()}
+
     @property
     def newest(self) -> Image | None:
         with self._lock:

@@ -1,0 +1,249 @@
+"""The trainer is the root of trust of streamed weights (weights.mode: stream): a sampler takes a
+version from any source only when its manifest has the identity the trainer announced for it
+over the control channel (grpo.wire.weight_frames.Manifest.identity), and then each tensor
+only when it matches the manifest's checksum. A relay can forward a version, never originate
+one: a forged version, one the trainer never announced (a higher number, another incarnation's)
+or the trainer's tensors cut into other buckets are refused, and the next source is tried."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import zmq
+
+from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
+from grpo.delivery.sampler_endpoint import KEPT_IDENTITIES, SamplerEndpoint, TrainerStatus
+from grpo.delivery.stream.client import Receiver
+from grpo.delivery.stream.image import Image
+from grpo.delivery.stream.relay import announced_manifests
+from grpo.delivery.stream.server import VersionStore
+from grpo.wire.codec import Message
+from tests.test_weight_streaming import serving
+
+
+def _store(*images: Image) -> VersionStore:
+    store = VersionStore(keep=8, budget_bytes=1 << 30)
+    for image in images:
+        store.add(image)
+    return store
+
+
+def _forged(version: int) -> Image:
+    """A self-consistent version `version` of other weights: every checksum matches its bytes."""
+    return replace(synthetic(version + 1000, QUICK), manifest=replace(
+        synthetic(version + 1000, QUICK).manifest, version=version))  # fmt: skip
+
+
+def _receive(fake: VersionStore, trainer: VersionStore, announced: dict[int, str], **kw):
+    ctx = zmq.Context()
+    try:
+        with serving(fake, ctx) as relay, serving(trainer, ctx) as root:
+            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=1, trusted=lambda: announced)
+            t0 = time.monotonic()
+            got = rx.receive([relay, root], 1, None, **kw)
+            return got, rx, time.monotonic() - t0
+    finally:
+        ctx.term()
+
+
+def test_identity_covers_every_field_of_the_manifest() -> None:
+    m = synthetic(1, QUICK).manifest
+    spec = m.specs[0]
+    others = [
+        replace(m, version=2),
+        replace(m, adapter=True),
+        replace(m, specs=(replace(spec, digest=spec.digest ^ 1), *m.specs[1:])),
+        replace(m, specs=(replace(spec, name="other"), *m.specs[1:])),
+        replace(m, specs=(replace(spec, dtype="int32"), *m.specs[1:])),
+        replace(m, specs=(replace(spec, shape=(1, spec.size)), *m.specs[1:])),
+        Image.build(
+            1,
+            [(s.name, s.dtype, s.shape, np.zeros(s.size, s.bits)) for s in m.specs],
+            QUICK.bucket_bytes,
+        ).manifest,  # fmt: skip
+        replace(m, buckets=((0, len(m.specs)),)),  # the same tensors in one bucket
+    ]
+    assert len({m.identity, *(o.identity for o in others)}) == len(others) + 1
+
+
+def test_a_forged_version_from_a_relay_is_refused_and_the_trainer_s_taken() -> None:
+    """The fake relay's version 1 passes every checksum of its own manifest (which is how it
+    was loaded before): its identity is not the one announced."""
+    real = synthetic(1, QUICK)
+    got, rx, _ = _receive(_store(_forged(1)), _store(real), {1: real.manifest.identity})
+    assert got.manifest == real.manifest
+    assert all(np.array_equal(got.arrays[k], real.arrays[k]) for k in real.arrays)
+    assert rx.stats.fallbacks["source failed"] == 1 and rx.source != rx.passed_over[0]
+
+
+def test_a_version_the_trainer_never_announced_is_refused() -> None:
+    """A relay handing out version 10^12 to a receiver that takes newer versions (relays on):
+    refused, after waiting for an announcement at most timeout_s."""
+    real = synthetic(1, QUICK)
+    got, rx, took = _receive(_store(_forged(10**12)), _store(real), {1: real.manifest.identity},
+                             newer=True)  # fmt: skip
+    assert got.version == 1 and got.manifest == real.manifest
+    assert rx.stats.fallbacks["source failed"] == 1 and took < 3, took
+
+
+def test_the_trainer_s_tensors_in_another_tiling_are_refused_and_the_trainer_still_serves() -> None:
+    """Staging is matched by the whole identity: a relay that cut the same tensors into other
+    buckets fails, and the receiver starts over with the trainer's tiling."""
+    real = synthetic(1, QUICK)
+    tensors = [(s.name, s.dtype, s.shape, real.arrays[s.name]) for s in real.manifest.specs]
+    retiled = Image.build(1, tensors, QUICK.bucket_bytes * 2)
+    assert retiled.manifest.digest == real.manifest.digest  # what staging used to match by
+    got, rx, _ = _receive(_store(retiled), _store(real), {1: real.manifest.identity})
+    assert got.manifest == real.manifest and rx.stats.fallbacks["source failed"] == 1
+
+
+def test_no_source_at_all_without_the_announcement() -> None:
+    real = synthetic(1, QUICK)
+    with pytest.raises(ValueError, match="which the trainer has not announced"):
+        _receive(_store(real), _store(real), {})
+
+
+def test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_it_follows():
+    """From the trainer's heartbeats: checked; remembered after the trainer drops a version
+    from memory (a relay may hold it); forgotten when the trainer restarts (its version 8 is
+    not the crashed one's)."""
+    assert announced_manifests({"manifests": {"1": "a" * 64, "x": "b" * 64, "2": "short"}}) == {
+        1: "a" * 64
+    }
+    assert announced_manifests({"manifests": "nope"}) is None
+    endpoint = SamplerEndpoint.__new__(SamplerEndpoint)  # only what _heard reads and writes
+    endpoint.status, endpoint.sampler_id = TrainerStatus(), "sampler-0"
+    endpoint.stopped, endpoint._news = threading.Event(), threading.Event()
+
+    def heartbeat(incarnation: str, manifests: dict[str, str]) -> None:
+        body = {"version": 0, "incarnation": incarnation, "manifests": manifests}
+        endpoint._heard(Message("heartbeat", body))
+
+    heartbeat("run-a", {"7": "a" * 64, "8": "b" * 64})
+    heartbeat("run-a", {"8": "b" * 64})
+    assert endpoint.status.manifests == {7: "a" * 64, 8: "b" * 64}
+    heartbeat("run-b", {"6": "c" * 64})  # resumed from version 6
+    assert endpoint.status.manifests == {6: "c" * 64}
+    heartbeat("run-b", {str(v): "d" * 64 for v in range(KEPT_IDENTITIES + 5)})
+    assert len(endpoint.status.manifests) == KEPT_IDENTITIES and max(endpoint.status.manifests) \
+        == KEPT_IDENTITIES + 4  # fmt: skip
+
+
+def test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds():
+    from grpo.delivery.trainer_endpoint import TrainerEndpoint
+
+    endpoint = TrainerEndpoint.__new__(TrainerEndpoint)  # only what _heartbeat reads
+    endpoint._status, endpoint.store = (
+        {"version": 1},
+        _store(synthetic(0, QUICK), synthetic(1, QUICK)),
+    )
+    beat = endpoint._heartbeat()
+    assert beat["version"] == 1 and announced_manifests(beat) == {
+        v: synthetic(v, QUICK).manifest.identity for v in (0, 1)
+    }
+    endpoint.store = None  # versions on disk: nothing to name
+    assert "manifests" not in endpoint._heartbeat()
+
+
+# ------------------------------------------------------------------ a run with an impostor
+
+
+class Forger:
+    """A fake relay's source: any version asked for, made of the trainer's version 0 with the
+    first element of every tensor changed, under a manifest of its own whose every checksum
+    matches its bytes (what a receiver checked before the trainer's identity)."""
+
+    progress = 0
+
+    def __init__(self, base: Image):
+        self.base, self.forged = base, {}
+
+    def image(self, version: int) -> Image:
+        if version not in self.forged:
+            tensors = []
+            for s in self.base.manifest.specs:
+                bits = self.base.arrays[s.name].copy()
+                bits[0] ^= 1
+                tensors.append((s.name, s.dtype, s.shape, bits))
+            self.forged[version] = Image.build(version, tensors, 1 << 20)
+        return self.forged[version]
+
+    def manifest(self, version: int, newer: bool = False):
+        return self.image(version).manifest
+
+    def bucket(self, version: int, base: int, index: int):
+        from grpo.delivery.stream.image import encode_image_bucket
+
+        return encode_image_bucket(self.image(version), index, None)[0]
+
+
+def _initial_weights(ctx: zmq.Context, addr: str, procs: list) -> Image:
+    """The trainer's version 0, once it holds it (it binds before it copies the weights)."""
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            return Receiver(ctx, None, MAX_BYTES, timeout_s=60).receive([addr], 0, None)
+        except ValueError:
+            assert time.monotonic() < deadline and procs[0].poll() is None, "no version 0"
+            time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_an_impostor_relay_in_a_stream_run_gets_nothing_loaded(tmp_path, tiny_model_dir):
+    """Two samplers relaying (fanout 1: sampler-1 receives from sampler-0, then the trainer). A
+    peer without CURVE heartbeats under sampler-0's id, many times a second, naming its own
+    relay, which serves a forged copy of every version asked for. sampler-1 asks it first and
+    refuses what it serves (not the identity the trainer announced); every version it loads
+    comes from a real source, and the run ends normally."""
+    from grpo.wire import messages
+    from grpo.wire.codec import encode_message
+    from tests.conftest import free_port, transport_overrides
+    from tests.test_chaos import finish, start, wait_for
+    from tests.test_integration import tiny_config
+    from tests.test_weight_stream_runs import RECEIVED
+
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 4, "num_ranks": 1})
+    weights_addr = f"tcp://127.0.0.1:{free_port()}"
+    overrides = [*transport_overrides(timeout_s=20), "rollout.num_samplers=2",
+                 "weights.mode=stream", f"transport.weights_addr={weights_addr}",
+                 "weights.fanout=1", "weights.transfer_timeout_s=2"]  # fmt: skip
+    episodes = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.episodes"))
+    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "s0", "s1")}
+    procs = [start("trainer", config, overrides, logs["trainer"])]
+    ctx, stop = zmq.Context(), threading.Event()
+    try:
+        base = _initial_weights(ctx, weights_addr, procs)
+        with serving(Forger(base), ctx) as fake:
+
+            def impostor() -> None:
+                push = ctx.socket(zmq.PUSH)
+                push.setsockopt(zmq.LINGER, 0)
+                push.connect(episodes)
+                body = {"sampler_id": "sampler-0", "relay": fake}
+                while not stop.wait(0.02):
+                    push.send_multipart(encode_message(Message(messages.HEARTBEAT, body)))
+                push.close()
+
+            beating = threading.Thread(target=impostor, daemon=True)
+            beating.start()
+            for i in range(2):
+                more = [f"rollout.sampler_index={i}", f"rollout.sampler_id=sampler-{i}"]
+                procs.append(start("sampler", config, [*overrides, *more], logs[f"s{i}"]))
+            wait_for(lambda: RECEIVED.search(logs["s1"].read_text()), "sampler-1's first version",
+                     procs)  # fmt: skip
+            finish(procs, timeout=400)
+            stop.set()
+            beating.join(5)
+    finally:
+        stop.set()
+        finish(procs, timeout=1)
+        ctx.term()
+    text = {r: p.read_text() for r, p in logs.items()}
+    assert all(p.returncode == 0 for p in procs), text["s1"][-3000:]
+    loaded = RECEIVED.findall(text["s1"])
+    assert loaded and all(addr != fake for _, addr, _ in loaded), loaded
+    assert "is not the one the trainer announced" in text["s1"]  # the impostor was asked
