@@ -10,9 +10,10 @@ import platform
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -37,14 +38,32 @@ def machine() -> str:
 #                    baseline / ours, is shown only for comparison
 Direction = Literal["baseline/ours", "ours/baseline", "ours<=target"]
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
+MIN_REPEATS = 3  # a row measured fewer times cannot be met: its spread is unknown
+
+
+def worst_case(direction: Direction, baseline_spread: tuple[float, float],
+               ours_spread: tuple[float, float]) -> float:  # fmt: skip
+    """The least favourable value over the repetitions, compared with the target: for
+    "baseline/ours" the baseline's fastest over ours' slowest, for "ours/baseline" ours' lowest
+    over the baseline's highest, for "ours<=target" ours' highest."""
+    (b_min, b_max), (o_min, o_max) = baseline_spread, ours_spread
+    if direction == "baseline/ours":
+        return b_min / o_max
+    if direction == "ours/baseline":
+        return o_min / b_max
+    return o_max
 
 
 @dataclass(frozen=True)
 class Result:
-    """One benchmark row. `ratio` and `met` are computed here from the measured `baseline`
-    and `ours`, the declared `direction` and `target`, never passed in: a row cannot claim a
-    target its numbers do not reach. Higher ratios are better. `quick` marks a --quick run
-    (small sizes, tiny model), whose numbers are not results."""
+    """One benchmark row. `baseline` and `ours` are the medians over `repeats` repetitions,
+    `baseline_spread` and `ours_spread` their (min, max). `ratio` and `met` are computed here,
+    never passed in: `ratio` from the medians, the declared `direction` and `target`; `met`
+    needs the target reached beyond the spread, by the worst case of the repetitions
+    (`worst_case`), and at least MIN_REPEATS repetitions. A row cannot claim a target its
+    numbers, or their noise, do not reach. Higher ratios are better. `scenario` says what is
+    run, on what, what the baseline is and why a user would run it. `quick` marks a --quick run
+    (small sizes, tiny model), whose numbers are not results. Build rows with `Result.of`."""
 
     name: str
     unit: str
@@ -58,20 +77,54 @@ class Result:
     notes: str = ""
     quick: bool = False
     date: str = field(default_factory=lambda: datetime.date.today().isoformat())
+    scenario: str = field(kw_only=True)
+    repeats: int = field(kw_only=True)
+    baseline_spread: tuple[float, float] = field(kw_only=True)
+    ours_spread: tuple[float, float] = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
             raise ValueError(f"{self.name}: direction {self.direction!r} not one of {DIRECTIONS}")
+        if not self.scenario.strip():
+            raise ValueError(f"{self.name}: no scenario")
+        if self.repeats < 1:
+            raise ValueError(f"{self.name}: {self.repeats} repeats")
+        for median, (low, high) in ((self.baseline, self.baseline_spread),
+                                    (self.ours, self.ours_spread)):  # fmt: skip
+            if not low <= median <= high:
+                raise ValueError(f"{self.name}: median {median} outside its spread {low}-{high}")
         ratio = (self.ours / self.baseline if self.direction == "ours/baseline"
                  else self.baseline / self.ours)  # fmt: skip
-        met = self.ours <= self.target if self.direction == "ours<=target" else ratio >= self.target
+        worst = worst_case(self.direction, self.baseline_spread, self.ours_spread)
+        reached = worst <= self.target if self.direction == "ours<=target" else worst >= self.target
+        object.__setattr__(self, "baseline_spread", tuple(self.baseline_spread))
+        object.__setattr__(self, "ours_spread", tuple(self.ours_spread))
         object.__setattr__(self, "ratio", ratio)  # frozen: set once, here
-        object.__setattr__(self, "met", met)
+        object.__setattr__(self, "met", reached and self.repeats >= MIN_REPEATS)
+
+    @classmethod
+    def of(cls, name: str, unit: str, baselines: Sequence[float], ours: Sequence[float],
+           direction: Direction, target: float, machine: str, scenario: str, notes: str = "",
+           quick: bool = False) -> Result:  # fmt: skip
+        """A row from every repetition's baseline and ours: their medians and (min, max);
+        repeats = the fewer of the two counts."""
+        if not baselines or not ours:
+            raise ValueError(f"{name}: no measurements")
+        return cls(name, unit, statistics.median(baselines), statistics.median(ours), direction,
+                   target, machine, notes, quick, scenario=scenario,
+                   repeats=min(len(baselines), len(ours)),
+                   baseline_spread=(min(baselines), max(baselines)),
+                   ours_spread=(min(ours), max(ours)))  # fmt: skip
 
 
 def number_text(value: float) -> str:
     """Three significant digits, trailing zeros kept, no exponent."""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:#.3g}".rstrip(".")
+
+
+def spread_text(spread: Sequence[float]) -> str:
+    """(min, max) as min-max."""
+    return f"{number_text(spread[0])}-{number_text(spread[1])}"
 
 
 def target_text(direction: Direction, target: float) -> str:
@@ -89,8 +142,25 @@ def report(result: Result, results_dir: Path = RESULTS) -> Result:
     os.replace(tmp, path)
     print(f"{result.name:<34} {result.baseline:>12.4g} {result.ours:>12.4g} {result.unit:<10} "
           f"ratio {result.ratio:>6.2f}  {target_text(result.direction, result.target)}  "
-          f"{'met' if result.met else 'NOT met'}  {result.notes}", flush=True)  # fmt: skip
+          f"{'met' if result.met else 'NOT met'} ({result.repeats} repeats; baseline "
+          f"{spread_text(result.baseline_spread)}, ours {spread_text(result.ours_spread)})  "
+          f"{result.notes}", flush=True)  # fmt: skip
     return result
+
+
+def interleaved_rounds(
+    fns: dict[str, Callable[[], object]], rounds: int = 5, repeat: int = 4, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Each function's fastest run in each of `rounds` rounds of `repeat` runs: one value per
+    round and function, the repetitions a Result's spread is taken over."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, best in interleaved_best_times(fns, repeat, warmup=0).items():
+            out[name].append(best)
+    return out
 
 
 def interleaved_best_times(
@@ -153,6 +223,7 @@ def quiet_hf() -> None:
 
 
 REPO = Path(__file__).resolve().parents[1]
+MODEL = {False: "SmolLM2-135M", True: "the tiny model"}  # by `quick`: what a scenario names
 
 
 def loopback_overrides(timeout_s: float = 60) -> list[str]:

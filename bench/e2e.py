@@ -1,15 +1,16 @@
-"""End to end: the CPU demo (embedded SmolLM2-135M, its config, both roles) for a few steps.
+"""End to end: the CPU demo (embedded SmolLM2-135M, its config, both roles) for a few steps,
+synchronous against overlapped.
 
-One row: the busy share, the part of the wall clock the two stages that do the work
-(generation and training) run, against everything else a step spends (scoring passes,
-publishing and reloading weights, transfers, waits). Baseline = wall seconds per step,
-ours = generation + training seconds per step, ratio = ours / baseline. The demo is
-synchronous, so the share is at most 1; the target (our choice) is 0.9: at most a tenth of a
-step in overhead. Each stage's share, and its tokens/s while it runs, are in the notes.
+One row: wall seconds per step (from the first step's end to the last one's) of the demo as
+shipped, synchronous (train.max_staleness 0, the baseline: what a user runs) against the same
+steps with the sampler generating batch k+1 while the trainer trains batch k
+(train.max_staleness=1, ours), at the same settings, nothing tuned. Ratio = baseline / ours;
+the target, 1.0, asks that overlap be no slower. Each stage's share of the synchronous run's
+wall clock, and its tokens/s while it runs, are in the notes.
 
-Each stage has both cores while it runs. The full run also times the same steps overlapped
-(train.max_staleness=1), which shows what bounds a step on 2 cores: overlapped, the stages
-share the cores instead of taking turns, and a step is no shorter.
+The busy share this benchmark used to report (generation + training over the wall clock) is at
+most 1 by construction in a synchronous run: its arithmetic is a test
+(tests/test_bench.py::test_e2e_busy_share_counts_generation_and_training), not a row.
 """
 
 from __future__ import annotations
@@ -45,37 +46,44 @@ def busy_and_wall(rows: list[dict]) -> tuple[float, float]:
     return busy / len(timed), wall / len(timed)
 
 
-BUSY_TARGET = 0.9  # at most a tenth of each step outside generation and training
+SCENARIO = (
+    "configs/cpu_demo.yaml as shipped ({model}, {ranks} trainer ranks, both roles on "
+    "this machine), {steps} steps, wall seconds per step after the first; ours: "
+    "train.max_staleness=1 (generation of batch k+1 overlaps training of batch k); "
+    "baseline: the same config synchronous (max_staleness 0), what a user runs; one "
+    "run each"
+)
 
 
 def run(quick: bool = False) -> list[Result]:
     from grpo.models.convert import ensure_embedded_base
     from tests.tiny_model import build_tiny_model
 
+    steps = 3 if quick else 4
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        overrides = ["eval.interval=0", f"train.total_steps={3 if quick else 4}"]
+        overrides = ["eval.interval=0", f"train.total_steps={steps}"]
         if quick:
             tiny = build_tiny_model(tmp / "tiny", ensure_embedded_base())
             overrides += [f"model.path={tiny}", "rollout.max_new_tokens=16", "train.num_ranks=1"]
         rows = launch_run(CONFIG, tmp, "e2e", overrides)
-        overlapped = [] if quick else launch_run(CONFIG, tmp, "e2e_overlap",
-                                                 [*overrides, "train.max_staleness=1"])  # fmt: skip
+        overlapped = launch_run(CONFIG, tmp, "e2e_overlap", [*overrides, "train.max_staleness=1"])
     timed = rows[1:]  # the first step includes start-up
     busy, wall = busy_and_wall(rows)
+    _, overlapped_wall = busy_and_wall(overlapped)
     gen_rate = sum(r["sampler_gen_tokens"] for r in timed) / sum(r["sampler_gen_s"] for r in timed)
     train_tokens = sum(sum(r["prompt_lens"]) + sum(r["completion_lens"]) for r in timed)
     train_rate = train_tokens / sum(r["train_s"] for r in timed)
-    note = (f"{len(timed)} steps after the first, {wall:.1f} s/step; wall time: "
+    note = (f"{len(timed)} steps after the first; synchronous {wall:.1f} s/step, overlapped "
+            f"{overlapped_wall:.1f} s/step; synchronous wall time: "
             + ", ".join(f"{k} {v:.0%}" for k, v in stage_shares(rows).items())
-            + f"; while running: generation {gen_rate:.1f} tokens/s, "
-            f"training {train_rate:.1f} tokens/s")  # fmt: skip
-    if overlapped:
-        per_step = (overlapped[-1]["time"] - overlapped[0]["time"]) / (len(overlapped) - 1)
-        note += f"; the same steps overlapped (max_staleness 1): {per_step:.1f} s/step"
+            + f" (busy share {busy / wall:.2f}); while running: generation {gen_rate:.1f} "
+            f"tokens/s, training {train_rate:.1f} tokens/s")  # fmt: skip
+    scenario = SCENARIO.format(model="tiny model" if quick else "SmolLM2-135M",
+                               ranks=1 if quick else 2, steps=steps)  # fmt: skip
     return [
-        report(Result("e2e_busy_share", "s/step", wall, busy, "ours/baseline", BUSY_TARGET,
-                      machine(), note, quick)),
+        report(Result.of("e2e_overlap_vs_synchronous", "s/step", [wall], [overlapped_wall],
+                         "baseline/ours", 1.0, machine(), scenario, note, quick)),
     ]  # fmt: skip
 
 

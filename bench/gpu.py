@@ -145,9 +145,11 @@ def run(smoke: bool = False) -> list[Result]:
 
     gen = generation_rates(smoke, device, dtype)
     gen_note = ", ".join(f"{k} cache {v:,.0f} tokens/s" for k, v in gen.items())
-    results = [report(Result(f"{prefix}_hf_generate_static_vs_dynamic_cache", "tokens/s",
-                             gen["dynamic"], gen["static"], "ours/baseline", 3.0, m, gen_note,
-                             smoke))]  # fmt: skip
+    results = [report(Result.of(f"{prefix}_hf_generate_static_vs_dynamic_cache", "tokens/s",
+                                [gen["dynamic"]], [gen["static"]], "ours/baseline", 3.0, m,
+                                "HF generate with a static KV cache; baseline: the default "
+                                "dynamic cache, what a user gets without asking; one "
+                                "measurement each", gen_note, smoke))]  # fmt: skip
 
     peak = matmul_flops(device, dtype, 256 if smoke else 8192)
     rates, params = trainer_rates(smoke, device, dtype)
@@ -160,14 +162,17 @@ def run(smoke: bool = False) -> list[Result]:
     # baseline = the card's measured matmul rate; ours = the best layout's model FLOPs rate
     results.append(
         report(
-            Result(
+            Result.of(
                 f"{prefix}_trainer_mfu",
                 "FLOP/s",
-                peak,
-                6 * params * rates[best],
+                [peak],
+                [6 * params * rates[best]],
                 "ours/baseline",  # the ratio is the MFU
                 0.3,
                 m,
+                "trainer forward + backward + AdamW step in each attention layout, the best "
+                "one's model FLOPs rate; baseline: the card's measured matmul rate (a ceiling, "
+                "not an alternative); one measurement",
                 f"best: {best}; {note}",
                 smoke,
             )

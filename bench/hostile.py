@@ -14,7 +14,6 @@ every run's peak.
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -47,6 +46,15 @@ def _peak_mib(tmp: Path, name: str, common: list[str], attacked: bool) -> float:
     return json.loads(rows[-1])["trainer_peak_mem_gib"] * 1024
 
 
+SCENARIO = (
+    "the CPU demo ({model}, 1 trainer rank, {steps} steps), a local peer sending "
+    "the trainer's episode socket 1 MiB headers of empty msgpack maps and oversized "
+    "frames as fast as it takes them; ours: the attacked run's peak resident set of "
+    "rank 0; baseline: the same run unattacked; clean and attacked runs alternate. The "
+    "target allows 5%: met only if the worst case over the runs stays within it"
+)
+
+
 def run(quick: bool = False) -> list[Result]:
     from grpo.models.convert import ensure_embedded_base
     from tests.tiny_model import build_tiny_model
@@ -69,9 +77,9 @@ def run(quick: bool = False) -> list[Result]:
             f"{', '.join(f'{m:.0f}' for m in clean)} MiB, attacked "
             f"{', '.join(f'{m:.0f}' for m in attacked)} MiB")  # fmt: skip
     return [
-        report(Result("hostile_header_peak_memory", "MiB", statistics.median(clean),
-                      statistics.median(attacked), "baseline/ours", 0.95, machine(), note,
-                      quick)),
+        report(Result.of("hostile_header_peak_memory", "MiB", clean, attacked, "baseline/ours",
+                         0.95, machine(), SCENARIO.format(model=model, steps=steps), note,
+                         quick)),
     ]  # fmt: skip
 
 

@@ -57,6 +57,17 @@ def _crash(tmp: Path, name: str, common: list[str], kill_after: int) -> tuple[fl
     return time.monotonic(), run_dir, [sampler]
 
 
+SCENARIO = (
+    "the demo config ({model}, state every 2 steps) for {total} steps, the trainer's "
+    "whole process tree SIGKILLed after step {kill} of {total}; ours: restart the "
+    "trainer with train.resume=auto (it continues from the last state, the sampler "
+    "resends its spooled batches); baseline: start both roles again from step 0, what "
+    "a user without resume does; time from the kill to the last step; one run each. "
+    "The kill late in the run favours resume: restarting from scratch loses {kill} "
+    "steps"
+)
+
+
 def run(quick: bool = False) -> list[Result]:
     from grpo.models.convert import ensure_embedded_base
     from tests.tiny_model import build_tiny_model
@@ -102,8 +113,10 @@ def run(quick: bool = False) -> list[Result]:
             f"(one save {state_s:.1f} s); resumed: {total} batches trained once, "
             f"{duplicates} duplicate dropped, 0 lost")  # fmt: skip
     return [
-        report(Result("recovery_resume_vs_restart", "s", baseline_s, ours_s, "baseline/ours",
-                      1.5, machine(), note, quick)),
+        report(Result.of("recovery_resume_vs_restart", "s", [baseline_s], [ours_s],
+                         "baseline/ours", 1.5, machine(),
+                         SCENARIO.format(model=model, kill=kill_after, total=total), note,
+                         quick)),
     ]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.common import number_text, target_text
+from bench.common import MIN_REPEATS, number_text, target_text, worst_case
 
 # The committed results (not bench.common.RESULTS, which BENCH_RESULTS may point elsewhere).
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -46,22 +46,50 @@ RATIO_IS = {"baseline/ours": "baseline / ours", "ours/baseline": "ours / baselin
             "ours<=target": "baseline / ours"}  # fmt: skip
 
 
+def _measured(median: float, spread: list[float], unit: str) -> str:
+    """The median, and its min–max over the repetitions when there were several (the unit once
+    where both ends show the same one)."""
+    low, high = (_amount(v, unit) for v in spread)
+    if spread[0] == spread[1]:
+        return _amount(median, unit)
+    (low_number, *low_unit), (_, *high_unit) = low.split(" ", 1), high.split(" ", 1)
+    return f"{_amount(median, unit)} ({low_number if low_unit == high_unit else low}–{high})"
+
+
+def _worst(row: dict) -> str:
+    """The value compared with the target: the worst case over the repetitions."""
+    return number_text(worst_case(row["direction"], row["baseline_spread"], row["ours_spread"]))
+
+
 def render(results_dir: Path = RESULTS_DIR) -> str:
-    """The markdown table of the results, and the machines they ran on."""
+    """The markdown table of the results (medians, their spread over the repetitions, the
+    worst case that `met` compares with the target), each row's scenario below it, and the
+    machines they ran on."""
     rows = load(results_dir)
     lines = [
-        "| benchmark | baseline | ours | ratio | ratio is | target | met | date |",
-        "|---|---|---|---|---|---|---|---|",
+        "| benchmark | baseline: median (min–max) | ours: median (min–max) | ratio of medians "
+        "| ratio is | worst case | target | repeats | met | date |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| `{r['name']}` | {_amount(r['baseline'], r['unit'])} "
-            f"| {_amount(r['ours'], r['unit'])} | {number_text(r['ratio'])} "
-            f"| {RATIO_IS[r['direction']]} | {target_text(r['direction'], r['target'])} "
-            f"| {'yes' if r['met'] else 'no'} "
-            f"| {r['date']} |"
+            f"| `{r['name']}` | {_measured(r['baseline'], r['baseline_spread'], r['unit'])} "
+            f"| {_measured(r['ours'], r['ours_spread'], r['unit'])} | {number_text(r['ratio'])} "
+            f"| {RATIO_IS[r['direction']]} | {_worst(r)} "
+            f"| {target_text(r['direction'], r['target'])} | {r['repeats']} "
+            f"| {'yes' if r['met'] else 'no'} | {r['date']} |"
         )
     machines = sorted({r["machine"] for r in rows})
+    lines += [
+        "",
+        f"`met` needs the worst case over the repetitions (the baseline's best against ours' "
+        f"worst) to reach the target, and at least {MIN_REPEATS} repetitions; the worst case "
+        "of an `ours ≤` row is ours' highest. The ratio is of the medians.",
+        "",
+        "Scenarios (what is run, on what, and what the baseline is):",
+        "",
+    ]
+    lines += [f"- `{r['name']}`: {r['scenario'].rstrip('.')}." for r in rows]
     lines += ["", "Measured on: " + "; ".join(machines) + "."]
     return "\n".join(lines) + "\n"
 

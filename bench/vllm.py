@@ -103,27 +103,34 @@ def run(quick: bool = False) -> list[Result]:
     # restart, and vLLM at least 2x HF generate's best batch on the same prompts
     return [
         report(
-            Result(
+            Result.of(
                 "vllm_reload_in_place_vs_restart",
                 "s",
-                restart,
-                in_place,
+                [restart],
+                [in_place],
                 "baseline/ours",
                 10.0,
                 machine(),
+                f"{mb:.0f} MB float32 weights of the embedded model loaded into a running vLLM "
+                "engine in place (best of 3), one measurement; baseline: shutting the engine "
+                "down and starting a new one from the version dir, what a user without "
+                "in-place reload does",
                 f"{mb:.0f} MB float32 weights; restart = {restart_is}",
                 quick,
             )
         ),  # fmt: skip
         report(
-            Result(
+            Result.of(
                 "vllm_vs_hf_generation_tokens_per_s",
                 "tokens/s",
-                rates["hf"],
-                rates["vllm"],
+                [rates["hf"]],
+                [rates["vllm"]],
                 "ours/baseline",
                 2.0,
                 machine(),
+                f"{sizes}, temperature 0.8, one measurement each; ours: vLLM (engine start "
+                "excluded); baseline: HF generate given every sequence in one batch, what a "
+                "user runs without vLLM",
                 f"{sizes}; HF in one batch of {len(prompts) * n}; vLLM engine start "
                 f"{start_s:.0f} s, excluded",
                 quick,

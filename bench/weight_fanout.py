@@ -6,11 +6,15 @@ No model: a synthetic float32 version (real encoding, frame and tensor checksums
 trainer's StreamServer, whose egress a TokenBucket limits so that one receiver takes about a
 second (the trainer's uplink is the bottleneck, as between nodes; relays are not limited).
 Every receiver is a RelayNode in a process of its own, on real loopback TCP sockets. Per N, over
-several versions, each the first the receivers get (full copies):
+several versions, each the first the receivers get (full copies), one row:
 
-    trainer copies   the trainer's egress for the version / its payload bytes (target <= 1.2)
     time             from the trainer having the version to the last receiver holding it whole
-                     and checked (target: N=64 within 2x of N=1)
+                     and checked (target: N=64 within 2x of N=1, the median and the worst
+                     case of the versions)
+
+and in its notes the trainer copies, the trainer's egress for the version / its payload bytes.
+That those stay about 1 (<= 1.2) whatever N, chaos included, is a guarantee of the relay tree,
+a test (tests/test_bench_guarantees.py), not a row: its baseline, N copies, was computed.
 
 and a chaos case: an interior relay SIGKILLed mid-version (after it took some buckets); every
 other receiver must still get the version (its children route around it to their grandparent
@@ -436,18 +440,19 @@ def run(quick: bool = False) -> list:
     sizes = (1, 4) if quick else (1, 4, 16, 64)
     load = os.getloadavg()[0]  # other programs' share of the 2 cores shows in the times
     runs, c = measure(shape, sizes, reps=2 if quick else 5, chaos_n=4 if quick else 16)
-    copies = max(statistics.median(d.copies for d in ds) for ds in runs.values())
-    one, most = (statistics.median(d.seconds for d in runs[n]) for n in (1, max(sizes)))
+    most = max(sizes)
     where, (copies_note, time_note, chaos_note) = machine(), _notes(shape, runs, c, load)
-    # targets (the issue's): the trainer sends each version about once (<= 1.2 copies) for
-    # every N, and the most receivers hold it within 2x of the time one does
+    scenario = (f"a synthetic {shape.payload / MB:g} MiB float32 version streamed from the "
+                f"trainer's memory, its link limited to {shape.rate / MB:.1f} MiB/s, to N "
+                "receivers in processes of their own relaying it in a binary tree over "
+                f"loopback TCP; ours: N={most} receivers; baseline: N=1, the same version to "
+                "one receiver (the time a fan-out that scaled perfectly would keep)")  # fmt: skip
+    # target (the issue's): the most receivers hold it within 2x of the time one does
     return [
-        report(Result("weight_fanout_trainer_copies", "copies", float(max(sizes)), copies,
-                      "ours<=target", 1.2, where, copies_note, quick)),
-        report(Result("weight_fanout_time_vs_one_receiver", "s", one, most, "baseline/ours", 0.5,
-                      where, time_note, quick)),
-        report(Result("weight_fanout_chaos_trainer_copies", "copies", float(c.n), c.copies,
-                      "ours<=target", 1.2, where, chaos_note, quick)),
+        report(Result.of("weight_fanout_time_vs_one_receiver", "s",
+                         [d.seconds for d in runs[1]], [d.seconds for d in runs[most]],
+                         "baseline/ours", 0.5, where, scenario,
+                         f"{time_note}; {copies_note}; chaos: {chaos_note}", quick)),
     ]  # fmt: skip
 
 
