@@ -247,3 +247,21 @@ def test_an_impostor_relay_in_a_stream_run_gets_nothing_loaded(tmp_path, tiny_mo
     loaded = RECEIVED.findall(text["s1"])
     assert loaded and all(addr != fake for _, addr, _ in loaded), loaded
     assert "is not the one the trainer announced" in text["s1"]  # the impostor was asked
+
+
+def test_a_version_held_from_a_crashed_trainer_is_not_taken_for_the_resumed_one_s():
+    """A sampler holding version 8 of a trainer that crashed: once the resumed trainer
+    announces its own version 8 (other weights), the held one is not that version; the
+    sampler's own starting weights always count as version 0."""
+    from grpo.delivery.stream.follower import VersionFollower
+
+    crashed, resumed, seed = _forged(8), synthetic(8, QUICK), synthetic(0, QUICK)
+    announced = {8: crashed.manifest.identity}
+    follower = VersionFollower.__new__(VersionFollower)  # only what image() reads
+    follower._cond, follower.failed, follower.announced = threading.Condition(), {}, None
+    follower.seed, follower.trusted, follower.held = seed, lambda: announced, crashed
+    assert follower.image(8) is crashed
+    announced = {8: resumed.manifest.identity}  # the resumed trainer's heartbeat
+    assert follower.image(8) is None
+    follower.held = seed
+    assert follower.image(0) is seed

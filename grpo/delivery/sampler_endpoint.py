@@ -208,15 +208,20 @@ class SamplerEndpoint:
 
     # ------------------------------------------------------------------ waits
 
-    def wait_until(self, ready: Callable[[], bool], what: str, working: bool = False) -> None:
+    def wait_until(
+        self, ready: Callable[[], bool], what: str, working: bool = False, own_phase: bool = False
+    ) -> None:
         """Sleep until `ready()` or the sampler stops, keeping the spool in step meanwhile.
 
         `ready` is checked after each change of the status: it is updated before the news is
         set, so a change that lands between the check and the wait is never missed.
         `working`: the wait is in phase DELIVERING, which progresses only while the trainer
-        works (see wait_for_room), instead of the idle WAITING."""
+        works (see wait_for_room), instead of the idle WAITING. `own_phase`: the caller's
+        working phase stays, and `ready` ticks it (a streamed version coming in: a transfer
+        that stops is then a stall with that phase's name, not an idle wait)."""
         last_note = time.monotonic()
-        ACTIVITY.enter(DELIVERING if working else WAITING, f"for {what}")
+        if not own_phase:
+            ACTIVITY.enter(DELIVERING if working else WAITING, f"for {what}")
         seen = self.status.activity
         while True:
             self._sync()

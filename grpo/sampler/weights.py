@@ -162,7 +162,7 @@ class Weights:
                     return True
                 return image is not None
 
-            self.endpoint.wait_until(arrived, f"version {version} from the trainer")
+            self.endpoint.wait_until(arrived, f"version {version}", own_phase=True)
         if image is None:
             if version in self.failed_reloads:
                 log.warning("keeping version %d, not loading version %d: %s",

@@ -93,8 +93,19 @@ def new_store(cfg: Config) -> VersionStore | None:
     """The versions rank 0 keeps in memory to stream (weights.mode: stream), else None."""
     if weights_mode(cfg) != "stream":
         return None
-    w = cfg.weights
-    return VersionStore(w.keep_bases, int(w.base_memory_mb * 2**20), w.delta)
+    w, asked = cfg.weights, versions_samplers_may_ask(cfg)
+    return VersionStore(
+        max(w.keep_bases, asked), int(w.base_memory_mb * 2**20), w.delta, protected=asked
+    )
+
+
+def versions_samplers_may_ask(cfg: Config) -> int:
+    """How many of the newest published versions a sampler may still ask for, a restarted one
+    included: its next batch may be sampled with a version up to train.max_staleness steps
+    behind the newest, rounded down to a published one (every train.sync_interval steps). The
+    store keeps them whatever weights.keep_bases and weights.base_memory_mb say."""
+    t = cfg.train
+    return (t.max_staleness or 0) // t.sync_interval + 2
 
 
 def stream_image(cfg: Config, version: int, state: dict[str, Any]) -> Image:

@@ -1,12 +1,13 @@
-"""Mutations of the streamed weights' root of trust (issue 42, item 2): the trainer announces
+"""Mutations of the streamed weights (issue 42): the root of trust (item 2: the trainer announces
 each version's manifest identity, and a sampler takes a manifest from any source only when it
-has that identity."""
+has that identity) and every wait bounded and named (item 3)."""
 
 from __future__ import annotations
 
 from tests.mutations import Mutation
 
 TRUST = "tests/test_weight_trust.py"
+LIVE = "tests/test_weight_liveness.py"
 
 MUTATIONS = (
     Mutation(
@@ -53,5 +54,54 @@ MUTATIONS = (
         tests=(
             f"{TRUST}::test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_it_follows",
         ),
+    ),
+    Mutation(
+        name="held_version_of_a_crashed_trainer_taken",
+        item="42.2: a held version counts only as the trainer announced it now",
+        path="grpo/delivery/stream/follower.py",
+        old="        return self.trusted().get(image.version) == image.manifest.identity\n",
+        new="        return True\n",
+        tests=(
+            f"{TRUST}::test_a_version_held_from_a_crashed_trainer_is_not_taken_for_the_resumed_one_s",
+        ),
+    ),
+    Mutation(
+        name="full_copy_answered_with_a_delta_asked_again",
+        item="42.3: a source that never sends what is asked fails, the next one is tried",
+        path="grpo/delivery/stream/client.py",
+        old="                if bucket.base not in (wanted, FULL_COPY):",
+        new="                if False:",
+        tests=(
+            f"{LIVE}::test_a_relay_answering_full_copy_requests_with_deltas_is_left_for_the_next_"
+            "source",
+        ),
+    ),
+    Mutation(
+        name="bad_address_escapes_the_fallback",
+        item="42.3: connect errors fall through to the next source",
+        path="grpo/delivery/stream/client.py",
+        old="        except (zmq.ZMQError, OSError, ValueError) as e:",
+        new="        except () as e:",
+        tests=(
+            f"{LIVE}::test_an_address_that_is_not_one_and_missing_keys_fall_through_to_the_trainer",
+        ),
+    ),
+    Mutation(
+        name="streamed_version_awaited_idle",
+        item="42.3: a streamed transfer that stops is a stall with its name",
+        path="grpo/sampler/weights.py",
+        old='f"version {version}", own_phase=True)',
+        new='f"version {version}")',
+        tests=(
+            f"{LIVE}::test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one",
+        ),
+    ),
+    Mutation(
+        name="store_keeps_only_keep_bases",
+        item="42.4: the trainer keeps every version a restarted sampler may ask for",
+        path="grpo/trainer/publishing.py",
+        old="max(w.keep_bases, asked), int(w.base_memory_mb * 2**20), w.delta, protected=asked",
+        new="w.keep_bases, int(w.base_memory_mb * 2**20), w.delta",
+        tests=(f"{LIVE}::test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for",),
     ),
 )

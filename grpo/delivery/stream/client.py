@@ -111,8 +111,9 @@ class Receiver:
         t0, staging, failures = time.monotonic(), None, []
         self.passed_over = []
         for addr in sources:
-            sock = self._connect(addr)
+            sock = None
             try:
+                sock = self._connect(addr)
                 manifest = self._manifest(sock, addr, version, newer)
                 if staging is None or staging.manifest.identity != manifest.identity:
                     staging = Staging(manifest)  # another incarnation's version v: start over
@@ -130,7 +131,8 @@ class Receiver:
                     self.stats.fell_back("source failed", failures[-1])
                 continue
             finally:
-                sock.close()
+                if sock is not None:
+                    sock.close()
             self.stats.versions += 1
             self.stats.seconds += time.monotonic() - t0
             self.source = addr
@@ -138,11 +140,17 @@ class Receiver:
         raise ValueError(f"could not receive version {version}: " + "; ".join(failures))
 
     def _connect(self, addr: str) -> zmq.Socket:
+        """A socket to `addr`; SourceFailed (the next source is tried) when the address does
+        not resolve or this source's keys cannot be had."""
         limits = SocketLimits(self.max_bytes + MAX_REQUEST_BYTES, max(2 * self.window, 2))
         sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0, limits=limits)
-        if self.secure is not None:
-            self.secure(sock, addr)  # CURVE: the keys for this source
-        sock.connect(addr)
+        try:
+            if self.secure is not None:
+                self.secure(sock, addr)  # CURVE: the keys for this source
+            sock.connect(addr)
+        except (zmq.ZMQError, OSError, ValueError) as e:
+            sock.close()
+            raise SourceFailed(f"cannot connect: {e}") from None
         return sock
 
     def _ask(self, sock: zmq.Socket, kind: str, **body: Any) -> None:
@@ -216,12 +224,15 @@ class Receiver:
             if index not in asked:
                 continue  # an answer to a request given up on: never taken
             since = time.monotonic()
-            del asked[index]
+            wanted = asked.pop(index)
             if tag[:1] != BUCKET_TAG:
                 self._refused(frames, index, full, todo)
                 continue
             try:
                 bucket = decode_bucket(frames[1:], self.max_bytes)
+                if bucket.base not in (wanted, FULL_COPY):  # never what was asked: give up on it
+                    raise SourceFailed(f"bucket {index} came as a delta from version "
+                                       f"{bucket.base}, asked from {wanted}")  # fmt: skip
                 staging.apply(bucket, base if bucket.base != FULL_COPY else None)
             except FrameError as e:
                 corrupt += 1

@@ -79,6 +79,7 @@ class VersionFollower:
             trusted,
         )
         self.held: Image | None = seed
+        self.seed, self.trusted = seed, trusted
         self._passed_over: dict[str, float] = {}  # relay -> when it last failed a version
         self.failed: dict[int, str] = {}
         self._target = -1
@@ -137,7 +138,7 @@ class VersionFollower:
         receiving it failed (with relays: and no newer version is out to receive instead; the
         sources may have moved past a version while a dead relay was waited out)."""
         with self._cond:
-            held = self.held
+            held = self.held if self._current(self.held) else None
             if held is not None and (
                 held.version == version or (self.announced and held.version > version)
             ):
@@ -153,11 +154,21 @@ class VersionFollower:
                 if self.announced is not None:
                     self._target = max(self._target, self.announced())
                 target = self._target
-                held = self.held.version if self.held is not None else -1
+                held = self.held.version if self._current(self.held) else -1
                 if target >= 0 and target != held and target not in self.failed:
                     return target
                 self._cond.wait(timeout=0.1)
         return None
+
+    def _current(self, image: Image | None) -> bool:
+        """Whether `image` is a version of the trainer as it is now: the one it announced under
+        that number (a resumed trainer's version 8 is not the crashed one's), or this sampler's
+        own starting weights."""
+        if image is None:
+            return False
+        if self.trusted is None or image is self.seed:
+            return True
+        return self.trusted().get(image.version) == image.manifest.identity
 
     def _run(self) -> None:
         while (version := self._next()) is not None:

@@ -76,13 +76,14 @@ class TokenBucket:
 
 @dataclass
 class VersionStore:
-    """The trainer's published versions in host memory: the newest always, older ones as delta
-    bases while within `keep` versions and `budget_bytes`. Thread-safe: the trainer adds, the
-    serving thread reads."""
+    """The trainer's published versions in host memory: the newest `protected` always (those a
+    sampler may still ask for), older ones as delta bases while within `keep` versions and
+    `budget_bytes`. Thread-safe: the trainer adds, the serving thread reads."""
 
     keep: int
     budget_bytes: int
     delta: bool = True
+    protected: int = 1
     images: OrderedDict[int, Image] = field(default_factory=OrderedDict)
     _cache: dict[tuple[int, int, int], list[Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -94,7 +95,7 @@ class VersionStore:
             self.images.pop(image.version, None)  # a resumed run republishes a version
             self.images[image.version] = image
             self._cache.clear()  # encodings of the version before, which nobody asks any more
-            while len(self.images) > 1 and (
+            while len(self.images) > max(self.protected, 1) and (
                 len(self.images) > self.keep or self._bytes() > self.budget_bytes
             ):
                 self.images.popitem(last=False)

@@ -1,0 +1,149 @@
+"""Every way a streamed transfer can go wrong ends within a bound and falls through to the next
+source (weights.mode: stream): a relay that answers full-copy requests with deltas, an address
+that is not one, a source whose keys cannot be had."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import zmq
+
+from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
+from grpo.delivery.stream.client import Receiver
+from grpo.delivery.stream.image import Image, encode_image_bucket
+from grpo.delivery.stream.server import VersionStore
+from tests.test_weight_streaming import serving
+
+
+class DeltaOnly:
+    """A relay that answers every bucket request, full copies included, with a delta from its
+    own version 0, which is not the receiver's: every one fails its checksums."""
+
+    progress = 0
+
+    def __init__(self, image: Image, base: Image):
+        self.image, self.base = image, base
+
+    def manifest(self, version: int, newer: bool = False):
+        return self.image.manifest if version == self.image.version else None
+
+    def bucket(self, version: int, base: int, index: int):
+        return encode_image_bucket(self.image, index, self.base)[0]
+
+
+def _receive_in_time(rx: Receiver, sources: list[str], held: Image | None) -> list:
+    """receive() in a thread: [image], or [] if it had not returned after 20 s."""
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(rx.receive(sources, 1, held)), daemon=True)
+    thread.start()
+    thread.join(20)
+    return got
+
+
+def test_a_relay_answering_full_copy_requests_with_deltas_is_left_for_the_next_source() -> None:
+    """It used to keep its child asking again for ever (thousands of loops and warnings a
+    second): the full copy asked for must come as one, or the source has failed."""
+    real, relay_base = synthetic(1, QUICK), synthetic(50, QUICK)
+    held = Image(synthetic(0, QUICK).manifest, synthetic(0, QUICK).arrays)
+    relay_base = Image(synthetic(0, QUICK).manifest, relay_base.arrays)  # version 0, other bits
+    store = VersionStore(keep=2, budget_bytes=1 << 30)
+    store.add(real)
+    ctx = zmq.Context()
+    try:
+        with serving(DeltaOnly(real, relay_base), ctx) as relay, serving(store, ctx) as trainer:
+            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            got = _receive_in_time(rx, [relay, trainer], held)
+    finally:
+        ctx.destroy(linger=0)  # sockets a broken receiver left open, too
+    assert got and got[0].manifest == real.manifest, "still looping on the relay"
+    # each bucket's delta failed once (16 buckets), then the first full copy asked for came as a
+    # delta: the relay failed; the trainer holds no version 0 (base not kept: full copies)
+    assert rx.stats.fallbacks["delta mismatch"] <= len(real.manifest.buckets), rx.stats.fallbacks
+    assert rx.stats.fallbacks["source failed"] == 1 and rx.passed_over == [relay]
+
+
+def test_an_address_that_is_not_one_and_missing_keys_fall_through_to_the_trainer() -> None:
+    real = synthetic(1, QUICK)
+    store = VersionStore(keep=2, budget_bytes=1 << 30)
+    store.add(real)
+
+    def secure(sock: zmq.Socket, addr: str) -> None:  # a relay whose key file is missing
+        if addr != trainer:
+            raise FileNotFoundError(f"no key for {addr}")
+
+    ctx = zmq.Context()
+    try:
+        with serving(store, ctx) as trainer:
+            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            got = _receive_in_time(rx, ["tcp://127.0.0.1:notaport", "nonsense", trainer], None)
+            keyed = Receiver(ctx, secure, MAX_BYTES, timeout_s=5)
+            keyed_got = _receive_in_time(keyed, ["tcp://127.0.0.1:1", trainer], None)
+    finally:
+        ctx.destroy(linger=0)  # sockets a broken receiver left open, too
+    assert got and got[0].manifest == real.manifest
+    assert rx.passed_over == ["tcp://127.0.0.1:notaport", "nonsense"]
+    assert keyed_got and keyed.passed_over == ["tcp://127.0.0.1:1"]
+
+
+def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one() -> None:
+    """While a version comes in, the sampler's phase is `receiving weights`, ticked per bucket:
+    a transfer that stops is a stall with that name. (The wait used to switch to the idle
+    `waiting`, which no stall limit watches.)"""
+    from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
+    from grpo.runtime.progress import ACTIVITY, RECEIVING
+    from grpo.sampler.weights import Weights
+
+    class Follower:
+        def __init__(self) -> None:
+            self.receiver = Receiver(zmq.Context.instance(), None, MAX_BYTES, timeout_s=1)
+            self.asked = 0
+
+        def want(self, version: int) -> None:
+            pass
+
+        def image(self, version: int) -> Image | None:
+            self.asked += 1
+            phases.append(ACTIVITY.snapshot().phase)
+            self.receiver.stats.progress += 1  # a bucket came in
+            return synthetic(version, QUICK) if self.asked == 3 else None
+
+    phases: list[str] = []
+    endpoint = SamplerEndpoint.__new__(SamplerEndpoint)  # only what wait_until reads
+    endpoint.status, endpoint.stopped = TrainerStatus(), threading.Event()
+    endpoint._news, endpoint._sync = threading.Event(), lambda: None
+    endpoint._news.set()  # no 5 s waits between the checks
+    weights = Weights.__new__(Weights)
+    weights.follower, weights.endpoint, weights.failed_reloads = Follower(), endpoint, {}
+    weights.policy = weights.engine = None
+    weights.version = 0
+
+    def wake() -> None:
+        while weights.version == 0:
+            endpoint._news.set()
+
+    threading.Thread(target=wake, daemon=True).start()
+    weights.receive(1)
+    assert weights.version == 1 and phases == [RECEIVING] * 3, phases
+
+
+@pytest.mark.parametrize("staleness, sync", [(0, 1), (2, 1), (3, 2), (5, 1)])
+def test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for(staleness, sync):
+    """A sampler restarted at staleness 2 used to ask for a version the trainer no longer held
+    (it kept weights.keep_bases = 2): its next batch, seq >= the trainer's version V, may need
+    any published version from required_version(V) up, whatever keep_bases and the memory
+    budget say."""
+    from grpo.config import load_config
+    from grpo.sampler.weights import required_version
+    from grpo.trainer.publishing import new_store
+
+    cfg = load_config(None, [
+        "weights.mode=stream", "transport.weights_addr=tcp://127.0.0.1:5557",
+        f"train.max_staleness={staleness}", f"train.sync_interval={sync}",
+        "weights.keep_bases=1", "weights.base_memory_mb=0.001", "train.keep_versions=16",
+    ])  # fmt: skip
+    store = new_store(cfg)
+    for version in range(0, 13, sync):
+        store.add(synthetic(version, QUICK))
+        oldest = required_version(version, staleness, sync)
+        assert set(range(oldest, version + 1, sync)) <= set(store.images), (version, oldest)
