@@ -134,19 +134,14 @@ def test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_i
 
 
 def test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds():
-    from grpo.delivery.trainer_endpoint import TrainerEndpoint
+    from grpo.delivery.stream.server import announcing
 
-    endpoint = TrainerEndpoint.__new__(TrainerEndpoint)  # only what _heartbeat reads
-    endpoint._status, endpoint.store = (
-        {"version": 1},
-        _store(synthetic(0, QUICK), synthetic(1, QUICK)),
-    )
-    beat = endpoint._heartbeat()
+    store = _store(synthetic(0, QUICK), synthetic(1, QUICK))
+    beat = announcing(lambda: {"version": 1}, store)()
     assert beat["version"] == 1 and announced_manifests(beat) == {
         v: synthetic(v, QUICK).manifest.identity for v in (0, 1)
     }
-    endpoint.store = None  # versions on disk: nothing to name
-    assert "manifests" not in endpoint._heartbeat()
+    assert "manifests" not in announcing(lambda: {"version": 1}, None)()  # versions on disk
 
 
 # ------------------------------------------------------------------ a run with an impostor

@@ -62,6 +62,47 @@ class TrainerStatus:
     # versions this sampler takes from any source (grpo.delivery.stream.client.Receiver)
     manifests: dict[int, str] = field(default_factory=dict)
 
+    def take(self, body: dict[str, Any], sampler_id: str) -> None:
+        """What one control message of the trainer says, each field checked (`sampler_id`:
+        this sampler's, whose acknowledgements it reads)."""
+        self.seen = True
+        version = body.get("version")
+        incarnation = body.get("incarnation")
+        if isinstance(incarnation, str) and incarnation != self.incarnation:
+            if self.incarnation is not None:
+                # A resumed trainer may be behind the version this sampler had: follow it, and
+                # forget what the old one said it trained (the new one may not have all of it).
+                self.restarts += 1
+                if isinstance(version, int):
+                    self.version = version
+                self.acked, self.consumed = SeqSet(), SeqSet()
+                self.manifests = {}  # its versions are not the old one's, whatever they number
+                log.warning("the trainer restarted (version %s): resending the spool", version)
+            self.incarnation = incarnation
+        if isinstance(version, int) and version > self.version:
+            self.version = version
+        trained, alive = body.get("trained"), body.get("alive")
+        if isinstance(trained, dict) and all(isinstance(n, int) for n in trained.values()):
+            self.trained = trained
+        if isinstance(alive, int):
+            self.alive = alive
+        if (activity := Snapshot.from_json(body)) is not None:
+            self.activity = activity
+        if "relays" in body:
+            self.relays = relay_members(body)
+        if (manifests := announced_manifests(body)) is not None:
+            # This incarnation's word on each version; kept after it drops one from memory, as
+            # a relay may still hold it (the newest KEPT_IDENTITIES).
+            merged = {**self.manifests, **manifests}
+            self.manifests = dict(sorted(merged.items())[-KEPT_IDENTITIES:])
+        for attr, key in (("acked", "acks"), ("consumed", "consumed")):
+            per_sampler = body.get(key)
+            if isinstance(per_sampler, dict) and sampler_id in per_sampler:
+                try:
+                    setattr(self, attr, SeqSet.from_json(per_sampler[sampler_id]))
+                except ValueError as e:
+                    log.warning("ignored a malformed %s set from the trainer: %s", key, e)
+
 
 class SamplerEndpoint:
     """One sampler's delivery: its batches in the spool until acknowledged, and the trainer's
@@ -102,46 +143,10 @@ class SamplerEndpoint:
 
     def _heard(self, msg: Message) -> None:
         """A control message from the trainer (in the channel's thread): update the status."""
-        status, body = self.status, msg.body
-        status.seen = True
-        version = body.get("version")
-        incarnation = body.get("incarnation")
-        if isinstance(incarnation, str) and incarnation != status.incarnation:
-            if status.incarnation is not None:
-                # A resumed trainer may be behind the version this sampler had: follow it, and
-                # forget what the old one said it trained (the new one may not have all of it).
-                status.restarts += 1
-                if isinstance(version, int):
-                    status.version = version
-                status.acked, status.consumed = SeqSet(), SeqSet()
-                status.manifests = {}  # its versions are not the old one's, whatever they number
-                log.warning("the trainer restarted (version %s): resending the spool", version)
-            status.incarnation = incarnation
-        if isinstance(version, int) and version > status.version:
-            status.version = version
-        trained, alive = body.get("trained"), body.get("alive")
-        if isinstance(trained, dict) and all(isinstance(n, int) for n in trained.values()):
-            status.trained = trained
-        if isinstance(alive, int):
-            status.alive = alive
-        if (activity := Snapshot.from_json(body)) is not None:
-            status.activity = activity
-        if "relays" in body:
-            status.relays = relay_members(body)
-        if (manifests := announced_manifests(body)) is not None:
-            # This incarnation's word on each version; kept after it drops one from memory, as
-            # a relay may still hold it (the newest KEPT_IDENTITIES).
-            merged = {**status.manifests, **manifests}
-            status.manifests = dict(sorted(merged.items())[-KEPT_IDENTITIES:])
-        for attr, key in (("acked", "acks"), ("consumed", "consumed")):
-            per_sampler = body.get(key)
-            if isinstance(per_sampler, dict) and self.sampler_id in per_sampler:
-                try:
-                    setattr(status, attr, SeqSet.from_json(per_sampler[self.sampler_id]))
-                except ValueError as e:
-                    log.warning("ignored a malformed %s set from the trainer: %s", key, e)
+        body = msg.body
+        self.status.take(body, self.sampler_id)
         if msg.kind == messages.DONE:
-            status.done = True
+            self.status.done = True
             self.stopped.set()
         elif msg.kind == messages.STOP:
             self._stop(f"{messages.TRAINER_STOPPED}: {body.get('reason', 'no reason')}")

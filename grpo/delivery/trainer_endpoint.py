@@ -30,7 +30,7 @@ from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
 from grpo.delivery.spool import frames_digest
-from grpo.delivery.stream.server import StreamServer, VersionStore
+from grpo.delivery.stream.server import StreamServer, VersionStore, announcing
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message, encode_batch
@@ -96,12 +96,10 @@ class TrainerEndpoint:
         self.duplicates_dropped = 0
         self.rejected_batches = 0
         self.transport = transport
-        self.store = store
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
-        self.channel = TrainerChannel(
-            transport, run_dir, self._heartbeat, exit_on_stall, _serving(store)
-        )
+        status = announcing(lambda: self._status, store)
+        self.channel = TrainerChannel(transport, run_dir, status, exit_on_stall, _serving(store))
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
     def _current_status(self) -> dict[str, Any]:
@@ -115,14 +113,6 @@ class TrainerEndpoint:
             "alive": self.alive,
             "relays": self.pool.relays(),
         }
-
-    def _heartbeat(self) -> dict[str, Any]:
-        """The status, and with weights served from memory the identity of every version held
-        (grpo.wire.weight_frames.Manifest.identity): the samplers' root of trust, since a
-        relay's bytes are taken only when they match what the trainer says here."""
-        if self.store is None:
-            return self._status
-        return {**self._status, "manifests": self.store.identities()}
 
     def _refresh(self) -> None:
         self._status = self._current_status()

@@ -37,9 +37,9 @@ MUTATIONS = (
     Mutation(
         name="trainer_names_no_versions",
         item="42.2: the trainer's heartbeats announce the identities",
-        path="grpo/delivery/trainer_endpoint.py",
-        old='        return {**self._status, "manifests": self.store.identities()}\n',
-        new="        return self._status\n",
+        path="grpo/delivery/stream/server.py",
+        old='    return lambda: {**status(), "manifests": store.identities()}\n',
+        new="    return status\n",
         tests=(
             f"{TRUST}::test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds",
         ),
@@ -48,7 +48,7 @@ MUTATIONS = (
         name="identities_kept_across_a_trainer_restart",
         item="42.2: a resumed trainer's versions are not the crashed one's",
         path="grpo/delivery/sampler_endpoint.py",
-        old="                status.manifests = {}  # its versions are not the old one's, whatever "
+        old="                self.manifests = {}  # its versions are not the old one's, whatever "
         "they number\n",
         new="",
         tests=(
