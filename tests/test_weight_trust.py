@@ -34,8 +34,8 @@ def _store(*images: Image) -> VersionStore:
 
 def _forged(version: int) -> Image:
     """A self-consistent version `version` of other weights: every checksum matches its bytes."""
-    return replace(synthetic(version + 1000, QUICK), manifest=replace(
-        synthetic(version + 1000, QUICK).manifest, version=version))  # fmt: skip
+    other = synthetic(version + 1000, QUICK)
+    return replace(other, manifest=replace(other.manifest, version=version))
 
 
 def _receive(fake: VersionStore, trainer: VersionStore, announced: dict[int, str], **kw):

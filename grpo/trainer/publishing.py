@@ -93,10 +93,9 @@ def new_store(cfg: Config) -> VersionStore | None:
     """The versions rank 0 keeps in memory to stream (weights.mode: stream), else None."""
     if weights_mode(cfg) != "stream":
         return None
-    w, asked = cfg.weights, versions_samplers_may_ask(cfg)
-    return VersionStore(
-        max(w.keep_bases, asked), int(w.base_memory_mb * 2**20), w.delta, protected=asked
-    )
+    w = cfg.weights
+    budget = int(w.base_memory_mb * 2**20)
+    return VersionStore(w.keep_bases, budget, w.delta, protected=versions_samplers_may_ask(cfg))
 
 
 def versions_samplers_may_ask(cfg: Config) -> int:

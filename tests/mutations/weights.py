@@ -100,8 +100,8 @@ MUTATIONS = (
         name="store_keeps_only_keep_bases",
         item="42.4: the trainer keeps every version a restarted sampler may ask for",
         path="grpo/trainer/publishing.py",
-        old="max(w.keep_bases, asked), int(w.base_memory_mb * 2**20), w.delta, protected=asked",
-        new="w.keep_bases, int(w.base_memory_mb * 2**20), w.delta",
+        old="w.delta, protected=versions_samplers_may_ask(cfg))",
+        new="w.delta)",
         tests=(f"{LIVE}::test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for",),
     ),
 )
