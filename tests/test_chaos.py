@@ -163,7 +163,7 @@ STREAM = pytest.param("stream", marks=pytest.mark.extended)
 
 
 @pytest.mark.xdist_group("crash_tests")  # with the others, so straight_run runs once
-@pytest.mark.parametrize("weights", ["shared_dir", STREAM])
+@pytest.mark.parametrize("weights", ["shared_dir", STREAM, "collective"])
 def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_once(
     tmp_path, tiny_model_dir, straight_run, weights
 ):
@@ -175,9 +175,11 @@ def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_o
     (the straight run's way) and streamed from the trainer's memory, which a restarted
     trainer refills from its saved state."""
     config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
-    if weights == "stream":
+    if weights != "shared_dir":
         addr = f"tcp://127.0.0.1:{free_port()}"
-        overrides = [*overrides, "weights.mode=stream", f"transport.weights_addr={addr}"]
+        overrides = [*overrides, f"weights.mode={weights}", f"transport.weights_addr={addr}",
+                     f"weights.collective_addr=tcp://127.0.0.1:{free_port()}",
+                     "weights.collective_timeout_s=5"]  # fmt: skip
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     procs = {role: start(role, config, overrides, logs[role]) for role in logs}
     restart = {"trainer": [], "sampler": ["--resume"]}
@@ -201,7 +203,7 @@ def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_o
     rows = assert_exactly_once(run_dir, spool, text["sampler"])
     _assert_no_stray_processes(config)
     diff = assert_same_as_straight(run_dir, straight_run)
-    if weights == "stream":  # every version came from the trainer's memory, none from a dir,
+    if weights != "shared_dir":  # every version came from the trainer's memory, none from a dir,
         assert "(streamed)" in text["sampler"] and "reloaded weights" not in text["sampler"]
         assert rows[-1]["sampler_weights_received_mb"] > 0
         # and the only version dir is the last step's (weights.save_interval: 0)

@@ -115,7 +115,7 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     endpoint._news.set()  # no 5 s waits between the checks
     weights = Weights.__new__(Weights)
     weights.follower, weights.endpoint, weights.failed_reloads = Follower(), endpoint, {}
-    weights.policy = weights.engine = None
+    weights.policy = weights.engine = weights.member = None
     weights.version = 0
 
     def wake() -> None:

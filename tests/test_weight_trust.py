@@ -254,6 +254,7 @@ def test_a_version_held_from_a_crashed_trainer_is_not_taken_for_the_resumed_one_
     announced = {8: crashed.manifest.identity}
     follower = VersionFollower.__new__(VersionFollower)  # only what image() reads
     follower._cond, follower.failed, follower.announced = threading.Condition(), {}, None
+    follower.broadcast = {}
     follower.seed, follower.trusted, follower.held = seed, lambda: announced, crashed
     assert follower.image(8) is crashed
     announced = {8: resumed.manifest.identity}  # the resumed trainer's heartbeat

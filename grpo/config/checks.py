@@ -13,6 +13,7 @@ from grpo.config.algo import check_correction
 from grpo.config.data import check_mixture, check_rows
 from grpo.config.sampling import check_continuous
 from grpo.config.teacher import check_teacher
+from grpo.config.weights import check_weights
 
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
@@ -57,7 +58,7 @@ def check_values(cfg: Config) -> None:
     _check_train(cfg)
     _check_delivery(cfg)
     _check_transport(cfg.transport)
-    _check_weights(cfg)
+    check_weights(cfg)
     _check_devices(cfg)
     _check_reward(cfg)
     _check_deepspeed(cfg.train.deepspeed_config)
@@ -327,31 +328,6 @@ def _check_transport(t: TransportConfig) -> None:
         raise ConfigError(f"transport.receive_hwm must be >= 0 (0 = derived), got {t.receive_hwm}")
     if t.max_version_bytes < 1:
         raise ConfigError(f"transport.max_version_bytes must be >= 1, got {t.max_version_bytes}")
-
-
-def _check_weights(cfg: Config) -> None:
-    w, mode = cfg.weights, weights_mode(cfg)
-    if mode in ("files", "stream") and not cfg.transport.weights_addr:
-        raise ConfigError(f"weights.mode: {mode} needs transport.weights_addr (where the "
-                          "trainer serves them)")  # fmt: skip
-    if mode == "shared_dir" and cfg.transport.weights_addr:
-        raise ConfigError("weights.mode: shared_dir reads the trainer's dirs: drop "
-                          "transport.weights_addr, or choose files or stream")  # fmt: skip
-    if w.bucket_mb <= 0 or w.keep_bases < 1 or w.window < 1 or w.transfer_timeout_s <= 0:
-        raise ConfigError("weights.bucket_mb, keep_bases, window and transfer_timeout_s must "
-                          "be positive")  # fmt: skip
-    if mode == "stream" and cfg.model.lora.enabled and cfg.rollout.backend == "vllm":
-        raise ConfigError("weights.mode: stream cannot hand vLLM a LoRA adapter (it loads "
-                          "adapters from a dir): use weights.mode files or shared_dir")  # fmt: skip
-    if w.fanout < 0 or w.save_interval < 0:
-        raise ConfigError("weights.fanout and weights.save_interval must be >= 0")
-
-
-def weights_mode(cfg: Config) -> str:
-    """weights.mode with auto resolved."""
-    if cfg.weights.mode != "auto":
-        return cfg.weights.mode
-    return "files" if cfg.transport.weights_addr else "shared_dir"
 
 
 def _check_deepspeed(path: str) -> None:

@@ -218,12 +218,15 @@ class TransportConfig:
 
 @dataclass
 class WeightsConfig:
-    mode: Literal["auto", "shared_dir", "files", "stream"] = knob(
+    mode: Literal["auto", "shared_dir", "files", "stream", "collective"] = knob(
         "auto",
         "how versions reach the samplers: shared_dir (they read the trainer's version dirs), "
         "files (they fetch those dirs over transport.weights_addr), stream (from the trainer's "
         "memory over transport.weights_addr, in buckets, by delta, relayed between samplers; no "
-        "disk on either side); auto = files when transport.weights_addr is set, else shared_dir",
+        "disk on either side), collective (broadcast from the trainer's memory to every sampler "
+        "at once over a torch.distributed gloo group, weights.collective_addr; what the group "
+        "cannot bring, by stream); auto = files when transport.weights_addr is set, else "
+        "shared_dir",
     )
     bucket_mb: float = knob(64.0, "stream: tensors travel in buckets of about this size")
     delta: bool = knob(
@@ -260,6 +263,17 @@ class WeightsConfig:
         "version about once); 0 = every sampler takes it from the trainer",
     )
     window: int = knob(4, "stream: bucket requests in flight per transfer")
+    collective_addr: str = knob(
+        "tcp://127.0.0.1:5558",
+        "collective: the trainer's TCPStore, where the group meets (tcp://host:port; samplers "
+        "connect to it). The group's traffic is not encrypted: beyond loopback it needs "
+        "transport.allow_insecure",
+    )
+    collective_timeout_s: float = knob(
+        30.0,
+        "collective: the bound on every group operation (joining, each message); a sampler "
+        "dead or stalled for this long is dropped from the group, which re-forms without it",
+    )
     transfer_timeout_s: float = knob(
         30.0,
         "stream: a source (relay or trainer) that sends nothing for this long is passed over "

@@ -35,6 +35,7 @@ class Member:
     gone: str | None = None  # STOPPED, SILENT or STALLED; None while alive
     why: str = ""  # the drop's line
     relay: str = ""  # where it relays versions (weights.mode: stream), from its heartbeats
+    collective: str = ""  # its state in the collective group (grpo.weights.member), likewise
 
     @property
     def activity(self) -> str:
@@ -48,6 +49,9 @@ class SamplerPool:
     stall_timeout_s: float
     clock: Callable[[], float] = time.monotonic
     members: dict[str, Member] = field(default_factory=dict)
+    # weights.mode collective: each live sampler's (incarnation, state in the group), for the
+    # trainer's broadcaster; replaced whole at each change, as another thread reads it
+    collective: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def heard(self, sid: str, body: dict[str, Any] | None = None) -> None:
         """Any message from `sid`; a heartbeat's `body` carries its incarnation and activity."""
@@ -73,6 +77,9 @@ class SamplerPool:
             member.incarnation = incarnation
         if isinstance(relay := body.get("relay"), str) and len(relay) <= 256:
             member.relay = relay
+        if isinstance(state := body.get("collective"), str) and len(state) <= 32:
+            member.collective = state
+        self.collective = self._collective_states()
 
     def stopped(self, sid: str, reason: str) -> None:
         """`sid` said it stops: dropped until a restart of it is heard."""
@@ -101,6 +108,7 @@ class SamplerPool:
         if member.gone is not None:
             return
         member.gone, member.why = kind, why
+        self.collective = self._collective_states()
         left = self.alive()
         log.warning("%s (%d alive%s)", why, len(left), f": {', '.join(left)}" if left else "")
 
@@ -110,6 +118,10 @@ class SamplerPool:
     def relays(self) -> dict[str, str]:
         """The live samplers' relay addresses."""
         return {sid: m.relay for sid, m in self.members.items() if m.gone is None and m.relay}
+
+    def _collective_states(self) -> dict[str, tuple[str, str]]:
+        return {sid: (m.incarnation or "", m.collective) for sid, m in self.members.items()
+                if m.gone is None and m.collective}  # fmt: skip
 
     def none_left(self) -> str | None:
         """Why the run cannot go on (every sampler heard of is gone), or None."""

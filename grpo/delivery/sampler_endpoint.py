@@ -61,6 +61,9 @@ class TrainerStatus:
     # weights.mode: stream: the identity of each version the trainer holds in memory, the only
     # versions this sampler takes from any source (grpo.delivery.stream.client.Receiver)
     manifests: dict[int, str] = field(default_factory=dict)
+    # weights.mode collective: the group the trainer formed, as it said it (its reader,
+    # grpo.weights.membership.GroupInfo.from_json, checks it)
+    group: Any = None
 
     def take(self, body: dict[str, Any], sampler_id: str) -> None:
         """What one control message of the trainer says, each field checked (`sampler_id`:
@@ -90,6 +93,8 @@ class TrainerStatus:
             self.activity = activity
         if "relays" in body:
             self.relays = relay_members(body)
+        if "collective" in body:
+            self.group = body["collective"]
         if (manifests := announced_manifests(body)) is not None:
             # This incarnation's word on each version; kept after it drops one from memory, as
             # a relay may still hold it (the newest KEPT_IDENTITIES).

@@ -83,13 +83,13 @@ class TrainerEndpoint:
         run_dir: Path | None = None,
         exit_on_stall: bool = False,
         store: VersionStore | None = None,
+        group: Callable[[], dict[str, Any] | None] = lambda: None,
     ):
         """`ledger`, `version`: a resumed trainer's, announced from the first heartbeat on.
         `max_held`: batches held per sampler before the earliest is trained anyway.
-        `store`: versions served from memory (weights.mode: stream), not `run_dir`'s."""
-        self.ledger = ledger
-        self.expected = expected
-        self.version = version
+        `store`: versions served from memory, not `run_dir`'s; `group()`: the collective group
+        the samplers are to join (weights.mode stream; collective)."""
+        self.ledger, self.expected, self.version = ledger, expected, version
         self.order = InOrder(ledger, max_held, transport.peer_timeout_s)
         self.pool = SamplerPool(transport.peer_timeout_s, transport.stall_timeout_s)
         self.alive = 0  # samplers alive, as the heartbeats tell them (they pace by it)
@@ -98,7 +98,7 @@ class TrainerEndpoint:
         self.transport = transport
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
-        status = announcing(lambda: self._status, store)
+        status = announcing(lambda: {**self._status, "collective": group()}, store)
         self.channel = TrainerChannel(transport, run_dir, status, exit_on_stall, _serving(store))
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 
 from grpo.config import Config
-from grpo.config.checks import weights_mode
+from grpo.config.weights import weights_mode
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import Config
-from grpo.config.checks import weights_mode
+from grpo.config.weights import streams_versions, weights_mode
 from grpo.core.versions import verify_version, version_dir
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
 from grpo.delivery.stream.follower import VersionFollower
@@ -21,6 +21,7 @@ from grpo.models.loading import adapter_state, apply_lora, copy_state, load_caus
 from grpo.rollout.base import RolloutEngine
 from grpo.runtime.placement import sampler_memory_fraction
 from grpo.runtime.progress import ACTIVITY, RECEIVING
+from grpo.weights.member import GroupMember
 from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.sampler")
@@ -76,7 +77,8 @@ class Weights:
         self.reload_s = 0.0
         # Versions that could not be loaded (fetch failed, files failed their checksums), and why.
         self.failed_reloads: dict[int, str] = {}
-        self.follower: VersionFollower | None = None  # weights.mode: stream
+        self.follower: VersionFollower | None = None  # weights.mode: stream, collective
+        self.member: GroupMember | None = None  # weights.mode: collective
         self._targets: dict[str, torch.Tensor] | None = None  # the policy's tensors, to load into
 
     def hf_policy(self) -> torch.nn.Module:
@@ -94,7 +96,7 @@ class Weights:
         """From now on, wait for versions from `endpoint`'s trainer (fetched over the channel
         in weights.mode files, received from memory in stream) and load them into `engine`."""
         self.endpoint, self.engine = endpoint, engine
-        if weights_mode(self.cfg) == "stream":
+        if streams_versions(self.cfg):
             status, channel = endpoint.status, endpoint.channel
             several, lora = self.cfg.rollout.num_samplers > 1, self.cfg.model.lora.enabled
             seed = None  # version 0, the first delta's base (without an HF policy: full copies)
@@ -112,6 +114,13 @@ class Weights:
             )
             channel.relay_address = self.follower.address
             endpoint.before_close.append(self.follower.close)
+            if weights_mode(self.cfg) == "collective":
+                follower = self.follower
+                self.member = GroupMember(self.cfg, endpoint.sampler_id, lambda: status.group,
+                                          follower.offer)  # fmt: skip
+                follower.expected = self.member.expects
+                channel.collective_state = lambda: self.member.state
+                endpoint.before_close.insert(0, self.member.close)
 
     def reload(self, version: int) -> None:
         """Load published version `version` into the HF policy and the engine (if any).
@@ -148,12 +157,12 @@ class Weights:
         follower, image = self.follower, None
         follower.want(version)
         with ACTIVITY.during(RECEIVING, f"version {version}"):
-            seen = follower.receiver.stats.progress
+            seen = self._buckets_received()
 
             def arrived() -> bool:
                 nonlocal image, seen
-                if follower.receiver.stats.progress != seen:
-                    seen = follower.receiver.stats.progress
+                if self._buckets_received() != seen:
+                    seen = self._buckets_received()
                     ACTIVITY.tick()  # buckets coming in: a transfer that stops is a stall
                 try:
                     image = follower.image(version)
@@ -179,14 +188,24 @@ class Weights:
                  self.version, image.version, self.reload_s)  # fmt: skip
         self.version = image.version
 
+    def _buckets_received(self) -> int:
+        assert self.follower is not None
+        by_group = self.member.progress if self.member is not None else 0
+        return self.follower.receiver.stats.progress + by_group
+
     def stream_stats(self) -> dict[str, float]:
-        """weights.mode: stream: bytes received and fallbacks, totals so far (else nothing)."""
+        """weights.mode: stream, collective: bytes received (streamed, broadcast) and
+        fallbacks, totals so far (else nothing)."""
         if self.follower is None:
             return {}
         stats = self.follower.receiver.stats
+        by_group = (
+            {"weights_broadcast_mb": self.member.received_bytes / 2**20} if self.member else {}
+        )
         return {
             "weights_received_mb": stats.bytes / 2**20,
             "weights_fallbacks": float(sum(stats.fallbacks.values())),
+            **by_group,
         }
 
     def load_into_policy(self, vdir: Path) -> None:

@@ -11,7 +11,6 @@ ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +22,6 @@ from grpo.core.vocabulary import GAE
 from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.trainer_endpoint import Endpoint, SilentEndpoint, TrainerEndpoint
-from grpo.delivery.versions import publish_version
 from grpo.eval.in_training import VersionEvaluator
 from grpo.models.loading import load_tokenizer, resolve_model_path
 from grpo.observe.metrics import peak_memory_gib
@@ -41,14 +39,7 @@ from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
 from grpo.trainer.outputs import open_run_dir, step_row, summarise_run
-from grpo.trainer.publishing import (
-    durable_due,
-    keep_initial,
-    new_store,
-    publishes_here,
-    stream_image,
-    weights_to_publish,
-)
+from grpo.trainer.publishing import Publisher, keep_initial, publishes_here, weights_to_publish
 from grpo.trainer.ranks import (
     KEEPALIVE,
     broadcast_batch,
@@ -96,7 +87,7 @@ class Trainer:
         self.endpoint: Endpoint = SilentEndpoint()
         self.version = 0
         # weights.mode: stream: the versions rank 0 serves from memory.
-        self.store = new_store(cfg) if self.rank == 0 else None
+        self.publisher = Publisher(cfg, self.tokenizer) if self.rank == 0 else None
         self.kl_reward_coef = cfg.algo.kl_reward_coef  # adapted each step with kl_ctrl adaptive
         self.ledger = Ledger()  # every rank keeps it: it is part of the saved state
         self.start_step = 0
@@ -140,20 +131,11 @@ class Trainer:
         self.endpoint.saved()
 
     def publish(self, step: int) -> None:
-        """Rank 0 writes version `step` (full weights or the LoRA adapter) and announces it;
+        """Rank 0 publishes version `step` (full weights or the LoRA adapter) and announces it;
         under ZeRO-3 every rank comes here, to gather the parameters (grpo.trainer.publishing)."""
-        cfg = self.cfg
-        with weights_to_publish(self.models.policy, cfg.model.lora.enabled) as weights:
-            if self.rank == 0:
-                if self.store is not None:  # in memory first: the samplers wait for it
-                    self.store.add(stream_image(cfg, step, weights.state()))
-
-                def save(tmp: Path) -> None:
-                    weights.write(tmp, cfg.train.max_shard_size)
-                    self.tokenizer.save_pretrained(tmp)
-
-                if self.store is None or durable_due(cfg, step):
-                    publish_version(self.run_dir, step, save, cfg.train.keep_versions, step)
+        with weights_to_publish(self.models.policy, self.cfg.model.lora.enabled) as weights:
+            if self.publisher is not None:
+                self.publisher.publish(weights, step)
         self.version = step
         self.endpoint.published(step)
 
@@ -222,14 +204,15 @@ class Trainer:
 
     def run(self) -> None:
         cfg = self.cfg
-        if self.rank == 0:
+        if (publisher := self.publisher) is not None:  # rank 0
             # First: a busy port moves nothing. A resumed trainer announces its own version
             # and acknowledgements from its very first heartbeat.
             self.endpoint = TrainerEndpoint(
                 cfg.transport, self.ledger, self.expected, self.version,
                 max_held=cfg.rollout.spool_max_batches, run_dir=self.run_dir, exit_on_stall=True,
-                store=self.store,
+                store=publisher.store, group=publisher.group,
             )  # fmt: skip
+            publisher.start(self.endpoint, self.version)
             open_run_dir(cfg, self.start_step)
             self.run_log = RunLog(cfg, self.start_step)
             log.info(
@@ -238,7 +221,8 @@ class Trainer:
         if self.start_step:
             self.publish_if_here(self.start_step)  # the samplers follow back to these weights
         elif publishes_here(self.models.policy, self.rank):
-            keep_initial(self.models.policy, cfg, self.store)  # the first delta's base
+            store = self.publisher.store if self.publisher else None
+            keep_initial(self.models.policy, cfg, store)  # the first delta's base
         try:
             if self.start_step == 0:
                 self.evaluate(0)  # the initial weights, while the samplers make batch 0
@@ -260,6 +244,8 @@ class Trainer:
             self.endpoint.stop(messages.INTERRUPTED if interrupted else failure or str(e))
             raise
         finally:
+            if self.publisher is not None:
+                self.publisher.close()
             self.endpoint.close()
             self.run_log.close()
         if self.rank == 0:

@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config import Config
-from grpo.config.checks import weights_mode
+from grpo.config.weights import streams_versions, weights_mode
 from grpo.delivery.stream.image import Image
 from grpo.delivery.stream.server import VersionStore
 from grpo.delivery.stream.torch_bits import image_from_state
+from grpo.delivery.trainer_endpoint import TrainerEndpoint
+from grpo.delivery.versions import publish_version
 from grpo.models.loading import adapter_state
+from grpo.weights.broadcaster import Broadcaster
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def weights_to_publish(engine: Any, lora: bool) -> Iterator[Published]:
 
 def new_store(cfg: Config) -> VersionStore | None:
     """The versions rank 0 keeps in memory to stream (weights.mode: stream), else None."""
-    if weights_mode(cfg) != "stream":
+    if not streams_versions(cfg):
         return None
     w = cfg.weights
     budget = int(w.base_memory_mb * 2**20)
@@ -119,11 +122,52 @@ def durable_due(cfg: Config, step: int) -> bool:
     return step == cfg.train.total_steps or bool(every and step % every == 0)
 
 
+class Publisher:
+    """Rank 0's publishing of a version: into memory, where the samplers stream it from
+    (weights.mode stream, collective) and which the broadcaster sends (collective), and into a
+    version dir where the samplers read dirs or one is due."""
+
+    def __init__(self, cfg: Config, tokenizer: Any):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.store = new_store(cfg)
+        self.broadcaster: Broadcaster | None = None
+
+    def start(self, endpoint: TrainerEndpoint, version: int) -> None:
+        """The samplers can be told of versions from now on (`version`: the newest they may
+        have): weights.mode collective starts the broadcaster, its group's membership read
+        from `endpoint`'s heartbeats and announced in them (`group`)."""
+        if weights_mode(self.cfg) == "collective" and self.store is not None:
+            states = lambda: endpoint.pool.collective  # noqa: E731 - replaced whole, never changed
+            self.broadcaster = Broadcaster(self.cfg, self.store, states, published=version)
+
+    def group(self) -> dict[str, Any] | None:
+        """What the trainer's control messages say of the collective group (None: none)."""
+        return self.broadcaster.announced if self.broadcaster is not None else None
+
+    def publish(self, weights: Published, step: int) -> None:
+        cfg = self.cfg
+        if self.store is not None:  # in memory first: the samplers wait for it
+            self.store.add(stream_image(cfg, step, weights.state()))
+        if self.broadcaster is not None:  # on its own thread: training goes on
+            self.broadcaster.publish(step)
+        if self.store is None or durable_due(cfg, step):
+
+            def save(tmp: Path) -> None:
+                weights.write(tmp, cfg.train.max_shard_size)
+                self.tokenizer.save_pretrained(tmp)
+
+            publish_version(cfg.run_dir, step, save, cfg.train.keep_versions, step)
+
+    def close(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+
+
 def keep_initial(engine: Any, cfg: Config, store: VersionStore | None) -> None:
     """weights.mode: stream: version 0 (the initial weights) into rank 0's store, unannounced:
     the samplers start from the same weights, so the first version travels as a delta from it.
     Every rank under ZeRO-3 (the gather is collective), like a publish."""
-    if weights_mode(cfg) != "stream":
+    if not streams_versions(cfg):
         return
     with weights_to_publish(engine, cfg.model.lora.enabled) as weights:
         if store is not None:

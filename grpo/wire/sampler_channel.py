@@ -71,6 +71,8 @@ class SamplerChannel:
             else None
         )
         self.relay_address = ""  # where this sampler relays versions, told in its heartbeats
+        # weights.mode collective: its state in the group (grpo.weights.member), likewise
+        self.collective_state: Callable[[], str] | None = None
         self.push.setsockopt(zmq.SNDTIMEO, int(cfg.peer_timeout_s * 1000))
         self.push.connect(cfg.episodes_addr)
         self._heard, self._lost = heard, lost
@@ -116,6 +118,7 @@ class SamplerChannel:
                 "sampler_id": self.sampler_id,
                 "incarnation": self.incarnation,
                 **({"relay": self.relay_address} if self.relay_address else {}),
+                **({"collective": self.collective_state()} if self.collective_state else {}),
                 **ACTIVITY.snapshot().to_json(),
             }
             with contextlib.suppress(zmq.Again):  # trainer not there yet: the timeouts decide

@@ -32,6 +32,7 @@ from grpo.wire.keys import ClientKeys, relay_key, secure_server
 log = logging.getLogger("grpo.sampler")
 
 PASS_OVER_S = 30.0
+KEPT_BROADCASTS = 3  # versions the collective group brought that a sampler keeps at hand
 
 
 def advertised(bound: str, host: str) -> str:
@@ -80,6 +81,10 @@ class VersionFollower:
         )
         self.held: Image | None = seed
         self.seed, self.trusted = seed, trusted
+        # weights.mode collective: the versions the group brought (the newest few), and
+        # whether it will bring a version (grpo.weights.member.GroupMember.expects)
+        self.broadcast: dict[int, Image] = {}
+        self.expected: Callable[[int], bool] = lambda version: False
         self._passed_over: dict[str, float] = {}  # relay -> when it last failed a version
         self.failed: dict[int, str] = {}
         self._target = -1
@@ -133,11 +138,26 @@ class VersionFollower:
             self._target = version
             self._cond.notify_all()
 
+    def offer(self, image: Image) -> None:
+        """A version the collective group brought (each tensor checked against its manifest):
+        used once the trainer announced that manifest's identity, like any source's."""
+        with self._cond:
+            self.broadcast[image.version] = image
+            for old in sorted(self.broadcast)[:-KEPT_BROADCASTS]:
+                del self.broadcast[old]
+            if self.held is None or image.version > self.held.version:
+                self.held = image
+                if self.node is not None:  # the samplers below it take it from here
+                    self.node.source.finished(image)
+            self._cond.notify_all()
+
     def image(self, version: int) -> Image | None:
         """The held version if it is `version` (or, with relays, newer); raises ValueError if
         receiving it failed (with relays: and no newer version is out to receive instead; the
         sources may have moved past a version while a dead relay was waited out)."""
         with self._cond:
+            if self._current(sent := self.broadcast.get(version)):
+                return sent
             held = self.held if self._current(self.held) else None
             if held is not None and (
                 held.version == version or (self.announced and held.version > version)
@@ -155,7 +175,8 @@ class VersionFollower:
                     self._target = max(self._target, self.announced())
                 target = self._target
                 held = self.held.version if self._current(self.held) else -1
-                if target >= 0 and target != held and target not in self.failed:
+                brought = target in self.broadcast or self.expected(target)
+                if target >= 0 and target != held and target not in self.failed and not brought:
                     return target
                 self._cond.wait(timeout=0.1)
         return None

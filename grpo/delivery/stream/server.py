@@ -108,6 +108,10 @@ class VersionStore:
         with self._lock:
             return {str(v): image.manifest.identity for v, image in self.images.items()}
 
+    def get(self, version: int) -> Image | None:
+        with self._lock:
+            return self.images.get(version)
+
     @property
     def newest(self) -> Image | None:
         with self._lock:

@@ -1,0 +1,148 @@
+"""A sampler's end of weights.mode collective: a thread that joins the group the trainer
+announces, takes every version broadcast in it, checks each tensor against the manifest's
+checksum, and offers the whole version to the sampler's follower (which takes it only once the
+trainer announced that manifest's identity, grpo.delivery.stream.follower).
+
+Its state travels in the sampler's heartbeats: "ready:G" (not in a group; G the generation it
+last left, 0 for none) or "member:G". Any failure (the trainer gone, a peer dead or stalled, a
+malformed message) ends its membership: it says it left, and the trainer invites it again. The
+follower streams whatever the group will not bring (`expects`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from grpo.config import Config
+from grpo.delivery.stream.image import Image
+from grpo.weights import group as wire
+from grpo.weights.membership import GroupInfo
+from grpo.wire import deltas
+from grpo.wire.codec import FrameError
+from grpo.wire.unpack import unpack_bounded
+from grpo.wire.weight_frames import Manifest
+
+log = logging.getLogger("grpo.sampler")
+
+
+class LeftGroup(RuntimeError):
+    """This member cannot follow the group any more (it leaves; the trainer re-invites it)."""
+
+
+class GroupMember:
+    def __init__(
+        self,
+        cfg: Config,
+        sampler_id: str,
+        announced: Callable[[], Any],
+        offer: Callable[[Image], None],
+    ):
+        """`announced()`: the group the trainer's heartbeats name (as they say it, checked
+        here); `offer(image)`: a version
+        received whole, each tensor matching its checksum."""
+        w = cfg.weights
+        self.sampler_id, self.announced, self.offer = sampler_id, announced, offer
+        self.addr, self.timeout_s = w.collective_addr, w.collective_timeout_s
+        self.max_version_bytes = cfg.transport.max_version_bytes
+        self.epoch = ""  # the trainer process whose generations `left` counts
+        self.left = 0  # the last generation this member was in (or failed to join)
+        self.state = "ready:0"  # what its heartbeats say
+        self.progress = 0  # buckets received: a transfer that stops shows as a stall
+        self.received_bytes = 0
+        self._first: int | None = None  # in a group: the oldest version it will be sent
+        self._lost: set[int] = set()  # versions broadcast that failed their checksums
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
+        self._thread.start()
+
+    def expects(self, version: int) -> bool:
+        """Whether the group will bring `version`: this sampler is a member, the version is
+        not older than its membership, and it did not fail its checksums."""
+        first = self._first
+        return first is not None and version >= first and version not in self._lost
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            info = GroupInfo.from_json(self.announced())
+            if info is not None and info.epoch != self.epoch:  # a new trainer: its own count
+                self.epoch, self.left = info.epoch, 0
+            rank = info.rank(self.sampler_id) if info is not None else None
+            if info is None or rank is None or info.generation <= self.left:
+                self._closing.wait(0.05)
+                continue
+            try:
+                self._follow(info, rank)
+            except (RuntimeError, ValueError) as e:  # gloo's errors are RuntimeErrors
+                if not self._closing.is_set():
+                    log.warning("weights: left collective group %d: %s", info.generation,
+                                wire.reason(e))  # fmt: skip
+            finally:
+                self._first, self.left = None, info.generation
+                self.state = f"ready:{info.generation}"
+
+    def _follow(self, info: GroupInfo, rank: int) -> None:
+        """Join generation `info.generation` and take what it sends until it ends."""
+        meeting = wire.meeting_point(self.addr, False, self.timeout_s)
+        interface = wire.local_interface(self.addr)
+        group = wire.form(meeting, info.generation, rank, len(info.members) + 1, interface,
+                          self.timeout_s)  # fmt: skip
+        self.state = f"member:{info.generation}"
+        log.info("weights: joined collective group %d as rank %d", info.generation, rank)
+        while not self._closing.is_set():
+            kind, value, size, _ = wire.exchange_header(group, None)
+            if kind == wire.KEEPALIVE:
+                self._first = value
+            elif kind == wire.VERSION:
+                self._take(group, value, size)
+            elif kind == wire.REFORM:
+                return
+            else:
+                raise LeftGroup(f"a header of unknown kind {kind}")
+
+    def _take(self, group: object, version: int, size: int) -> None:
+        """One version: its manifest, then its buckets. A tensor that fails its checksum loses
+        the version (the follower streams it) but not the group: every bucket is still read."""
+        if not 0 < size <= wire.MAX_MANIFEST_BYTES:
+            raise LeftGroup(f"version {version}'s manifest of {size} bytes")
+        raw = np.empty(size, np.uint8)
+        wire.broadcast(group, raw)
+        try:
+            manifest = Manifest.from_body(unpack_bounded(memoryview(raw)), self.max_version_bytes)
+        except (FrameError, ValueError) as e:
+            raise LeftGroup(f"version {version}'s manifest: {e}") from None
+        if manifest.version != version:
+            raise LeftGroup(f"a manifest of version {manifest.version} under {version}")
+        arrays, wrong = {}, []
+        for index in range(len(manifest.buckets)):
+            specs = manifest.bucket_specs(index)
+            data = np.empty(sum(s.nbytes for s in specs), np.uint8)
+            if data.size:
+                wire.broadcast(group, data)
+            self.progress += 1
+            self.received_bytes += data.size
+            at = 0
+            for spec in specs:
+                bits = data[at : at + spec.nbytes].view(spec.bits)
+                at += spec.nbytes
+                if deltas.tensor_digest(bits) != spec.digest:
+                    wrong.append(spec.name)
+                arrays[spec.name] = bits
+        if wrong:
+            self._lost.add(version)
+            log.warning("weights: version %d from the group fails the checksums of %s: taken "
+                        "by stream instead", version, ", ".join(wrong[:3]))  # fmt: skip
+            return
+        log.info("weights: version %d from the collective group (%d bytes)", version,
+                 manifest.nbytes)  # fmt: skip
+        self.offer(Image(manifest, arrays))
+
+    def close(self) -> None:
+        """Stop following (an operation under way ends within weights.collective_timeout_s,
+        the thread with the process)."""
+        self._closing.set()
+        self._thread.join(timeout=1)

@@ -1,0 +1,68 @@
+"""Who is in weights.mode collective's group: the trainer's announcement of it, and whom the
+trainer invites into the next one. Pure: the sampler's status reads it without torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_MEMBERS = 1024
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """The group the trainer formed, as its heartbeats announce it to the samplers."""
+
+    epoch: str  # this trainer process's: a restarted one counts generations anew
+    generation: int
+    members: tuple[str, ...]  # sampler ids, in rank order from 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "generation": self.generation, "members": list(self.members)}
+
+    @classmethod
+    def from_json(cls, body: Any) -> GroupInfo | None:
+        """The trainer's announcement, or None when it names no group or is malformed."""
+        if not isinstance(body, dict):
+            return None
+        epoch, generation, members = body.get("epoch"), body.get("generation"), body.get("members")
+        if not (
+            isinstance(epoch, str)
+            and 0 < len(epoch) <= 64
+            and type(generation) is int
+            and generation > 0
+            and isinstance(members, list)
+            and 0 < len(members) <= MAX_MEMBERS
+            and all(isinstance(m, str) and 0 < len(m) <= 256 for m in members)
+            and len(set(members)) == len(members)
+        ):
+            return None
+        return cls(epoch, generation, tuple(members))
+
+    def rank(self, sampler_id: str) -> int | None:
+        """`sampler_id`'s rank in the group, None if it is not a member."""
+        return self.members.index(sampler_id) + 1 if sampler_id in self.members else None
+
+
+def left_generation(state: str) -> int | None:
+    """The generation a sampler in state "ready:G" left (0: none yet); None if not ready."""
+    kind, _, number = state.partition(":")
+    return int(number) if kind == "ready" and number.isdigit() else None
+
+
+def invited(
+    states: Mapping[str, tuple[str, str]],
+    members: tuple[str, ...],
+    failed_in: Mapping[tuple[str, str], int],
+) -> tuple[str, ...]:
+    """Who the next group holds: the current `members`, and each sampler ready to join
+    (`states`: sampler -> (incarnation, state)) that has left the generation it last failed in
+    (`failed_in`, by sampler and incarnation: a restarted sampler starts afresh)."""
+    ready = {
+        sid
+        for sid, (incarnation, state) in states.items()
+        if (left := left_generation(state)) is not None
+        and left >= failed_in.get((sid, incarnation), 0)
+    }
+    return tuple(sorted(set(members) | ready))

@@ -1,0 +1,206 @@
+"""weights.mode collective (issue 42, item 5): versions broadcast over a gloo group of their own
+between the trainer's broadcaster and the samplers' members, real groups on loopback. A member
+that stalls is dropped within weights.collective_timeout_s and the group re-forms without it;
+it rejoins once it moves again. (Whole runs, a trainer and a sampler SIGKILLed and resumed,
+ending with the straight run's weights bit for bit: tests/test_chaos.py.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from bench.common import free_port
+from grpo.config import Config, ConfigError, load_config
+from grpo.delivery.stream.image import Image
+from grpo.delivery.stream.server import VersionStore
+from grpo.weights.broadcaster import Broadcaster
+from grpo.weights.member import GroupMember
+from grpo.weights.membership import GroupInfo, invited
+
+TIMEOUT_S = 2.0
+
+
+def collective_config() -> Config:
+    cfg = Config()
+    cfg.weights.mode = "collective"
+    cfg.weights.collective_addr = f"tcp://127.0.0.1:{free_port()}"
+    cfg.weights.collective_timeout_s = TIMEOUT_S
+    return cfg
+
+
+def version(v: int, bucket_bytes: int = 4096) -> Image:
+    rng = np.random.default_rng(v)
+    tensors = [(f"layer{i}.weight", "float32", (16, 32), rng.integers(-(2**31), 2**31, 512,
+               dtype=np.int32)) for i in range(6)]  # fmt: skip
+    return Image.build(v, tensors, bucket_bytes)
+
+
+class Trainer:
+    """The trainer's side of a collective run as the broadcaster sees it: the store, the
+    samplers' states from their heartbeats, the group its heartbeats announce."""
+
+    def __init__(self, cfg: Config, members: dict[str, GroupMember]):
+        self.members = members
+        self.store = VersionStore(keep=8, budget_bytes=1 << 30, delta=False, protected=8)
+        self.broadcaster = Broadcaster(cfg, self.store, self.states)
+
+    def states(self) -> dict[str, tuple[str, str]]:
+        return {sid: ("incarnation", m.state) for sid, m in list(self.members.items())}
+
+    @property
+    def group(self) -> GroupInfo | None:  # what its heartbeats say
+        return GroupInfo.from_json(self.broadcaster.announced)
+
+    def publish(self, image: Image) -> None:
+        self.store.add(image)
+        self.broadcaster.publish(image.version)
+
+
+class Sampler:
+    def __init__(self, cfg: Config, sid: str, trainer: Trainer):
+        self.got: dict[int, Image] = {}
+        self.offered = threading.Event()
+        self.member = GroupMember(
+            cfg, sid, lambda: trainer.group and trainer.group.to_json(), self.offer
+        )
+        trainer.members[sid] = self.member
+
+    def offer(self, image: Image) -> None:
+        self.got[image.version] = image
+        self.offered.set()
+
+
+def wait_until(cond, what: str, timeout: float = 30.0) -> float:
+    started = time.monotonic()
+    while not cond():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def run():
+    made: list[tuple[Trainer, list[Sampler]]] = []
+
+    def make(n: int) -> tuple[Trainer, list[Sampler]]:
+        cfg = collective_config()
+        trainer = Trainer(cfg, {})
+        samplers = [Sampler(cfg, f"sampler-{i}", trainer) for i in range(n)]
+        made.append((trainer, samplers))
+        return trainer, samplers
+
+    yield make
+    for trainer, samplers in made:
+        for s in samplers:
+            s.member.close()
+        trainer.broadcaster.close()
+
+
+def same(a: Image, b: Image) -> bool:
+    return a.manifest.identity == b.manifest.identity and all(
+        np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays
+    )
+
+
+def test_every_version_reaches_every_member_bit_for_bit(run) -> None:
+    trainer, samplers = run(2)
+    wait_until(lambda: all(s.member.expects(1) for s in samplers), "the group")
+    assert not any(s.member.expects(0) for s in samplers)  # sent before they joined
+    sent = [version(v) for v in (1, 2, 3)]
+    for image in sent:
+        trainer.publish(image)
+    wait_until(lambda: all(len(s.got) == 3 for s in samplers), "three versions each")
+    for s in samplers:
+        assert all(same(s.got[image.version], image) for image in sent)
+    assert trainer.group is not None and trainer.group.members == ("sampler-0", "sampler-1")
+    assert set(trainer.broadcaster.seconds) == {1, 2, 3}
+
+
+def test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again(run) -> None:
+    """sampler-1 stops inside its thread for 3 bounds: the group is dropped within the bound
+    plus a keepalive, the trainer re-forms it with sampler-0 alone (which gets the next version
+    from it), and sampler-1 is back in a later group once it moves."""
+    trainer, samplers = run(2)
+    wait_until(lambda: all(s.member.expects(1) for s in samplers), "the group")
+    release = threading.Event()
+    stalled = samplers[1]
+
+    def stall(image: Image) -> None:
+        stalled.got[image.version] = image
+        release.wait(3 * TIMEOUT_S)
+
+    stalled.member.offer = stall
+    trainer.publish(version(1))
+    wait_until(lambda: 1 in stalled.got, "sampler-1 taking version 1")
+    began = time.monotonic()
+    waited = wait_until(
+        lambda: trainer.group is not None and trainer.group.members == ("sampler-0",),
+        "a group without sampler-1",
+    )
+    assert waited < TIMEOUT_S + trainer.broadcaster.keepalive_s + 3.0, waited
+    trainer.publish(version(2))
+    wait_until(lambda: 2 in samplers[0].got, "version 2 in the new group")
+    release.set()
+    wait_until(
+        lambda: trainer.group is not None and "sampler-1" in trainer.group.members,
+        "sampler-1 back in a group",
+    )
+    trainer.publish(version(3))
+    wait_until(lambda: 3 in stalled.got, "version 3 at the rejoined sampler-1")
+    print(f"\ncollective: a stalled member dropped after {waited:.1f} s (bound {TIMEOUT_S} s), "
+          f"rejoined {time.monotonic() - began:.1f} s after the stall began")  # fmt: skip
+
+
+def test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on(run) -> None:
+    trainer, samplers = run(1)
+    member = samplers[0].member
+    wait_until(lambda: member.expects(1), "the group")
+    forged = version(1)
+    forged.arrays["layer3.weight"] = forged.arrays["layer3.weight"] ^ 1  # not its manifest's
+    trainer.publish(forged)
+    trainer.publish(version(2))
+    wait_until(lambda: 2 in samplers[0].got, "version 2")
+    assert 1 not in samplers[0].got and not member.expects(1)  # the follower streams it
+    assert member.expects(3) and member.state.startswith("member:")
+
+
+def test_who_the_next_group_holds() -> None:
+    ready, member = ("i", "ready:0"), ("i", "member:1")
+    assert invited({"a": ready, "b": member}, (), {}) == ("a",)
+    assert invited({"a": ready}, ("b",), {}) == ("a", "b")  # members stay, the ready join
+    # Failed in generation 3: invited again only once it says it left generation 3 ...
+    assert invited({"a": ("i", "ready:2")}, (), {("a", "i"): 3}) == ()
+    assert invited({"a": ("i", "ready:3")}, (), {("a", "i"): 3}) == ("a",)
+    # ... or when it is another process: a restarted sampler starts afresh.
+    assert invited({"a": ("j", "ready:0")}, (), {("a", "i"): 3}) == ("a",)
+    assert invited({"a": ("i", "ready:x"), "b": ("i", "")}, (), {}) == ()
+
+
+def test_a_group_announcement_is_taken_only_when_well_formed() -> None:
+    good = GroupInfo("e", 2, ("s0", "s1"))
+    assert GroupInfo.from_json(good.to_json()) == good and good.rank("s1") == 2
+    body = good.to_json()
+    for bad in (None, 3, {**body, "generation": 0}, {**body, "members": []},
+                {**body, "members": ["s0", "s0"]}, {**body, "epoch": 7}):  # fmt: skip
+        assert GroupInfo.from_json(bad) is None, bad
+
+
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        (["transport.weights_addr="], "needs transport.weights_addr"),
+        (["weights.collective_addr=tcp://10.1.2.3:5558"], "beyond loopback"),
+        (["weights.collective_addr=tcp://127.0.0.1:5555"], "another transport address"),
+        (["weights.collective_addr=127.0.0.1:5558"], "tcp://host:port"),
+        (["weights.collective_timeout_s=0"], "must be positive"),
+    ],
+)
+def test_collective_settings_are_refused_with_their_reason(overrides, error) -> None:
+    base = ["weights.mode=collective", "transport.weights_addr=tcp://127.0.0.1:5557"]
+    with pytest.raises(ConfigError, match=error):
+        load_config(None, [*base, *overrides])
+    load_config(None, [*base, "weights.collective_addr=tcp://10.1.2.3:5558",
+                       "transport.allow_insecure=true"])  # fmt: skip
