@@ -19,7 +19,10 @@ Rows (median and spread of the repetitions, the limit measured in each):
   holds them), sent as full copies (`weights.delta: false`); the same sync with deltas in the
   notes (what it sends, what it costs);
 - weight_stream_sync_lora: the LoRA adapter alone (model.lora of the demo), full copies;
-  deltas in the notes.
+  deltas in the notes;
+- weight_collective_sync_full, _lora: the same versions broadcast over weights.mode
+  collective's gloo group (grpo.weights) from the same store to the same sampler process,
+  against the same limit.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import MODEL, Result, machine, quiet_hf, report
+from bench.common import MODEL, Result, free_port, machine, quiet_hf, report
 
 TARGET = 0.5  # issue 30: within 2x of the limit of the same bytes
+COLLECTIVE_TARGET = 0.8  # issue 42: a broadcast within 1.25x of that limit
 TIMEOUT_S = 60.0
 
 
@@ -71,6 +75,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
     from grpo.delivery.stream.client import Receiver
     from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
     from grpo.models.loading import copy_state
+    from grpo.weights.member import GroupMember
 
     torch.set_num_threads(1)
     quiet_hf()
@@ -79,9 +84,28 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
     receiver = Receiver(ctx, None, max_bytes, TIMEOUT_S)
     targets = _state(model, lora)
     held = image_from_state(0, targets, 1 << 26, lora)  # version 0, as seeded
+    group: dict[str, Any] = {}  # weights.mode collective: the trainer's announcement
+    broadcast, arrived = {}, threading.Condition()
+
+    def offer(image: Any) -> None:  # the member's thread: the sampler's loop loads it
+        with arrived:
+            broadcast[image.version] = image
+            arrived.notify_all()
+
     conn.send("ready")
     while (order := conn.recv()) is not None:
         kind, addr, arg = order
+        if kind == "group":  # addr: the config, arg: the trainer's announcement of the group
+            group["said"] = arg
+            group.setdefault("member", GroupMember(addr, "sampler-0", lambda: group["said"], offer))
+            continue
+        if kind == "await":  # arg: the version the group is bringing
+            with arrived:
+                arrived.wait_for(lambda v=arg: v in broadcast, TIMEOUT_S)
+                image = broadcast.pop(arg)
+            copy_state(targets, state_from_image(image), {"lm_head.weight"}, "the version")
+            conn.send((time.perf_counter(), image.manifest.nbytes))
+            continue
         if kind == "limit":  # arg: the bytes to take in
             pull = ctx.socket(zmq.PULL)
             pull.connect(addr)
@@ -172,6 +196,26 @@ class _Trainer:
         self.thread = threading.Thread(target=server.run, daemon=True)
         self.thread.start()
         self.version = 0
+        self.broadcaster: Any = None
+
+    def join(self, conn: Any, proc: Any) -> None:
+        """weights.mode collective: a broadcaster on this store, the sampler in its group."""
+        from grpo.config import load_config
+        from grpo.weights.broadcaster import Broadcaster
+
+        cfg = load_config(_demo_config())
+        cfg.weights.collective_addr = f"tcp://127.0.0.1:{free_port()}"
+        cfg.weights.collective_timeout_s = TIMEOUT_S
+        ready = {"sampler-0": ("bench", "ready:0")}
+        self.broadcaster = Broadcaster(cfg, self.store, lambda: ready, published=self.version)
+        deadline = time.monotonic() + TIMEOUT_S
+        while self.broadcaster.announced is None:
+            assert time.monotonic() < deadline, "the broadcaster formed no group"
+            time.sleep(0.01)
+        conn.send(("group", cfg, self.broadcaster.announced))
+        while self.broadcaster.group is None:
+            assert time.monotonic() < deadline, "the sampler never joined the group"
+            time.sleep(0.01)
 
     def step(self) -> None:
         self.model(**self.batch).loss.backward()
@@ -194,18 +238,37 @@ class _Trainer:
         assert not self.failures, self.failures
         return done - t0, sent, sum(a.nbytes for a in image.arrays.values())
 
+    def sync_collective(self, conn: Any, proc: Any) -> float:
+        """Seconds from after the step to the sampler holding the version, broadcast."""
+        from grpo.delivery.stream.torch_bits import image_from_state
+
+        self.step()
+        self.version += 1
+        t0 = time.perf_counter()
+        image = image_from_state(
+            self.version, _state(self.model, self.lora), self.bucket_bytes, self.lora
+        )
+        self.store.add(image)
+        self.broadcaster.publish(self.version)
+        conn.send(("await", None, self.version))
+        done, _ = _answer(conn, proc)
+        return done - t0
+
     def close(self) -> None:
         self.closing.set()
         self.thread.join(5)
+        if self.broadcaster is not None:
+            self.broadcaster.close()
 
 
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
 
 
-def _case(path: Path, lora: bool, reps: int) -> tuple[list[float], list[float], str]:
-    """(limits, ours, notes), one of each per repetition: full copies and deltas alternated,
-    `reps` of each, the limit measured again in each repetition."""
+def _case(path: Path, lora: bool, reps: int) -> tuple[list[float], list[float], list[float], str]:
+    """(limits, streamed, broadcast, notes), one of each per repetition: full copies, deltas
+    and the collective broadcast alternated, `reps` of each, the limit measured again in each
+    repetition."""
     import torch
     import zmq
 
@@ -219,7 +282,8 @@ def _case(path: Path, lora: bool, reps: int) -> tuple[list[float], list[float], 
     child.close()  # the sampler's end: its death must not leave a reader waiting on it
     try:
         assert _answer(parent, proc) == "ready"
-        full, delta, shares, limits, copies, wires = [], [], [], [], [], []
+        trainer.join(parent, proc)
+        full, delta, shares, limits, copies, wires, group = [], [], [], [], [], [], []
         for _ in range(reps):
             copies.append(_copy_s(nbytes))
             wires.append(_loopback_s(ctx, parent, proc, nbytes, trainer.bucket_bytes))
@@ -229,6 +293,7 @@ def _case(path: Path, lora: bool, reps: int) -> tuple[list[float], list[float], 
             seconds, sent, whole = trainer.sync(parent, proc, delta=True)
             delta.append(seconds)
             shares.append(sent / whole)
+            group.append(trainer.sync_collective(parent, proc))
         parent.send(None)
         proc.join(30)
     finally:
@@ -244,10 +309,11 @@ def _case(path: Path, lora: bool, reps: int) -> tuple[list[float], list[float], 
         f"loopback {wire:.3f} s (medians) ({nbytes / wire / 1e9:.2f} GB/s); with deltas "
         f"{_spread(delta)}, sending "
         f"a median {statistics.median(shares):.3f} of the bytes (ratio to the limit "
-        f"{limit / statistics.median(delta):.2f}); {reps} repetitions each, alternated; sampler "
-        "and trainer one thread each, separate processes"
+        f"{limit / statistics.median(delta):.2f}); broadcast (weights.mode collective, gloo) "
+        f"{_spread(group)}; {reps} repetitions each, alternated; sampler and trainer one "
+        "thread each, separate processes"
     )
-    return limits, full, notes
+    return limits, full, group, notes
 
 
 def run(quick: bool = False) -> list[Result]:
@@ -260,16 +326,21 @@ def run(quick: bool = False) -> list[Result]:
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "tiny", base) if quick else base
         for name, lora in (("full", False), ("lora", True)):
-            limits, ours, notes = _case(path, lora, 2 if quick else 5)
+            limits, ours, group, notes = _case(path, lora, 2 if quick else 5)
             what = "the LoRA adapter (model.lora of the demo)" if lora else "the full weights"
-            scenario = (f"{what} of {MODEL[quick]}, float32, streamed as full copies from the "
-                        "trainer's memory to a sampler process over loopback TCP, each role one "
-                        "thread, after an AdamW step; baseline: the limit of the same bytes "
-                        "measured in the same repetition (2 memory copies + one loopback send), "
-                        "a floor, not an alternative a user would run")  # fmt: skip
-            row = Result.of(f"weight_stream_sync_{name}", "s", limits, ours, "baseline/ours",
-                            TARGET, machine(), scenario, notes, quick)  # fmt: skip
-            rows.append(report(row))
+            for mode, seconds, target, how in (
+                ("stream", ours, TARGET, "streamed as full copies from the trainer's memory"),
+                ("collective", group, COLLECTIVE_TARGET,
+                 "broadcast from the trainer's memory over a gloo group (weights.mode collective)"),
+            ):  # fmt: skip
+                scenario = (f"{what} of {MODEL[quick]}, float32, {how} to a sampler process over "
+                            "loopback TCP, each role one thread, after an AdamW step; baseline: "
+                            "the limit of the same bytes measured in the same repetition (2 "
+                            "memory copies + one loopback send), a floor, not an alternative a "
+                            "user would run")  # fmt: skip
+                row = Result.of(f"weight_{mode}_sync_{name}", "s", limits, seconds, "baseline/ours",
+                                target, machine(), scenario, notes, quick)  # fmt: skip
+                rows.append(report(row))
     return rows
 
 

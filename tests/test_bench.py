@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import REPO
 
 # The rows each benchmark writes; each runs as its own test, so that pytest-xdist spreads them.
-ROWS = {"transport": 4, "logprobs": 2, "padding": 3, "weight_sync": 1, "weight_stream": 2,
+ROWS = {"transport": 4, "logprobs": 2, "padding": 3, "weight_sync": 1, "weight_stream": 4,
         "weight_delta": 1, "weight_fanout": 1, "overlap": 1, "e2e": 1, "continuous": 2,
         "recovery": 1,
         "hostile": 1, "vllm": 2}  # fmt: skip

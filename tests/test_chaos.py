@@ -208,6 +208,12 @@ def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_o
         assert rows[-1]["sampler_weights_received_mb"] > 0
         # and the only version dir is the last step's (weights.save_interval: 0)
         assert [p.name for p in (run_dir / "versions").iterdir()] == [f"v{TOTAL:06d}"]
+    if weights == "collective":  # most by broadcast: by stream only what a rejoin missed
+        grouped = set(re.findall(r"version (\d+) from the collective group", text["sampler"]))
+        streamed = set(re.findall(r"weights: version (\d+) from tcp://", text["sampler"]))
+        assert len(grouped) >= TOTAL // 2 and len(streamed) < len(grouped), (grouped, streamed)
+        # the restarted sampler rejoined: a group formed after its kill
+        assert len(re.findall(r"collective group \d+ formed", text["trainer"])) >= 3
 
     # The trainer resumed from the last saved state, before the step it was killed after, and
     # the sampler (the first one) noticed.

@@ -14,6 +14,7 @@ import pytest
 
 from bench.common import free_port
 from grpo.config import Config, ConfigError, load_config
+from grpo.delivery.stream.follower import VersionFollower
 from grpo.delivery.stream.image import Image
 from grpo.delivery.stream.server import VersionStore
 from grpo.weights.broadcaster import Broadcaster
@@ -204,3 +205,61 @@ def test_collective_settings_are_refused_with_their_reason(overrides, error) -> 
         load_config(None, [*base, *overrides])
     load_config(None, [*base, "weights.collective_addr=tcp://10.1.2.3:5558",
                        "transport.allow_insecure=true"])  # fmt: skip
+
+
+def _follower(announced: dict[int, str]) -> VersionFollower:
+    """A follower as weights.mode collective wires it, without its thread or sockets: only
+    what offer(), image() and _next() read."""
+    follower = VersionFollower.__new__(VersionFollower)
+    follower._cond, follower._closing = threading.Condition(), threading.Event()
+    follower.failed, follower.announced, follower.node = {}, None, None
+    follower.seed, follower.held, follower.broadcast = None, None, {}
+    follower.trusted, follower._target = (lambda: announced), -1
+    follower.expected = lambda v: False
+    return follower
+
+
+def test_a_broadcast_version_is_taken_only_under_the_identity_the_trainer_announced() -> None:
+    """The group's bytes are never taken on the group's word: a version is used once the
+    trainer's control messages name its manifest's identity, and not when they name
+    another's (a forged broadcast, or a crashed trainer's version of that number)."""
+    announced: dict[int, str] = {}
+    follower, sent = _follower(announced), version(4)
+    follower.offer(sent)
+    assert follower.image(4) is None  # not announced yet
+    announced[4] = version(5).manifest.identity  # another manifest under that number
+    assert follower.image(4) is None
+    announced[4] = sent.manifest.identity
+    assert follower.image(4) is sent
+
+
+def test_a_version_the_group_will_bring_is_not_also_streamed() -> None:
+    """The follower streams the version it wants only when the group will not bring it (the
+    member's `expects`): a member of the group waits for the broadcast."""
+    follower = _follower({})
+    follower.expected = lambda v: v >= 3  # a member since version 3
+    follower.want(4)
+    asked: list[int | None] = []
+    thread = threading.Thread(target=lambda: asked.append(follower._next()), daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert not asked  # waiting for the group, not streaming
+    follower.expected = lambda v: False  # it left the group
+    thread.join(5)
+    assert asked == [4]
+
+
+def test_a_broadcast_the_trainer_never_announced_is_streamed_instead() -> None:
+    """Once the group sent a version, the follower waits for it no more: when it is not the
+    version the trainer announced (a forged broadcast), the follower streams it at once."""
+    announced: dict[int, str] = {4: version(4).manifest.identity}
+    follower = _follower(announced)
+    follower.offer(version(5))  # not what the trainer announced ...
+    follower.broadcast[4] = follower.broadcast.pop(5)  # ... under number 4
+    follower.expected = lambda v: v > 4  # the member: version 4 was sent
+    follower.want(4)
+    asked: list[int | None] = []
+    thread = threading.Thread(target=lambda: asked.append(follower._next()), daemon=True)
+    thread.start()
+    thread.join(5)
+    assert asked == [4]

@@ -147,3 +147,42 @@ def test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for(stalene
         store.add(synthetic(version, QUICK))
         oldest = required_version(version, staleness, sync)
         assert set(range(oldest, version + 1, sync)) <= set(store.images), (version, oldest)
+
+
+class Swelling:
+    """A relay that serves the real manifest, then answers each bucket request with one frame
+    of 32 MiB: far more than any bucket of that version can hold."""
+
+    progress = 0
+
+    def __init__(self, image: Image):
+        self.image = image
+
+    def manifest(self, version: int, newer: bool = False):
+        return self.image.manifest if version == self.image.version else None
+
+    def bucket(self, version: int, base: int, index: int):
+        return [b"\0" * 8, bytes(32 << 20)]
+
+
+def test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held() -> None:
+    """The bucket socket takes no frame larger than the manifest's largest tensor (it was
+    transport.max_version_bytes, 1 TiB by default): the relay's 32 MiB frames never reach the
+    receiver, which passes the relay over for its silence and takes the trainer's version."""
+    from grpo.delivery.stream.client import largest_frame
+
+    real = synthetic(1, QUICK)
+    assert largest_frame(real.manifest) < 1 << 20
+    store = VersionStore(keep=2, budget_bytes=1 << 30)
+    store.add(real)
+    ctx = zmq.Context()
+    try:
+        with serving(Swelling(real), ctx) as relay, serving(store, ctx) as trainer:
+            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=1)
+            got = _receive_in_time(rx, [relay, trainer], None)
+    finally:
+        ctx.destroy(linger=0)
+    assert got and got[0].manifest == real.manifest
+    assert rx.passed_over == [relay] and "corrupt bucket" not in rx.stats.fallbacks, (
+        rx.stats.fallbacks  # a corrupt bucket: the frame was taken in, then refused
+    )

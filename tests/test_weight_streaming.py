@@ -217,3 +217,30 @@ def test_copy_state_refuses_a_mismatch_before_copying_anything() -> None:
     assert not targets["a"].any()  # all or nothing: not even the tensor that fitted
     copy_state(targets, {"a": torch.ones(2)}, {"b"}, "version 3")  # b may be missing: tied
     assert targets["a"].all()
+
+
+def test_a_relay_encodes_a_bucket_once_per_base_however_many_children_ask(monkeypatch) -> None:
+    """A relay holding versions 1 and 2 answers 150 requests for each bucket of version 2 as a
+    delta from 1 with one encoding per bucket (issue 42: each request used to re-encode), and
+    forgets the encodings of a version once it no longer serves it."""
+    from grpo.delivery.stream import relay as relay_module
+
+    calls: list[int] = []
+    real = relay_module.encode_image_bucket
+
+    def counting(image, index, base, delta=True):
+        calls.append(index)
+        return real(image, index, base, delta)
+
+    monkeypatch.setattr(relay_module, "encode_image_bucket", counting)
+    relay = RelaySource()
+    relay.finished(model(1))
+    relay.finished(model(2))
+    buckets = len(model(2).manifest.buckets)
+    for _ in range(150):
+        for index in range(buckets):
+            assert relay.bucket(2, 1, index) is not None
+    assert sorted(calls) == list(range(buckets))
+    relay.finished(model(3))
+    relay.finished(model(4))  # version 2 is not served any more
+    assert relay._encoded == {}

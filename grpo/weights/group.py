@@ -8,11 +8,11 @@ Every operation is bounded by weights.collective_timeout_s: a member that dies f
 next operation at once, one that stalls fails it when the bound passes, and nobody waits
 longer.
 
-Each message opens with a header that every member contributes to (an all-reduce of
-HEADER_LEN int64s, the trainer's values plus zeros), so the trainer learns at each header that
-every member is still there, which a broadcast alone would not tell it: a small one completes
-into the socket buffer of a stopped peer. Then, for a version: its manifest (msgpack, as the
-stream mode's) and each bucket's tensors, back to back, as one uint8 broadcast.
+Each message opens with a header of HEADER_LEN int64s from the trainer (a version follows,
+or nothing: a keepalive, or "move to the next generation"), then, for a version, its manifest
+(msgpack, as the stream mode's) and each bucket's tensors, back to back, as one uint8
+broadcast. A gloo send completes only once its receiver takes it, so every message, a
+keepalive included, tells the trainer that each member is still there.
 """
 
 from __future__ import annotations
@@ -67,13 +67,11 @@ def form(
 
 
 def exchange_header(group: dist.ProcessGroup, header: Sequence[int] | None) -> list[int]:
-    """The header every member sees: the trainer's (`header`), the members' zeros added."""
-    values = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    """The trainer's `header` (None on a member), as every member receives it."""
+    values = np.zeros(HEADER_LEN, np.int64)
     if header is not None:
-        values[: len(header)] = torch.tensor(header, dtype=torch.int64)
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.SUM
-    group.allreduce([values], opts).wait()
+        values[: len(header)] = header
+    broadcast(group, values.view(np.uint8))
     return [int(v) for v in values]
 
 

@@ -55,16 +55,17 @@ class GroupMember:
         self.progress = 0  # buckets received: a transfer that stops shows as a stall
         self.received_bytes = 0
         self._first: int | None = None  # in a group: the oldest version it will be sent
-        self._lost: set[int] = set()  # versions broadcast that failed their checksums
+        self._last = -1  # the newest version broadcast to it, taken or not
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
         self._thread.start()
 
     def expects(self, version: int) -> bool:
-        """Whether the group will bring `version`: this sampler is a member, the version is
-        not older than its membership, and it did not fail its checksums."""
+        """Whether the group will bring `version`: this sampler is a member, and the version
+        is neither older than its membership nor already sent (the group sends them in order;
+        one sent and not taken, failing its checksums or never announced, is streamed)."""
         first = self._first
-        return first is not None and version >= first and version not in self._lost
+        return first is not None and version >= first and version > self._last
 
     def _run(self) -> None:
         while not self._closing.is_set():
@@ -133,13 +134,14 @@ class GroupMember:
                     wrong.append(spec.name)
                 arrays[spec.name] = bits
         if wrong:
-            self._lost.add(version)
+            self._last = version
             log.warning("weights: version %d from the group fails the checksums of %s: taken "
                         "by stream instead", version, ", ".join(wrong[:3]))  # fmt: skip
             return
         log.info("weights: version %d from the collective group (%d bytes)", version,
                  manifest.nbytes)  # fmt: skip
         self.offer(Image(manifest, arrays))
+        self._last = version  # after the offer: the follower sees it coming or in, never neither
 
     def close(self) -> None:
         """Stop following (an operation under way ends within weights.collective_timeout_s,

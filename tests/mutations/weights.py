@@ -1,6 +1,6 @@
-"""Mutations of the streamed weights (issue 42): the root of trust (item 2: the trainer announces
+"""Mutations of the weights path (issue 42): the root of trust (item 2: the trainer announces
 each version's manifest identity, and a sampler takes a manifest from any source only when it
-has that identity) and every wait bounded and named (item 3)."""
+has that identity), every wait bounded and named (item 3), and the collective mode (item 5)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from tests.mutations import Mutation
 
 TRUST = "tests/test_weight_trust.py"
 LIVE = "tests/test_weight_liveness.py"
+GROUP = "tests/test_weight_collective.py"
+CHAOS = "tests/test_chaos.py"
 
 MUTATIONS = (
     Mutation(
@@ -103,5 +105,115 @@ MUTATIONS = (
         old="w.delta, protected=versions_samplers_may_ask(cfg))",
         new="w.delta)",
         tests=(f"{LIVE}::test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for",),
+    ),
+    Mutation(
+        name="group_member_skips_the_checksums",
+        item="42.5: a broadcast version is taken only when every tensor matches its manifest",
+        path="grpo/weights/member.py",
+        old="                if deltas.tensor_digest(bits) != spec.digest:",
+        new="                if False:",
+        tests=(f"{GROUP}::test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on",),
+    ),
+    Mutation(
+        name="group_operations_unbounded",
+        item="42.5: a stalled member is dropped within weights.collective_timeout_s",
+        path="grpo/weights/group.py",
+        old="    opts._timeout = datetime.timedelta(seconds=timeout_s)",
+        new="    opts._timeout = datetime.timedelta(seconds=1800)",
+        tests=(
+            f"{GROUP}::test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again",
+        ),
+    ),
+    Mutation(
+        name="failed_member_invited_again_at_once",
+        item="42.5: the group re-forms without a dead or stalled member",
+        path="grpo/weights/membership.py",
+        old="        and left >= failed_in.get((sid, incarnation), 0)",
+        new="",
+        tests=(
+            f"{GROUP}::test_who_the_next_group_holds",
+            f"{GROUP}::test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again",
+        ),
+    ),
+    Mutation(
+        name="restarted_sampler_counted_as_its_predecessor",
+        item="42.5: a restarted sampler rejoins the group",
+        path="grpo/weights/membership.py",
+        old="        and left >= failed_in.get((sid, incarnation), 0)",
+        new="        and left >= max([g for (s, _), g in failed_in.items() if s == sid], "
+        "default=0)",
+        tests=(
+            f"{GROUP}::test_who_the_next_group_holds",
+            f"{CHAOS}::test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_"
+            "exactly_once[collective]",
+        ),
+    ),
+    Mutation(
+        name="collective_sampler_never_loads_a_broadcast",
+        item="42.5: a collective run's versions come by broadcast, not by stream",
+        path="grpo/sampler/weights.py",
+        old="                                          follower.offer)  # fmt: skip",
+        new="                                          lambda image: None)  # fmt: skip",
+        tests=(
+            f"{CHAOS}::test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_"
+            "exactly_once[collective]",
+        ),
+    ),
+    Mutation(
+        name="version_the_group_brings_also_streamed",
+        item="42.5: a version the group will bring is not also streamed",
+        path="grpo/delivery/stream/follower.py",
+        old="                brought = self._current(sent) or self.expected(target)",
+        new="                brought = self._current(sent)",
+        tests=(f"{GROUP}::test_a_version_the_group_will_bring_is_not_also_streamed",),
+    ),
+    Mutation(
+        name="broadcast_taken_on_the_group_s_word",
+        item="42.2/42.5: a broadcast version is taken only under the announced identity",
+        path="grpo/delivery/stream/follower.py",
+        old="            if self._current(sent := self.broadcast.get(version)):",
+        new="            if (sent := self.broadcast.get(version)) is not None:",
+        tests=(
+            f"{GROUP}::test_a_broadcast_version_is_taken_only_under_the_identity_the_trainer_"
+            "announced",
+        ),
+    ),
+    Mutation(
+        name="unannounced_broadcast_awaited_for_ever",
+        item="42.3/42.5: a broadcast version that cannot be taken is streamed, not awaited",
+        path="grpo/delivery/stream/follower.py",
+        old="                brought = self._current(sent) or self.expected(target)",
+        new="                brought = sent is not None or self.expected(target)",
+        tests=(f"{GROUP}::test_a_broadcast_the_trainer_never_announced_is_streamed_instead",),
+    ),
+    Mutation(
+        name="member_expects_a_version_already_sent",
+        item="42.3/42.5: a version the group sent and the sampler could not take is streamed",
+        path="grpo/weights/member.py",
+        old="        return first is not None and version >= first and version > self._last",
+        new="        return first is not None and version >= first",
+        tests=(f"{GROUP}::test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on",),
+    ),
+    Mutation(
+        name="bucket_socket_takes_any_frame",
+        item="42 bounds: the receiving socket takes no frame larger than the version's",
+        path="grpo/delivery/stream/client.py",
+        old="                sock = self._connect(addr, largest_frame(manifest))",
+        new="                sock = self._connect(addr, self.max_bytes)",
+        tests=(
+            f"{LIVE}::test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held",
+        ),
+    ),
+    Mutation(
+        name="relay_encodes_every_request",
+        item="42 bounds: a relay encodes a bucket once per base, not once per request",
+        path="grpo/delivery/stream/relay.py",
+        old="            if (frames := self._encoded.get(key)) is not None:\n"
+        "                return frames",
+        new="            pass",
+        tests=(
+            "tests/test_weight_streaming.py::test_a_relay_encodes_a_bucket_once_per_base_however_"
+            "many_children_ask",
+        ),
     ),
 )

@@ -47,6 +47,17 @@ from grpo.wire.weight_frames import Bucket, Manifest, decode_bucket
 log = logging.getLogger("grpo.transport")
 
 MAX_CORRUPT = 3
+MANIFEST_BYTES = 64 << 20  # the largest manifest taken: about half a million tensors
+HEADER_BYTES_PER_TENSOR = 1100  # a bucket header's entry: a name of up to 1024 characters
+
+
+def largest_frame(manifest: Manifest) -> int:
+    """The largest frame a bucket of `manifest` can arrive in: a tensor's encoding (a delta is
+    sent only when smaller than the tensor) or a bucket's header. The bucket socket refuses a
+    larger one before buffering it (ZMQ_MAXMSGSIZE): a source cannot make this receiver hold
+    more than the version it announced."""
+    per_bucket = max((end - start for start, end in manifest.buckets), default=0)
+    return max([s.nbytes for s in manifest.specs] + [HEADER_BYTES_PER_TENSOR * per_bucket + 1024])
 
 
 @dataclass
@@ -113,8 +124,10 @@ class Receiver:
         for addr in sources:
             sock = None
             try:
-                sock = self._connect(addr)
+                sock = self._connect(addr, MANIFEST_BYTES)
                 manifest = self._manifest(sock, addr, version, newer)
+                sock.close()  # the buckets' socket takes no frame larger than they can hold
+                sock = self._connect(addr, largest_frame(manifest))
                 if staging is None or staging.manifest.identity != manifest.identity:
                     staging = Staging(manifest)  # another incarnation's version v: start over
                     if staged is not None:
@@ -139,10 +152,11 @@ class Receiver:
             return image
         raise ValueError(f"could not receive version {version}: " + "; ".join(failures))
 
-    def _connect(self, addr: str) -> zmq.Socket:
-        """A socket to `addr`; SourceFailed (the next source is tried) when the address does
-        not resolve or this source's keys cannot be had."""
-        limits = SocketLimits(self.max_bytes + MAX_REQUEST_BYTES, max(2 * self.window, 2))
+    def _connect(self, addr: str, largest: int) -> zmq.Socket:
+        """A socket to `addr` taking no frame over `largest` bytes (and a request's header);
+        SourceFailed (the next source is tried) when the address does not resolve or this
+        source's keys cannot be had."""
+        limits = SocketLimits(largest + MAX_REQUEST_BYTES, max(2 * self.window, 2))
         sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0, limits=limits)
         try:
             if self.secure is not None:

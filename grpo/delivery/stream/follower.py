@@ -175,7 +175,8 @@ class VersionFollower:
                     self._target = max(self._target, self.announced())
                 target = self._target
                 held = self.held.version if self._current(self.held) else -1
-                brought = target in self.broadcast or self.expected(target)
+                sent = self.broadcast.get(target)  # and taken only as announced:
+                brought = self._current(sent) or self.expected(target)
                 if target >= 0 and target != held and target not in self.failed and not brought:
                     return target
                 self._cond.wait(timeout=0.1)

@@ -38,7 +38,8 @@ class RelaySource:
     """What a relaying sampler serves: its newest complete version, and the one it is receiving
     bucket by bucket (a bucket not in yet is held back: the request is parked). A bucket is
     passed on as it came when the child asks for the same base (or it came as full copies);
-    else it is encoded again from the checked tensors."""
+    else it is encoded again from the checked tensors, once per base: every child asking
+    with that base gets the same frames, however many ask."""
 
     def __init__(self, delta: bool = True):
         self.delta = delta
@@ -47,11 +48,14 @@ class RelaySource:
         self.previous: Image | None = None  # the held one before: a base children still hold
         self.staging: Staging | None = None
         self._received: dict[int, tuple[int, list[Any]]] = {}  # index -> (base, frames)
+        # (manifest identity, base, index) -> frames encoded here, for what it holds or takes in
+        self._encoded: dict[tuple[str, int, int], list[Any]] = {}
         self.progress = 0  # buckets taken in (grpo.delivery.stream.server.Source)
 
     def started(self, staging: Staging) -> None:
         with self._lock:
             self.staging, self._received = staging, {}
+            self._forget_encodings()
 
     def took(self, index: int, frames: list[Any], bucket: Bucket) -> None:
         with self._lock:
@@ -62,6 +66,14 @@ class RelaySource:
         with self._lock:
             self.previous, self.held = self.held, image
             self.staging, self._received = None, {}
+            self._forget_encodings()
+
+    def _forget_encodings(self) -> None:
+        """Keep only the encodings of what this relay still serves (lock held)."""
+        self._encoded = {k: v for k, v in self._encoded.items() if k[0] in self._serves()}
+
+    def _serves(self) -> set[str]:
+        return {x.manifest.identity for x in (self.held, self.staging) if x is not None}
 
     def manifest(self, version: int, newer: bool = False) -> Manifest | None | object:
         """The held version's, else the one coming in (bucket by bucket), if it is `version`
@@ -98,10 +110,17 @@ class RelaySource:
 
     def _encode(self, image: Image, index: int, base: int) -> list[Any]:
         """Bucket `index` of `image` against the child's base, if this relay holds it."""
+        key = (image.manifest.identity, base, index)
+        with self._lock:
+            if (frames := self._encoded.get(key)) is not None:
+                return frames
         old = next((i for i in (self.held, self.previous) if i and i.version == base), None)
         if base != FULL_COPY and (old is None or old is image):
             raise KeyError("no such base")
         frames, _ = encode_image_bucket(image, index, old, self.delta)
+        with self._lock:
+            if key[0] in self._serves():
+                self._encoded[key] = frames
         return frames
 
 
