@@ -157,6 +157,16 @@ def kill_and_restart(
     return steps_before, recover_s
 
 
+def weights_overrides(mode: str) -> list[str]:
+    """How versions travel in a crash test: shared_dir (the straight run's way), or from the
+    trainer's memory over fresh ports (stream, collective)."""
+    if mode == "shared_dir":
+        return []
+    return [f"weights.mode={mode}", f"transport.weights_addr=tcp://127.0.0.1:{free_port()}",
+            f"weights.collective_addr=tcp://127.0.0.1:{free_port()}",
+            "weights.collective_timeout_s=5"]  # fmt: skip
+
+
 # The stream variant is in the extended tier (tests/conftest.py): serving and fetching versions
 # from memory, test_weight_streaming.py.
 STREAM = pytest.param("stream", marks=pytest.mark.extended)
@@ -175,11 +185,7 @@ def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_o
     (the straight run's way) and streamed from the trainer's memory, which a restarted
     trainer refills from its saved state."""
     config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
-    if weights != "shared_dir":
-        addr = f"tcp://127.0.0.1:{free_port()}"
-        overrides = [*overrides, f"weights.mode={weights}", f"transport.weights_addr={addr}",
-                     f"weights.collective_addr=tcp://127.0.0.1:{free_port()}",
-                     "weights.collective_timeout_s=5"]  # fmt: skip
+    overrides = [*overrides, *weights_overrides(weights)]
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     procs = {role: start(role, config, overrides, logs[role]) for role in logs}
     restart = {"trainer": [], "sampler": ["--resume"]}

@@ -25,6 +25,7 @@ from tests.test_chaos import (
     rows_of,
     start,
     wait_for,
+    weights_overrides,
 )
 from tests.test_integration import _assert_no_stray_processes, tiny_config
 
@@ -84,15 +85,21 @@ def test_answers_span_versions_within_the_bound_and_the_loss_weights_their_token
 
 
 @pytest.mark.xdist_group("continuous_runs")
+@pytest.mark.parametrize(
+    "weights", ["shared_dir", "stream", pytest.param("collective", marks=pytest.mark.extended)]
+)
 def test_every_process_sigkilled_with_answers_in_flight_resumes_to_the_same_weights(
-    tmp_path, tiny_model_dir, straight_continuous
+    tmp_path, tiny_model_dir, straight_continuous, weights
 ):
     """Trainer and sampler SIGKILLed together after step 3, with answers in flight in the
     sampler's last saved cut; both restarted with --resume. The sampler restores its answers in
     flight from that cut and decodes them on bit for bit (grpo.rollout.hf_continuous), so every
-    batch is trained exactly once and the run ends with the straight run's weights."""
+    batch is trained exactly once and the run ends with the straight run's weights. With
+    versions from the trainer's memory too (stream, collective): at a lag of 2 the resumed
+    sampler asks for versions older than the newest, which the resumed trainer must still hold
+    (it could not, issue 42)."""
     config = continuous_config(tmp_path, tiny_model_dir, staleness=2, total=TOTAL)
-    overrides = transport_overrides(timeout_s=240)
+    overrides = [*transport_overrides(timeout_s=240), *weights_overrides(weights)]
     run_dir, spool = tmp_path / "runs" / "tiny", tmp_path / "runs/spool/tiny/sampler-0"
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "sampler")}
     procs = {role: start(role, config, overrides, logs[role]) for role in logs}

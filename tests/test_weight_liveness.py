@@ -186,3 +186,26 @@ def test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held() -
     assert rx.passed_over == [relay] and "corrupt bucket" not in rx.stats.fallbacks, (
         rx.stats.fallbacks  # a corrupt bucket: the frame was taken in, then refused
     )
+
+
+def test_a_version_kept_with_a_state_comes_back_as_itself_and_a_tampered_one_is_refused(
+    tmp_path,
+) -> None:
+    """What a trainer's state keeps of its versions (grpo.trainer.publishing.keep_for_resume)
+    reads back with the same identity; a tensor changed on disk is refused by its checksum."""
+    from grpo.delivery.stream.image import load_image, save_image
+
+    image = synthetic(3, QUICK)
+    path = tmp_path / "v000003.safetensors"
+    save_image(image, path)
+    back = load_image(path, MAX_BYTES)
+    assert back.manifest.identity == image.manifest.identity
+    assert all((back.arrays[k] == image.arrays[k]).all() for k in image.arrays)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1  # the last byte of the last tensor
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        load_image(path, MAX_BYTES)
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="not a saved version"):
+        load_image(path, MAX_BYTES)

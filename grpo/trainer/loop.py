@@ -108,6 +108,8 @@ class Trainer:
             return
         self.start_step, self.version = resumed.step, resumed.version
         self.kl_reward_coef, self.ledger = resumed.kl_reward_coef, resumed.ledger
+        if self.publisher is not None:
+            self.publisher.restore(resumed.where)
         if self.rank == 0:
             log.info(
                 "resumed from %s at step %d (%d batches in its ledger)",
@@ -126,7 +128,8 @@ class Trainer:
         }
         state_dir = self.run_dir / "train_state"
         engines, fingerprint = self.models.engines(), self.state_fingerprint()
-        train_state.save(state_dir, step, engines, client_state, fingerprint)
+        keep = self.publisher.keep_for_resume(step) if self.publisher is not None else None
+        train_state.save(state_dir, step, engines, client_state, fingerprint, keep)
         self.ledger.mark_durable()
         self.endpoint.saved()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from grpo.config import Config
 from grpo.config.weights import streams_versions, weights_mode
-from grpo.delivery.stream.image import Image
+from grpo.delivery.stream.image import Image, load_image, save_image
 from grpo.delivery.stream.server import VersionStore
 from grpo.delivery.stream.torch_bits import image_from_state
 from grpo.delivery.trainer_endpoint import TrainerEndpoint
@@ -157,6 +157,30 @@ class Publisher:
                 self.tokenizer.save_pretrained(tmp)
 
             publish_version(cfg.run_dir, step, save, cfg.train.keep_versions, step)
+
+    def keep_for_resume(self, step: int) -> Callable[[Path], None] | None:
+        """What the state of `step` saves beside the engines (grpo.trainer.state.save): the
+        versions before it still in memory (weights.mode stream, collective). A sampler whose
+        batch may lag that state's version by train.max_staleness asks a resumed trainer for
+        them, which it can then serve bit for bit, though it never saw them published."""
+        if self.store is None:
+            return None
+        store = self.store
+
+        def keep(where: Path) -> None:
+            (where / "versions").mkdir(exist_ok=True)
+            for image in store.images_before(step):
+                save_image(image, where / "versions" / f"v{image.version:06d}.safetensors")
+
+        return keep
+
+    def restore(self, where: Path) -> None:
+        """A resumed trainer's: the versions its state kept (keep_for_resume) back in memory,
+        before it republishes its own."""
+        if self.store is None:
+            return
+        for path in sorted((where / "versions").glob("v*.safetensors")):
+            self.store.add(load_image(path, self.cfg.transport.max_version_bytes))
 
     def close(self) -> None:
         if self.broadcaster is not None:

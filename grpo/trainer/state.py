@@ -1,7 +1,8 @@
 """The trainer's durable state: DeepSpeed engines, step, version, RNG, ledger of batches.
 
     train_state/step000040/     DeepSpeed's files (model, optimizer, scheduler, per rank),
-                                rng_rank<r>.pt, critic/ (PPO)
+                                rng_rank<r>.pt, critic/ (PPO), versions/ (stream: the
+                                versions before it a resumed sampler may ask for)
     train_state/COMPLETE        {"tag", "step", "world", ...}: written last, atomically
 
 A state is complete only once every rank has written its part and made it durable (every file
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ class Resumed:
     version: int
     kl_reward_coef: float
     ledger: Ledger
+    where: Path  # the state's own dir (what `save`'s `keep` put there is in it)
 
 
 def fingerprint(cfg: Config, world: int, critic: bool) -> dict[str, Any]:
@@ -82,8 +85,10 @@ def save(
     engines: dict[str, Any],
     client_state: dict[str, Any],
     fingerprint: dict[str, Any],
+    keep: Callable[[Path], None] | None = None,
 ) -> None:
-    """Every rank calls this; returns once the state is complete on disk."""
+    """Every rank calls this; returns once the state is complete on disk. `keep(dir)`: what
+    else rank 0 saves with this state, into its own dir (durable with it, gone with it)."""
     tag, rank = tag_of(step), dist.get_rank()
     fingerprint = with_zero_stage(fingerprint, engines)
     wheres = [state_dir if name == "policy" else state_dir / name for name in engines]
@@ -93,6 +98,8 @@ def save(
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     torch.save(rng, state_dir / tag / f"rng_rank{rank}.pt")
+    if keep is not None and rank == 0:
+        keep(state_dir / tag)
     # DeepSpeed writes without fsync. Each rank syncs everything there after its own writes,
     # so every file is synced by the rank that wrote it (a clean file's fsync costs nothing);
     # then the dirs above the tags, which hold their names.
@@ -142,6 +149,7 @@ def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) 
         version=int(client["version"]),
         kl_reward_coef=float(client["kl_reward_coef"]),
         ledger=Ledger.from_acks(client["ledger"]),
+        where=state_dir / tag,
     )
 
 

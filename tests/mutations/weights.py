@@ -216,4 +216,15 @@ MUTATIONS = (
             "many_children_ask",
         ),
     ),
+    Mutation(
+        name="resumed_trainer_forgets_the_versions_before_its_state",
+        item="42.4: a sampler restarted at max_staleness 2 resumes with streamed versions",
+        path="grpo/trainer/loop.py",
+        old="            self.publisher.restore(resumed.where)",
+        new="            pass",
+        tests=(
+            "tests/test_continuous_runs.py::test_every_process_sigkilled_with_answers_in_flight_"
+            "resumes_to_the_same_weights[stream]",
+        ),
+    ),
 )

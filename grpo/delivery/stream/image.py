@@ -8,11 +8,15 @@ module needs no torch: relays and benchmarks run it without a model.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from grpo.wire import deltas
 from grpo.wire.weight_frames import Bucket, Manifest, TensorSpec, encode_bucket, plan_buckets
@@ -121,3 +125,27 @@ class Staging:
             raise ApplyError(f"buckets {self.missing()[:5]} of version "
                              f"{self.manifest.version} never arrived")  # fmt: skip
         return Image(self.manifest, dict(self.arrays))
+
+
+def save_image(image: Image, path: Path) -> None:
+    """`image` as one safetensors file, its manifest in the metadata: read back by load_image
+    as the same version, identity included (the caller makes it durable)."""
+    manifest = json.dumps(image.manifest.to_body())
+    save_file(image.arrays, str(path), metadata={"manifest": manifest})
+
+
+def load_image(path: Path, max_bytes: int) -> Image:
+    """The image save_image wrote; ValueError when the file is not one, or a tensor does not
+    match its manifest's checksum."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            body = json.loads((f.metadata() or {}).get("manifest", "null"))
+            manifest = Manifest.from_body(body, max_bytes)
+            arrays = {spec.name: f.get_tensor(spec.name) for spec in manifest.specs}
+    except Exception as e:  # noqa: BLE001 - any unreadable file: safetensors' errors too
+        raise ValueError(f"{path}: not a saved version ({e})") from None
+    for spec in manifest.specs:
+        bits = arrays[spec.name]
+        if bits.dtype != spec.bits or deltas.tensor_digest(bits) != spec.digest:
+            raise ValueError(f"{path}: tensor {spec.name} does not match its checksum")
+    return Image(manifest, arrays)

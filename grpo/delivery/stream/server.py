@@ -108,6 +108,11 @@ class VersionStore:
         with self._lock:
             return {str(v): image.manifest.identity for v, image in self.images.items()}
 
+    def images_before(self, version: int) -> list[Image]:
+        """The versions held older than `version`, version 0 (the samplers' own) left out."""
+        with self._lock:
+            return [image for v, image in self.images.items() if 0 < v < version]
+
     def get(self, version: int) -> Image | None:
         with self._lock:
             return self.images.get(version)
