@@ -292,6 +292,25 @@ def test_streamed_tensors_are_served_in_place(engine, hf_base, base_model_dir, t
     assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
 
 
+def test_half_a_streamed_version_is_refused_before_it_reaches_the_engine(
+    engine, hf_base, base_model_dir
+):
+    """vLLM's load applies whatever names it is given: a version missing tensors, or holding
+    one of another shape, is refused whole, and the engine serves what it served."""
+    tok = load_tokenizer(base_model_dir)
+    prompt = prompts(tok, QUESTIONS[:1])[0]
+    completion = np.asarray(tok("The answer is 42.\n#### 42").input_ids, np.int32)
+    before = engine_logprobs_of(engine, prompt, completion)
+    state = {n: t * 0 for n, t in streamed(hf_base, 3).items()}  # weights that change output
+    half = dict(list(state.items())[: len(state) // 2])
+    with pytest.raises(RuntimeError, match="missing"):
+        engine.load_tensors(half, 3)
+    name = next(iter(state))
+    with pytest.raises(RuntimeError, match="other shapes"):
+        engine.load_tensors({**state, name: state[name][:1]}, 3)
+    assert np.array_equal(engine_logprobs_of(engine, prompt, completion), before)
+
+
 def streamed(model, version: int) -> dict:
     """`model`'s weights as a sampler hands them on after receiving them (tied ones once)."""
     from grpo.delivery.stream.torch_bits import image_from_state, state_from_image

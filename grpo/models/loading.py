@@ -82,6 +82,26 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def require_same_tensors(
+    expected: Mapping[str, tuple[int, ...]],
+    state: Mapping[str, torch.Tensor],
+    tied: set[str],
+    what: str,
+) -> None:
+    """RuntimeError unless `state` holds exactly the tensors `expected` names, each of its
+    shape. `tied`: names that may be missing (they share another tensor's memory)."""
+    missing = sorted(set(expected) - set(state) - tied)
+    unexpected = sorted(set(state) - set(expected))
+    shapes = sorted(n for n in set(state) & set(expected)
+                    if tuple(state[n].shape) != tuple(expected[n]))  # fmt: skip
+    if missing or unexpected or shapes:
+        raise RuntimeError(
+            f"{what} does not match the policy: missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}, other shapes {shapes[:3]} (the same model and model.lora on "
+            "both roles?)"
+        )
+
+
 def copy_state(
     targets: Mapping[str, torch.Tensor],
     state: Mapping[str, torch.Tensor],
@@ -89,18 +109,9 @@ def copy_state(
     what: str,
 ) -> None:
     """Copy `state` into `targets` (views of a model's tensors: its state_dict, or
-    adapter_state), in place, all or nothing: a missing or unexpected name or another shape is
-    refused (RuntimeError) before anything is copied. `tied`: names that may be missing (they
-    share another tensor's memory)."""
-    missing = sorted(set(targets) - set(state) - tied)
-    unexpected = sorted(set(state) - set(targets))
-    shapes = sorted(n for n in set(state) & set(targets) if state[n].shape != targets[n].shape)
-    if missing or unexpected or shapes:
-        raise RuntimeError(
-            f"{what} does not match the policy: missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}, other shapes {shapes[:3]} (the same model and model.lora on "
-            "both roles?)"
-        )
+    adapter_state), in place, all or nothing: refused before anything is copied when it does
+    not match them (require_same_tensors)."""
+    require_same_tensors({n: tuple(t.shape) for n, t in targets.items()}, state, tied, what)
     with torch.no_grad():
         for name, tensor in state.items():
             targets[name].copy_(tensor)

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from grpo.config import Config
 from grpo.delivery.versions import is_adapter, weight_files
+from grpo.models.loading import require_same_tensors
 from grpo.rollout.base import EngineContext, Generation, Sampling
 from grpo.runtime.lifetime import PARENT_ENV
 from grpo.runtime.progress import ACTIVITY
@@ -86,6 +87,17 @@ class _CountingBar(tqdm):
         return super().update(n)
 
 
+def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor of the model's checkpoint, by name, with its shape (headers read only)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="numpy") as f:
+            shapes.update((name, tuple(f.get_slice(name).get_shape())) for name in f.keys())  # noqa: SIM118
+    return shapes
+
+
 def build(ctx: EngineContext) -> VllmRollout:
     """rollout.backend: vllm. Its own engine processes, loaded from the initial weights."""
     return VllmRollout(ctx.cfg, ctx.model_path, ctx.stop_event)
@@ -100,6 +112,7 @@ class VllmRollout:
         self.kwargs = engine_kwargs(cfg)
         self.lora_request = None
         self.llm = self._start(model_path)
+        self.checkpoint = checkpoint_shapes(model_path)  # what a streamed version must hold
 
     def _start(self, model_path: Path):
         vllm = _import_vllm()
@@ -177,6 +190,9 @@ class VllmRollout:
         refused by the config check: vLLM loads adapters from a dir)."""
         from safetensors.torch import save
 
+        # All or nothing: vLLM's load applies whatever names it is given, so a set of tensors
+        # that is not the model's whole is refused here, before any reaches a worker.
+        require_same_tensors(self.checkpoint, state, {"lm_head.weight"}, f"version {version}")
         # As safetensors bytes: the engine's RPC turns tensors inside arguments into lists.
         payload = save({name: t.contiguous() for name, t in state.items()})
         self._load_in_workers("grpo_load_tensors", payload, version, lambda n: n == len(state))

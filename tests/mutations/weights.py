@@ -227,4 +227,16 @@ MUTATIONS = (
             "resumes_to_the_same_weights[stream]",
         ),
     ),
+    Mutation(
+        name="vllm_takes_half_a_version",
+        item="42.1: a streamed version goes into vLLM whole or not at all",
+        path="grpo/rollout/vllm.py",
+        old='        require_same_tensors(self.checkpoint, state, {"lm_head.weight"}, '
+        'f"version {version}")\n',
+        new="",
+        tests=(
+            "tests/test_vllm.py::test_half_a_streamed_version_is_refused_before_it_reaches_the_"
+            "engine",
+        ),
+    ),
 )
