@@ -187,13 +187,73 @@ def _initial_weights(ctx: zmq.Context, addr: str, procs: list) -> Image:
             time.sleep(0.5)
 
 
+class Hostile(Forger):
+    """A hostile relay's source, one trick per request for a manifest, in turn: a forged
+    version; a version far in the future; the trainer's real manifest (fetched from it) with
+    buckets that fail their checksums; the real manifest and half the real buckets, then
+    silence (it stops answering anyone for twice weights.transfer_timeout_s)."""
+
+    FUTURE = 10**12
+
+    def __init__(self, base: Image, trainer: str, ctx: zmq.Context, stall_s: float):
+        super().__init__(base)
+        self.receiver = Receiver(ctx, None, MAX_BYTES, timeout_s=10)
+        self.trainer, self.stall_s, self.real = trainer, stall_s, {}
+        self.asked, self.tricks = 0, {}  # version -> the trick its manifest request got
+
+    def _real(self, version: int) -> Image | None:
+        if version not in self.real:
+            try:
+                self.real[version] = self.receiver.receive([self.trainer], version, None)
+            except ValueError:
+                return None
+        return self.real[version]
+
+    def manifest(self, version: int, newer: bool = False):
+        trick = self.tricks[version] = self.asked % 4
+        self.asked += 1
+        if trick == 1:
+            return self.image(self.FUTURE).manifest
+        if trick in (2, 3) and (real := self._real(version)) is not None:
+            return real.manifest
+        return self.image(version).manifest
+
+    def bucket(self, version: int, base: int, index: int):
+        from grpo.delivery.stream.image import encode_image_bucket
+
+        real, trick = self.real.get(version), self.tricks.get(version)
+        if real is None or trick not in (2, 3):
+            return super().bucket(version, base, index)
+        if trick == 2:  # well-formed frames of a full copy whose tensors are not the manifest's
+            flipped = Image(real.manifest, {k: a ^ 1 for k, a in real.arrays.items()})
+            return encode_image_bucket(flipped, index, None)[0]
+        frames = encode_image_bucket(real, index, None)[0]
+        if index >= len(real.manifest.buckets) // 2:
+            time.sleep(self.stall_s)  # mid-version, the whole relay stops
+        return frames
+
+
+REFUSALS = {
+    "forged": "is not the one the trainer announced",
+    "future": f"version {Hostile.FUTURE}",
+    "corrupt": "fails its checksum",
+    "stalled": "nothing for",
+    "unresolvable": "cannot connect",
+}
+
+
 @pytest.mark.slow
-def test_an_impostor_relay_in_a_stream_run_gets_nothing_loaded(tmp_path, tiny_model_dir):
+def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
+    tmp_path, tiny_model_dir
+):
     """Two samplers relaying (fanout 1: sampler-1 receives from sampler-0, then the trainer). A
     peer without CURVE heartbeats under sampler-0's id, many times a second, naming its own
-    relay, which serves a forged copy of every version asked for. sampler-1 asks it first and
-    refuses what it serves (not the identity the trainer announced); every version it loads
-    comes from a real source, and the run ends normally."""
+    relay (or an address that does not resolve), which serves forged versions, a version far
+    in the future, corrupt buckets and stalls mid-version (Hostile), while it floods the
+    trainer's weight server with requests it never reads. sampler-1 asks it first and refuses
+    each trick within its bound; every version it loads comes from a real source (a relay
+    passes on the trainer's bytes, never its own), and the run ends normally."""
+    from grpo.delivery.stream.server import BUCKET, MANIFEST
     from grpo.wire import messages
     from grpo.wire.codec import encode_message
     from tests.conftest import free_port, transport_overrides
@@ -201,30 +261,51 @@ def test_an_impostor_relay_in_a_stream_run_gets_nothing_loaded(tmp_path, tiny_mo
     from tests.test_integration import tiny_config
     from tests.test_weight_stream_runs import RECEIVED
 
-    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 4, "num_ranks": 1})
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": 12, "num_ranks": 1})
     weights_addr = f"tcp://127.0.0.1:{free_port()}"
     overrides = [*transport_overrides(timeout_s=20), "rollout.num_samplers=2",
                  "weights.mode=stream", f"transport.weights_addr={weights_addr}",
                  "weights.fanout=1", "weights.transfer_timeout_s=2"]  # fmt: skip
     episodes = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.episodes"))
+    unresolvable = "tcp://no-such-host.invalid:5"
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "s0", "s1")}
     procs = [start("trainer", config, overrides, logs["trainer"])]
-    ctx, stop = zmq.Context(), threading.Event()
+    ctx, stop, flooded = zmq.Context(), threading.Event(), [0]
     try:
         base = _initial_weights(ctx, weights_addr, procs)
-        with serving(Forger(base), ctx) as fake:
+        with serving(Hostile(base, weights_addr, ctx, stall_s=4), ctx) as fake:
 
             def impostor() -> None:
                 push = ctx.socket(zmq.PUSH)
                 push.setsockopt(zmq.LINGER, 0)
                 push.connect(episodes)
-                body = {"sampler_id": "sampler-0", "relay": fake}
+                beat = 0
                 while not stop.wait(0.02):
+                    beat += 1
+                    relay = unresolvable if beat % 5 == 0 else fake
+                    body = {"sampler_id": "sampler-0", "relay": relay}
                     push.send_multipart(encode_message(Message(messages.HEARTBEAT, body)))
                 push.close()
 
-            beating = threading.Thread(target=impostor, daemon=True)
-            beating.start()
+            def flood() -> None:  # requests the trainer answers and nobody reads
+                dealer = ctx.socket(zmq.DEALER)
+                dealer.setsockopt(zmq.LINGER, 0)
+                dealer.setsockopt(zmq.SNDTIMEO, 0)
+                dealer.connect(weights_addr)
+                asks = [Message(MANIFEST, {"version": 1, "newer": True}),
+                        Message(BUCKET, {"version": 1, "base": -1, "index": 0})]  # fmt: skip
+                while not stop.wait(0.05):
+                    for ask in asks * 20:
+                        try:
+                            dealer.send_multipart(encode_message(ask))
+                            flooded[0] += 1
+                        except zmq.Again:
+                            break
+                dealer.close()
+
+            attackers = [threading.Thread(target=f, daemon=True) for f in (impostor, flood)]
+            for thread in attackers:
+                thread.start()
             for i in range(2):
                 more = [f"rollout.sampler_index={i}", f"rollout.sampler_id=sampler-{i}"]
                 procs.append(start("sampler", config, [*overrides, *more], logs[f"s{i}"]))
@@ -232,7 +313,8 @@ def test_an_impostor_relay_in_a_stream_run_gets_nothing_loaded(tmp_path, tiny_mo
                      procs)  # fmt: skip
             finish(procs, timeout=400)
             stop.set()
-            beating.join(5)
+            for thread in attackers:
+                thread.join(5)
     finally:
         stop.set()
         finish(procs, timeout=1)
@@ -240,8 +322,11 @@ def test_an_impostor_relay_in_a_stream_run_gets_nothing_loaded(tmp_path, tiny_mo
     text = {r: p.read_text() for r, p in logs.items()}
     assert all(p.returncode == 0 for p in procs), text["s1"][-3000:]
     loaded = RECEIVED.findall(text["s1"])
-    assert loaded and all(addr != fake for _, addr, _ in loaded), loaded
-    assert "is not the one the trainer announced" in text["s1"]  # the impostor was asked
+    assert loaded and all(addr not in (fake, unresolvable) for _, addr, _ in loaded), loaded
+    seen = {trick: text["s1"].count(says) for trick, says in REFUSALS.items()}
+    print(f"\nhostile relay: sampler-1 refused {seen}; {flooded[0]} requests flooded the trainer")
+    tricks = [t for t in REFUSALS if t != "unresolvable"]  # that one is heartbeats' luck
+    assert all(seen[trick] for trick in tricks), seen
 
 
 def test_a_version_held_from_a_crashed_trainer_is_not_taken_for_the_resumed_one_s():

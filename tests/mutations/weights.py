@@ -21,7 +21,7 @@ MUTATIONS = (
         tests=(
             f"{TRUST}::test_a_forged_version_from_a_relay_is_refused_and_the_trainer_s_taken",
             f"{TRUST}::test_a_version_the_trainer_never_announced_is_refused",
-            f"{TRUST}::test_an_impostor_relay_in_a_stream_run_gets_nothing_loaded",
+            f"{TRUST}::test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends",
         ),
     ),
     Mutation(
