@@ -20,7 +20,7 @@ Rows (median and spread of the repetitions, the limit measured in each):
   notes (what it sends, what it costs);
 - weight_stream_sync_lora: the LoRA adapter alone (model.lora of the demo), full copies;
   deltas in the notes;
-- weight_collective_sync_full, _lora: the same versions broadcast over weights.mode
+- weight_stream_collective_full, _lora: the same versions broadcast over weights.mode
   collective's gloo group (grpo.weights) from the same store to the same sampler process,
   against the same limit.
 """
@@ -328,6 +328,7 @@ def run(quick: bool = False) -> list[Result]:
         for name, lora in (("full", False), ("lora", True)):
             limits, ours, group, notes = _case(path, lora, 2 if quick else 5)
             what = "the LoRA adapter (model.lora of the demo)" if lora else "the full weights"
+            rows_name = {"stream": "weight_stream_sync_", "collective": "weight_stream_collective_"}
             for mode, seconds, target, how in (
                 ("stream", ours, TARGET, "streamed as full copies from the trainer's memory"),
                 ("collective", group, COLLECTIVE_TARGET,
@@ -338,7 +339,7 @@ def run(quick: bool = False) -> list[Result]:
                             "the limit of the same bytes measured in the same repetition (2 "
                             "memory copies + one loopback send), a floor, not an alternative a "
                             "user would run")  # fmt: skip
-                row = Result.of(f"weight_{mode}_sync_{name}", "s", limits, seconds, "baseline/ours",
+                row = Result.of(rows_name[mode] + name, "s", limits, seconds, "baseline/ours",
                                 target, machine(), scenario, notes, quick)  # fmt: skip
                 rows.append(report(row))
     return rows
