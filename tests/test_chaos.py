@@ -279,6 +279,13 @@ def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straig
     diff = assert_same_as_straight(run_dir, straight_run)
     assert rows[-1]["rejected_frames"] > 0 and rows[-1]["rejected_batches"] > 0
     assert "dropped a malformed frame" in trainer
+    # Each kind of refusal is logged the first ten times and at every power of two after: a
+    # flood costs the log a few dozen lines (4,470 in 4 steps when each had its own).
+    last = rows[-1]
+    refused = last["rejected_frames"] + last["rejected_batches"] + last["refused_messages"]
+    cap = 3 * (10 + refused.bit_length())  # three kinds, each at most this many lines
+    lines = len(re.findall(r"dropped a malformed frame|refused a message|dropped batch", trainer))
+    assert lines <= cap < refused, (refused, lines)
     assert all(n > 0 for n in sent.values()) and len(sent) >= 20, sent
     counts = ", ".join(f"{where}/{kind} {n}" for (where, kind), n in sorted(sent.items()))
     print(f"\nchaos/soak: sent {sum(sent.values())} hostile messages ({counts}); "

@@ -160,3 +160,10 @@ def test_a_socket_beyond_loopback_without_curve_is_refused_unless_allowed(caplog
     assert len(warned) == 2
     assert any("transport.episodes_addr" in w for w in warned)
     assert any("transport.weights_addr" in w for w in warned)
+
+
+def test_refusals_are_logged_ten_times_then_at_each_power_of_two() -> None:
+    from grpo.runtime.refusals import worth_logging
+
+    logged = [n for n in range(1, 5000) if worth_logging(n)]
+    assert logged == [*range(1, 11), 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]

@@ -31,6 +31,7 @@ from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
 from grpo.delivery.spool import frames_digest
 from grpo.delivery.stream.server import StreamServer, VersionStore, announcing
+from grpo.runtime.refusals import note
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message, encode_batch
@@ -128,8 +129,9 @@ class TrainerEndpoint:
                 keepalive()
             elif self._already_have(batch):
                 self.duplicates_dropped += 1  # a resend of a batch already trained on
-                log.info("dropped batch %d from %s: already trained on or held",
-                         batch.seq, batch.sampler_id)  # fmt: skip
+                note(log, self.duplicates_dropped, "dropped batch %d from %s: already trained on "
+                     "or held (%d so far)", batch.seq, batch.sampler_id, self.duplicates_dropped,
+                     level=logging.INFO)  # fmt: skip
             elif (why := misfit(batch, self.expected)) is not None:
                 self._reject(batch, why)
             else:
@@ -210,8 +212,8 @@ class TrainerEndpoint:
         the batch by its checksum: a sampler stops only for its own batch, never for one that
         another peer sent in its name."""
         self.rejected_batches += 1
-        log.warning("dropped batch %d from %s (%d so far): %s", batch.seq, batch.sampler_id,
-                    self.rejected_batches, why)  # fmt: skip
+        note(log, self.rejected_batches, "dropped batch %d from %s (%d so far): %s", batch.seq,
+             batch.sampler_id, self.rejected_batches, why)  # fmt: skip
         self.channel.announce(
             messages.REJECTED,
             sampler_id=batch.sampler_id,

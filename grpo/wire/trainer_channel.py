@@ -20,6 +20,7 @@ from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
 from grpo.runtime.lifetime import exit_soon
 from grpo.runtime.progress import ACTIVITY, Watchdog
+from grpo.runtime.refusals import note
 from grpo.wire import messages
 from grpo.wire.channels import (
     HANDSHAKE_FAILURES,
@@ -207,7 +208,8 @@ class TrainerChannel:
             item = decode(frames, max_frame_bytes=self.cfg.max_frame_bytes)
         except FrameError as e:
             self.rejected_frames += 1
-            log.warning("dropped a malformed frame (%d so far): %s", self.rejected_frames, e)
+            n = self.rejected_frames
+            note(log, n, "dropped a malformed frame (%d so far): %s", n, e)
             return None
         try:
             why = unauthorised(self.key_owners, frames[0], item)
@@ -215,7 +217,8 @@ class TrainerChannel:
             why = f"a message whose sender cannot be checked ({type(e).__name__}: {e})"
         if why is not None:
             self.refused_messages += 1
-            log.warning("refused a message (%d so far): %s", self.refused_messages, why)
+            n = self.refused_messages
+            note(log, n, "refused a message (%d so far): %s", n, why)
             return None
         return item
 

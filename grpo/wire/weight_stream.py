@@ -30,6 +30,7 @@ from typing import Any
 import zmq
 
 from grpo.core.versions import VERSION_MARKER, prune_versions, verify_version, version_dir
+from grpo.runtime.refusals import worth_logging
 from grpo.wire import messages
 from grpo.wire.channels import SocketLimits, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
@@ -82,15 +83,14 @@ def _reply(run_dir: Path, request: Message) -> Message:
 
 
 class _Refusals:
-    """Counts refused requests; logs the first ten and then every power of two, so a peer
-    sending garbage cannot flood the log."""
+    """Counts refused requests, logged as grpo.runtime.refusals says."""
 
     def __init__(self) -> None:
         self.count = 0
 
     def note(self, why: str) -> None:
         self.count += 1
-        if self.count <= 10 or self.count & (self.count - 1) == 0:
+        if worth_logging(self.count):
             log.warning("weights server: %s (%d refused so far)", why, self.count)
 
 
