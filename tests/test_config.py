@@ -92,6 +92,7 @@ def test_exponent_without_dot_is_a_float_in_yaml_and_overrides(tmp_path):
         ("rollout.max_turn_tokens=-1", "rollout.max_turn_tokens >= 0"),
         ("rollout.max_turns=4", "rollout.max_turns=4 needs a tool to call between turns"),
         ("rollout.tools=[calculator]", "set rollout.max_turns > 1"),
+        ("rollout.sampler_id=../other", "rollout.sampler_id must be 1 to 64 letters"),
     ],
 )
 def test_errors_name_the_key(override, message):

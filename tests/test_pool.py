@@ -135,3 +135,20 @@ def test_samplers_in_a_pool_interleave_and_a_dead_ones_share_is_taken_over():
     step = expected_batch(trained, "s0", made=3, alive=2)
     assert step == 9
     assert required_version(step, max_staleness=0, sync_interval=1) == sum(trained.values())
+
+
+def test_an_id_that_is_no_sampler_id_or_one_past_the_pool_s_bound_is_not_taken():
+    """Every trainer control message carries the pool (relays, acknowledgements): two made-up
+    ids of 0.6 x max_frame_bytes once pushed every one over the limit and every sampler
+    stopped. Ids are bounded (grpo.core.names), and so is the pool."""
+    from grpo.delivery.pool import MAX_MEMBERS
+
+    pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10)
+    for sid in ("x" * 600_000, "", "../spool", "a b", "-lead"):
+        pool.heard(sid, {"relay": "tcp://127.0.0.1:1", "incarnation": "i"})
+    assert pool.members == {} and pool.refused == 5
+    for i in range(MAX_MEMBERS + 10):
+        pool.heard(f"s{i}")
+    assert len(pool.members) == MAX_MEMBERS and pool.refused == 15
+    pool.heard("s0", {"incarnation": "j"})  # a member already there is still heard
+    assert pool.members["s0"].incarnation == "j"

@@ -167,3 +167,15 @@ def test_refusals_are_logged_ten_times_then_at_each_power_of_two() -> None:
 
     logged = [n for n in range(1, 5000) if worth_logging(n)]
     assert logged == [*range(1, 11), 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def test_a_batch_whose_sampler_id_is_no_sampler_id_is_refused() -> None:
+    from grpo.core.episode import EpisodeBatch
+    from grpo.wire.codec import FrameError, decode, encode_batch
+    from tests.test_episode import make_batch
+
+    made = make_batch(seed=0, num_groups=2, group_size=4, rollout=False)
+    for sid in ("x" * 100, "../escape"):
+        batch = EpisodeBatch.from_columns(made.columns, 4, 0, 0, sid, {})
+        with pytest.raises(FrameError, match="sampler_id must be"):
+            decode(encode_batch(batch))

@@ -14,6 +14,7 @@ from grpo.config.data import check_mixture, check_rows
 from grpo.config.sampling import check_continuous
 from grpo.config.teacher import check_teacher
 from grpo.config.weights import check_weights
+from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
 
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
@@ -179,6 +180,8 @@ def _check_rollout(cfg: Config) -> None:
         )
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
+    if not is_sampler_id(r.sampler_id):
+        raise ConfigError(f"rollout.sampler_id must be {SAMPLER_ID_RULE}, got {r.sampler_id!r:.80}")
     _check_turns(r)
     check_continuous(cfg)
     check_correction(cfg.algo, engine_logprobs=r.backend == "vllm" or r.mode == "continuous")

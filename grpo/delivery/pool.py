@@ -18,11 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.core.names import is_sampler_id
 from grpo.runtime.progress import Snapshot, StallClock
+from grpo.runtime.refusals import note
 
 log = logging.getLogger("grpo.trainer")
 
 STOPPED, SILENT, STALLED = "stopped", "silent", "stalled"
+MAX_MEMBERS = 1024  # samplers the trainer keeps track of
 
 
 @dataclass
@@ -52,12 +55,20 @@ class SamplerPool:
     # weights.mode collective: each live sampler's (incarnation, state in the group), for the
     # trainer's broadcaster; replaced whole at each change, as another thread reads it
     collective: dict[str, tuple[str, str]] = field(default_factory=dict)
+    refused: int = 0  # messages whose id the pool did not take
 
     def heard(self, sid: str, body: dict[str, Any] | None = None) -> None:
-        """Any message from `sid`; a heartbeat's `body` carries its incarnation and activity."""
+        """Any message from `sid`; a heartbeat's `body` carries its incarnation and activity.
+        An id that is no sampler id, or one past MAX_MEMBERS, is not taken: every control
+        message carries the pool (grpo.core.names)."""
         body = body or {}
         now, incarnation = self.clock(), body.get("incarnation")
         member = self.members.get(sid)
+        if member is None and (not is_sampler_id(sid) or len(self.members) >= MAX_MEMBERS):
+            self.refused += 1
+            note(log, self.refused, "ignored a message from %r (%d so far): not a sampler id, or "
+                 "the pool holds %d", sid[:80], self.refused, MAX_MEMBERS)  # fmt: skip
+            return
         if member is None:
             member = self.members[sid] = Member(now, StallClock(self.clock), incarnation)
             log.info("sampler %s joined (%d alive)", sid, len(self.alive()))

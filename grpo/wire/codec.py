@@ -39,6 +39,7 @@ from grpo.core.columns import (
     is_real,
 )
 from grpo.core.episode import EpisodeBatch
+from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
 from grpo.wire.unpack import unpack_bounded
 
 __all__ = [
@@ -293,7 +294,7 @@ def _decode_batch(header: dict[str, Any], frames: list[memoryview]) -> EpisodeBa
     _check_keys(header, _EPISODE_HEADER_KEYS, "episodes header")
     for key in ("group_size", "policy_version", "seq"):
         require(is_int(header[key]), f"{key} must be an int")
-    require(isinstance(header["sampler_id"], str), "sampler_id must be a str")
+    require(is_sampler_id(header["sampler_id"]), f"sampler_id must be {SAMPLER_ID_RULE}")
     stats = header["stats"]
     require(isinstance(stats, dict), "stats must be a map")
     for k, v in stats.items():

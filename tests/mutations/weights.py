@@ -239,16 +239,4 @@ MUTATIONS = (
             "engine",
         ),
     ),
-    Mutation(
-        name="every_refusal_logged",
-        item="43.1 (begun): refusals are logged at a bounded rate with their counts",
-        path="grpo/runtime/refusals.py",
-        old="    return count <= 10 or count & (count - 1) == 0",
-        new="    return True",
-        tests=(
-            "tests/test_chaos.py::test_a_run_under_attack_ends_as_a_clean_run",
-            "tests/test_wire_limits.py::test_refusals_are_logged_ten_times_then_at_each_power_of_"
-            "two",
-        ),
-    ),
 )

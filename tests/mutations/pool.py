@@ -1,0 +1,44 @@
+"""Mutations of the sampler pool (issue 43, begun): what a peer can make the trainer hold or
+write, bounded (finding 1's ids, finding 3's log lines)."""
+
+from __future__ import annotations
+
+from tests.mutations import Mutation
+
+MUTATIONS = (
+    Mutation(
+        name="every_refusal_logged",
+        item="43.1 (begun): refusals are logged at a bounded rate with their counts",
+        path="grpo/runtime/refusals.py",
+        old="    return count <= 10 or count & (count - 1) == 0",
+        new="    return True",
+        tests=(
+            "tests/test_chaos.py::test_a_run_under_attack_ends_as_a_clean_run",
+            "tests/test_wire_limits.py::test_refusals_are_logged_ten_times_then_at_each_power_of_"
+            "two",
+        ),
+    ),
+    Mutation(
+        name="pool_takes_any_id",
+        item="43.1 (begun): ids and the pool's size are bounded",
+        path="grpo/delivery/pool.py",
+        old="        if member is None and (not is_sampler_id(sid) or len(self.members) >= "
+        "MAX_MEMBERS):",
+        new="        if member is None and len(self.members) >= MAX_MEMBERS:",
+        tests=(
+            "tests/test_pool.py::test_an_id_that_is_no_sampler_id_or_one_past_the_pool_s_bound_is_"
+            "not_taken",
+        ),
+    ),
+    Mutation(
+        name="batch_with_any_sampler_id",
+        item="43.1 (begun): a batch's sampler id is bounded",
+        path="grpo/wire/codec.py",
+        old='    require(is_sampler_id(header["sampler_id"]), f"sampler_id must be '
+        '{SAMPLER_ID_RULE}")',
+        new='    require(isinstance(header["sampler_id"], str), "sampler_id must be a str")',
+        tests=(
+            "tests/test_wire_limits.py::test_a_batch_whose_sampler_id_is_no_sampler_id_is_refused",
+        ),
+    ),
+)
