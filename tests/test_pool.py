@@ -152,3 +152,24 @@ def test_an_id_that_is_no_sampler_id_or_one_past_the_pool_s_bound_is_not_taken()
     assert len(pool.members) == MAX_MEMBERS and pool.refused == 15
     pool.heard("s0", {"incarnation": "j"})  # a member already there is still heard
     assert pool.members["s0"].incarnation == "j"
+
+
+def test_the_collective_snapshot_follows_each_sampler_s_state_and_drop():
+    """What the trainer's broadcaster reads (weights.mode collective), rebuilt whenever a
+    sampler's incarnation, group state or liveness moves, and only then."""
+    clock = [0.0]
+    pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, clock=lambda: clock[0])
+    pool.heard("s0", {"incarnation": "i", "collective": "ready:0"})
+    assert pool.collective == {"s0": ("i", "ready:0")}
+    snapshot = pool.collective
+    pool.heard("s0", {"incarnation": "i", "collective": "ready:0"})
+    assert pool.collective is snapshot  # nothing moved: not rebuilt
+    pool.heard("s0", {"incarnation": "i", "collective": "member:1"})
+    assert pool.collective == {"s0": ("i", "member:1")}
+    pool.heard("s0", {"incarnation": "j", "collective": "ready:0"})  # restarted
+    assert pool.collective == {"s0": ("j", "ready:0")}
+    clock[0] = 11.0
+    pool.check()  # silent past the timeout: dropped, and out of the snapshot
+    assert pool.collective == {}
+    pool.heard("s0", {"incarnation": "j", "collective": "ready:0"})  # back
+    assert pool.collective == {"s0": ("j", "ready:0")}

@@ -69,9 +69,12 @@ class SamplerPool:
             note(log, self.refused, "ignored a message from %r (%d so far): not a sampler id, or "
                  "the pool holds %d", sid[:80], self.refused, MAX_MEMBERS)  # fmt: skip
             return
+        seen = None  # what the collective snapshot holds of it: rebuilt only when that moves
         if member is None:
             member = self.members[sid] = Member(now, StallClock(self.clock), incarnation)
             log.info("sampler %s joined (%d alive)", sid, len(self.alive()))
+        else:
+            seen = (member.incarnation, member.collective, member.gone)
         restarted = incarnation is not None and incarnation != member.incarnation
         before = member.stall.last
         if (snap := Snapshot.from_json(body)) is not None:
@@ -90,7 +93,8 @@ class SamplerPool:
             member.relay = relay
         if isinstance(state := body.get("collective"), str) and len(state) <= 32:
             member.collective = state
-        self.collective = self._collective_states()
+        if (member.incarnation, member.collective, member.gone) != seen:
+            self.collective = self._collective_states()
 
     def stopped(self, sid: str, reason: str) -> None:
         """`sid` said it stops: dropped until a restart of it is heard."""
