@@ -222,8 +222,8 @@ class _Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def sync(self, conn: Any, proc: Any, delta: bool) -> tuple[float, int, int]:
-        """Seconds from after the step to the sampler holding the version; bytes sent, full."""
+    def _publish(self) -> tuple[float, Any]:
+        """An AdamW step, then the clock's start and the new version in the store."""
         from grpo.delivery.stream.torch_bits import image_from_state
 
         self.step()
@@ -233,6 +233,11 @@ class _Trainer:
             self.version, _state(self.model, self.lora), self.bucket_bytes, self.lora
         )
         self.store.add(image)
+        return t0, image
+
+    def sync(self, conn: Any, proc: Any, delta: bool) -> tuple[float, int, int]:
+        """Seconds from after the step to the sampler holding the version; bytes sent, full."""
+        t0, image = self._publish()
         conn.send(("version", self.addr, (self.version, delta)))
         done, sent = _answer(conn, proc)
         assert not self.failures, self.failures
@@ -240,15 +245,7 @@ class _Trainer:
 
     def sync_collective(self, conn: Any, proc: Any) -> float:
         """Seconds from after the step to the sampler holding the version, broadcast."""
-        from grpo.delivery.stream.torch_bits import image_from_state
-
-        self.step()
-        self.version += 1
-        t0 = time.perf_counter()
-        image = image_from_state(
-            self.version, _state(self.model, self.lora), self.bucket_bytes, self.lora
-        )
-        self.store.add(image)
+        t0, _ = self._publish()
         self.broadcaster.publish(self.version)
         conn.send(("await", None, self.version))
         done, _ = _answer(conn, proc)
