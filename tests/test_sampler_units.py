@@ -73,13 +73,49 @@ def test_shard_tokenizes_only_the_rows_it_draws_and_skips_long_ones(tmp_path, ba
     shard = Shard(cfg, get_task("gsm8k"), load_tokenizer(base_model_dir))
     encoded = []
     encode = shard.encode
-    shard.encode = lambda row: encoded.append(row) or encode(row)
+    shard.encode = lambda row, **kw: encoded.append(row) or encode(row, **kw)
     assert [p.index for p in shard.draw()] == [0, 2, 3, 5]  # rows 1 and 4 are too long
     assert len(encoded) == 6 and shard.position == 6  # skipped rows count: resume skips them
 
     cfg = load_config(None, [f"data.train={train}", "data.max_prompt_tokens=5"])
     with pytest.raises(ValueError, match="no train prompt fits data.max_prompt_tokens=5"):
         Shard(cfg, get_task("gsm8k"), load_tokenizer(base_model_dir)).draw()
+
+
+class CountingTokenizer:
+    """A tokenizer that records the length of every text it tokenizes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.lengths = tokenizer, []
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+    def __call__(self, text, **kwargs):
+        self.lengths.append(len(text))
+        return self.tokenizer(text, **kwargs)
+
+
+def test_a_huge_row_is_skipped_without_being_tokenized(tmp_path, base_model_dir):
+    """One 4 MB question (~8 s to tokenize at ~2 us a character, drawn again after every
+    resume) is refused by its length in characters: nothing near its size is tokenized."""
+    import json
+
+    from grpo.config import load_config
+    from grpo.models.loading import load_tokenizer
+    from grpo.sampler.data import MAX_CHARS_PER_TOKEN, Shard
+    from grpo.tasks import get_task
+
+    rows = [{"question": "What is 1 + 1?", "answer": "#### 2"} for _ in range(3)]
+    rows[1]["question"] = "Think. " * 600_000
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [f"data.train={train}", "data.max_prompt_tokens=64",
+                             "rollout.questions_per_step=2", "data.shuffle=false"])  # fmt: skip
+    tokenizer = CountingTokenizer(load_tokenizer(base_model_dir))
+    shard = Shard(cfg, get_task("gsm8k"), tokenizer)
+    assert [p.index for p in shard.draw()] == [0, 2] and shard.skipped == 1
+    assert len(tokenizer.lengths) == 2 and max(tokenizer.lengths) <= 64 * MAX_CHARS_PER_TOKEN
 
 
 def test_the_vllm_progress_bar_counts_even_under_tqdm_disable():

@@ -135,6 +135,37 @@ def test_a_save_to_disk_directory(tmp_path):
     assert get_task("gsm8k").load(str(tmp_path / "one")) == gsm8k_rows(5)[3:]
 
 
+def test_a_save_to_disk_directory_reads_only_files_inside_it(tmp_path):
+    """Its index names the arrow files and split folders `datasets` reads: a name leading out
+    of the directory is refused, in one line, before anything is read."""
+    import datasets
+
+    datasets.Dataset.from_list(gsm8k_rows(2)).save_to_disk(str(tmp_path / "elsewhere"))
+    datasets.Dataset.from_list(gsm8k_rows(3)).save_to_disk(str(tmp_path / "one"))
+    state = tmp_path / "one/state.json"
+    index = json.loads(state.read_text())
+    index["_data_files"] = [{"filename": "../elsewhere/data-00000-of-00001.arrow"}]
+    state.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"state.json names '\.\./elsewhere/.*', outside"):
+        load_rows(str(tmp_path / "one"))
+
+    datasets.DatasetDict(train=datasets.Dataset.from_list(gsm8k_rows(2))).save_to_disk(
+        str(tmp_path / "dict")
+    )
+    (tmp_path / "dict/dataset_dict.json").write_text(json.dumps({"splits": ["../elsewhere"]}))
+    with pytest.raises(ValueError, match=r"dataset_dict.json names '\.\./elsewhere', outside"):
+        load_rows(str(tmp_path / "dict"))
+
+
+def test_a_null_question_is_refused_naming_its_row(tmp_path):
+    rows = gsm8k_rows(3)
+    rows[1]["question"] = None
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"train.jsonl: row 1 has a null 'question'"):
+        get_task("gsm8k").load(str(train))
+
+
 def _hub_repo(root: Path, kind: str) -> Path:
     """A dataset repository's files as a download leaves them (`kind`: parquet or jsonl, one
     format for all, as `datasets` requires): splits named by file name, under data/."""

@@ -14,6 +14,7 @@ import numpy as np
 from grpo.config import Config
 from grpo.delivery.spool import Spool
 from grpo.delivery.versions import require_same
+from grpo.runtime.refusals import note
 from grpo.tasks import Row, Task, mixture
 
 log = logging.getLogger("grpo.sampler")
@@ -27,12 +28,24 @@ class Prompt:
     position: int = 0  # where in the shard's order it was drawn (Shard.prompt_at)
 
 
-def encode_prompt(task: Task, row: Row, tokenizer, system_prompt: str) -> np.ndarray:
-    """The chat-templated prompt tokens of one row."""
+# No token of a real tokenizer spans this many characters on average over a prompt, so a prompt
+# text longer than this many characters a token of data.max_prompt_tokens cannot fit, and is
+# refused without tokenizing it (~2 us a character: one huge row would stall the sampler).
+MAX_CHARS_PER_TOKEN = 64
+
+
+def encode_prompt(
+    task: Task, row: Row, tokenizer, system_prompt: str, max_tokens: int | None = None
+) -> np.ndarray | None:
+    """The chat-templated prompt tokens of one row; None when they cannot fit `max_tokens`
+    (a text longer than MAX_CHARS_PER_TOKEN characters a token is not tokenized at all)."""
     text = tokenizer.apply_chat_template(
         task.build_messages(row, system_prompt), add_generation_prompt=True, tokenize=False
     )
-    return np.asarray(tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int32)
+    if max_tokens is not None and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
+        return None
+    ids = np.asarray(tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int32)
+    return ids if max_tokens is None or len(ids) <= max_tokens else None
 
 
 def encode_prompts(
@@ -41,8 +54,8 @@ def encode_prompts(
     """Chat-template every row; rows whose prompt exceeds `max_tokens` are skipped (logged)."""
     prompts = []
     for i, row in enumerate(rows):
-        ids = encode_prompt(task, row, tokenizer, system_prompt)
-        if len(ids) <= max_tokens:
+        ids = encode_prompt(task, row, tokenizer, system_prompt, max_tokens)
+        if ids is not None:
             prompts.append(Prompt(i, row, ids))
     if len(prompts) < len(rows):
         log.warning(
@@ -155,6 +168,7 @@ class Shard:
         self.encode = partial(encode_prompt, task, tokenizer=tokenizer,
                               system_prompt=cfg.data.system_prompt)  # fmt: skip
         self.position = 0
+        self.skipped = 0  # drawn rows too long for data.max_prompt_tokens
         self._order: Iterator[int] | None = None
 
     def draw(self, count: int = 0) -> list[Prompt]:
@@ -170,13 +184,15 @@ class Shard:
             part, i = next(self._order)
             index, row = self.parts[part].rows[i]
             self.position += 1
-            ids = self.encode(row)
-            if len(ids) <= max_tokens:
+            ids = self.encode(row, max_tokens=max_tokens)
+            if ids is not None:
                 prompts.append(Prompt(index, row, ids, self.position - 1))
                 skipped_in_a_row = 0
                 continue
-            log.warning("skipped train row %d: its prompt has %d tokens, more than "
-                        "data.max_prompt_tokens=%d", index, len(ids), max_tokens)  # fmt: skip
+            self.skipped += 1
+            note(log, self.skipped, "skipped train row %d: its prompt is longer than "
+                 "data.max_prompt_tokens=%d (%d rows skipped so far)", index, max_tokens,
+                 self.skipped)  # fmt: skip
             skipped_in_a_row += 1
             if skipped_in_a_row >= self.size:
                 raise ValueError(f"no train prompt fits data.max_prompt_tokens={max_tokens}")
@@ -187,7 +203,13 @@ class Shard:
         sampler finds the questions of its answers in flight by their positions."""
         part, i = next(self.order(position))
         index, row = self.parts[part].rows[i]
-        return Prompt(index, row, self.encode(row), position)
+        ids = self.encode(row, max_tokens=self.cfg.data.max_prompt_tokens)
+        if ids is None:
+            raise ValueError(
+                f"train row {index} at position {position} does not fit "
+                "data.max_prompt_tokens: not the row this run drew there"
+            )
+        return Prompt(index, row, ids, position)
 
     def order(self, start: int) -> Iterator[tuple[int, int]]:
         """(part, row) pairs from position `start` on (mixture_order: with one dataset, its

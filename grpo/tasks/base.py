@@ -253,12 +253,15 @@ def _cache_dir() -> str:
 
 
 def load_rows_with(source: str, keys: tuple[str, ...]) -> list[Row]:
-    """`load_rows`, checking that every row has `keys` (one line naming the row otherwise)."""
+    """`load_rows`, checking that every row has `keys`, none of them null (one line naming the
+    row otherwise: a null question would be asked as the text "None")."""
     rows = load_rows(source)
     for i, row in enumerate(rows):
         for key in keys:
             if key not in row:
                 raise ValueError(f"{source}: row {i} has no {key!r} key (keys: {sorted(row)})")
+            if row[key] is None:
+                raise ValueError(f"{source}: row {i} has a null {key!r}")
     return rows
 
 

@@ -11,6 +11,7 @@ split: a saved dataset has no configs, and most repositories have one). No split
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ def load_directory(path: Path, config: str, split: str) -> list[Row]:
     if any((path / marker).is_file() for marker in _SAVED_MARKERS):
         if config:
             raise ValueError(f"{path} was written by save_to_disk: it has no configs ({config!r})")
+        require_inside(path)
         saved = datasets.load_from_disk(str(path))
         if isinstance(saved, datasets.DatasetDict):
             return _rows(_pick_split(saved, split, str(path)))
@@ -71,6 +73,44 @@ def load_directory(path: Path, config: str, split: str) -> list[Row]:
             f"could not read dataset directory {str(path)!r}: {type(exc).__name__}: {exc}"
         ) from exc
     return _rows(_pick_split(found, split, str(path)))
+
+
+def _inside(root: Path, name: Any, what: str) -> Path:
+    """`root / name`, refused when it resolves (symbolic links followed) outside `root`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} names {name!r}, not a file name")
+    target = (root / name).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise ValueError(f"{what} names {name!r}, outside {root}: refused")
+    return target
+
+
+def _listed(index: Path, key: str) -> list[Any]:
+    """The list `key` of JSON file `index` (one line naming it when it is not one)."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{index}: not readable JSON ({exc})") from exc
+    listed = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(listed, list):
+        raise ValueError(f"{index}: no list {key!r}")
+    return listed
+
+
+def require_inside(path: Path) -> None:
+    """A `save_to_disk` directory reads only files inside it: its index names split folders
+    and arrow files, and `datasets` would follow a name such as ``../../other.arrow``."""
+    index = path / "dataset_dict.json"
+    splits = (
+        [_inside(path, s, str(index)) for s in _listed(index, "splits")]
+        if index.is_file()
+        else [path]
+    )
+    for split in splits:
+        state = split / "state.json"
+        for entry in _listed(state, "_data_files"):
+            name = entry.get("filename") if isinstance(entry, dict) else entry
+            _inside(split, name, str(state))
 
 
 def offline() -> bool:

@@ -1,5 +1,5 @@
-"""Mutations of the sampler pool (issue 43, begun): what a peer can make the trainer hold or
-write, bounded (finding 1's ids, finding 3's log lines)."""
+"""Mutations of the sampler pool (issue 43): what a peer can make the trainer hold or write,
+bounded (finding 1's ids, finding 3's log lines), and what fails silently (finding 6's rows)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,32 @@ MUTATIONS = (
         new='    require(isinstance(header["sampler_id"], str), "sampler_id must be a str")',
         tests=(
             "tests/test_wire_limits.py::test_a_batch_whose_sampler_id_is_no_sampler_id_is_refused",
+        ),
+    ),
+    Mutation(
+        name="huge_row_tokenized",
+        item="43.6: a row is capped by its characters before it is tokenized",
+        path="grpo/sampler/data.py",
+        old="    if max_tokens is not None and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:",
+        new="    if False:",
+        tests=("tests/test_sampler_units.py::test_a_huge_row_is_skipped_without_being_tokenized",),
+    ),
+    Mutation(
+        name="null_field_taken",
+        item="43.6: a null field is refused with its row named",
+        path="grpo/tasks/base.py",
+        old="            if row[key] is None:",
+        new="            if False:",
+        tests=("tests/test_user_data.py::test_a_null_question_is_refused_naming_its_row",),
+    ),
+    Mutation(
+        name="dataset_dir_escapes",
+        item="43.6: a save_to_disk directory reads only files inside it",
+        path="grpo/tasks/sources.py",
+        old="        require_inside(path)\n",
+        new="",
+        tests=(
+            "tests/test_user_data.py::test_a_save_to_disk_directory_reads_only_files_inside_it",
         ),
     ),
 )
