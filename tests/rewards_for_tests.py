@@ -16,6 +16,19 @@ def always_raises(completion: str, sample: dict) -> float:
     raise RuntimeError("boom")
 
 
+def raises_on_every_fourth(completion: str, sample: dict) -> float:
+    """Fails on a quarter of the answers (those whose length is a multiple of 4): a rate of
+    failures under the default bound."""
+    if len(completion) % 4 == 0:
+        raise ValueError("no number in the answer")
+    return 1.0
+
+
+def takes_one_argument(completion: str) -> float:
+    """A reward with the wrong signature: it cannot take the row grpo passes."""
+    return float(len(completion))
+
+
 def text_length(completion: str, sample: dict) -> tuple[float, dict]:
     """Longer answers score higher: varies across a random model's samples, so advantages are
     non-zero and the integration test's gradient steps really move the weights."""

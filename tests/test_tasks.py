@@ -357,6 +357,21 @@ def test_score_with_raising_fn_logs_and_returns_zero(repo_on_path, caplog):
     assert "boom" in records[0].getMessage()
 
 
+def test_a_reward_failing_on_every_answer_writes_a_bounded_number_of_lines(
+    repo_on_path, caplog, monkeypatch
+):
+    """The first ten failures of a process and each power of two after, with the count."""
+    import grpo.tasks.base
+
+    monkeypatch.setattr(grpo.tasks.base, "_failures", 0)
+    fn = load_reward_fn("tests.rewards_for_tests:always_raises")
+    with caplog.at_level(logging.WARNING, logger="grpo.reward"):
+        for _ in range(200):
+            assert score(fn, "text", {}) == (0.0, {"reward_error": "RuntimeError: boom"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "grpo.reward"]
+    assert len(lines) == 14 and "(128 times in this process so far)" in lines[-1]
+
+
 def test_score_float_and_tuple_returns():
     assert score(lambda c, r: 0.5, "", {}) == (0.5, {})
     assert score(lambda c, r: 1, "", {}) == (1.0, {})

@@ -161,3 +161,63 @@ def test_a_run_with_a_trl_reward_over_a_dataset_directory(tmp_path, tiny_model_d
     data = {"task": "prompts", "train": f"{tmp_path / 'd'}:train",
             "reward": "tests.test_user_rewards:trl_fingerprint_reward"}  # fmt: skip
     run_two_steps(tmp_path, tiny_model_dir, data)
+
+
+# ----------------------------------------------------------- rewards that fail
+
+
+def _rewards(spec: str, *overrides: str):
+    from grpo.config import load_config
+    from grpo.sampler.rewards import SamplerRewards
+    from grpo.tasks import get_task
+
+    cfg = load_config(None, [f"data.reward={spec}", "reward.workers=1", *overrides])
+    return SamplerRewards(cfg, get_task("gsm8k"))
+
+
+def test_a_reward_failing_on_most_answers_stops_the_sampler_naming_it_and_its_first_error():
+    """Each failure scores 0.0 (one broken answer must not end a run); a reward that fails on
+    more than reward.max_error_rate of the last answers stops the sampler instead of training
+    the run on zeros, in one line naming the reward and the first error it raised."""
+    from grpo.tasks.failures import RewardFailingError
+
+    calls = [("x" * n, {}) for n in range(1, 41)]
+    rewards = _rewards("tests.rewards_for_tests:raises_on_every_fourth")
+    try:
+        scored = rewards.score_all(calls)  # 10 of 40 fail: under the default 0.5
+        assert sum(info.get("reward_error") is not None for _, info in scored) == 10
+    finally:
+        rewards.close()
+    rewards = _rewards(
+        "tests.rewards_for_tests:raises_on_every_fourth", "reward.max_error_rate=0.2"
+    )
+    try:
+        expected = (
+            r"^the reward tests.rewards_for_tests:raises_on_every_fourth failed on 10 of the last "
+            r"40 answers \(reward.max_error_rate=0.2\); its first error: ValueError: no number "
+            r"in the answer$"
+        )
+        with pytest.raises(RewardFailingError, match=expected):
+            rewards.score_all(calls)
+    finally:
+        rewards.close()
+    rewards = _rewards("tests.rewards_for_tests:always_raises")
+    try:
+        rewards.score_all(calls[:31])  # too few answers to judge a rate on
+        with pytest.raises(RewardFailingError, match="failed on 40 of the last 40 answers"):
+            rewards.score_all(calls[:9])
+    finally:
+        rewards.close()
+
+
+def test_a_reward_with_the_wrong_signature_is_refused_when_loaded():
+    expected = (
+        r"^reward tests.rewards_for_tests:takes_one_argument takes \(completion\), which cannot "
+        r"be called as fn\(completion, row\)"
+    )
+    with pytest.raises(ValueError, match=expected):
+        load_reward_fn("tests.rewards_for_tests:takes_one_argument")
+    with pytest.raises(ValueError, match=r"cannot be called as compute_score\(data_source"):
+        load_reward_fn("verl:tests.rewards_for_tests:takes_one_argument")
+    with pytest.raises(ValueError, match=r"cannot be called as fn\(prompts, completions"):
+        load_reward_fn("trl:tests.rewards_for_tests:takes_one_argument")

@@ -201,6 +201,8 @@ def _check_reward(cfg: Config) -> None:
         )
     if r.service_retries < 0 or r.service_batch < 1:
         raise ConfigError("reward.service_retries must be >= 0 and reward.service_batch >= 1")
+    if not 0.0 <= r.max_error_rate <= 1.0:
+        raise ConfigError(f"reward.max_error_rate must be in [0, 1], got {r.max_error_rate!r}")
     t = cfg.transport
     if r.service_addr and r.service_addr in (t.episodes_addr, t.control_addr, t.weights_addr):
         raise ConfigError(f"reward.service_addr {r.service_addr} is a transport.* address too")

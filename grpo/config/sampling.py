@@ -74,6 +74,11 @@ class RewardConfig:
         "resending until it is back)",
     )
     service_batch: int = knob(64, "answers per request to the service")
+    max_error_rate: float = knob(
+        0.5,
+        "the share of the last 256 answers whose rule reward raised or timed out above which "
+        "the sampler stops, naming the reward and its first error (1.0 = never stop)",
+    )
 
 
 @dataclass

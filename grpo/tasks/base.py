@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.core.registry import Registry, load_object
+from grpo.runtime.refusals import note
 
 from . import columns, conventions, sources
 
@@ -74,13 +75,16 @@ def load_reward_fn(spec: str) -> RewardFn:
             "(expected fn(completion: str, row: dict) -> float | (float, dict), a verl "
             "compute_score or a TRL reward function)"
         )
-    return conventions.adapt(obj, style)
+    return conventions.adapt(obj, style, spec)
 
 
 def run_reward(task: Task, spec: str) -> RewardFn:
     """The run's reward: `data.reward` (a `package.module:function` spec) when set, else the
-    task's own."""
-    return load_reward_fn(spec) if spec else task.reward
+    task's own (its signature checked as a user's)."""
+    if spec:
+        return load_reward_fn(spec)
+    conventions.require_callable_as(task.reward, "row", f"of task {task.name}")
+    return task.reward
 
 
 def _json_scalar(value: Any) -> str | int | float | bool | None:
@@ -122,6 +126,9 @@ def _fn_name(fn: Any) -> str:
     return f"{module}:{name}" if module else name
 
 
+_failures = 0  # rewards that raised in this process (see score)
+
+
 def score(reward_fn: RewardFn, completion: str, row: Row) -> tuple[float, dict]:
     """Call a reward fn and normalise its result; a failure scores 0.0 instead of raising.
 
@@ -132,7 +139,10 @@ def score(reward_fn: RewardFn, completion: str, row: Row) -> tuple[float, dict]:
         return _normalize_reward(reward_fn(completion, row))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-        logger.warning("reward function %s failed: %s", _fn_name(reward_fn), error)
+        global _failures
+        _failures += 1  # a reward failing on most answers would write a line for each
+        note(logger, _failures, "reward function %s failed (%d times in this process so far): "
+             "%s", _fn_name(reward_fn), _failures, error)  # fmt: skip
         return 0.0, {"reward_error": error}
 
 

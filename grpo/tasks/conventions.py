@@ -114,10 +114,48 @@ def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool) or hasattr(value, "item")
 
 
-def adapt(fn: Callable[..., Any], style: str = "") -> Callable[..., Any]:
+# The arguments each convention calls a reward with (of verl's, only those the function names
+# are passed, so each of its parameters must be one of them or have a default).
+_CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "row": (("completion", {}), {}),
+    "verl": ((), dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))),
+    "trl": ((), {"prompts": [None], "completions": [""]}),
+}
+
+
+def require_callable_as(fn: Callable[..., Any], style: str, name: str) -> None:
+    """A reward whose signature cannot take the calls of its convention fails on every answer:
+    refused when it is loaded, in one line, rather than scoring 0.0 for the whole run. (A
+    signature that cannot be read is let through.)"""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    args, keywords = _CALLS[style]
+    names = set(signature.parameters)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    if style == "verl" and not takes_any:  # VerlReward passes only what the function names
+        keywords = {k: v for k, v in keywords.items() if k in names}
+    # A TRL function's other parameters are the row's columns, which only a call shows.
+    bind = signature.bind_partial if style == "trl" else signature.bind
+    try:
+        bind(*args, **keywords)
+    except TypeError as exc:
+        expected = {"row": "fn(completion, row)", "verl": "compute_score(data_source, "
+                    "solution_str, ground_truth, extra_info)", "trl": "fn(prompts, "
+                    "completions, **columns)"}[style]  # fmt: skip
+        takes = ", ".join(str(p.replace(annotation=p.empty)) for p in signature.parameters.values())
+        raise ValueError(
+            f"reward {name} takes ({takes}), which cannot be called as {expected} ({exc})"
+        ) from None
+
+
+def adapt(fn: Callable[..., Any], style: str = "", name: str = "") -> Callable[..., Any]:
     """`fn` called as grpo calls a reward: as it is for ``row``, wrapped for ``verl`` and
-    ``trl``; `style` '' reads the convention from the signature."""
+    ``trl``; `style` '' reads the convention from the signature. `name`: the reward's in
+    errors."""
     style = style or style_of(fn)
+    require_callable_as(fn, style, name or getattr(fn, "__qualname__", repr(fn)))
     if style == "verl":
         return VerlReward(fn)
     if style == "trl":

@@ -67,4 +67,37 @@ MUTATIONS = (
             "tests/test_user_data.py::test_a_save_to_disk_directory_reads_only_files_inside_it",
         ),
     ),
+    Mutation(
+        name="reward_failures_never_stop",
+        item="43.5: a reward failing above reward.max_error_rate stops the sampler",
+        path="grpo/tasks/failures.py",
+        old="        if seen >= self.least and failed > self.bound * seen:",
+        new="        if False:",
+        tests=(
+            "tests/test_user_rewards.py::test_a_reward_failing_on_most_answers_stops_the_sampler_"
+            "naming_it_and_its_first_error",
+        ),
+    ),
+    Mutation(
+        name="reward_signature_unchecked",
+        item="43.5: a reward with the wrong signature is refused when loaded",
+        path="grpo/tasks/conventions.py",
+        old="        bind(*args, **keywords)",
+        new="        pass",
+        tests=(
+            "tests/test_user_rewards.py::test_a_reward_with_the_wrong_signature_is_refused_when_"
+            "loaded",
+        ),
+    ),
+    Mutation(
+        name="every_reward_failure_logged",
+        item="43.5: a failing reward's log lines are bounded",
+        path="grpo/tasks/base.py",
+        old="        _failures += 1",
+        new="        _failures = 1",
+        tests=(
+            "tests/test_tasks.py::test_a_reward_failing_on_every_answer_writes_a_bounded_number_"
+            "of_lines",
+        ),
+    ),
 )
