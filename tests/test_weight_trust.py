@@ -211,12 +211,14 @@ class Hostile(Forger):
 
     def manifest(self, version: int, newer: bool = False):
         trick = self.tricks[version] = self.asked % 4
+        real = self._real(version) if trick in (2, 3) else None
+        if trick in (2, 3) and real is None:  # the trainer was slow to answer: forge instead,
+            self.tricks[version] = 0  # and play this trick at the next request
+            return self.image(version).manifest
         self.asked += 1
         if trick == 1:
             return self.image(self.FUTURE).manifest
-        if trick in (2, 3) and (real := self._real(version)) is not None:
-            return real.manifest
-        return self.image(version).manifest
+        return real.manifest if real is not None else self.image(version).manifest
 
     def bucket(self, version: int, base: int, index: int):
         from grpo.delivery.stream.image import encode_image_bucket

@@ -81,10 +81,9 @@ def load_reward_fn(spec: str) -> RewardFn:
 def run_reward(task: Task, spec: str) -> RewardFn:
     """The run's reward: `data.reward` (a `package.module:function` spec) when set, else the
     task's own (its signature checked as a user's)."""
-    if spec:
-        return load_reward_fn(spec)
-    conventions.require_callable_as(task.reward, "row", f"of task {task.name}")
-    return task.reward
+    if not spec:
+        conventions.require_callable_as(task.reward, "row", f"of task {task.name}")
+    return load_reward_fn(spec) if spec else task.reward
 
 
 def _json_scalar(value: Any) -> str | int | float | bool | None:
