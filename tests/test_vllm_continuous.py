@@ -214,6 +214,37 @@ def test_restored_answers_continue_to_completion(engine, asked, hf_base):
     assert answers  # the first run's records are its own
 
 
+def test_an_engine_restart_carries_the_answers_in_flight_over(
+    engine, asked, hf_base, base_model_dir, monkeypatch
+):
+    """rollout.vllm.reload: restart (also the fallback after a failed in-place load) starts a
+    new engine: the answers in flight are re-added to it and finish from their tokens so far,
+    none lost. (They were dropped, their slots held for ever, and the sampler's loop spun
+    without a decode step until the stall watchdog stopped it.)"""
+    monkeypatch.setattr(engine.cfg.rollout.vllm, "reload", "restart")
+    v0, first = engine.version, engine.llm
+    answers = engine.admit(requests(asked, 400, SLOTS))
+    done = []
+    for _ in range(5):
+        done += engine.step()
+    before = {a.request.uid: list(a.tokens) for a in answers}
+    assert engine.load_version(base_model_dir, v0 + 1) == "restart" and engine.llm is not first
+    engine.weights_changed(v0 + 1)
+    for _ in range(4 * MAX_NEW):  # bounded: answers the new engine lost would never finish
+        if not engine.in_flight():
+            break
+        done += engine.step()
+    assert not engine.in_flight(), [len(a.tokens) for a in engine.in_flight()]
+    check_records(done)
+    assert sorted(a.request.uid for a in done) == sorted(before)
+    assert all(a.tokens[: len(before[a.request.uid])] == before[a.request.uid] for a in done)
+    carried = [a for a in done if len(a.tokens) > len(before[a.request.uid])]
+    mean, worst = diffs([np.asarray(a.logps) for a in done], full_logps(hf_base, done))
+    print(f"\n{len(carried)} answers in flight carried over an engine restart; |vLLM - HF| "
+          f"{mean:.2e}")  # fmt: skip
+    assert carried and mean < MEAN_TOL and worst < MAX_TOL
+
+
 @pytest.mark.extended  # CI leaves it out; restored answers: the test above
 def test_a_stop_string_begun_before_a_restore_ends_the_answer(
     engine, asked, base_model_dir, monkeypatch

@@ -37,6 +37,9 @@ had when it was added: an answer re-added (restore, adapter change) draws a new 
 than replaying the one it started with. Token t is not drawn from an RNG seeded by (seed, t) as
 the HF engine's are, so a resumed run continues its answers, not bit for bit.
 
+Engine restart (rollout.vllm.reload: restart, or the fallback after a failed in-place load):
+the answers in flight are re-added to the new engine as a resume restores them.
+
 Resume. `rebuild_cache()` does nothing: vLLM's cache of an answer cannot be recomputed in
 place without changing what the uninterrupted run does, and a resume is not bit for bit
 anyway. `restore()` re-adds saved answers with their tokens so far as part of the prompt and the
@@ -145,6 +148,15 @@ class VllmContinuous(VllmRollout):
             self._answers[a.slot] = a
         for a in sorted(answers, key=lambda a: a.slot):
             self._add(a)
+
+    def _restart(self, vdir: Path) -> None:
+        """A new engine on `vdir`'s weights (rollout.vllm.reload: restart, or the fallback after
+        a failed in-place load), the answers in flight re-added to it as a resume restores them:
+        each goes on from its tokens so far, its prompt and those tokens prefilled by the new
+        weights. (Dropped, they would hold their slots for ever and the loop would spin.)"""
+        answers = self.in_flight()
+        super()._restart(vdir)
+        self.restore(answers)
 
     def rebuild_cache(self) -> None:
         """Nothing: see the module docstring (a vLLM resume continues, not bit for bit)."""

@@ -1,5 +1,6 @@
 """Mutations of the sampler pool (issue 43): what a peer can make the trainer hold or write,
-bounded (finding 1's ids, finding 3's log lines), and what fails silently (finding 6's rows)."""
+bounded (finding 1's ids, finding 3's log lines), and what failed silently or spun (findings
+4-6: an engine restart, a failing reward, rows)."""
 
 from __future__ import annotations
 
@@ -98,6 +99,17 @@ MUTATIONS = (
         tests=(
             "tests/test_tasks.py::test_a_reward_failing_on_every_answer_writes_a_bounded_number_"
             "of_lines",
+        ),
+    ),
+    Mutation(
+        name="vllm_restart_drops_answers_in_flight",
+        item="43.4: an engine restart in continuous vLLM keeps the answers in flight",
+        path="grpo/rollout/vllm_continuous.py",
+        old="        super()._restart(vdir)\n        self.restore(answers)\n",
+        new="        super()._restart(vdir)\n",
+        tests=(
+            "tests/test_vllm_continuous.py::test_an_engine_restart_carries_the_answers_in_flight_"
+            "over",
         ),
     ),
 )
