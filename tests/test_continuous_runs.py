@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import kill_tree
-from grpo.sampler.weights import required_version
+from grpo.core.staleness import required_version
 from tests.conftest import run_launch, transport_overrides
 from tests.test_chaos import (
     TOTAL,

@@ -12,7 +12,7 @@ import pytest
 
 from bench import gpu_check
 from grpo.config import load_config
-from grpo.sampler.weights import required_version
+from grpo.core.staleness import required_version
 from tests.conftest import PYTHON, REPO, free_port
 
 SHRINK = [

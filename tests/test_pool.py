@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from grpo.core.staleness import required_version
 from grpo.delivery.pool import SamplerPool
 from grpo.runtime.progress import GENERATING, WAITING, Activity, Snapshot, StallClock, Watchdog
-from grpo.sampler.weights import expected_batch, required_version
+from grpo.sampler.weights import expected_batch
 
 
 class Clock:

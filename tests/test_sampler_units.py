@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from grpo.core.staleness import required_version
 from grpo.sampler.data import question_order
-from grpo.sampler.weights import required_version
 
 
 @pytest.mark.parametrize(

@@ -134,7 +134,7 @@ def test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for(stalene
     any published version from required_version(V) up, whatever keep_bases and the memory
     budget say."""
     from grpo.config import load_config
-    from grpo.sampler.weights import required_version
+    from grpo.core.staleness import required_version
     from grpo.trainer.publishing import new_store
 
     cfg = load_config(None, [

@@ -7,12 +7,19 @@ middle of a step."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from grpo.config import Config
 from grpo.config.passes import SCORED_ARRAYS
 from grpo.core.columns import is_finite_real
 from grpo.core.episode import EpisodeBatch
+from grpo.core.staleness import lag_misfit
+from grpo.delivery.ledger import Ledger
+from grpo.runtime.refusals import note
+
+log = logging.getLogger("grpo.trainer")
 
 # Reward-info keys the trainer's metrics row averages as numbers (grpo.trainer.outputs
 # .tool_metrics: float() of each), so a batch must carry numbers there or nothing.
@@ -38,6 +45,11 @@ class Expected:
     # version: a restarted trainer is resent batches sampled from versions of the crashed run
     # that it republishes. None: not checked.
     max_version: int | None = None
+    # train.max_staleness and train.sync_interval: the versions a batch may be sampled with
+    # (only multiples of sync_interval are published before the last step), and the lag
+    # checked when it is trained (grpo.core.staleness.lag_misfit). None: not checked.
+    max_staleness: int | None = None
+    sync_interval: int = 1
 
     @classmethod
     def for_run(cls, cfg: Config, arrays: frozenset[str], vocab_size: int) -> Expected:
@@ -52,6 +64,8 @@ class Expected:
             max_prompt_tokens=cfg.data.max_prompt_tokens,
             max_new_tokens=r.max_new_tokens,
             max_version=cfg.train.total_steps,
+            max_staleness=cfg.train.max_staleness,
+            sync_interval=cfg.train.sync_interval,
         )
 
 
@@ -73,7 +87,20 @@ def misfit(batch: EpisodeBatch, want: Expected) -> str | None:
                 f"{'it' if name in want.arrays else 'none'} (train.logprobs_on and the passes "
                 "the algo section needs): start both roles with the same config"
             )
-    return _token_misfit(batch, want) or _metrics_misfit(batch)
+    return _version_misfit(batch, want) or _token_misfit(batch, want) or _metrics_misfit(batch)
+
+
+def _version_misfit(batch: EpisodeBatch, want: Expected) -> str | None:
+    """A version this run publishes for sampling: 0, then every train.sync_interval steps,
+    before the last step (the last version samples nothing the run trains)."""
+    v, last, every = batch.policy_version, want.max_version, want.sync_interval
+    if v < 0 or v % every or (last is not None and v >= last):
+        return (
+            f"it claims to be sampled with version {v}, which this run never publishes for "
+            f"sampling (0, then every train.sync_interval={every} steps"
+            + (f", before train.total_steps={last})" if last is not None else ")")
+        )
+    return None
 
 
 def _token_misfit(batch: EpisodeBatch, want: Expected) -> str | None:
@@ -123,3 +150,35 @@ def _metrics_misfit(batch: EpisodeBatch) -> str | None:
             if value is not None and not is_finite_real(value):
                 return f"its reward_info[{key!r}] is {value!r:.40}, not a finite number"
     return None
+
+
+class StalenessGate:
+    """The staleness bound, judged when a batch is about to be trained: it must have been
+    sampled with weights the bound allows for that step (grpo.core.staleness.lag_misfit). A
+    lone sampler's pacing is exact, so its batch outside the bound is a lie or a bug: refused.
+    A pool's pacing is an estimate (grpo.sampler.weights.expected_batch: a slow sampler's batch
+    can be trained later than it expected), so there such a batch is trained, counted
+    (`outside`, in the metrics row as stale_batches) and reported at a bounded rate."""
+
+    def __init__(self, want: Expected):
+        self.want, self.outside = want, 0
+
+    def refusal(self, batch: EpisodeBatch, ledger: Ledger, held: Iterable[str]) -> str | None:
+        """Why `batch` may not be trained next, or None. `ledger`: what was trained (a batch a
+        step); `held`: the samplers with batches waiting for their predecessors. The sampler is
+        lone when no other one's batch was ever trained or held in this run."""
+        step = sum(len(seqs) for seqs in ledger.consumed.values())
+        lone = ledger.consumed.keys() | set(held) <= {batch.sampler_id}
+        m = self.want.max_staleness
+        why = (
+            None
+            if m is None
+            else lag_misfit(batch.policy_version, step, m, self.want.sync_interval)
+        )
+        if why is None or lone:
+            return why
+        self.outside += 1
+        note(log, self.outside, "training batch %d from %s outside the staleness bound (%d so "
+             "far; a pool's pacing is an estimate): %s", batch.seq, batch.sampler_id,
+             self.outside, why)  # fmt: skip
+        return None

@@ -38,8 +38,9 @@ class InOrder:
         consumed = self.ledger.consumed.get(sampler_id)
         return 0 if consumed is None else consumed.low + 1
 
-    def is_held(self, sampler_id: str, seq: int) -> bool:
-        return seq in self.held.get(sampler_id, {})
+    def has(self, sampler_id: str, seq: int) -> bool:
+        """Trained on, or held until its predecessors are: a resend after a restart."""
+        return self.ledger.is_duplicate(sampler_id, seq) or seq in self.held.get(sampler_id, {})
 
     def hold(self, batch: EpisodeBatch) -> None:
         self.held.setdefault(batch.sampler_id, {})[batch.seq] = (batch, time.monotonic())

@@ -127,6 +127,15 @@ class SamplerPool:
         left = self.alive()
         log.warning("%s (%d alive%s)", why, len(left), f": {', '.join(left)}" if left else "")
 
+    def gone_silent(self, sids: set[str], when: str) -> set[str]:
+        """Those of `sids` not heard from for the peer timeout, each logged (`when`: what they
+        went silent before)."""
+        now = time.monotonic()
+        silent = {s for s in sids if now - self.members[s].last_seen > self.peer_timeout_s}
+        for sid in sorted(silent):
+            log.warning("sampler %s went silent %s", sid, when)
+        return silent
+
     def alive(self) -> list[str]:
         return sorted(sid for sid, m in self.members.items() if m.gone is None)
 

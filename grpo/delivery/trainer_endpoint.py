@@ -25,7 +25,7 @@ import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
-from grpo.delivery.admission import Expected, misfit
+from grpo.delivery.admission import Expected, StalenessGate, misfit
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
@@ -96,6 +96,7 @@ class TrainerEndpoint:
         self.alive = 0  # samplers alive, as the heartbeats tell them (they pace by it)
         self.duplicates_dropped = 0
         self.rejected_batches = 0
+        self.staleness = StalenessGate(expected)
         self.transport = transport
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
@@ -120,14 +121,22 @@ class TrainerEndpoint:
 
     def next_batch(self, keepalive: Callable[[], None]) -> EpisodeBatch:
         """The next batch to train: each sampler's in seq order, never one already trained or
-        held, never one this trainer cannot train on (its sampler is told why). Calls
-        `keepalive` every KEEPALIVE_S while none comes; raises PeerError when no sampler is
-        left."""
+        held, never one this trainer cannot train on (its sampler is told why), none sampled
+        outside the staleness bound (admission.StalenessGate). Calls `keepalive` every
+        KEEPALIVE_S while none comes; raises PeerError when no sampler is left."""
+        while True:
+            batch = self._next_in_order(keepalive)
+            if (why := self.staleness.refusal(batch, self.ledger, self.order.held)) is None:
+                return batch
+            self._reject(batch, why)
+
+    def _next_in_order(self, keepalive: Callable[[], None]) -> EpisodeBatch:
+        """The next admitted batch in its sampler's seq order."""
         while (batch := self.order.pop_ready()) is None:
             batch = self.receive_batch(wait_s=KEEPALIVE_S)
             if batch is None:
                 keepalive()
-            elif self._already_have(batch):
+            elif self.order.has(batch.sampler_id, batch.seq):
                 self.duplicates_dropped += 1  # a resend of a batch already trained on
                 note(log, self.duplicates_dropped, "dropped batch %d from %s: already trained on "
                      "or held (%d so far)", batch.seq, batch.sampler_id, self.duplicates_dropped,
@@ -200,11 +209,6 @@ class TrainerEndpoint:
         if (why := self.pool.none_left()) is not None:
             raise PeerError(why)
 
-    def _already_have(self, batch: EpisodeBatch) -> bool:
-        """Trained on, or held until its predecessors are: a resend after a restart."""
-        sid, seq = batch.sampler_id, batch.seq
-        return self.ledger.is_duplicate(sid, seq) or self.order.is_held(sid, seq)
-
     def _reject(self, batch: EpisodeBatch, why: str) -> None:
         """Drop a batch this trainer cannot train on, and tell its sampler, which stops with
         the reason: the run goes on for any other sampler. Nothing is recorded of it (ledger,
@@ -244,19 +248,14 @@ class TrainerEndpoint:
     def _wait_for_byes(self) -> None:
         """After done, with weights served from here: a sampler may still be fetching a
         version, so serve until each has said bye or gone silent."""
-        waiting, members = set(self.pool.alive()), self.pool.members
+        waiting = set(self.pool.alive())
         while waiting:
             item = self.channel.receive(timeout_ms=500)
             if item is not None:
                 self._heard(item)
             if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
                 waiting.discard(item.body.get("sampler_id"))
-            now = time.monotonic()
-            silent = {s for s in waiting
-                      if now - members[s].last_seen > self.transport.peer_timeout_s}  # fmt: skip
-            for sid in silent:
-                log.warning("sampler %s went silent before saying bye", sid)
-            waiting -= silent
+            waiting -= self.pool.gone_silent(waiting, "before saying bye")
 
     def stop(self, reason: str) -> None:
         self.channel.announce(messages.STOP, reason=reason)
@@ -267,6 +266,7 @@ class TrainerEndpoint:
             "rejected_frames": self.channel.rejected_frames,
             "refused_messages": self.channel.refused_messages,
             "rejected_batches": self.rejected_batches,
+            "stale_batches": self.staleness.outside,
         }
 
     def close(self) -> None:

@@ -150,10 +150,8 @@ class VllmContinuous(VllmRollout):
             self._add(a)
 
     def _restart(self, vdir: Path) -> None:
-        """A new engine on `vdir`'s weights (rollout.vllm.reload: restart, or the fallback after
-        a failed in-place load), the answers in flight re-added to it as a resume restores them:
-        each goes on from its tokens so far, its prompt and those tokens prefilled by the new
-        weights. (Dropped, they would hold their slots for ever and the loop would spin.)"""
+        """A new engine on `vdir`'s weights, the answers in flight re-added as a resume restores
+        them (dropped, they would hold their slots for ever and the loop would spin)."""
         answers = self.in_flight()
         super()._restart(vdir)
         self.restore(answers)

@@ -47,11 +47,12 @@ import numpy as np
 from grpo.config import Config
 from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
+from grpo.core.staleness import required_version
 from grpo.rollout.continuous import Answer, ContinuousEngine, Request
 from grpo.runtime.progress import ACTIVITY, GENERATING
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.episodes import BatchMaker, Group
-from grpo.sampler.weights import Weights, required_version
+from grpo.sampler.weights import Weights
 
 log = logging.getLogger("grpo.sampler")
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from grpo.config import Config
 from grpo.config.weights import weights_mode
 from grpo.core.episode import EpisodeBatch
+from grpo.core.staleness import required_version
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool
 from grpo.models.loading import load_tokenizer, resolve_model_path
@@ -32,7 +33,7 @@ from grpo.sampler.continuous import ContinuousLoop, clear_states, save_state
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.rewards import SamplerRewards
-from grpo.sampler.weights import Weights, expected_batch, required_version
+from grpo.sampler.weights import Weights, expected_batch
 from grpo.tasks import task_for
 from grpo.wire import messages
 from grpo.wire.channels import PeerError

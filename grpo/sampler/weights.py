@@ -27,15 +27,6 @@ from grpo.wire.channels import PeerError
 log = logging.getLogger("grpo.sampler")
 
 
-def required_version(seq: int, max_staleness: int, sync_interval: int) -> int:
-    """The oldest weights batch `seq` may be sampled with.
-
-    Batch k is trained at step k + 1, so with no lag it needs version k; `max_staleness` allows
-    that many versions of lag, and only multiples of `sync_interval` are ever published.
-    """
-    return max(0, (seq - max_staleness) // sync_interval * sync_interval)
-
-
 def expected_batch(trained: dict[str, int], sampler_id: str, made: int, alive: int) -> int:
     """Which batch of the run (counted from 0) the one this sampler makes next is expected to
     be, from the trainer's last heartbeat: all batches trained so far, then this sampler's

@@ -112,4 +112,45 @@ MUTATIONS = (
             "over",
         ),
     ),
+    Mutation(
+        name="any_version_claim_admitted",
+        item="43.2: a version the run never publishes for sampling is refused on arrival",
+        path="grpo/delivery/admission.py",
+        old="    if v < 0 or v % every or (last is not None and v >= last):",
+        new="    if False:",
+        tests=(
+            "tests/test_staleness.py::test_a_version_the_run_never_publishes_for_sampling_is_refused_when_it_arrives",
+        ),
+    ),
+    Mutation(
+        name="future_version_within_the_bound",
+        item="43.2: no batch is trained that claims weights newer than the trainer's",
+        path="grpo/core/staleness.py",
+        old="    if version > step:",
+        new="    if False:",
+        tests=(
+            "tests/test_staleness.py::test_the_trainer_takes_exactly_the_versions_the_sampler_waits_for",
+        ),
+    ),
+    Mutation(
+        name="staleness_bound_not_enforced",
+        item="43.2: the trainer enforces the staleness bound when it trains a batch",
+        path="grpo/delivery/admission.py",
+        old="        if why is None or lone:\n            return why\n",
+        new="        if True:\n            return None\n",
+        tests=(
+            "tests/test_staleness.py::test_a_lone_sampler_outside_the_bound_is_refused_and_a_pool_s_is_counted",
+            "tests/test_staleness.py::test_a_lone_sampler_lying_about_its_version_is_stopped_by_the_trainer",
+        ),
+    ),
+    Mutation(
+        name="lone_sampler_taken_for_a_pool",
+        item="43.2: a lone sampler's batch outside the bound is refused, not counted",
+        path="grpo/delivery/admission.py",
+        old="        lone = ledger.consumed.keys() | set(held) <= {batch.sampler_id}",
+        new="        lone = False",
+        tests=(
+            "tests/test_staleness.py::test_a_lone_sampler_lying_about_its_version_is_stopped_by_the_trainer",
+        ),
+    ),
 )
