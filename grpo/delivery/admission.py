@@ -91,14 +91,14 @@ def misfit(batch: EpisodeBatch, want: Expected) -> str | None:
 
 
 def _version_misfit(batch: EpisodeBatch, want: Expected) -> str | None:
-    """A version this run publishes for sampling: 0, then every train.sync_interval steps,
-    before the last step (the last version samples nothing the run trains)."""
+    """A version this run publishes for sampling: 0, then every train.sync_interval steps, up
+    to train.total_steps."""
     v, last, every = batch.policy_version, want.max_version, want.sync_interval
-    if v < 0 or v % every or (last is not None and v >= last):
+    if v < 0 or v % every or (last is not None and v > last):
         return (
             f"it claims to be sampled with version {v}, which this run never publishes for "
             f"sampling (0, then every train.sync_interval={every} steps"
-            + (f", before train.total_steps={last})" if last is not None else ")")
+            + (f", up to train.total_steps={last})" if last is not None else ")")
         )
     return None
 

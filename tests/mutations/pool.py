@@ -116,7 +116,7 @@ MUTATIONS = (
         name="any_version_claim_admitted",
         item="43.2: a version the run never publishes for sampling is refused on arrival",
         path="grpo/delivery/admission.py",
-        old="    if v < 0 or v % every or (last is not None and v >= last):",
+        old="    if v < 0 or v % every or (last is not None and v > last):",
         new="    if False:",
         tests=(
             "tests/test_staleness.py::test_a_version_the_run_never_publishes_for_sampling_is_refused_when_it_arrives",
