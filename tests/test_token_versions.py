@@ -136,7 +136,10 @@ def test_admission_refuses_versions_past_the_last_the_run_publishes():
     assert misfit(batch, replace(fits, max_version=newest)) is None
     why = misfit(batch, replace(fits, max_version=newest - 1))
     assert why is not None and f"version {newest}" in why and "train.total_steps" in why
-    assert misfit(make_batch(), replace(fits, max_version=0)) is None  # lock-step: nothing to check
+    lock_step = make_batch()  # no token versions: its policy_version is checked alone
+    assert misfit(lock_step, replace(fits, max_version=lock_step.policy_version)) is None
+    why = misfit(lock_step, replace(fits, max_version=lock_step.policy_version - 1))
+    assert why is not None and "never publishes for sampling" in why
     cfg = load_config(None, ["train.total_steps=7"])
     assert Expected.for_run(cfg, frozenset(), 100).max_version == 7
 
