@@ -159,8 +159,10 @@ def test_the_collective_snapshot_follows_each_sampler_s_state_and_drop():
     """What the trainer's broadcaster reads (weights.mode collective), rebuilt whenever a
     sampler's incarnation, group state or liveness moves, and only then."""
     clock = [0.0]
-    pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, clock=lambda: clock[0])
+    pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, clock=lambda: clock[0],
+                       trusted={"s0"})  # fmt: skip
     pool.heard("s0", {"incarnation": "i", "collective": "ready:0"})
+    pool.heard("ghost", {"incarnation": "g", "collective": "ready:0"})  # never vouched for
     assert pool.collective == {"s0": ("i", "ready:0")}
     snapshot = pool.collective
     pool.heard("s0", {"incarnation": "i", "collective": "ready:0"})
@@ -174,3 +176,21 @@ def test_the_collective_snapshot_follows_each_sampler_s_state_and_drop():
     assert pool.collective == {}
     pool.heard("s0", {"incarnation": "j", "collective": "ready:0"})  # back
     assert pool.collective == {"s0": ("j", "ready:0")}
+
+
+def test_a_sampler_heard_of_counts_only_once_vouched_for():
+    """Heartbeats under made-up ids are tracked (liveness, the startup check) but count nowhere
+    the samplers act on: not in the number alive they pace by, not as relays, not in the
+    collective group. A sampler counts once a batch of its own is admitted (vouch), at once when
+    a resumed trainer's ledger names it, and every id under CURVE."""
+    pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, trusted={"resumed"})
+    beat = {"incarnation": "i", "relay": "tcp://10.0.0.9:5", "collective": "ready:0"}
+    for sid in ("real", "resumed", *(f"ghost-{i}" for i in range(100))):
+        pool.heard(sid, beat)
+    assert len(pool.alive()) == 102 and pool.counted() == ["resumed"]
+    assert pool.relays() == {"resumed": beat["relay"]} and list(pool.collective) == ["resumed"]
+    pool.vouch("real")  # its first batch admitted
+    assert pool.counted() == ["real", "resumed"] and set(pool.collective) == {"real", "resumed"}
+    curve = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, authenticated=True)
+    curve.heard("keyed", beat)
+    assert curve.counted() == ["keyed"]

@@ -107,3 +107,22 @@ def test_a_lone_sampler_lying_about_its_version_is_stopped_by_the_trainer(tmp_pa
     finally:
         sampler.close()
         trainer.close()
+
+
+def test_a_batch_admitted_vouches_for_its_sampler(tmp_path):
+    """Over real sockets: sampler-0's heartbeats make it known, not counted; its first batch
+    admitted makes it count in what the samplers are told (grpo.delivery.pool)."""
+    trainer, sampler = _endpoints(tmp_path)
+    try:
+        sampler.wait_for_trainer()
+        for _ in range(50):  # its heartbeats, read
+            if trainer.pool.alive():
+                break
+            trainer.receive_batch(wait_s=0.1)
+        assert trainer.pool.alive() == ["sampler-0"] and trainer.pool.counted() == []
+        sampler.send(_batch(0, 0), {"next_seq": 1})
+        assert trainer.next_batch(lambda: None).seq == 0
+        assert trainer.pool.counted() == ["sampler-0"] and trainer._status["alive"] == 1
+    finally:
+        sampler.close()
+        trainer.close()

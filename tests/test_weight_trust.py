@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -200,6 +201,7 @@ class Hostile(Forger):
         self.receiver = Receiver(ctx, None, MAX_BYTES, timeout_s=10)
         self.trainer, self.stall_s, self.real = trainer, stall_s, {}
         self.asked, self.tricks = 0, {}  # version -> the trick its manifest request got
+        self.played: Counter[str] = Counter()  # each trick's bytes as they went out
 
     def _real(self, version: int) -> Image | None:
         if version not in self.real:
@@ -214,11 +216,16 @@ class Hostile(Forger):
         real = self._real(version) if trick in (2, 3) else None
         if trick in (2, 3) and real is None:  # the trainer was slow to answer: forge instead,
             self.tricks[version] = 0  # and play this trick at the next request
+            self.played["forged"] += 1
             return self.image(version).manifest
         self.asked += 1
         if trick == 1:
+            self.played["future"] += 1
             return self.image(self.FUTURE).manifest
-        return real.manifest if real is not None else self.image(version).manifest
+        if real is None:
+            self.played["forged"] += 1
+            return self.image(version).manifest
+        return real.manifest
 
     def bucket(self, version: int, base: int, index: int):
         from grpo.delivery.stream.image import encode_image_bucket
@@ -227,10 +234,12 @@ class Hostile(Forger):
         if real is None or trick not in (2, 3):
             return super().bucket(version, base, index)
         if trick == 2:  # well-formed frames of a full copy whose tensors are not the manifest's
+            self.played["corrupt"] += 1
             flipped = Image(real.manifest, {k: a ^ 1 for k, a in real.arrays.items()})
             return encode_image_bucket(flipped, index, None)[0]
         frames = encode_image_bucket(real, index, None)[0]
         if index >= len(real.manifest.buckets) // 2:
+            self.played["stalled"] += 1
             time.sleep(self.stall_s)  # mid-version, the whole relay stops
         return frames
 
@@ -275,7 +284,8 @@ def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
     ctx, stop, flooded = zmq.Context(), threading.Event(), [0]
     try:
         base = _initial_weights(ctx, weights_addr, procs)
-        with serving(Hostile(base, weights_addr, ctx, stall_s=4), ctx) as fake:
+        hostile = Hostile(base, weights_addr, ctx, stall_s=4)
+        with serving(hostile, ctx) as fake:
 
             def impostor() -> None:
                 push = ctx.socket(zmq.PUSH)
@@ -326,9 +336,12 @@ def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
     loaded = RECEIVED.findall(text["s1"])
     assert loaded and all(addr not in (fake, unresolvable) for _, addr, _ in loaded), loaded
     seen = {trick: text["s1"].count(says) for trick, says in REFUSALS.items()}
-    print(f"\nhostile relay: sampler-1 refused {seen}; {flooded[0]} requests flooded the trainer")
-    tricks = [t for t in REFUSALS if t != "unresolvable"]  # that one is heartbeats' luck
-    assert all(seen[trick] for trick in tricks), seen
+    played = dict(hostile.played)
+    print(f"\nhostile relay: played {played}, sampler-1 refused {seen}; {flooded[0]} requests "
+          "flooded the trainer")  # fmt: skip
+    # How often sampler-1 asks the relay is the heartbeats' luck: every trick played was
+    # refused, and the run met at least two of them.
+    assert len(played) >= 2 and all(seen[trick] for trick in played), (played, seen)
 
 
 def test_a_version_held_from_a_crashed_trainer_is_not_taken_for_the_resumed_one_s():

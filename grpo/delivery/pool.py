@@ -8,6 +8,14 @@ incarnation) after a stop, any message after silence, progress after a stall. It
 yet acknowledged come back from its spool when it restarts. The run ends only when no sampler is
 left alive: at once when the last one stops (a crash or a config mismatch), else when the last
 one is dropped, which its own timeout has already waited for.
+
+Anyone who can reach the trainer's sockets can send a heartbeat under any id, so a sampler the
+trainer heard of is not yet one it trusts. A sampler is vouched for once a batch of its own was
+admitted (or it is in a resumed trainer's ledger), or at once under CURVE (the channel takes a
+message only from the key of the sampler it names). Only vouched samplers count in what the
+samplers are told and act on: how many are alive (they pace by it: a thousand made-up ids would
+make a lone sampler wait for a version that never comes), the relays they fetch versions from,
+the collective group, and whom the trainer waits for to say bye.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ class Member:
     why: str = ""  # the drop's line
     relay: str = ""  # where it relays versions (weights.mode: stream), from its heartbeats
     collective: str = ""  # its state in the collective group (grpo.weights.member), likewise
+    vouched: bool = False  # see the module docstring
 
     @property
     def activity(self) -> str:
@@ -56,6 +65,10 @@ class SamplerPool:
     # trainer's broadcaster; replaced whole at each change, as another thread reads it
     collective: dict[str, tuple[str, str]] = field(default_factory=dict)
     refused: int = 0  # messages whose id the pool did not take
+    # Ids vouched for before they are heard (a resumed trainer's ledger); with `authenticated`
+    # (CURVE) every id heard is.
+    trusted: set[str] = field(default_factory=set)
+    authenticated: bool = False
 
     def heard(self, sid: str, body: dict[str, Any] | None = None) -> None:
         """Any message from `sid`; a heartbeat's `body` carries its incarnation and activity.
@@ -72,9 +85,10 @@ class SamplerPool:
         seen = None  # what the collective snapshot holds of it: rebuilt only when that moves
         if member is None:
             member = self.members[sid] = Member(now, StallClock(self.clock), incarnation)
+            member.vouched = self.authenticated or sid in self.trusted
             log.info("sampler %s joined (%d alive)", sid, len(self.alive()))
         else:
-            seen = (member.incarnation, member.collective, member.gone)
+            seen = (member.incarnation, member.collective, member.gone, member.vouched)
         restarted = incarnation is not None and incarnation != member.incarnation
         before = member.stall.last
         if (snap := Snapshot.from_json(body)) is not None:
@@ -93,7 +107,15 @@ class SamplerPool:
             member.relay = relay
         if isinstance(state := body.get("collective"), str) and len(state) <= 32:
             member.collective = state
-        if (member.incarnation, member.collective, member.gone) != seen:
+        if (member.incarnation, member.collective, member.gone, member.vouched) != seen:
+            self.collective = self._collective_states()
+
+    def vouch(self, sid: str) -> None:
+        """A batch of `sid`'s own was admitted: a sampler of this run, alive."""
+        self.trusted.add(sid)
+        self.heard(sid)
+        if (member := self.members.get(sid)) is not None and not member.vouched:
+            member.vouched = True
             self.collective = self._collective_states()
 
     def stopped(self, sid: str, reason: str) -> None:
@@ -130,7 +152,7 @@ class SamplerPool:
     def gone_silent(self, sids: set[str], when: str) -> set[str]:
         """Those of `sids` not heard from for the peer timeout, each logged (`when`: what they
         went silent before)."""
-        now = time.monotonic()
+        now = self.clock()
         silent = {s for s in sids if now - self.members[s].last_seen > self.peer_timeout_s}
         for sid in sorted(silent):
             log.warning("sampler %s went silent %s", sid, when)
@@ -139,13 +161,17 @@ class SamplerPool:
     def alive(self) -> list[str]:
         return sorted(sid for sid, m in self.members.items() if m.gone is None)
 
+    def counted(self) -> list[str]:
+        """The live samplers vouched for: those the samplers are told of (module docstring)."""
+        return [sid for sid in self.alive() if self.members[sid].vouched]
+
     def relays(self) -> dict[str, str]:
-        """The live samplers' relay addresses."""
-        return {sid: m.relay for sid, m in self.members.items() if m.gone is None and m.relay}
+        """The live vouched samplers' relay addresses."""
+        return {sid: self.members[sid].relay for sid in self.counted() if self.members[sid].relay}
 
     def _collective_states(self) -> dict[str, tuple[str, str]]:
         return {sid: (m.incarnation or "", m.collective) for sid, m in self.members.items()
-                if m.gone is None and m.collective}  # fmt: skip
+                if m.gone is None and m.vouched and m.collective}  # fmt: skip
 
     def none_left(self) -> str | None:
         """Why the run cannot go on (every sampler heard of is gone), or None."""

@@ -92,8 +92,9 @@ class TrainerEndpoint:
         the samplers are to join (weights.mode stream; collective)."""
         self.ledger, self.expected, self.version = ledger, expected, version
         self.order = InOrder(ledger, max_held, transport.peer_timeout_s)
-        self.pool = SamplerPool(transport.peer_timeout_s, transport.stall_timeout_s)
-        self.alive = 0  # samplers alive, as the heartbeats tell them (they pace by it)
+        self.pool = SamplerPool(transport.peer_timeout_s, transport.stall_timeout_s,
+                                trusted=set(ledger.consumed),
+                                authenticated=bool(transport.curve_dir))  # fmt: skip
         self.duplicates_dropped = 0
         self.rejected_batches = 0
         self.staleness = StalenessGate(expected)
@@ -112,7 +113,7 @@ class TrainerEndpoint:
             "acks": self.ledger.acks(),
             "consumed": self.order.received_json(),
             "trained": self.ledger.trained_counts(),
-            "alive": self.alive,
+            "alive": len(self.pool.counted()),  # the samplers pace by it
             "relays": self.pool.relays(),
         }
 
@@ -145,8 +146,8 @@ class TrainerEndpoint:
                 self._reject(batch, why)
             else:
                 # Only now does the batch count as its sampler's: a refused one is no sign of
-                # life, and a made-up sampler id must not join the pool (samplers pace by it).
-                self.pool.heard(batch.sampler_id)
+                # life, and vouches for no one (samplers pace by the pool: grpo.delivery.pool).
+                self.pool.vouch(batch.sampler_id)
                 self.order.hold(batch)  # and taken at once when it is the next one
                 self._refresh()
         return batch
@@ -202,9 +203,8 @@ class TrainerEndpoint:
         self._raise_if_none_left()
 
     def _raise_if_none_left(self) -> None:
-        alive = len(self.pool.alive())
-        if alive != self.alive or self.pool.relays() != self._status["relays"]:
-            self.alive = alive
+        told = (self._status["alive"], self._status["relays"])
+        if told != (len(self.pool.counted()), self.pool.relays()):
             self._refresh()
         if (why := self.pool.none_left()) is not None:
             raise PeerError(why)
@@ -248,7 +248,7 @@ class TrainerEndpoint:
     def _wait_for_byes(self) -> None:
         """After done, with weights served from here: a sampler may still be fetching a
         version, so serve until each has said bye or gone silent."""
-        waiting = set(self.pool.alive())
+        waiting = set(self.pool.counted())
         while waiting:
             item = self.channel.receive(timeout_ms=500)
             if item is not None:

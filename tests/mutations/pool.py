@@ -153,4 +153,20 @@ MUTATIONS = (
             "tests/test_staleness.py::test_a_lone_sampler_lying_about_its_version_is_stopped_by_the_trainer",
         ),
     ),
+    Mutation(
+        name="heartbeats_vouch_for_any_id",
+        item="43.1: a sampler counts (pacing, relays, the group, byes) only once vouched for",
+        path="grpo/delivery/pool.py",
+        old="            member.vouched = self.authenticated or sid in self.trusted",
+        new="            member.vouched = True",
+        tests=("tests/test_pool.py::test_a_sampler_heard_of_counts_only_once_vouched_for",),
+    ),
+    Mutation(
+        name="admitted_batch_vouches_for_no_one",
+        item="43.1: an admitted batch vouches for its sampler",
+        path="grpo/delivery/trainer_endpoint.py",
+        old="                self.pool.vouch(batch.sampler_id)",
+        new="                self.pool.heard(batch.sampler_id)",
+        tests=("tests/test_staleness.py::test_a_batch_admitted_vouches_for_its_sampler",),
+    ),
 )
