@@ -8,14 +8,15 @@
 #
 # The trainer runs train.num_ranks processes on this node (torchrun, on CPU and GPU alike; a
 # trainer over several nodes: ROLE=trainer with train.node_rank on each). Each role gets its
-# GPUs in CUDA_VISIBLE_DEVICES (grpo/runtime/placement.py). Addresses come from the config. If one
-# role fails, the other is stopped and this script exits non-zero; Ctrl-C stops both. With
+# GPUs in CUDA_VISIBLE_DEVICES (grpo/runtime/placement.py). Addresses come from the config. A role
+# that dies is restarted (GRPO_MAX_RESTARTS, default 3: see Healing below); one that cannot heal
+# stops the others and this script exits non-zero; Ctrl-C stops all. With
 # reward_server.backend or teacher.where=service set, both roles come with the reward service
 # (stopped at the end).
 # Relative paths in the config are relative to the repository root.
 set -uo pipefail
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 # The config path is taken from where you stand; paths inside it from the repository root.
@@ -60,41 +61,69 @@ esac
 # process it started (the DeepSpeed launcher does not forward signals to its ranks).
 set -m
 export GRPO_PARENT_PID=$$  # both roles die with this script, even of a SIGKILL (grpo/runtime/lifetime.py)
-declare -A name_of
-start_trainer "$@" & trainer_pid=$!; name_of[$trainer_pid]=trainer
-# One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.
-TQDM_DISABLE=1 start_sampler "$@" & sampler_pid=$!; name_of[$sampler_pid]=sampler
-reward_pid=
-if [[ $REWARD_SERVICE == 1 ]]; then
-  start_reward "$@" & reward_pid=$!; name_of[$reward_pid]="reward service"
-fi
-groups=("-$trainer_pid" "-$sampler_pid" ${reward_pid:+"-$reward_pid"})
 
-alive() { local g; for g in "${groups[@]}"; do kill -0 -- "$g" 2>/dev/null && return 0; done; return 1; }
+# Healing: a role that dies (a non-zero exit other than 2, a usage or config error, which would
+# only fail again) is started again after a backoff (GRPO_RESTART_DELAY_S, doubling), up to
+# GRPO_MAX_RESTARTS times per role, with train.resume=auto: the trainer goes on from its last
+# saved state, the sampler from its spool, while the other roles keep running (a sampler waits
+# transport.peer_timeout_s for a silent trainer). Each role learns its restarts so far in
+# GRPO_RESTARTS (the metrics row's trainer_restarts, sampler_restarts) and how many it has left
+# in GRPO_RESTARTS_LEFT (a trainer with restarts left does not tell the samplers to stop). A
+# role that cannot heal (restarts used up) stops the run, named.
+MAX_RESTARTS=${GRPO_MAX_RESTARTS:-3}
+RESTART_DELAY_S=${GRPO_RESTART_DELAY_S:-5}
+declare -A name_of pid_of restarts=([trainer]=0 [sampler]=0 ["reward service"]=0)
+launch() {  # ROLE [config and overrides]: (re)start one role, in a process group of its own
+  local role=$1; shift
+  export GRPO_RESTARTS=${restarts[$role]} GRPO_RESTARTS_LEFT=$((MAX_RESTARTS - restarts[$role]))
+  case $role in
+    trainer) start_trainer "$@" & ;;
+    # One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.
+    sampler) TQDM_DISABLE=1 start_sampler "$@" & ;;
+    "reward service") start_reward "$@" & ;;
+  esac
+  pid_of[$role]=$!; name_of[$!]=$role
+}
+launch trainer "$@"
+launch sampler "$@"
+[[ $REWARD_SERVICE == 1 ]] && launch "reward service" "$@"
+
+groups() { local p; for p in "${pid_of[@]}"; do echo "-$p"; done; }
+alive() { local g; for g in $(groups); do kill -0 -- "$g" 2>/dev/null && return 0; done; return 1; }
 stop_all() {
-  kill -TERM -- "${groups[@]}" 2>/dev/null
+  kill -TERM -- $(groups) 2>/dev/null
   for _ in $(seq 30); do alive || return 0; sleep 1; done
   echo "launch.sh: still running after 30 s, killing" >&2
-  kill -KILL -- "${groups[@]}" 2>/dev/null
+  kill -KILL -- $(groups) 2>/dev/null
 }
 trap 'echo "launch.sh: interrupted, stopping all roles" >&2; stop_all; wait; exit 130' INT TERM
 
 status=0
-running=("$trainer_pid" "$sampler_pid" ${reward_pid:+"$reward_pid"})
-while ((${#running[@]})); do
+while ((${#pid_of[@]})); do
   done_pid=
-  wait -n -p done_pid "${running[@]}"
+  wait -n -p done_pid "${pid_of[@]}"
   code=$?
   [[ -n $done_pid ]] || break  # bash already reaped the rest (after stop_all)
-  running=($(for p in "${running[@]}"; do [[ $p != "$done_pid" ]] && echo "$p"; done))
-  if [[ $code -ne 0 && $status -eq 0 ]]; then
+  role=${name_of[$done_pid]}
+  unset "pid_of[$role]"
+  if ((code != 0)); then
+    if ((code != 2 && restarts[$role] < MAX_RESTARTS)); then
+      delay=$((RESTART_DELAY_S << restarts[$role]))
+      restarts[$role]=$((restarts[$role] + 1))
+      echo "launch.sh: the $role exited with code $code; restarting it in $delay s" \
+        "(restart ${restarts[$role]} of $MAX_RESTARTS)" >&2
+      sleep "$delay"
+      launch "$role" "$@" train.resume=auto
+      continue
+    fi
     status=$code
-    echo "launch.sh: the ${name_of[$done_pid]} exited with code $code; stopping the other roles" >&2
+    why=$( ((code == 2)) && echo "a usage or config error" || echo "its $MAX_RESTARTS restarts used up")
+    echo "launch.sh: the $role exited with code $code ($why); stopping the other roles" >&2
     stop_all
-    wait 2>/dev/null  # reap the stopped role; its exit code is a consequence, not the cause
+    wait 2>/dev/null  # reap the stopped roles; their exit codes are a consequence, not the cause
     break
   fi
-  if [[ ${running[*]} == "$reward_pid" ]]; then  # the run is over: the service is not needed
+  if [[ ${!pid_of[*]} == "reward service" ]]; then  # the run is over: the service is not needed
     stop_all
     wait 2>/dev/null
     break

@@ -5,9 +5,12 @@ no repeat and no gap."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -239,6 +242,61 @@ def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_o
         f"after the kill in {sampler_recover_s:.0f} s), duplicates dropped "
         f"{rows[-1]['duplicates_dropped']}, lost 0; final weights vs the straight run: "
         f"max |diff| {diff}"
+    )
+
+
+def _sigkill(pid: int) -> None:
+    """SIGKILL one process and everything it started."""
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def _role_pid(launcher: subprocess.Popen, script: str) -> int:
+    """The process of launch.sh's that runs `script` (its newest, after a restart)."""
+    pids = [p for p in descendants(launcher.pid)
+            if alive(p) and script.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+    assert pids, f"no {script} under launch.sh"
+    return max(pids)
+
+
+@pytest.mark.xdist_group("crash_tests")  # with the crash tests: one straight run for all
+def test_launch_sh_heals_a_sigkilled_sampler_and_trainer_rank(
+    tmp_path, tiny_model_dir, straight_run
+):
+    """Under launch.sh's supervision (both roles, one process): after step 3 the sampler is
+    SIGKILLed, after step 5 one trainer rank. launch.sh restarts each (train.resume=auto): the
+    sampler resumes from its spool while the trainer waits; the trainer from its last saved
+    state while the sampler keeps its spool and reconnects. The run ends as the straight one
+    does, bit for bit, each batch trained once, and the metrics row counts the restarts."""
+    config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
+    log = tmp_path / "both.log"
+    both = start("both", config, overrides, log, env={"GRPO_RESTART_DELAY_S": "1"})
+    try:
+        wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", [both])
+        killed_at = time.time()
+        _sigkill(_role_pid(both, "sampling_worker.py"))
+
+        def trained_since() -> int:
+            return sum(r["time"] > killed_at for r in rows_of(run_dir))
+
+        wait_for(lambda: trained_since() >= 2 and len(rows_of(run_dir)) >= 5,
+                 "step 5, two steps after the sampler's kill", [both])  # fmt: skip
+        os.kill(_role_pid(both, "training_worker.py"), signal.SIGKILL)  # one rank of two
+        finish([both])
+    finally:
+        finish([both], timeout=1)
+    text = log.read_text()
+    assert both.returncode == 0, text[-4000:]
+    for role in ("sampler", "trainer"):
+        assert f"launch.sh: the {role} exited with code" in text and "(restart 1 of 3)" in text
+    rows = assert_exactly_once(run_dir, spool, text)
+    assert rows[-1]["trainer_restarts"] == 1 and rows[-1]["sampler_restarts"] == 1, rows[-1]
+    diff = assert_same_as_straight(run_dir, straight_run)
+    _assert_no_stray_processes(config)
+    print(
+        f"\nhealed: sampler and trainer rank SIGKILLed, each restarted once; final weights vs "
+        f"the straight run: max |diff| {diff}"
     )
 
 

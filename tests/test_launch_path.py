@@ -149,3 +149,36 @@ print("world", dist.get_world_size(), x.tolist())
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world 1 [1.0, 1.0, 1.0]" in proc.stdout
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# The roles' processes stand-ins: the sampler exits with $FAKE_SAMPLER_CODE at once (noting each
+# start), the trainer waits to be stopped; anything else (launch-env) is the real Python.
+case " $* " in
+  *" sampling_worker.py "*) echo "start $GRPO_RESTARTS left $GRPO_RESTARTS_LEFT" >> "$STARTS"
+                           exit "$FAKE_SAMPLER_CODE" ;;
+  *" grpo.trainer.launch "*) exec sleep 60 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+@pytest.mark.parametrize(("code", "starts"), [(1, 3), (2, 1)])
+def test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times(tmp_path, code, starts):
+    """launch.sh's supervision alone (the roles' processes are stand-ins; the healed real run
+    is tests/test_chaos.py): a sampler that keeps dying is restarted GRPO_MAX_RESTARTS times,
+    each start told its restarts so far and left, then the run stops naming it; a usage or
+    config error (exit code 2) is not restarted: it would only fail again."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "REAL_PYTHON": PYTHON,
+           "STARTS": str(tmp_path / "s"), "FAKE_SAMPLER_CODE": str(code),
+           "GRPO_MAX_RESTARTS": "2", "GRPO_RESTART_DELAY_S": "0"}  # fmt: skip
+    proc = subprocess.run(["bash", str(REPO / "launch.sh"), DEMO, "model.path=/tmp"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == code, proc.stderr
+    started = (tmp_path / "s").read_text().splitlines()
+    assert started == [f"start {n} left {2 - n}" for n in range(starts)], started
+    why = "its 2 restarts used up" if code == 1 else "a usage or config error"
+    assert f"launch.sh: the sampler exited with code {code} ({why}); stopping" in proc.stderr

@@ -20,7 +20,7 @@ def test_names_are_unique() -> None:
 @pytest.mark.parametrize("mutation", ALL, ids=lambda m: m.name)
 def test_mutation_applies_and_names_existing_tests(tmp_path, mutation) -> None:
     target = tmp_path / mutation.path
-    target.parent.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)  # a file at the root: tmp_path itself
     target.write_text((REPO / mutation.path).read_text())
     apply(mutation, tmp_path)
     assert target.read_text() != (REPO / mutation.path).read_text()

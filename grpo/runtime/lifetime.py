@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import NoReturn
 
 PARENT_ENV = "GRPO_PARENT_PID"
+# launch.sh's healing: how often it restarted this role so far, and how often it still would.
+RESTARTS_ENV, RESTARTS_LEFT_ENV = "GRPO_RESTARTS", "GRPO_RESTARTS_LEFT"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -45,6 +47,21 @@ def die_with_parent() -> None:
     # (before the check above or between the two) has left us reparented.
     if os.getppid() != wanted:
         os._exit(1)
+
+
+def _count(name: str) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else 0
+
+
+def restarts() -> int:
+    """Times launch.sh restarted this role so far (0: its first start, or not supervised)."""
+    return _count(RESTARTS_ENV)
+
+
+def restarts_left() -> int:
+    """Times launch.sh will still restart this role if it dies (0: not supervised)."""
+    return _count(RESTARTS_LEFT_ENV)
 
 
 def _named_pid() -> int | None:

@@ -15,6 +15,7 @@ from grpo.models.loading import load_reference
 from grpo.observe.metrics import peak_memory_gib
 from grpo.rollout.base import Generation, RolloutEngine, Sampling
 from grpo.rollout.multi_turn import tool_info
+from grpo.runtime.lifetime import restarts
 from grpo.runtime.progress import ACTIVITY, GENERATING, REWARDING, SCORING
 from grpo.sampler.data import Prompt, Shard
 from grpo.sampler.teacher import teacher_scorer
@@ -136,6 +137,7 @@ class BatchMaker:
             # Reward calls timed out, workers killed and replaced: totals so far.
             **self.rewards.stats(),
             **self.weights.stream_stats(),
+            "restarts": float(restarts()),  # by launch.sh, so far
         }
         group_size = self.cfg.rollout.group_size
         return EpisodeBatch(episodes, group_size, version, seq, self.cfg.rollout.sampler_id, stats)

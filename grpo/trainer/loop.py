@@ -27,6 +27,7 @@ from grpo.models.loading import load_tokenizer, resolve_model_path
 from grpo.observe.metrics import peak_memory_gib
 from grpo.observe.run_log import RunLog, SilentRunLog
 from grpo.plan import plan_run
+from grpo.runtime.lifetime import restarts, restarts_left
 from grpo.runtime.progress import (
     ACTIVITY,
     EVALUATING,
@@ -188,6 +189,7 @@ class Trainer:
             step, result.batch, self.cfg, self.world,
             counters={
                 "published_version": self.version,
+                "trainer_restarts": restarts(),  # by launch.sh, so far
                 **self.endpoint.counters(),
                 **{f"{engine}_steps_skipped": n for engine, n in result.skipped.items()},
             },
@@ -244,7 +246,9 @@ class Trainer:
         except BaseException as e:
             failure = collective_failure(e, self.rank, collective_timeout_s(cfg))
             interrupted = isinstance(e, KeyboardInterrupt)
-            self.endpoint.stop(messages.INTERRUPTED if interrupted else failure or str(e))
+            # A failure launch.sh heals is no stop: the samplers wait for the restarted trainer.
+            if interrupted or not restarts_left():
+                self.endpoint.stop(messages.INTERRUPTED if interrupted else failure or str(e))
             raise
         finally:
             if self.publisher is not None:

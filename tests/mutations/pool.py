@@ -169,4 +169,41 @@ MUTATIONS = (
         new="                self.pool.heard(batch.sampler_id)",
         tests=("tests/test_staleness.py::test_a_batch_admitted_vouches_for_its_sampler",),
     ),
+    Mutation(
+        name="launch_sh_never_restarts",
+        item="43.4: launch.sh restarts a role that dies",
+        path="launch.sh",
+        old="    if ((code != 2 && restarts[$role] < MAX_RESTARTS)); then",
+        new="    if false; then",
+        tests=(
+            "tests/test_chaos.py::test_launch_sh_heals_a_sigkilled_sampler_and_trainer_rank",
+            "tests/test_launch_path.py::test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times[1-3]",
+        ),
+    ),
+    Mutation(
+        name="launch_sh_restarts_a_config_error",
+        item="43.4: a usage or config error (exit code 2) is not restarted",
+        path="launch.sh",
+        old="    if ((code != 2 && restarts[$role] < MAX_RESTARTS)); then",
+        new="    if ((restarts[$role] < MAX_RESTARTS)); then",
+        tests=(
+            "tests/test_launch_path.py::test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times[2-1]",
+        ),
+    ),
+    Mutation(
+        name="healed_trainer_stops_the_samplers",
+        item="43.4: a trainer that launch.sh will restart leaves the samplers running",
+        path="grpo/trainer/loop.py",
+        old="            if interrupted or not restarts_left():",
+        new="            if True:",
+        tests=("tests/test_chaos.py::test_launch_sh_heals_a_sigkilled_sampler_and_trainer_rank",),
+    ),
+    Mutation(
+        name="restarts_not_counted",
+        item="43.4: the metrics row counts the restarts",
+        path="grpo/trainer/loop.py",
+        old='                "trainer_restarts": restarts(),',
+        new='                "trainer_restarts": 0,',
+        tests=("tests/test_chaos.py::test_launch_sh_heals_a_sigkilled_sampler_and_trainer_rank",),
+    ),
 )
