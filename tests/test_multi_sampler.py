@@ -1,12 +1,14 @@
 """Samplers as a pool: three feed one trainer from disjoint shards of the dataset; one is
 SIGKILLed and one hangs in generation, and the run still trains every step from the one left,
 naming the two it dropped and what each was last doing. Each sampler's first reward call hangs
-too, and costs one answer's score."""
+too, and costs one answer's score. And the pool is elastic: a sampler started during the run
+joins and is trained from, one that leaves says so, and the metrics row shows the pool."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 
 import pytest
@@ -96,4 +98,49 @@ def test_a_killed_and_a_hung_sampler_are_dropped_by_name_and_the_pool_finishes(
         assert {g % 3 for g in gids} == {int(r["sampler_id"][-1])}, r["rank_group_ids"]
     summary = json.loads((run_dir / "samplers.json").read_text())
     assert sum(s["batches"] for s in summary.values()) == STEPS
+    _assert_no_stray_processes(config)
+
+
+@pytest.mark.xdist_group("crash_tests")  # beside the other multi-process runs
+def test_a_sampler_joins_mid_run_and_one_leaves_and_every_step_is_trained(tmp_path, tiny_model_dir):
+    """The pool grows and shrinks during a run (rollout.num_samplers: the shards planned, not
+    the samplers started): sampler-1 starts after step 3, gets the current version and its
+    batches are trained; sampler-0 then leaves (SIGTERM), saying so; the run trains every step
+    once from whoever is there, and the metrics row's samplers_alive follows the pool."""
+    steps = 16  # ~1.5 s each (a reward of 50 ms a call): sampler-1 starts in about 8
+    config = tiny_config(tmp_path, tiny_model_dir, train={"total_steps": steps, "num_ranks": 1},
+                         data={"reward": "tests.rewards_for_tests:slow_text_length"})  # fmt: skip
+    overrides = [*transport_overrides(timeout_s=60), "rollout.num_samplers=2"]
+    logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "s0", "s1")}
+
+    def sampler(i: int):
+        mine = [f"rollout.sampler_index={i}", f"rollout.sampler_id=sampler-{i}"]
+        return start("sampler", config, [*overrides, *mine], logs[f"s{i}"])
+
+    run_dir = tmp_path / "runs" / "tiny"
+    trainer, s0 = start("trainer", config, overrides, logs["trainer"]), sampler(0)
+    try:
+        wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", [trainer, s0])
+        s1 = sampler(1)
+        wait_for(lambda: any(r["sampler_id"] == "sampler-1" for r in rows_of(run_dir)),
+                 "a batch of sampler-1", [trainer, s0, s1])  # fmt: skip
+        s0.send_signal(signal.SIGTERM)  # ROLE=sampler execs: this is the sampler itself
+        finish([trainer, s0, s1], timeout=400)
+    finally:
+        finish([trainer, s0, *([s1] if "s1" in locals() else [])], timeout=1)
+    text = {r: p.read_text() for r, p in logs.items()}
+    assert trainer.returncode == 0 and s1.returncode == 0, text["trainer"][-3000:]
+    assert s0.returncode == 130, text["s0"][-3000:]
+    assert "sampler sampler-0 stopped: interrupted by SIGTERM" in text["trainer"]
+    rows = rows_of(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert len({(r["sampler_id"], r["batch_seq"]) for r in rows}) == steps
+    joined = next(r for r in rows if r["sampler_id"] == "sampler-1")
+    assert joined["step"] > 3 and joined["policy_version"] >= 3, joined  # the current version
+    pool = [r["samplers_alive"] for r in rows]
+    assert pool[0] == 1 and 2 in pool and pool[-1] == 1, pool
+    print("\nelastic pool: step, samplers alive, sampler, seconds since the last step")
+    for before, r in zip([rows[0], *rows], rows, strict=False):
+        print(f"  {r['step']:2d}  {r['samplers_alive']}  {r['sampler_id']}  "
+              f"{r['time'] - before['time']:.1f}")  # fmt: skip
     _assert_no_stray_processes(config)

@@ -71,6 +71,16 @@ def _serving(store: VersionStore | None) -> Serve | None:
     return serve
 
 
+def _check_startup(waited: float, transport: TransportConfig) -> None:
+    """PeerError when no sampler has been heard of for transport.startup_timeout_s."""
+    if waited > (limit := transport.startup_timeout_s):
+        raise PeerError(
+            f"no message yet from any sampler on {transport.episodes_addr} for {waited:.0f} s "
+            f"(limit {limit:.0f} s): is the sampler running and connecting to this address? "
+            "Check its log."
+        )
+
+
 class TrainerEndpoint:
     """Rank 0's delivery: receives, de-duplicates, admits and orders batches; announces."""
 
@@ -121,9 +131,8 @@ class TrainerEndpoint:
         self._status = self._current_status()
 
     def next_batch(self, keepalive: Callable[[], None]) -> EpisodeBatch:
-        """The next batch to train: each sampler's in seq order, never one already trained or
-        held, never one this trainer cannot train on (its sampler is told why), none sampled
-        outside the staleness bound (admission.StalenessGate). Calls `keepalive` every
+        """The next batch to train: in its sampler's seq order, admitted (_next_in_order), and
+        within the staleness bound (admission.StalenessGate). Calls `keepalive` every
         KEEPALIVE_S while none comes; raises PeerError when no sampler is left."""
         while True:
             batch = self._next_in_order(keepalive)
@@ -132,7 +141,8 @@ class TrainerEndpoint:
             self._reject(batch, why)
 
     def _next_in_order(self, keepalive: Callable[[], None]) -> EpisodeBatch:
-        """The next admitted batch in its sampler's seq order."""
+        """The next batch in its sampler's seq order: never one already trained or held, never
+        one this trainer cannot train on (its sampler is told why)."""
         while (batch := self.order.pop_ready()) is None:
             batch = self.receive_batch(wait_s=KEEPALIVE_S)
             if batch is None:
@@ -191,13 +201,7 @@ class TrainerEndpoint:
         if not self.pool.members:
             # From the endpoint's opening, not this call's: the trainer calls again every
             # KEEPALIVE_S, which would otherwise restart the clock for ever.
-            waited, limit = time.monotonic() - self.opened_at, self.transport.startup_timeout_s
-            if waited > limit:
-                raise PeerError(
-                    f"no message yet from any sampler on {self.transport.episodes_addr} for "
-                    f"{waited:.0f} s (limit {limit:.0f} s): is the sampler running and "
-                    "connecting to this address? Check its log."
-                )
+            _check_startup(time.monotonic() - self.opened_at, self.transport)
             return
         self.pool.check()
         self._raise_if_none_left()
@@ -267,6 +271,7 @@ class TrainerEndpoint:
             "refused_messages": self.channel.refused_messages,
             "rejected_batches": self.rejected_batches,
             "stale_batches": self.staleness.outside,
+            "samplers_alive": len(self.pool.counted()),  # the pool over time
         }
 
     def close(self) -> None:

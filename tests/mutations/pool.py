@@ -206,4 +206,15 @@ MUTATIONS = (
         new='                "trainer_restarts": 0,',
         tests=("tests/test_chaos.py::test_launch_sh_heals_a_sigkilled_sampler_and_trainer_rank",),
     ),
+    Mutation(
+        name="pool_size_not_in_the_metrics",
+        item="43.3: the metrics row shows the pool over time",
+        path="grpo/delivery/trainer_endpoint.py",
+        old='            "samplers_alive": len(self.pool.counted()),',
+        new='            "samplers_alive": 1,',
+        tests=(
+            "tests/test_multi_sampler.py::test_a_sampler_joins_mid_run_and_one_leaves_and_every_"
+            "step_is_trained",
+        ),
+    ),
 )
