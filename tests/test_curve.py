@@ -77,6 +77,31 @@ def test_authorised_sampler_gets_through_and_others_are_refused(keys, caplog, tm
         trainer.close()
 
 
+def test_a_sampler_whose_key_is_added_during_the_run_joins_it(keys, tmp_path):
+    """The pool grows under CURVE too: `python -m grpo keys DIR --add sampler-1` while the
+    trainer runs, and sampler-1's batches are taken in its own name (the trainer reads
+    authorized/ again when an unknown key connects); a key it never authorised still is not."""
+    cfg = _cfg(peer_timeout_s=10, startup_timeout_s=10, curve_dir=str(keys))
+    trainer = trainer_endpoint(cfg, version=0)
+    try:
+        add = [PYTHON, "-m", "grpo", "keys", str(keys), "--add", "sampler-1"]
+        made = subprocess.run(add, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        sampler = sampler_endpoint(cfg, tmp_path / "spool", "sampler-1")
+        try:
+            sampler.send(_batch(0, "sampler-1"), {})
+            batch = trainer.receive_batch(wait_s=10)
+            assert batch is not None and batch.sampler_id == "sampler-1"
+            assert trainer.channel.refused_messages == 0
+        finally:
+            sampler.close()
+        refused = subprocess.run([*add[:-1], "no such id!"], cwd=REPO, capture_output=True,
+                                 text=True, timeout=60)  # fmt: skip
+        assert refused.returncode == 2 and "is no sampler id" in refused.stderr
+    finally:
+        trainer.close()
+
+
 def test_missing_keys_are_a_clear_error(keys, tmp_path):
     cfg = _cfg(curve_dir=str(keys))
     with pytest.raises(ValueError, match="sampler sampler-7's secret key"):

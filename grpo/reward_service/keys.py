@@ -17,7 +17,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 # The loading helpers of grpo.wire.keys, so that its checks on key files hold here too.
-from grpo.wire.keys import AUTHORIZED, REWARD, ClientKeys, _AuthorizedKeys, _load, _load_pair
+from grpo.wire.keys import AUTHORIZED, REWARD, AuthorizedKeys, ClientKeys, _load, _load_pair
 
 __all__ = ["client_keys", "secure_reward_server"]
 
@@ -32,7 +32,7 @@ def secure_reward_server(
         curve_dir / f"{REWARD}.key_secret",
         "the reward service's secret key (python -m grpo.reward_service.keys DIR makes it)",
     )
-    keys = _AuthorizedKeys(curve_dir / AUTHORIZED)
+    keys = AuthorizedKeys(curve_dir / AUTHORIZED)
     auth = ThreadAuthenticator(ctx)
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=keys)

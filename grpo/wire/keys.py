@@ -30,6 +30,9 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
+from grpo.runtime.refusals import note
+
 log = logging.getLogger("grpo.transport")
 
 TRAINER = "trainer"
@@ -73,7 +76,21 @@ def _load_pair(path: Path, what: str) -> tuple[bytes, bytes]:
 def generate(directory: Path, samplers: int) -> list[Path]:
     """Key pairs for the trainer, the reward service and `samplers` samplers; refuses to
     overwrite existing ones."""
-    names = [TRAINER, REWARD, *(f"sampler-{i}" for i in range(samplers))]
+    return _make(directory, [TRAINER, REWARD, *(f"sampler-{i}" for i in range(samplers))])
+
+
+def add_samplers(directory: Path, sampler_ids: list[str]) -> list[Path]:
+    """Key pairs for samplers joining a run whose keys `directory` holds: the running trainer
+    reads authorized/ again when their keys connect (AuthorizedKeys)."""
+    if not (directory / f"{TRAINER}.key").is_file():
+        raise ValueError(f"{directory} holds no trainer key: make the run's keys first")
+    if bad := [sid for sid in sampler_ids if not is_sampler_id(sid)]:
+        raise ValueError(f"{bad[0]!r} is no sampler id ({SAMPLER_ID_RULE})")
+    return _make(directory, sampler_ids)
+
+
+def _make(directory: Path, names: list[str]) -> list[Path]:
+    """A key pair for each of `names`, a copy of each sampler's public key in authorized/."""
     existing = [directory / f"{n}.key_secret" for n in names if (directory / f"{n}.key").exists()]
     if existing:
         raise ValueError(f"{existing[0]} exists; remove it or choose another directory")
@@ -94,50 +111,75 @@ def generate(directory: Path, samplers: int) -> list[Path]:
     return written
 
 
-def authorized_names(curve_dir: Path) -> dict[str, str]:
-    """Each authorised public key (Z85, as ZeroMQ reports a peer's User-Id) -> the sampler id it
-    was made for: its file name in authorized/ (`python -m grpo keys` names them so)."""
-    names = {}
-    for path in sorted((curve_dir / AUTHORIZED).glob("*.key")):
-        public, _ = _load(path, "an authorised key")
-        names[public.decode()] = path.stem
-    return names
-
-
-class _AuthorizedKeys:
-    """ZAP callback: accept the keys in authorized/, log every refusal."""
+class AuthorizedKeys:
+    """The public keys in authorized/ and the sampler id each was made for (its file name, as
+    `python -m grpo keys` writes it), as a ZAP callback that accepts those keys only. Read
+    again when a key it does not hold shows up and the directory changed since (a file added):
+    a sampler whose key is added during a run joins it without a restart (the pool grows,
+    grpo.delivery.pool), and a flood of unknown keys costs a stat() each."""
 
     def __init__(self, directory: Path):
-        self.keys = set()
-        for path in sorted(directory.glob("*.key")):
-            public, _ = zmq.auth.load_certificate(path)
-            self.keys.add(public)
-        if not self.keys:
+        self.directory, self.refused = directory, 0
+        self.read_mtime: int | None = None  # the directory's, when last read
+        self._read(strict=True)
+        if not self.owners:
             raise ValueError(f"transport.curve_dir: no public keys in {directory}")
-        self.refused = 0
+
+    def _mtime(self) -> int | None:
+        try:
+            return self.directory.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def _read(self, strict: bool = False) -> None:
+        mtime = self._mtime()
+        owners = {}
+        for path in sorted(self.directory.glob("*.key")):
+            try:
+                public, _ = _load(path, "an authorised key")
+            except ValueError as e:
+                if strict:
+                    raise
+                log.warning("%s: left out", e)  # one bad file added later refuses only itself
+                continue
+            owners[public.decode()] = path.stem
+        # Replaced whole: the authenticator's thread and the channel's read it.
+        self.owners, self.read_mtime = owners, mtime
+
+    def owner(self, public: str | None) -> str | None:
+        """The sampler id `public` (Z85, as ZeroMQ reports a peer's User-Id) was made for."""
+        if public is None:
+            return None
+        if public not in self.owners and self._mtime() != self.read_mtime:
+            self._read()
+        return self.owners.get(public)
 
     def callback(self, domain: str, key: bytes) -> bool:
-        if key in self.keys:
+        if self.owner(key.decode(errors="replace")) is not None:
             return True
         self.refused += 1
-        log.warning(
-            "refused a peer with an unauthorised CURVE key %s... (%d refused so far)",
-            key[:8].decode(errors="replace"),
-            self.refused,
-        )
+        note(log, self.refused, "refused a peer with an unauthorised CURVE key %s... (%d "
+             "refused so far)", key[:8].decode(errors="replace"), self.refused)  # fmt: skip
         return False
+
+
+class CurveAuthenticator(ThreadAuthenticator):
+    """ZeroMQ's authenticator thread, with the keys it accepts (`keys`: whose each one is)."""
+
+    keys: AuthorizedKeys
 
 
 def secure_server(
     ctx: zmq.Context, sockets: list[zmq.Socket], curve_dir: Path, owner: str = TRAINER
-) -> ThreadAuthenticator:
+) -> CurveAuthenticator:
     """Make `sockets` (before bind) CURVE servers with `owner`'s pair (the trainer's, or a
     relaying sampler's) that accept authorized/ keys only; returns the authenticator thread, to
     be stopped before the context is terminated."""
     whose = "the trainer's" if owner == TRAINER else f"sampler {owner}'s"
     public, secret = _load_pair(curve_dir / f"{owner}.key_secret", f"{whose} secret key")
-    keys = _AuthorizedKeys(curve_dir / AUTHORIZED)
-    auth = ThreadAuthenticator(ctx)
+    keys = AuthorizedKeys(curve_dir / AUTHORIZED)
+    auth = CurveAuthenticator(ctx)
+    auth.keys = keys
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=keys)
     for sock in sockets:
@@ -180,9 +222,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo keys", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--samplers", type=int, default=1, help="sampler key pairs to make")
+    parser.add_argument(
+        "--add", nargs="+", metavar="SAMPLER_ID", help="only these samplers' pairs (a run joined)"
+    )
     args = parser.parse_args(argv)
     try:
-        written = generate(args.directory, args.samplers)
+        written = (
+            add_samplers(args.directory, args.add)
+            if args.add
+            else generate(args.directory, args.samplers)
+        )
     except ValueError as e:
         print(f"keys: {e}", file=sys.stderr)
         return 2

@@ -31,7 +31,7 @@ from grpo.wire.channels import (
     new_socket,
 )
 from grpo.wire.codec import FrameError, Message, decode, encode_message
-from grpo.wire.keys import authorized_names, secure_server
+from grpo.wire.keys import AuthorizedKeys, secure_server
 from grpo.wire.weight_stream import MAX_REQUEST_BYTES
 from grpo.wire.weight_stream import serve as serve_weights
 
@@ -82,12 +82,12 @@ class TrainerChannel:
         self._auth = None
         self.refused_handshakes = 0
         # With CURVE: each authorised key's sampler id; what a peer may claim to be.
-        self.key_owners: dict[str, str] | None = None
+        self.key_owners: AuthorizedKeys | None = None
         self.refused_messages = 0
         try:
             if cfg.curve_dir:
                 self._auth = secure_server(self.ctx, servers, Path(cfg.curve_dir))
-                self.key_owners = authorized_names(Path(cfg.curve_dir))
+                self.key_owners = self._auth.keys
             bind(self.pull, cfg.episodes_addr, "episodes")
             bind(pub, cfg.control_addr, "control")
             if router is not None:
@@ -243,7 +243,7 @@ class TrainerChannel:
 
 
 def unauthorised(
-    key_owners: dict[str, str] | None, frame: Any, item: EpisodeBatch | Message
+    key_owners: AuthorizedKeys | None, frame: Any, item: EpisodeBatch | Message
 ) -> str | None:
     """Why a peer may not send `item` (whose first frame is `frame`), or None. With CURVE
     (`key_owners`: each authorised key's sampler id), a message counts only from the key made
@@ -252,7 +252,7 @@ def unauthorised(
     can reach a port open beyond loopback could send one."""
     sampler_id = item.sampler_id if isinstance(item, EpisodeBatch) else item.body.get("sampler_id")
     if key_owners is not None:
-        owner = key_owners.get(frame.get("User-Id"))
+        owner = key_owners.owner(frame.get("User-Id"))
         if sampler_id != owner:
             kind = "a batch" if isinstance(item, EpisodeBatch) else f"a {item.kind}"
             return f"{kind} in the name of {sampler_id!r} with the key of {owner!r}"
