@@ -47,6 +47,9 @@ def test_the_trainer_takes_exactly_the_versions_the_sampler_waits_for(max_stalen
             assert (why is None) == (oldest <= version <= step), (step, version, why)
     assert "newer than the trainer's weights (version 3)" in lag_misfit(4, 3, 0, 1)
     assert "allows version 3 or newer" in lag_misfit(1, 5, 2, 1)
+    # Continuous generation: the oldest token is the batch's version; the newest must exist too.
+    assert lag_misfit(3, 5, 2, 1, newest=5) is None
+    assert "a token of version 6, newer than" in lag_misfit(3, 5, 2, 1, newest=6)
 
 
 @pytest.mark.parametrize("version", [-5, 10**15, 3, 14])

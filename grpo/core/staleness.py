@@ -14,10 +14,18 @@ def required_version(seq: int, max_staleness: int, sync_interval: int) -> int:
     return max(0, (seq - max_staleness) // sync_interval * sync_interval)
 
 
-def lag_misfit(version: int, step: int, max_staleness: int, sync_interval: int) -> str | None:
-    """Why a batch sampled with weights `version` may not be trained at step `step` + 1 (the
-    trainer holding version `step`), or None: the weights must be the trainer's or older (no
-    batch is sampled with weights not yet made), and no older than the bound allows."""
+def lag_misfit(
+    version: int, step: int, max_staleness: int, sync_interval: int, newest: int | None = None
+) -> str | None:
+    """Why a batch sampled with weights `version` (with continuous generation its oldest
+    token's; `newest`: its newest token's) may not be trained at step `step` + 1 (the trainer
+    holding version `step`), or None: the weights must be the trainer's or older (no token is
+    sampled with weights not yet made), and no older than the bound allows."""
+    if newest is not None and newest > step:
+        return (
+            f"it holds a token of version {newest}, newer than the trainer's weights "
+            f"(version {step})"
+        )
     if version > step:
         return (
             f"it claims to be sampled with version {version}, newer than the trainer's "

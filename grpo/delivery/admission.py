@@ -169,12 +169,10 @@ class StalenessGate:
         lone when no other one's batch was ever trained or held in this run."""
         step = sum(len(seqs) for seqs in ledger.consumed.values())
         lone = ledger.consumed.keys() | set(held) <= {batch.sampler_id}
-        m = self.want.max_staleness
-        why = (
-            None
-            if m is None
-            else lag_misfit(batch.policy_version, step, m, self.want.sync_interval)
-        )
+        m, versions = self.want.max_staleness, batch.columns.token_versions
+        newest = int(versions.max()) if versions is not None and versions.size else None
+        why = None if m is None else lag_misfit(batch.policy_version, step, m,
+                                                self.want.sync_interval, newest)  # fmt: skip
         if why is None or lone:
             return why
         self.outside += 1

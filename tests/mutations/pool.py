@@ -225,4 +225,15 @@ MUTATIONS = (
         new="        if False:",
         tests=("tests/test_curve.py::test_a_sampler_whose_key_is_added_during_the_run_joins_it",),
     ),
+    Mutation(
+        name="newest_token_version_unchecked",
+        item="43.2: no token is trained that claims weights newer than the trainer's",
+        path="grpo/core/staleness.py",
+        old="    if newest is not None and newest > step:",
+        new="    if False:",
+        tests=(
+            "tests/test_staleness.py::test_the_trainer_takes_exactly_the_versions_the_sampler_"
+            "waits_for",
+        ),
+    ),
 )
