@@ -17,7 +17,7 @@
 set -uo pipefail
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
   sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
+  [[ $# -ge 1 ]] && exit 0 || exit 2  # asked for help: no error
 fi
 # The config path is taken from where you stand; paths inside it from the repository root.
 if [[ -f $1 ]]; then set -- "$(realpath "$1")" "${@:2}"; fi

@@ -20,7 +20,11 @@ TOOLS = {
 }
 
 if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
-        print(f"usage: python -m grpo {{{','.join(TOOLS)}}} ...", file=sys.stderr)
+        print(f"usage: python -m grpo {{{','.join(TOOLS)}}} ... (--help: what each does)",
+              file=sys.stderr)  # fmt: skip
         sys.exit(2)
     exit_now(load_object(TOOLS[sys.argv[1]], "tool")(sys.argv[2:]))

@@ -182,3 +182,19 @@ def test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times(tmp_path, cod
     assert started == [f"start {n} left {2 - n}" for n in range(starts)], started
     why = "its 2 restarts used up" if code == 1 else "a usage or config error"
     assert f"launch.sh: the sampler exited with code {code} ({why}); stopping" in proc.stderr
+
+
+def test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads():
+    """Asking for help is no error; a reward that does not import, or cannot take grpo's call,
+    is one line and exit 2 from the check launch.sh makes before any role starts (it was found
+    at the sampler's first batch, after the models had loaded)."""
+    for command in (["bash", str(REPO / "launch.sh"), "--help"], [PYTHON, "-m", "grpo", "--help"]):
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "launch" in done.stdout, done.stderr
+    for reward, says in (("tests.rewards_for_tests:takes_one_argument", "takes (completion)"),
+                         ("no_such_module_xyz:fn", "could not import reward module")):  # fmt: skip
+        check = [PYTHON, "-m", "grpo", "check", DEMO, f"data.reward={reward}"]
+        done = subprocess.run(check, cwd=REPO, capture_output=True, text=True, timeout=60)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("config error: data.reward: ") and says in lines[0], lines
