@@ -12,6 +12,7 @@ from pathlib import Path
 from grpo.config import ConfigError, describe, load_config
 from grpo.config.teacher import serves_teacher
 from grpo.plan import check_names
+from grpo.preflight import preflight
 from grpo.runtime.host_memory import keep_freed_memory
 from grpo.runtime.lifetime import die_with_parent
 from grpo.runtime.placement import placement_for, visible_gpus
@@ -72,6 +73,7 @@ def main(role: str, argv: list[str]) -> int:
     try:
         cfg = load_config(argv[0], argv[1:])
         check_names(cfg)
+        preflight(cfg, role)
     except ConfigError as e:
         log.error("config error: %s", e)
         return 2
@@ -106,6 +108,7 @@ def launch_env(argv: list[str]) -> int:
     try:
         cfg = load_config(argv[0], argv[1:])
         check_names(cfg)  # launch.sh's one up-front check, in the process that imports torch
+        preflight(cfg, role)  # and what the roles it starts will open
         ids = visible_gpus()
         p = placement_for(cfg, role, len(ids))
     except ConfigError as e:

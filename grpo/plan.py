@@ -23,6 +23,7 @@ from grpo.algos.registry import advantage_kind, get_policy_loss
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.passes import scored_by
 from grpo.core.vocabulary import GAE
+from grpo.preflight import preflight
 from grpo.rollout.registry import check_engine_name
 from grpo.tasks import get_task, run_reward
 from grpo.tasks.mixture import mixture_task
@@ -167,7 +168,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m grpo check CONFIG [key=value ...]", file=sys.stderr)
         return 2
     try:
-        check_names(load_config(argv[0], argv[1:]))
+        cfg = load_config(argv[0], argv[1:])
+        check_names(cfg)
+        preflight(cfg)  # what a run of both roles on this machine will open
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -175,8 +175,10 @@ def test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times(tmp_path, cod
     env = {**os.environ, "PYTHON": str(fake), "REAL_PYTHON": PYTHON,
            "STARTS": str(tmp_path / "s"), "FAKE_SAMPLER_CODE": str(code),
            "GRPO_MAX_RESTARTS": "2", "GRPO_RESTART_DELAY_S": "0"}  # fmt: skip
-    proc = subprocess.run(["bash", str(REPO / "launch.sh"), DEMO, "model.path=/tmp"], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text("{}")  # what launch.sh's check looks for
+    proc = subprocess.run(["bash", str(REPO / "launch.sh"), DEMO, f"model.path={tmp_path}/model"],
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == code, proc.stderr
     started = (tmp_path / "s").read_text().splitlines()
     assert started == [f"start {n} left {2 - n}" for n in range(starts)], started

@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The file a complete training state holds, written last (grpo.trainer.state): a dir without it
+# is a state that was being saved when the process died.
+TRAIN_STATE_MARKER = "COMPLETE"
+
 
 def fsync_path(path: Path) -> None:
     """Flush a file's data, or a directory's entries (the names created or renamed in it),

@@ -159,7 +159,7 @@ def resolve_path(source: str | os.PathLike[str]) -> Path:
     return fallback if fallback.exists() else path
 
 
-def _looks_local(source: str) -> bool:
+def looks_local(source: str) -> bool:
     # "owner/name" is a Hugging Face id, so a single "/" is not enough to call it a path.
     if source.lower().endswith(LOCAL_SUFFIXES):
         return True
@@ -296,7 +296,7 @@ def load_rows(source: str, split: str | None = None) -> list[Row]:
         rows = _read_local(path)
     elif (found := sources.split_suffix(source, resolve_path)) is not None:
         rows = sources.load_directory(*found)
-    elif _looks_local(source):
+    elif looks_local(source):
         raise FileNotFoundError(
             f"dataset file not found: {source!r} (looked relative to {os.getcwd()} "
             f"and to the repo root {REPO_ROOT})"

@@ -27,14 +27,14 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import Config
-from grpo.core.durable import fsync_path, fsync_tree, write_atomic
+from grpo.core.durable import TRAIN_STATE_MARKER, fsync_path, fsync_tree, write_atomic
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.versions import require_same
 from grpo.observe.metrics import read_jsonl
 
 log = logging.getLogger("grpo.trainer")
 
-MARKER = "COMPLETE"
+MARKER = TRAIN_STATE_MARKER
 
 
 @dataclass

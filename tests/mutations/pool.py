@@ -247,4 +247,14 @@ MUTATIONS = (
             "any_model_loads",
         ),
     ),
+    Mutation(
+        name="launch_checks_nothing_a_run_opens",
+        item="45.1 (in part): what a run opens is checked before any role starts",
+        path="grpo/cli.py",
+        old="        preflight(cfg, role)  # and what the roles it starts will open\n",
+        new="",
+        tests=(
+            "tests/test_integration.py::test_what_a_run_opens_is_checked_before_any_role_starts",
+        ),
+    ),
 )
