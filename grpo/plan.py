@@ -25,7 +25,7 @@ from grpo.config.passes import scored_by
 from grpo.core.vocabulary import GAE
 from grpo.preflight import preflight
 from grpo.rollout.registry import check_engine_name
-from grpo.tasks import get_task, run_reward
+from grpo.tasks import get_task
 from grpo.tasks.mixture import mixture_task
 from grpo.tools import Toolbox, get_tool
 
@@ -90,9 +90,7 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     ConfigError naming the key when a name does not resolve. Each name is looked up once."""
     loss = plan_loss(cfg)
     _looked_up("rollout.backend", check_engine_name, cfg.rollout.backend)
-    task = _looked_up("data.task", get_task, cfg.data.task)
-    # The reward imported and its signature checked here, not at the sampler's first batch.
-    _looked_up("data.reward", lambda spec: run_reward(task, spec), cfg.data.reward)
+    _looked_up("data.task", get_task, cfg.data.task)
     if cfg.data.mixture:  # each entry's task and reward, looked up (ConfigError naming it)
         mixture_task(cfg)
     if cfg.rollout.tools:

@@ -1,15 +1,16 @@
 """What a run will open, checked before any model loads (launch.sh's up-front check, `python -m
-grpo check`, and each worker's start): the model dir, the train dataset, the DeepSpeed config
-and, with `--resume`, the saved state. Each missing one is a ConfigError naming the key, rather
-than a traceback after a minute of loading models. `role` picks what that role opens: a
-sampler's node need not hold the DeepSpeed config, a trainer's need not hold the dataset."""
+grpo check`, and each worker's start): the model dir, the train dataset and the reward (imported,
+its signature checked), the DeepSpeed config and, with `--resume`, the saved state. Each missing
+one is a ConfigError naming the key, rather than a traceback after a minute of loading models.
+`role` picks what that role opens: a sampler's node need not hold the DeepSpeed config, a
+trainer's need not hold the dataset or the reward's module."""
 
 from __future__ import annotations
 
 from grpo.config import Config, ConfigError
 from grpo.core.durable import TRAIN_STATE_MARKER
 from grpo.models.embedded import EMBEDDED
-from grpo.tasks import get_task, sources
+from grpo.tasks import get_task, run_reward, sources
 from grpo.tasks.base import looks_local, resolve_path
 
 
@@ -19,7 +20,12 @@ def preflight(cfg: Config, role: str = "both") -> None:
     if trainer or sampler:
         _model_dir(cfg.model.path)
     if sampler and not cfg.data.mixture:  # a mixture's entries are loaded by its own check
-        _dataset("data.train", cfg.data.train or get_task(cfg.data.task).default_train)
+        task = get_task(cfg.data.task)
+        _dataset("data.train", cfg.data.train or task.default_train)
+        try:
+            run_reward(task, cfg.data.reward)
+        except ValueError as e:
+            raise ConfigError(f"data.reward: {e}") from None
     if trainer:
         if not resolve_path(ds := cfg.train.deepspeed_config).is_file():
             raise ConfigError(f"train.deepspeed_config: no such file {ds!r}")

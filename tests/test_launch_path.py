@@ -200,3 +200,8 @@ def test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads():
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, done.stderr
         assert lines[0].startswith("config error: data.reward: ") and says in lines[0], lines
+    # A trainer's node need not hold the reward's module: only the sampler imports it.
+    trainer_only = [PYTHON, "-m", "grpo", "launch-env", DEMO, "data.reward=no_such_module_xyz:fn"]
+    done = subprocess.run(trainer_only, cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ROLE": "trainer"})  # fmt: skip
+    assert done.returncode == 0, done.stderr

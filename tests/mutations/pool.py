@@ -239,9 +239,9 @@ MUTATIONS = (
     Mutation(
         name="reward_checked_only_at_the_first_batch",
         item="43.5: a bad reward is refused before any model loads",
-        path="grpo/plan.py",
-        old='    _looked_up("data.reward", lambda spec: run_reward(task, spec), cfg.data.reward)\n',
-        new="",
+        path="grpo/preflight.py",
+        old="            run_reward(task, cfg.data.reward)\n",
+        new="            pass\n",
         tests=(
             "tests/test_launch_path.py::test_help_exits_0_and_a_bad_reward_is_refused_before_"
             "any_model_loads",
