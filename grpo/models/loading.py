@@ -11,20 +11,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from grpo.config import LoraConfig
 from grpo.models.convert import ensure_embedded_base
-from grpo.models.embedded import EMBEDDED, ModelError
+from grpo.models.embedded import EMBEDDED, ModelError, require_model_dir
 
 
-def resolve_model_path(path: str) -> Path:
-    """'embedded' -> the converted base dir; anything else must be an existing HF model dir."""
+def resolve_model_path(path: str, key: str = "model.path") -> Path:
+    """'embedded' -> the converted base dir; anything else must be an existing HF model dir
+    (ModelError naming the config `key` that gave `path` otherwise)."""
     if path == EMBEDDED:
         return ensure_embedded_base()
-    p = Path(path)
-    if not (p / "config.json").is_file():
-        raise ModelError(
-            f"model.path {path!r} is not an HF model dir (no config.json there); "
-            "use 'embedded' for the built-in SmolLM2-135M-Instruct"
-        )
-    return p
+    try:
+        return require_model_dir(path)
+    except ModelError as e:
+        raise ModelError(f"{key} {e}") from None
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:

@@ -212,14 +212,16 @@ class Judge:
 
 def _classifier(cfg: Config) -> RewardBackend:
     s = cfg.reward_server
-    return Classifier(resolve_model_path(s.model), s.dtype, s.batch_size, s.max_tokens)
+    path = resolve_model_path(s.model, "reward_server.model")
+    return Classifier(path, s.dtype, s.batch_size, s.max_tokens)
 
 
 def _judge(cfg: Config) -> RewardBackend:
     s = cfg.reward_server
     low, high = s.score_range
+    path = resolve_model_path(s.model, "reward_server.model")
     return Judge(
-        resolve_model_path(s.model), s.dtype, s.template or DEFAULT_TEMPLATE, (low, high),
+        path, s.dtype, s.template or DEFAULT_TEMPLATE, (low, high),
         s.max_new_tokens, s.batch_size, s.max_tokens,
     )  # fmt: skip
 
@@ -257,12 +259,7 @@ class ServedTeacher:
 
     @classmethod
     def load(cls, cfg: Config) -> ServedTeacher:
-        from grpo.models.embedded import ModelError
-
-        try:
-            path = resolve_model_path(cfg.teacher.path)
-        except ModelError as e:  # its message names the key it checks for the policy
-            raise ModelError(str(e).replace("model.path", "teacher.path", 1)) from None
+        path = resolve_model_path(cfg.teacher.path, "teacher.path")
         return cls(path, cfg.teacher.dtype, cfg.reward_server.batch_size, cfg.teacher.max_tokens,
                    cfg.packed, cfg.model.attn_implementation)  # fmt: skip
 

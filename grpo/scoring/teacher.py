@@ -142,10 +142,7 @@ def load_teacher(
     when the run has no teacher."""
     if not cfg.teacher.path:
         return None
-    try:
-        path = resolve_model_path(cfg.teacher.path)
-    except ModelError as e:  # its message names the key it checks for the policy
-        raise ModelError(str(e).replace("model.path", "teacher.path", 1)) from None
+    path = resolve_model_path(cfg.teacher.path, "teacher.path")
     check_same_tokenizer(student, load_tokenizer(path), student_path, path)
     model = load_reference(path, cfg.teacher.dtype, cfg.model.attn_implementation)
     return model.to(device)
