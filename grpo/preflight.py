@@ -8,10 +8,10 @@ trainer's need not hold the dataset or the reward's module."""
 from __future__ import annotations
 
 from grpo.config import Config, ConfigError
-from grpo.core.durable import TRAIN_STATE_MARKER
-from grpo.models.embedded import EMBEDDED
-from grpo.tasks import get_task, run_reward, sources
-from grpo.tasks.base import looks_local, resolve_path
+from grpo.core.durable import TRAIN_STATE_MARKER, train_state_dir
+from grpo.models.embedded import EMBEDDED, ModelError, require_model_dir
+from grpo.tasks import get_task, run_reward
+from grpo.tasks.base import locate, resolve_path
 
 
 def preflight(cfg: Config, role: str = "both") -> None:
@@ -29,7 +29,7 @@ def preflight(cfg: Config, role: str = "both") -> None:
     if trainer:
         if not resolve_path(ds := cfg.train.deepspeed_config).is_file():
             raise ConfigError(f"train.deepspeed_config: no such file {ds!r}")
-        state = cfg.run_dir / "train_state"
+        state = train_state_dir(cfg.run_dir)
         if cfg.train.resume == "always" and not (state / TRAIN_STATE_MARKER).is_file():
             raise ConfigError(
                 f"train.resume=always (--resume): no complete training state in {state}; "
@@ -38,16 +38,16 @@ def preflight(cfg: Config, role: str = "both") -> None:
 
 
 def _model_dir(path: str) -> None:
-    if path != EMBEDDED and not (resolve_path(path) / "config.json").is_file():
-        raise ConfigError(
-            f"model.path: {path!r} is not an HF model dir (no config.json there); use "
-            "'embedded' for the built-in SmolLM2-135M-Instruct"
-        )
+    if path != EMBEDDED:
+        try:
+            require_model_dir(path)
+        except ModelError as e:
+            raise ConfigError(f"model.path: {e}") from None
 
 
 def _dataset(key: str, source: str) -> None:
     """A local file or directory that is not there (a hub name is left to the loader)."""
-    if resolve_path(source).is_file() or sources.split_suffix(source, resolve_path):
-        return
-    if looks_local(source):
-        raise ConfigError(f"{key}: no such dataset file or directory {source!r}")
+    try:
+        locate(source)
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: no such dataset file or directory {source!r}") from None

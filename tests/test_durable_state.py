@@ -169,7 +169,7 @@ def test_files_and_dirs_are_fsynced_before_the_marker_names_them(
     monkeypatch.setattr(shutil, "rmtree", rmtree)
     save(state_dir, 2, Crasher())
 
-    marker = str(state_dir / state.MARKER)
+    marker = str(state_dir / state.TRAIN_STATE_MARKER)
     visible = events.index(("replace", marker))
     before = {path for kind, path in events[:visible] if kind == "fsync"}
     new = [state_dir / "step000002", state_dir / "critic" / "step000002"]
@@ -180,7 +180,7 @@ def test_files_and_dirs_are_fsynced_before_the_marker_names_them(
     assert not unsynced, f"not fsynced before {marker} named them: {unsynced}"
     # COMPLETE's temporary file was written and fsynced just before its rename...
     assert events[visible - 1][0] == "fsync" and events[visible - 1][1].startswith(
-        str(state_dir / f".{state.MARKER}")
+        str(state_dir / f".{state.TRAIN_STATE_MARKER}")
     )
     # ...and the rename made durable (the state dir fsynced) before step 1 is removed.
     after = events[visible + 1 :]

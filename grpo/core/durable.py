@@ -16,6 +16,11 @@ from pathlib import Path
 TRAIN_STATE_MARKER = "COMPLETE"
 
 
+def train_state_dir(run_dir: Path) -> Path:
+    """Where a run's training state is saved (and looked for before a resume)."""
+    return run_dir / "train_state"
+
+
 def fsync_path(path: Path) -> None:
     """Flush a file's data, or a directory's entries (the names created or renamed in it),
     to the disk."""

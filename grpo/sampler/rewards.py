@@ -16,6 +16,7 @@ from grpo.core.columns import VALUE_LIMIT, is_finite_real
 from grpo.reward_service.client import RewardClient, Scored, combine
 from grpo.reward_service.protocol import Item
 from grpo.tasks import RewardRunner, Row, Task, run_reward
+from grpo.tasks.base import reward_name
 from grpo.tasks.failures import FailureRate
 
 log = logging.getLogger("grpo.sampler")
@@ -26,8 +27,7 @@ class SamplerRewards:
         self.cfg, self.task = cfg, task
         r = cfg.reward
         self.rules = RewardRunner(run_reward(task, cfg.data.reward), r.workers, r.timeout_s)
-        name = cfg.data.reward or f"of task {task.name}"
-        self.failures = FailureRate(name, r.max_error_rate)
+        self.failures = FailureRate(reward_name(task, cfg.data.reward), r.max_error_rate)
         # Scores from the service, unless it serves the teacher alone (service_scores).
         self.service = self._client() if service_scores(cfg) else None
         # Its own socket: a reply to one kind of request never reaches a wait for the other.

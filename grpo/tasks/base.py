@@ -78,11 +78,16 @@ def load_reward_fn(spec: str) -> RewardFn:
     return conventions.adapt(obj, style, spec)
 
 
+def reward_name(task: Task, spec: str) -> str:
+    """The run's reward as errors name it: `data.reward`'s spec, or the task's."""
+    return spec or f"of task {task.name}"
+
+
 def run_reward(task: Task, spec: str) -> RewardFn:
     """The run's reward: `data.reward` (a `package.module:function` spec) when set, else the
     task's own (its signature checked as a user's)."""
     if not spec:
-        conventions.require_callable_as(task.reward, "row", f"of task {task.name}")
+        conventions.require_callable_as(task.reward, "row", reward_name(task, spec))
     return load_reward_fn(spec) if spec else task.reward
 
 
@@ -159,7 +164,7 @@ def resolve_path(source: str | os.PathLike[str]) -> Path:
     return fallback if fallback.exists() else path
 
 
-def looks_local(source: str) -> bool:
+def _looks_local(source: str) -> bool:
     # "owner/name" is a Hugging Face id, so a single "/" is not enough to call it a path.
     if source.lower().endswith(LOCAL_SUFFIXES):
         return True
@@ -282,6 +287,22 @@ def question_messages(question: str, instruction: str, system_prompt: str) -> li
     return messages
 
 
+def locate(source: str) -> Path | tuple[Path, str, str] | None:
+    """Where `source` is read from: a local file, a dataset directory (dir, config, split), or
+    None for a hub name; FileNotFoundError when it names a local path that is not there."""
+    path = resolve_path(source)
+    if path.is_file():
+        return path
+    if (found := sources.split_suffix(source, resolve_path)) is not None:
+        return found
+    if _looks_local(source):
+        raise FileNotFoundError(
+            f"dataset file not found: {source!r} (looked relative to {os.getcwd()} "
+            f"and to the repo root {REPO_ROOT})"
+        )
+    return None
+
+
 def load_rows(source: str, split: str | None = None) -> list[Row]:
     """Load rows from a local .jsonl/.json/.parquet file, a dataset directory (``dir[:split]``,
     grpo.tasks.sources) or a Hugging Face dataset name (``name[:config[:split]]``).
@@ -291,16 +312,11 @@ def load_rows(source: str, split: str | None = None) -> list[Row]:
     source = str(source)
     if not source.strip():
         raise ValueError("no dataset named: set data.train / data.test (this task has no default)")
-    path = resolve_path(source)
-    if path.is_file():
-        rows = _read_local(path)
-    elif (found := sources.split_suffix(source, resolve_path)) is not None:
-        rows = sources.load_directory(*found)
-    elif looks_local(source):
-        raise FileNotFoundError(
-            f"dataset file not found: {source!r} (looked relative to {os.getcwd()} "
-            f"and to the repo root {REPO_ROOT})"
-        )
+    where = locate(source)
+    if isinstance(where, Path):
+        rows = _read_local(where)
+    elif where is not None:
+        rows = sources.load_directory(*where)
     else:
         rows = _load_hf(source, split)
     if not rows:

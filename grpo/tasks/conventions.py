@@ -114,12 +114,17 @@ def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool) or hasattr(value, "item")
 
 
-# The arguments each convention calls a reward with (of verl's, only those the function names
-# are passed, so each of its parameters must be one of them or have a default).
-_CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
-    "row": (("completion", {}), {}),
-    "verl": ((), dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info"))),
-    "trl": ((), {"prompts": [None], "completions": [""]}),
+# How each convention calls a reward, as shown in errors, and with which arguments (of verl's,
+# only those the function names are passed, so each of its parameters must be one of them or
+# have a default).
+_CALLS: dict[str, tuple[str, tuple[Any, ...], dict[str, Any]]] = {
+    "row": ("fn(completion, row)", ("completion", {}), {}),
+    "verl": (
+        "compute_score(data_source, solution_str, ground_truth, extra_info)",
+        (),
+        dict.fromkeys(("data_source", "solution_str", "ground_truth", "extra_info")),
+    ),
+    "trl": ("fn(prompts, completions, **columns)", (), {"prompts": [None], "completions": [""]}),
 }
 
 
@@ -131,7 +136,7 @@ def require_callable_as(fn: Callable[..., Any], style: str, name: str) -> None:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return
-    args, keywords = _CALLS[style]
+    expected, args, keywords = _CALLS[style]
     names = set(signature.parameters)
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     if style == "verl" and not takes_any:  # VerlReward passes only what the function names
@@ -141,9 +146,6 @@ def require_callable_as(fn: Callable[..., Any], style: str, name: str) -> None:
     try:
         bind(*args, **keywords)
     except TypeError as exc:
-        expected = {"row": "fn(completion, row)", "verl": "compute_score(data_source, "
-                    "solution_str, ground_truth, extra_info)", "trl": "fn(prompts, "
-                    "completions, **columns)"}[style]  # fmt: skip
         takes = ", ".join(str(p.replace(annotation=p.empty)) for p in signature.parameters.values())
         raise ValueError(
             f"reward {name} takes ({takes}), which cannot be called as {expected} ({exc})"

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import Config
+from grpo.core.durable import train_state_dir
 from grpo.core.episode import EpisodeBatch
 from grpo.core.vocabulary import GAE
 from grpo.delivery.admission import Expected
@@ -101,7 +102,7 @@ class Trainer:
         return train_state.fingerprint(self.cfg, self.world, self.models.critic is not None)
 
     def resume(self) -> None:
-        state_dir = self.run_dir / "train_state"
+        state_dir = train_state_dir(self.run_dir)
         resumed = train_state.load(state_dir, self.models.engines(), self.state_fingerprint())
         if resumed is None:
             if self.cfg.train.resume == "always":
@@ -127,7 +128,7 @@ class Trainer:
             "kl_reward_coef": self.kl_reward_coef,
             "ledger": self.ledger.consumed_json(),
         }
-        state_dir = self.run_dir / "train_state"
+        state_dir = train_state_dir(self.run_dir)
         engines, fingerprint = self.models.engines(), self.state_fingerprint()
         keep = self.publisher.keep_for_resume(step) if self.publisher is not None else None
         train_state.save(state_dir, step, engines, client_state, fingerprint, keep)

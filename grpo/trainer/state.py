@@ -34,8 +34,6 @@ from grpo.observe.metrics import read_jsonl
 
 log = logging.getLogger("grpo.trainer")
 
-MARKER = TRAIN_STATE_MARKER
-
 
 @dataclass
 class Resumed:
@@ -64,11 +62,13 @@ def tag_of(step: int) -> str:
 
 def read_marker(state_dir: Path) -> dict[str, Any] | None:
     try:
-        marker = json.loads((state_dir / MARKER).read_text())
+        marker = json.loads((state_dir / TRAIN_STATE_MARKER).read_text())
     except FileNotFoundError:
         return None
     except ValueError as e:  # written atomically, so this means someone edited it
-        raise ValueError(f"{state_dir / MARKER} is not valid JSON ({e}): cannot resume") from None
+        raise ValueError(
+            f"{state_dir / TRAIN_STATE_MARKER} is not valid JSON ({e}): cannot resume"
+        ) from None
     return marker
 
 
@@ -110,7 +110,7 @@ def save(
     dist.barrier()  # every rank's shards are durable before the state is declared complete
     if rank == 0:
         marker = {"tag": tag, "step": step, **fingerprint}
-        write_atomic(state_dir / MARKER, json.dumps(marker) + "\n")
+        write_atomic(state_dir / TRAIN_STATE_MARKER, json.dumps(marker) + "\n")
         # Only now is the new state the one a restart finds, power loss or not.
         for old in [*state_dir.glob("step*"), *state_dir.glob("*/step*")]:
             if old.name != tag:
