@@ -344,3 +344,39 @@ def test_a_sampler_that_cannot_get_the_version_it_needs_stops_naming_it(tmp_path
     with pytest.raises(PeerError, match=why + ": the weights server is gone"):
         weights.wait_for_version(lambda: 2)
     assert weights.version == 0
+
+
+def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
+    """The trainer announced version 3 and died; restarted from its state of step 2, it has no
+    version 3 when the sampler asks. The sampler waits for the restarted trainer to publish it
+    again rather than stopping (a chaos run once ended so: "it has no version 3")."""
+    import threading
+    from types import SimpleNamespace
+
+    from grpo.config import Config
+    from grpo.sampler.weights import Weights
+
+    cfg = Config(output_dir=str(tmp_path))
+    weights = Weights(cfg, tmp_path / "model")
+    status = SimpleNamespace(version=3)
+
+    def wait_until(ready, what: str) -> None:
+        if not ready():
+            status.version = 3  # the restarted trainer publishes it again
+
+    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
+        status=status, stopped=threading.Event(), wait_until=wait_until
+    )
+    asked: list[int] = []
+
+    def reload(version: int) -> None:
+        asked.append(version)
+        if len(asked) == 1:  # meanwhile the trainer restarted at version 2
+            status.version = 2
+            weights.failed_reloads[version] = "tcp://trainer: it has no version 3"
+        else:
+            weights.version = version
+
+    weights.reload = reload  # type: ignore[method-assign]
+    weights.wait_for_version(lambda: 3)
+    assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads

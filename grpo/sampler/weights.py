@@ -228,13 +228,20 @@ class Weights:
         endpoint = self.endpoint
         assert endpoint is not None
         status = endpoint.status
-        endpoint.wait_until(lambda: status.version >= needed(), "a newer version")
-        oldest = needed()
-        target = oldest if self.cfg.rollout.num_samplers == 1 else status.version
-        if endpoint.stopped.is_set():
-            return
-        if target != self.version and target not in self.failed_reloads:
-            self.reload(target)
+        while True:
+            endpoint.wait_until(lambda: status.version >= needed(), "a newer version")
+            oldest = needed()
+            target = oldest if self.cfg.rollout.num_samplers == 1 else status.version
+            if endpoint.stopped.is_set():
+                return
+            if target != self.version and target not in self.failed_reloads:
+                self.reload(target)
+            if target in self.failed_reloads and status.version < target:
+                # The trainer restarted from an older state while we fetched: it has not
+                # published the version yet, and will. Wait for it again.
+                del self.failed_reloads[target]
+                continue
+            break
         # Weights older than the bound would make a batch the trainer trains as if it were
         # fresher: a stall with its name, never a silent run on old weights.
         if target in self.failed_reloads and self.version < oldest:
