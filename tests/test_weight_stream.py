@@ -377,6 +377,9 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
         else:
             weights.version = version
 
+    forgotten: list[int] = []  # the stream follower keeps a failure until told otherwise
+    weights.follower = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
     weights.reload = reload  # type: ignore[method-assign]
     weights.wait_for_version(lambda: 3)
     assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
+    assert forgotten == [3]

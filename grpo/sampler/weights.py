@@ -221,9 +221,9 @@ class Weights:
         """Wait until the trainer published `needed()` (the staleness bound, which moves as
         samplers come and go), then load it.
 
-        A lone sampler loads exactly that version, even when a newer one is out: which version
-        samples a batch then never depends on timing, so a run with overlap repeats exactly.
-        Several samplers load the newest (the trainer is further ahead of each of them).
+        A lone sampler loads exactly that version, even when a newer one is out (which version
+        samples a batch never depends on timing: a run with overlap repeats exactly); several
+        samplers load the newest (the trainer is further ahead of each of them).
         Either may be older than the one this sampler had, after a trainer restart."""
         endpoint = self.endpoint
         assert endpoint is not None
@@ -237,10 +237,10 @@ class Weights:
             if target != self.version and target not in self.failed_reloads:
                 self.reload(target)
             if target in self.failed_reloads and status.version < target:
-                # The trainer restarted from an older state while we fetched: it has not
-                # published the version yet, and will. Wait for it again.
                 del self.failed_reloads[target]
-                continue
+                if self.follower is not None:
+                    self.follower.forget_failure(target)
+                continue  # the trainer restarted older meanwhile: it will publish it again
             break
         # Weights older than the bound would make a batch the trainer trains as if it were
         # fresher: a stall with its name, never a silent run on old weights.

@@ -138,6 +138,13 @@ class VersionFollower:
             self._target = version
             self._cond.notify_all()
 
+    def forget_failure(self, version: int) -> None:
+        """Try `version` again when it is wanted: its source lost it for a reason that passed
+        (the trainer restarted from an older state and will publish it again)."""
+        with self._cond:
+            self.failed.pop(version, None)
+            self._cond.notify_all()
+
     def offer(self, image: Image) -> None:
         """A version the collective group brought (each tensor checked against its manifest):
         used once the trainer announced that manifest's identity, like any source's."""
