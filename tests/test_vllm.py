@@ -272,10 +272,11 @@ def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir,
     assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
 
 
-@pytest.mark.extended  # CI leaves it out; streamed versions: test_weight_stream.py
 def test_streamed_tensors_are_served_in_place(engine, hf_base, base_model_dir, tmp_path):
-    """weights.mode: stream hands the engine tensors, not files (load_tensors): the new ones are
-    served, then the base ones again (tied embedding and head included)."""
+    """weights.mode: stream hands the engine tensors, not files (load_tensors): written once
+    into a memory file that vLLM's worker maps, loaded through vLLM's weight-transfer calls into
+    our registered engine. The new ones are served, then the base ones again (tied embedding and
+    head included)."""
     tok = load_tokenizer(base_model_dir)
     prompt = prompts(tok, QUESTIONS[:1])[0]
     completion = np.asarray(tok("The answer is 42.\n#### 42").input_ids, np.int32)
@@ -308,6 +309,25 @@ def test_half_a_streamed_version_is_refused_before_it_reaches_the_engine(
     name = next(iter(state))
     with pytest.raises(RuntimeError, match="other shapes"):
         engine.load_tensors({**state, name: state[name][:1]}, 3)
+    assert np.array_equal(engine_logprobs_of(engine, prompt, completion), before)
+
+
+def test_a_bad_file_is_refused_before_the_model_is_touched(engine, hf_base, base_model_dir,
+                                                          tmp_path):  # fmt: skip
+    """vLLM's layerwise reload takes the model's layers apart until each is loaded whole, so the
+    transfer engine checks every file's header first: a cut-off file (a version dir copied half
+    way) is refused and the engine serves exactly what it served."""
+    from grpo.delivery.versions import weight_files
+
+    tok = load_tokenizer(base_model_dir)
+    prompt = prompts(tok, QUESTIONS[:1])[0]
+    completion = np.asarray(tok("The answer is 42.\n#### 42").input_ids, np.int32)
+    before = engine_logprobs_of(engine, prompt, completion)
+    whole = weight_files(base_model_dir)[0].read_bytes()
+    cut = tmp_path / "model.safetensors"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(Exception, match="(?i)safetensor|header|offset|incomplete|size"):
+        engine._reload_in_place([cut], 7)
     assert np.array_equal(engine_logprobs_of(engine, prompt, completion), before)
 
 

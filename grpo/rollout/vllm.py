@@ -28,6 +28,8 @@ from grpo.config import Config
 from grpo.delivery.versions import is_adapter, weight_files
 from grpo.models.loading import require_same_tensors
 from grpo.rollout.base import EngineContext, Generation, Sampling
+from grpo.rollout.vllm_transfer import BACKEND as TRANSFER_BACKEND
+from grpo.rollout.vllm_transfer import memfd_path, update_request, write_memfd
 from grpo.runtime.lifetime import PARENT_ENV
 from grpo.runtime.progress import ACTIVITY
 
@@ -53,6 +55,8 @@ def engine_kwargs(cfg: Config) -> dict:
         enforce_eager=v.enforce_eager,
         logprobs_mode="processed_logprobs",
         worker_extension_cls=WORKER_EXTENSION,
+        # Every load goes through vLLM's weight-transfer API, into our engine (vllm_transfer.py).
+        weight_transfer_config={"backend": TRANSFER_BACKEND},
     )
     if v.kv_cache_gib:
         kwargs["kv_cache_memory_bytes"] = int(v.kv_cache_gib * (1 << 30))
@@ -188,28 +192,35 @@ class VllmRollout:
     def load_tensors(self, state: dict, version: int) -> None:
         """Streamed full weights into the running engine, in place (a streamed LoRA adapter is
         refused by the config check: vLLM loads adapters from a dir)."""
-        from safetensors.torch import save
-
         # All or nothing: vLLM's load applies whatever names it is given, so a set of tensors
         # that is not the model's whole is refused here, before any reaches a worker.
         require_same_tensors(self.checkpoint, state, {"lm_head.weight"}, f"version {version}")
-        # As safetensors bytes: the engine's RPC turns tensors inside arguments into lists.
-        payload = save({name: t.contiguous() for name, t in state.items()})
-        self._load_in_workers("grpo_load_tensors", payload, version, lambda n: n == len(state))
+        fd = write_memfd(state, version)  # the workers map it: no copy crosses the RPC pipe
+        try:
+            self._load_in_workers([memfd_path(fd)], version, lambda n: n == len(state))
+        finally:
+            os.close(fd)
 
     def _reload_in_place(self, weights: list[Path], version: int) -> None:
-        files = [str(p) for p in weights]
-        self._load_in_workers("grpo_reload", files, version, lambda n: n >= 1)
+        self._load_in_workers([str(p) for p in weights], version, lambda n: n >= 1)
 
     def _load_in_workers(
-        self, method: str, what: object, version: int, loaded: Callable[[int], bool]
+        self, files: list[str], version: int, loaded: Callable[[int], bool]
     ) -> None:
-        """Every worker's `method`(what, version) within rollout.vllm.reload_timeout_s; each
-        must report `version` with a tensor count that `loaded` accepts."""
+        """The safetensors `files` into every worker through vLLM's weight-transfer calls,
+        within rollout.vllm.reload_timeout_s; each worker must report `version` with a tensor
+        count that `loaded` accepts."""
         llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
+
+        def transfer() -> list[dict]:
+            llm.collective_rpc("start_weight_update")
+            llm.collective_rpc("update_weights", args=(update_request(files, version),))
+            llm.collective_rpc("finish_weight_update")
+            return llm.collective_rpc("grpo_loaded")
+
         results = within(
             timeout_s,
-            lambda: llm.collective_rpc(method, args=(what, version)),
+            transfer,
             f"loading version {version} into the running engine took over {timeout_s:.0f} s "
             "(rollout.vllm.reload_timeout_s)",
         )

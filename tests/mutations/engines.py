@@ -10,6 +10,9 @@ from __future__ import annotations
 from tests.mutations import Mutation
 
 STOP_TEST = "tests/test_vllm.py::test_stop_strings_end_answers_like_hf"
+STREAMED_TEST = "tests/test_vllm.py::test_streamed_tensors_are_served_in_place"
+BAD_FILE_TEST = "tests/test_vllm.py::test_a_bad_file_is_refused_before_the_model_is_touched"
+RELOAD_TEST = "tests/test_vllm.py::test_in_place_reload_serves_the_new_weights"
 PLUGIN_RUN = "tests/test_plugins.py::test_a_run_with_the_toy_plugins_and_a_served_reward_model"
 PLUGIN_PLAN = "tests/test_plugins.py::test_the_run_s_plan_and_reward_are_the_plugins"  # CI's tier
 PLUGIN_TASK = "tests/test_plugins.py::test_toy_task_is_found_and_scores"
@@ -54,5 +57,41 @@ MUTATIONS = (
         old="    return load_reward_fn(spec) if spec else task.reward\n",
         new='    return load_reward_fn(spec) if spec else get_task("gsm8k").reward\n',
         tests=(PLUGIN_PLAN, PLUGIN_RUN),
+    ),
+    Mutation(
+        name="layerwise_reload_before_the_files_are_checked",
+        item="42.1: a version is loaded into vLLM all or nothing",
+        path="grpo/rollout/vllm_worker.py",
+        old="""        handles = open_checked(update_info.files)
+        initialize_layerwise_reload(self.model)
+""",
+        new="""        initialize_layerwise_reload(self.model)
+        handles = open_checked(update_info.files)
+""",
+        tests=(BAD_FILE_TEST,),
+    ),
+    Mutation(
+        name="transfer_engine_reports_no_version",
+        item="42.1: the sampler checks what vLLM's workers loaded",
+        path="grpo/rollout/vllm_worker.py",
+        old="        self.loaded, self._received = self._received, None\n",
+        new="        self._received = None\n",
+        tests=(RELOAD_TEST, STREAMED_TEST),
+    ),
+    Mutation(
+        name="lm_head_not_retied_after_a_transfer",
+        item="42.1: a streamed version reaches the tied LM head in vLLM",
+        path="grpo/rollout/vllm_worker.py",
+        old="        retie_lm_head(self.model, self.model_config.hf_config)\n",
+        new="",
+        tests=(STREAMED_TEST, RELOAD_TEST),
+    ),
+    Mutation(
+        name="memfd_tensors_at_the_wrong_offsets",
+        item="42.1: the memory file holds each tensor at its header's offsets",
+        path="grpo/rollout/vllm_transfer.py",
+        old="                    view[start + lo : start + hi].copy_(flat)\n",
+        new="                    view[lo:hi].copy_(flat)\n",
+        tests=(STREAMED_TEST,),
     ),
 )
