@@ -1,17 +1,31 @@
 """What a run will open, checked before any model loads (launch.sh's up-front check, `python -m
 grpo check`, and each worker's start): the model dir, the train dataset and the reward (imported,
-its signature checked), the DeepSpeed config and, with `--resume`, the saved state. Each missing
-one is a ConfigError naming the key, rather than a traceback after a minute of loading models.
-`role` picks what that role opens: a sampler's node need not hold the DeepSpeed config, a
-trainer's need not hold the dataset or the reward's module."""
+its signature checked), the DeepSpeed config and, with `--resume`, the saved state; the ports the
+trainer listens on and the CURVE keys each role loads; and what this node can run (the attention
+kernel without a GPU, the trainer's ranks on its cores). Each is a ConfigError naming the key,
+rather than a traceback after a minute of loading models. `role` picks what that role opens: a
+sampler's node need not hold the DeepSpeed config, a trainer's need not hold the dataset or the
+reward's module."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
 from grpo.config import Config, ConfigError
+from grpo.config.sections import VARLEN_ATTENTION
 from grpo.core.durable import TRAIN_STATE_MARKER, train_state_dir
 from grpo.models.embedded import EMBEDDED, ModelError, require_model_dir
+from grpo.runtime.lifetime import port_holders
+from grpo.runtime.placement import visible_gpus
 from grpo.tasks import get_task, run_reward
-from grpo.tasks.base import locate, resolve_path
+from grpo.tasks.base import Task, locate, resolve_path
+from grpo.tasks.columns import task_for
+from grpo.wire.channels import PeerError, check_listening
+from grpo.wire.keys import ClientKeys, server_keys
 
 
 def preflight(cfg: Config, role: str = "both") -> None:
@@ -19,14 +33,20 @@ def preflight(cfg: Config, role: str = "both") -> None:
     trainer, sampler = role in ("both", "trainer"), role in ("both", "sampler")
     if trainer or sampler:
         _model_dir(cfg.model.path)
+        _attention(cfg.model.attn_implementation)
+    if cfg.transport.curve_dir and ((trainer and hosts_rank_zero(cfg)) or sampler):
+        _keys(cfg, trainer and hosts_rank_zero(cfg), sampler)
     if sampler and not cfg.data.mixture:  # a mixture's entries are loaded by its own check
         task = get_task(cfg.data.task)
-        _dataset("data.train", cfg.data.train or task.default_train)
+        _dataset("data.train", task_for(cfg), cfg.data.train or task.default_train)
         try:
             run_reward(task, cfg.data.reward)
         except ValueError as e:
             raise ConfigError(f"data.reward: {e}") from None
     if trainer:
+        _ranks(cfg.train.num_ranks)
+        if hosts_rank_zero(cfg):  # the one trainer process that listens and loads its keys
+            _ports(cfg)
         if not resolve_path(ds := cfg.train.deepspeed_config).is_file():
             raise ConfigError(f"train.deepspeed_config: no such file {ds!r}")
         state = train_state_dir(cfg.run_dir)
@@ -45,9 +65,107 @@ def _model_dir(path: str) -> None:
             raise ConfigError(f"model.path: {e}") from None
 
 
-def _dataset(key: str, source: str) -> None:
-    """A local file or directory that is not there (a hub name is left to the loader)."""
+def _dataset(key: str, task: Task, source: str) -> None:
+    """A local file or directory that is not there, or whose rows the task cannot read (a
+    column missing, a null question): read here as the sampler will read it. A hub name is
+    left to the loader (it may download)."""
     try:
-        locate(source)
+        if locate(source) is None:
+            return
+        task.load(source)
     except FileNotFoundError:
         raise ConfigError(f"{key}: no such dataset file or directory {source!r}") from None
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def hosts_rank_zero(cfg: Config) -> bool:
+    """Whether this process is trainer rank 0, or launches it (launch.sh, `grpo check`: no
+    RANK yet), on the node that hosts it."""
+    return cfg.train.node_rank == 0 and os.environ.get("RANK", "0") == "0"
+
+
+def _attention(kernel: str) -> None:
+    """The varlen kernels train on a GPU only (FlexAttention has no backward on CPU: found by
+    a run that failed at its first step); flash_attention_2 also needs its package."""
+    if kernel not in VARLEN_ATTENTION:
+        return
+    if not visible_gpus():
+        raise ConfigError(
+            f"model.attn_implementation={kernel} trains on a GPU only and this node has none; "
+            "use sdpa"
+        )
+    if kernel == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ConfigError(
+            "model.attn_implementation=flash_attention_2 needs the flash-attn package "
+            "(pip install flash-attn), or use sdpa or flex_attention"
+        )
+
+
+def _ranks(num_ranks: int) -> None:
+    """Without a GPU each rank is a process holding the model, its gradients and optimizer
+    state, so more ranks than cores only add memory (GPU counts: runtime/placement.py)."""
+    if visible_gpus():
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if num_ranks > (cores or 1):
+        raise ConfigError(
+            f"train.num_ranks={num_ranks}: this node has no GPU and {cores} CPU cores; each "
+            f"rank is a process with its own copy of the model: at most {cores} here"
+        )
+
+
+def _ports(cfg: Config) -> None:
+    """Each address the trainer listens on, bound once and let go: a port another process
+    holds is named with that process now, not after the models have loaded."""
+    t, w = cfg.transport, cfg.weights
+    listening = {"transport.episodes_addr": t.episodes_addr, "transport.control_addr":
+                 t.control_addr, "transport.weights_addr": t.weights_addr}  # fmt: skip
+    if w.mode == "collective":
+        listening["weights.collective_addr"] = w.collective_addr
+    if not t.allow_insecure:  # (with it, the trainer's channel warns: once is enough)
+        try:
+            check_listening(listening, bool(t.curve_dir), allow_insecure=False)
+        except PeerError as e:
+            raise ConfigError(str(e)) from None
+    for key, addr in listening.items():
+        _port_free(key, addr)
+
+
+def _port_free(key: str, addr: str) -> None:
+    parts = urlsplit(addr)
+    if parts.scheme != "tcp" or not parts.netloc.rsplit(":", 1)[-1].isdigit():
+        return  # ipc://, inproc://, or a port the system picks ('*')
+    host = "" if parts.hostname in (None, "*") else parts.hostname
+    try:
+        infos = socket.getaddrinfo(host or None, parts.port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)  # fmt: skip
+    except socket.gaierror:
+        return  # an interface name ZeroMQ resolves itself
+    family, kind, _, _, where = infos[0]
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
+        try:
+            probe.bind(where)
+        except OSError as e:
+            holders = port_holders(parts.port or 0)
+            by = f"; held by {'; '.join(holders)}" if holders else ""
+            raise ConfigError(f"{key}: cannot listen on {addr}: {e.strerror}{by}") from None
+
+
+def _keys(cfg: Config, trainer: bool, sampler: bool) -> None:
+    """The key files each role loads at its start (grpo/wire/keys.py says which node needs
+    which)."""
+    directory = Path(cfg.transport.curve_dir)
+    if not directory.is_dir():
+        raise ConfigError(
+            f"transport.curve_dir: no such directory {str(directory)!r}; make keys with "
+            "`python -m grpo keys DIR`"
+        )
+    try:
+        if trainer:
+            server_keys(directory)
+        if sampler:
+            ClientKeys.load(directory, cfg.rollout.sampler_id)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

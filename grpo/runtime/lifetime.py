@@ -147,7 +147,8 @@ def port_holders(port: int) -> list[str]:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                raw = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+                cmd = " ".join(raw.decode(errors="replace").split())  # one line, even for -c
                 holders.append(f"pid {proc.name} ({cmd[:160]})")
         except OSError:
             continue  # exited meanwhile, or not ours to read

@@ -273,7 +273,10 @@ def load_rows_with(source: str, keys: tuple[str, ...]) -> list[Row]:
     for i, row in enumerate(rows):
         for key in keys:
             if key not in row:
-                raise ValueError(f"{source}: row {i} has no {key!r} key (keys: {sorted(row)})")
+                raise ValueError(
+                    f"{source}: row {i} has no {key!r} key (keys: {sorted(row)}); name the "
+                    f"column that holds it with rows.columns=[{key}=<column>]"
+                )
             if row[key] is None:
                 raise ValueError(f"{source}: row {i} has a null {key!r}")
     return rows

@@ -169,15 +169,21 @@ class CurveAuthenticator(ThreadAuthenticator):
     keys: AuthorizedKeys
 
 
+def server_keys(curve_dir: Path, owner: str = TRAINER) -> tuple[bytes, bytes, AuthorizedKeys]:
+    """`owner`'s pair (the trainer's, or a relaying sampler's) and the keys it accepts;
+    ValueError naming the file that is missing or unsafe."""
+    whose = "the trainer's" if owner == TRAINER else f"sampler {owner}'s"
+    public, secret = _load_pair(curve_dir / f"{owner}.key_secret", f"{whose} secret key")
+    return public, secret, AuthorizedKeys(curve_dir / AUTHORIZED)
+
+
 def secure_server(
     ctx: zmq.Context, sockets: list[zmq.Socket], curve_dir: Path, owner: str = TRAINER
 ) -> CurveAuthenticator:
     """Make `sockets` (before bind) CURVE servers with `owner`'s pair (the trainer's, or a
     relaying sampler's) that accept authorized/ keys only; returns the authenticator thread, to
     be stopped before the context is terminated."""
-    whose = "the trainer's" if owner == TRAINER else f"sampler {owner}'s"
-    public, secret = _load_pair(curve_dir / f"{owner}.key_secret", f"{whose} secret key")
-    keys = AuthorizedKeys(curve_dir / AUTHORIZED)
+    public, secret, keys = server_keys(curve_dir, owner)
     auth = CurveAuthenticator(ctx)
     auth.keys = keys
     auth.start()

@@ -1,0 +1,107 @@
+"""What `grpo check`, launch.sh and each role's start refuse before any model loads (issue 45.1),
+in-process: the ports the trainer listens on, the CURVE keys each role loads, and what this node
+can run (the attention kernel without a GPU, the trainer's ranks on its cores). The checks that
+open files (model dir, dataset, reward, DeepSpeed config, saved state) run through launch.sh in
+tests/test_integration.py and tests/test_launch_path.py."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+import grpo.preflight as preflight_module
+from grpo.config import ConfigError, load_config
+from grpo.preflight import preflight
+from grpo.wire.keys import generate
+
+
+def config(model_dir, *overrides: str):
+    return load_config(None, [f"model.path={model_dir}", *overrides])
+
+
+@pytest.fixture
+def held_port():
+    """A port this process listens on, as a trainer left running would."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_a_port_another_process_holds_is_named_with_the_process(tiny_model_dir, held_port,
+                                                                monkeypatch):  # fmt: skip
+    cfg = config(tiny_model_dir, f"transport.episodes_addr=tcp://127.0.0.1:{held_port}")
+    for role in ("both", "trainer"):
+        with pytest.raises(ConfigError) as e:
+            preflight(cfg, role)
+        said = str(e.value)
+        assert said.startswith(f"transport.episodes_addr: cannot listen on tcp://127.0.0.1:"
+                               f"{held_port}: Address already in use; held by pid ")  # fmt: skip
+        assert "\n" not in said
+    preflight(cfg, "sampler")  # a sampler connects there: nothing to probe
+    # Only trainer rank 0 listens: the other ranks start while it holds the ports.
+    monkeypatch.setenv("RANK", "1")
+    preflight(cfg, "trainer")
+    monkeypatch.delenv("RANK")
+    second_node = ("train.nnodes=2", "train.node_rank=1")
+    held = f"transport.episodes_addr=tcp://127.0.0.1:{held_port}"
+    preflight(config(tiny_model_dir, *second_node, held), "trainer")
+    preflight(config(tiny_model_dir), "both")  # the default ports are free here
+
+
+def test_listening_beyond_loopback_needs_keys_or_a_word(tiny_model_dir):
+    open_addr = "transport.control_addr=tcp://0.0.0.0:*"
+    with pytest.raises(ConfigError, match=r"refusing to listen on transport.control_addr \("):
+        preflight(config(tiny_model_dir, open_addr), "trainer")
+    preflight(config(tiny_model_dir, open_addr, "transport.allow_insecure=true"), "trainer")
+
+
+def test_each_role_s_keys_are_read_before_it_starts(tiny_model_dir, tmp_path):
+    keys = tmp_path / "keys"
+    with pytest.raises(ConfigError, match="transport.curve_dir: no such directory"):
+        preflight(config(tiny_model_dir, f"transport.curve_dir={keys}"), "both")
+    generate(keys, 1)
+    cfg = config(tiny_model_dir, f"transport.curve_dir={keys}")
+    preflight(cfg, "both")
+    (keys / "trainer.key_secret").unlink()  # a sampler's node holds no trainer secret
+    preflight(cfg, "sampler")
+    with pytest.raises(ConfigError, match="cannot read the trainer's secret key"):
+        preflight(cfg, "trainer")
+    (keys / "sampler-0.key_secret").chmod(0o644)
+    with pytest.raises(ConfigError, match="sampler-0.key_secret is readable by group or others"):
+        preflight(cfg, "sampler")
+
+
+def test_the_attention_kernel_and_the_ranks_must_fit_the_node(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(preflight_module, "visible_gpus", lambda: [])
+    monkeypatch.setattr(preflight_module.os, "sched_getaffinity", lambda pid: {0, 1})
+    for kernel in ("flex_attention", "flash_attention_2"):
+        with pytest.raises(ConfigError, match=f"attn_implementation={kernel} trains on a GPU"):
+            preflight(config(tiny_model_dir, f"model.attn_implementation={kernel}"), "sampler")
+    with pytest.raises(ConfigError, match="train.num_ranks=4: this node has no GPU and 2 CPU"):
+        preflight(config(tiny_model_dir, "train.num_ranks=4"), "trainer")
+    preflight(config(tiny_model_dir, "train.num_ranks=2"), "trainer")
+    # With GPUs the kernels are the GPU's business (and the ranks are placement's)
+    monkeypatch.setattr(preflight_module, "visible_gpus", lambda: ["0", "1", "2", "3"])
+    preflight(config(tiny_model_dir, "model.attn_implementation=flex_attention",
+                     "train.num_ranks=4"), "trainer")  # fmt: skip
+
+
+def test_a_dataset_s_rows_are_read_as_the_sampler_will_read_them(tiny_model_dir, tmp_path):
+    """A parquet of one's own whose columns are not named as the task reads them: the
+    message names the fix (rows.columns), and with it the same file passes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "mine.parquet"
+    pq.write_table(pa.table({"problem": ["What is 2 + 2?"], "solution": ["2 + 2 = 4. #### 4"]}),
+                   path)  # fmt: skip
+    cfg = config(tiny_model_dir, f"data.train={path}")
+    with pytest.raises(ConfigError) as e:
+        preflight(cfg, "sampler")
+    assert str(e.value).startswith(f"data.train: {path}: row 0 has no 'question' key")
+    assert str(e.value).endswith("name the column that holds it with rows.columns=[question="
+                                 "<column>]")  # fmt: skip
+    preflight(config(tiny_model_dir, f"data.train={path}",
+                     "rows.columns=[question=problem,answer=solution]"), "sampler")  # fmt: skip
