@@ -144,3 +144,53 @@ def test_readme_links_every_docs_page():
     }
     unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
     assert not unlinked, f"README.md links to no docs/ page named {unlinked}"
+
+
+def undocumented_metrics(keys: set[str]) -> list[str]:
+    """The keys of real metrics rows that docs/outputs.md does not name, as `key` or as a
+    pattern such as `accuracy/<name>` (tests/test_integration.py asks it of a run's rows)."""
+    spans = set(re.findall(r"`([^`\n]+)`", (DOCS / "outputs.md").read_text(encoding="utf-8")))
+    patterns = [re.compile(re.sub(r"<[^>]+>", "[^/]+", re.escape(s).replace(r"\<", "<")
+                                  .replace(r"\>", ">")) + "$")
+                for s in spans if "<" in s]  # fmt: skip
+    return sorted(k for k in keys if k not in spans and not any(p.match(k) for p in patterns))
+
+
+def _layouts() -> list[tuple[int, list[str]]]:
+    """docs/gpus.md's layout table: (GPUs, the overrides its config column names), placeholders
+    (`[k]`, `i`) and ROLE= left out."""
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|", (DOCS / "gpus.md").read_text(), re.MULTILINE)
+    layouts = []
+    for gpus, column in rows:
+        words = " ".join(re.findall(r"`([^`]+)`", column)).split()
+        overrides = [w for w in words if re.fullmatch(r"[a-z_]+(\.[a-z_]+)+=[\w.-]+", w)
+                     and not w.endswith(("=i", "-i"))]  # fmt: skip
+        layouts.append((int(gpus), overrides))
+    return layouts
+
+
+@pytest.mark.parametrize("gpus,overrides", _layouts())
+def test_every_gpu_layout_in_the_docs_is_accepted_by_the_shipped_config(gpus, overrides):
+    """Each row of docs/gpus.md's table, applied to configs/gsm8k_grpo.yaml, passes the config
+    checks and places both roles on that many GPUs (a row once asked for 7 ranks, which no
+    shipped config's 16 questions per step allows)."""
+    from grpo.config import load_config
+    from grpo.runtime.placement import placement_for
+
+    cfg = load_config(REPO / "configs" / "gsm8k_grpo.yaml", overrides)
+    placed = placement_for(cfg, "both", gpus)
+    assert len(placed.trainer) == cfg.train.num_ranks
+
+
+def test_the_readme_s_cpu_shrink_applies_to_every_gsm8k_config():
+    """The shipped configs send a CPU user to README's "Algorithms" for how to shrink them."""
+    from grpo.config import load_config
+
+    shrink = re.search(r"On CPU shrink one as the demo is: `([^`]+)`", README.read_text())
+    assert shrink, "README's Algorithms section lost its CPU line"
+    configs = [p for p in sorted((REPO / "configs").glob("*.yaml"))
+               if '"Algorithms" in README.md' in p.read_text()]  # fmt: skip
+    assert len(configs) >= 8
+    for path in configs:
+        cfg = load_config(path, shrink.group(1).split())
+        assert cfg.rollout.questions_per_step == 4 and cfg.train.num_ranks == 2
