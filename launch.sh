@@ -13,14 +13,18 @@
 # stops the others and this script exits non-zero; Ctrl-C stops all. With
 # reward_server.backend or teacher.where=service set, both roles come with the reward service
 # (stopped at the end).
-# Relative paths in the config are relative to the repository root.
+# Relative paths in the config are looked for from where you stand, then from the repository
+# root; output_dir is relative to the repository root.
 set -uo pipefail
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   [[ $# -ge 1 ]] && exit 0 || exit 2  # asked for help: no error
 fi
-# The config path is taken from where you stand; paths inside it from the repository root.
+# The config path is taken from where you stand, and so are the relative paths inside it (data,
+# model, DeepSpeed config) and your reward modules, falling back to the repository root, where
+# the roles run (grpo/core/paths.py); output_dir is relative to the repository root.
 if [[ -f $1 ]]; then set -- "$(realpath "$1")" "${@:2}"; fi
+export GRPO_USER_DIR=${GRPO_USER_DIR:-$PWD}
 cd "$(dirname "$0")"
 PY=${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}
 ROLE=${ROLE:-both}

@@ -2,6 +2,7 @@
 
 python -m grpo keys DIR          CURVE keys for the transport (grpo.wire.keys)
 python -m grpo eval RUN_DIR      evaluate a run's saved versions (grpo.eval.cli)
+python -m grpo samples RUN_DIR   print the newest answers a run wrote (grpo.observe.samples)
 python -m grpo check CONFIG      look up every name the config picks (grpo.plan)
 python -m grpo launch-env CONFIG check the config; print the GPUs and values launch.sh needs
 """
@@ -15,6 +16,7 @@ from grpo.runtime.lifetime import exit_now
 TOOLS = {
     "keys": "grpo.wire.keys:main",
     "eval": "grpo.eval.cli:main",
+    "samples": "grpo.observe.samples:main",
     "check": "grpo.plan:main",
     "launch-env": "grpo.cli:launch_env",
 }

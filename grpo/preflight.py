@@ -18,11 +18,12 @@ from urllib.parse import urlsplit
 from grpo.config import Config, ConfigError
 from grpo.config.sections import VARLEN_ATTENTION
 from grpo.core.durable import TRAIN_STATE_MARKER, train_state_dir
+from grpo.core.paths import resolve_path
 from grpo.models.embedded import EMBEDDED, ModelError, require_model_dir
 from grpo.runtime.lifetime import port_holders
 from grpo.runtime.placement import visible_gpus
 from grpo.tasks import get_task, run_reward
-from grpo.tasks.base import Task, locate, resolve_path
+from grpo.tasks.base import Task, locate
 from grpo.tasks.columns import task_for
 from grpo.wire.channels import PeerError, check_listening
 from grpo.wire.keys import ClientKeys, server_keys

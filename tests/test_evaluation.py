@@ -211,14 +211,22 @@ def test_wandb_offline_run_records_the_scalars(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = load_config(None, [f"output_dir={tmp_path}", "name=run", "logging.tensorboard=false",
                              "logging.wandb=offline"])  # fmt: skip
-    log = RunLog(cfg)
-    log.step({"step": 1, "reward_mean": 0.5, "kl": 0.01})
+    from tests.test_episode import make_batch
+
+    log = RunLog(cfg, decode=lambda ids: " ".join(map(str, ids)))
+    log.step({"step": 1, "reward_mean": 0.5, "kl": 0.01}, make_batch())
     log.eval({"version": 1, "accuracy": 0.25, "format_rate": 1.0, "n": 4})
     log.close()
     (run_file,) = (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
     got = _wandb_history(run_file)
     wanted = ("train/reward_mean", "train/kl", "eval/accuracy")
     assert [got[k] for k in wanted] == ["0.5", "0.01", "0.25"]
+    # the step's answers, as a W&B table
+    assert (got["samples/_type"], got["samples/nrows"], got["samples/ncols"]) == (
+        '"table-file"',
+        "2",
+        "5",
+    )
 
 
 def test_a_missing_tracker_is_named_before_the_run(monkeypatch):
@@ -232,3 +240,73 @@ def test_a_missing_tracker_is_named_before_the_run(monkeypatch):
     cfg = load_config(None, ["logging.wandb=offline"])
     with pytest.raises(ConfigError, match="logging.wandb: the wandb package is not installed"):
         check_names(cfg)
+
+
+def test_each_step_writes_its_best_and_worst_answers_as_text(tmp_path, capsys):
+    """samples.jsonl: logging.samples_per_step answers of each step, best reward first and
+    worst last, prompt and answer decoded, with their reward's parts and version; TensorBoard
+    shows them as text; `python -m grpo samples` prints the newest; a resume drops the crashed
+    run's later ones."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from grpo.observe.samples import main as samples_main
+    from grpo.trainer.outputs import open_run_dir
+    from tests.test_episode import make_batch
+
+    cfg = load_config(None, [f"output_dir={tmp_path}", "name=run", "logging.samples_per_step=3"])
+    log = RunLog(cfg, decode=lambda ids: " ".join(f"t{i}" for i in ids))
+    batches = {step: make_batch(seed=step) for step in (1, 2)}
+    for step, batch in batches.items():
+        log.step({"step": step, "reward_mean": 0.5}, batch)
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "run/samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
+    for step, batch in batches.items():
+        mine = [r for r in rows if r["step"] == step]
+        rewards = sorted(e.reward for e in batch.episodes)
+        first, middle, last = (r["reward"] for r in mine)
+        assert first == rewards[-1] and last == rewards[0] and middle in rewards[1:-1]
+        best = max(batch.episodes, key=lambda e: e.reward)
+        assert mine[0]["answer"] == " ".join(f"t{i}" for i in best.completion_ids)
+        assert mine[0]["prompt"] == " ".join(f"t{i}" for i in best.prompt_ids)
+        assert mine[0]["reward_info"] == best.reward_info and mine[0]["version"] == 5
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("samples/text_summary")] == [1, 2]
+
+    assert samples_main([str(tmp_path / "run"), "-n", "2"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.count("== step 2 ") == 2 and "== step 1 " not in shown
+    assert f"reward {rows[-1]['reward']:.3f}" in shown
+    open_run_dir(cfg, start_step=1)  # resumed after step 1: step 2 is redone
+    kept = (tmp_path / "run/samples.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in kept] == [1, 1, 1]
+    assert samples_main([str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_reward_that_reports_no_parts_shows_no_accuracy_or_format(tmp_path):
+    """A reward returning a bare number says nothing of correctness or format: its rows, the
+    run summary and the plot leave accuracy and format rate out (they showed 0.00 everywhere);
+    one that reports `correct` alone gets accuracy alone."""
+    import dataclasses
+
+    from grpo.core.episode import EpisodeBatch
+    from grpo.observe.metrics import per_sampler, plot_run
+    from grpo.trainer.outputs import batch_metrics
+    from tests.test_episode import make_batch
+
+    def with_infos(info):
+        batch = make_batch()
+        episodes = [dataclasses.replace(e, reward_info=dict(info)) for e in batch.episodes]
+        return EpisodeBatch(episodes, batch.group_size, 5, 17)
+
+    bare = batch_metrics(with_infos({}))
+    assert "accuracy" not in bare and "format_rate" not in bare and "reward_mean" in bare
+    only_correct = batch_metrics(with_infos({"correct": True}))
+    assert only_correct["accuracy"] == 1.0 and "format_rate" not in only_correct
+    rows = [{"step": s, "sampler_id": "sampler-0", "staleness": 0, **bare} for s in (1, 2)]
+    assert "accuracy" not in per_sampler(rows)["sampler-0"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_run(run_dir).is_file()

@@ -95,6 +95,16 @@ def test_three_steps_two_ranks_with_reloads(reference_run, tiny_model_dir):
     assert ("0", "1") in reloads and ("1", "2") in reloads, log[-4000:]
 
     assert [r["step"] for r in rows] == [1, 2, 3]
+    from tests.test_docs import undocumented_metrics
+
+    missing = undocumented_metrics(set().union(*rows))
+    assert not missing, f"docs/outputs.md does not name {missing}"
+    # Answers to read: two per step (logging.samples_per_step), decoded, the question in the
+    # prompt, the better first.
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 2, 2, 3, 3]
+    assert all("?" in s["prompt"] and isinstance(s["answer"], str) for s in samples), samples[0]
+    assert all(a["reward"] >= b["reward"] for a, b in zip(samples[::2], samples[1::2], strict=True))
     # On-policy (max_staleness 0): batch k was sampled with version k, and it said so.
     assert [r["policy_version"] for r in rows] == [0, 1, 2]
     assert [r["batch_seq"] for r in rows] == [0, 1, 2]

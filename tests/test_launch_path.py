@@ -205,3 +205,37 @@ def test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads():
     done = subprocess.run(trainer_only, cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "ROLE": "trainer"})  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+QUICK_ROLES = """#!/usr/bin/env bash
+# Both roles' processes end at once, having noted where they run; launch-env is the real Python.
+case " $* " in
+  *" sampling_worker.py "*|*" grpo.trainer.launch "*) echo "$PWD $GRPO_USER_DIR" >> "$STARTS"
+                                                       exit 0 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path):
+    """launch.sh runs the roles from the repository, yet a config's relative paths (the data,
+    the model dir) and a reward module in the directory the user started from are found there,
+    before any role starts (they were looked for in the repository only)."""
+    project = tmp_path / "project"
+    (project / "model").mkdir(parents=True)
+    (project / "model/config.json").write_text("{}")  # what the check looks for
+    (project / "mine.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
+    (project / "my_reward_xyz.py").write_text(
+        "def reward(completion, row):\n    return float('#### 2' in completion)\n"
+    )
+    fake = tmp_path / "python"
+    fake.write_text(QUICK_ROLES)
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "GRPO_USER_DIR"}
+    env.update(PYTHON=str(fake), REAL_PYTHON=PYTHON, STARTS=str(tmp_path / "s"))
+    overrides = ["model.path=model", "data.train=mine.jsonl", "data.reward=my_reward_xyz:reward"]
+    proc = subprocess.run(["bash", str(REPO / "launch.sh"), DEMO, *overrides], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = (tmp_path / "s").read_text().splitlines()
+    assert runs == [f"{REPO} {project}"] * 2, runs  # the roles run in the repository, told

@@ -197,7 +197,8 @@ def test_per_source_metrics_of_a_batch():
 
 
 def test_a_single_dataset_batch_has_no_per_source_keys():
-    assert set(info_rates([{"correct": True}], [1.0])) == {"accuracy", "format_rate"}
+    rates = info_rates([{"correct": True, "formatted": True}], [1.0])
+    assert set(rates) == {"accuracy", "format_rate"}
 
 
 def test_the_evaluation_reports_each_entry():

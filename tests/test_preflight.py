@@ -105,3 +105,25 @@ def test_a_dataset_s_rows_are_read_as_the_sampler_will_read_them(tiny_model_dir,
                                  "<column>]")  # fmt: skip
     preflight(config(tiny_model_dir, f"data.train={path}",
                      "rows.columns=[question=problem,answer=solution]"), "sampler")  # fmt: skip
+
+
+def test_a_hub_id_is_taken_from_the_local_cache_and_never_downloaded(tiny_model_dir, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    import shutil
+
+    from huggingface_hub import constants
+
+    from grpo.models.embedded import require_model_dir
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny-model" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_model_dir, snapshot)
+    (cache / "models--someone--tiny-model" / "refs").mkdir()
+    (cache / "models--someone--tiny-model" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on this machine: no hub to fall back on
+    assert require_model_dir("someone/tiny-model") == snapshot
+    preflight(config("someone/tiny-model"), "both")
+    with pytest.raises(ConfigError, match="'someone/other' is neither a model dir nor a hub id "
+                                          "in the local cache; download it once"):  # fmt: skip
+        preflight(config("someone/other"), "both")

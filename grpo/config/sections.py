@@ -163,6 +163,12 @@ class LoggingConfig:
         "off", "Weights & Biases (needs `pip install wandb`); offline needs no network"
     )
     wandb_project: str = knob("grpo", "W&B project")
+    samples_per_step: int = knob(
+        2,
+        "answers of each step written as text to samples.jsonl (and to TensorBoard / W&B): the "
+        "best and the worst by reward, the rest evenly between; `python -m grpo samples RUN_DIR` "
+        "prints the newest; 0 = none",
+    )
 
 
 @dataclass

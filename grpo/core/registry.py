@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
+
+from grpo.core.paths import user_dir
 
 T = TypeVar("T")
 F = TypeVar("F")
@@ -26,13 +27,14 @@ def _import_module(module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         # Console scripts and `python path/to/script.py` do not put the working dir on
-        # sys.path, so a user's `my_rewards:fn` next to their config would not be found.
-        # Retry once with it appended (appended, so it cannot shadow installed packages).
+        # sys.path, and launch.sh runs the roles from the repository: a user's `my_rewards:fn`
+        # where they started the run would not be found. Retry once with that directory
+        # appended (appended, so it cannot shadow installed packages).
         top = module_name.split(".")[0]
-        cwd = os.getcwd()
-        if exc.name != top or cwd in sys.path or "" in sys.path:
+        where = str(user_dir())
+        if exc.name != top or where in sys.path:
             raise
-        sys.path.append(cwd)
+        sys.path.append(where)
         return importlib.import_module(module_name)
 
 

@@ -9,11 +9,13 @@ The conversion itself is grpo.models.convert.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
+
+from grpo.core.paths import REPO_ROOT, resolve_path
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REPO_ROOT = Path(__file__).resolve().parents[2]  # grpo/models/embedded.py -> the repository
 BASE_DIR = REPO_ROOT / "checkpoints" / "base"
 COMPLETE_MARKER = ".converted-v2"  # bump when the conversion changes, so stale dirs are redone
 
@@ -23,15 +25,39 @@ class ModelError(ValueError):
 
 
 def require_model_dir(path: str) -> Path:
-    """`path` as an HF model dir; ModelError (naming no key: the caller's) when it has no
-    config.json. Checked the same before the run (grpo.preflight) and when models load."""
-    p = Path(path)
-    if not (p / "config.json").is_file():
+    """`path` as an HF model dir: a directory (relative ones from where the user stands, then
+    the repository: grpo.core.paths), or a hub id already in the local Hugging Face cache (a
+    run never downloads); ModelError (naming no key: the caller's) when it is neither. Checked
+    the same before the run (grpo.preflight) and when models load."""
+    p = resolve_path(path)
+    if (p / "config.json").is_file():
+        return p
+    if HUB_ID.fullmatch(path) and not p.exists():
+        cached = _cached_snapshot(path)
+        if cached is not None:
+            return cached
         raise ModelError(
-            f"{path!r} is not an HF model dir (no config.json there); use 'embedded' for the "
-            "built-in SmolLM2-135M-Instruct"
+            f"{path!r} is neither a model dir nor a hub id in the local cache; download it once "
+            f"where the hub is reachable (`hf download {path}`), or give its directory"
         )
-    return p
+    raise ModelError(
+        f"{path!r} is not an HF model dir (no config.json there); use 'embedded' for the "
+        "built-in SmolLM2-135M-Instruct"
+    )
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as the hub spells ids
+
+
+def _cached_snapshot(repo_id: str) -> Path | None:
+    """The newest snapshot of `repo_id` in the local cache, if one has its config.json."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot = Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, or no huggingface_hub: the caller says so
+        return None
+    return snapshot if (snapshot / "config.json").is_file() else None
 
 
 def embedded_gguf_path() -> Path:

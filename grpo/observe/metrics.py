@@ -56,12 +56,14 @@ SOURCE_INFO = "data_source"
 
 def info_rates(infos: list[dict[str, Any]], rewards: list[float] | None = None) -> dict[str, float]:
     """Accuracy and format rate from reward infos (their `correct` and `formatted` keys), and
-    per dataset when the infos name theirs (source_rates)."""
-    return {
-        "accuracy": mean([float(bool(i.get("correct"))) for i in infos]),
-        "format_rate": mean([float(bool(i.get("formatted"))) for i in infos]),
-        **source_rates(infos, rewards),
+    per dataset when the infos name theirs (source_rates). A rate no info reports (a reward
+    that returns a bare number) is left out, not shown as 0."""
+    rates = {
+        name: mean([float(bool(i.get(key))) for i in infos])
+        for name, key in (("accuracy", "correct"), ("format_rate", "formatted"))
+        if any(key in i for i in infos)
     }
+    return rates | source_rates(infos, rewards)
 
 
 def source_rates(
@@ -93,7 +95,7 @@ def per_sampler(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         out[sid] = {
             "batches": len(mine),
             "reward_mean": mean(_present(mine, "reward_mean")),
-            "accuracy": mean(_present(mine, "accuracy")),
+            **({"accuracy": mean(accuracy)} if (accuracy := _present(mine, "accuracy")) else {}),
             "gen_tokens_per_s": mean(_present(mine, "sampler_gen_tokens_per_s")),
             "staleness_max": max(staleness, default=0),
         }

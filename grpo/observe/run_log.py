@@ -1,7 +1,8 @@
 """Where the trainer's rows go: metrics.jsonl and eval.jsonl always (the run's record, which the
-plot, the benchmarks and a resume read), and the scalars among them to the trackers people
-already use: TensorBoard event files in the run dir (`logging.tensorboard`), and W&B when it
-is installed and asked for (`logging.wandb: online | offline`; offline needs no network).
+plot, the benchmarks and a resume read), a few answers of each step as text to samples.jsonl
+(grpo/observe/samples.py), and the scalars and answers to the trackers people already use:
+TensorBoard event files in the run dir (`logging.tensorboard`), and W&B when it is installed
+and asked for (`logging.wandb: online | offline`; offline needs no network).
 
 A tracker is a `Sink`; a row's finite numbers go to it under `train/`, `time/` (the stage
 timings, keys ending in `_s`) or `eval/`, against the step (a version is the step it ends).
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from grpo.config import Config
+from grpo.core.episode import EpisodeBatch
 from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, append_jsonl
+from grpo.observe.samples import SAMPLES_FILE, as_markdown, sample_rows
 
 log = logging.getLogger("grpo.trainer")
 
@@ -26,6 +29,8 @@ _NOT_SCALARS = {"step", "version", "batch_seq", "policy_version", "published_ver
 
 class Sink(Protocol):
     def scalars(self, step: int, values: dict[str, float]) -> None: ...
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -58,6 +63,10 @@ class TensorBoardSink:
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self.writer.add_text("samples", as_markdown(rows), step)  # the TEXT tab
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -80,6 +89,13 @@ class WandbSink:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
 
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        columns = ["step", "version", "reward", "prompt", "answer"]
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        self.run.log({"samples": table}, step=step)
+
     def close(self) -> None:
         import wandb
 
@@ -93,10 +109,12 @@ class RunLog:
     """Rank 0's writer of metrics and eval rows, to the files and to every tracker asked for,
     and its progress bar on the terminal."""
 
-    def __init__(self, cfg: Config, resumed_step: int = 0):
+    def __init__(self, cfg: Config, resumed_step: int = 0, decode: Any = None):
+        """`decode(ids) -> str`: the tokenizer's, for the answers each step writes as text."""
         from tqdm import tqdm
 
         self.run_dir = cfg.run_dir
+        self.decode, self.samples_per_step = decode, cfg.logging.samples_per_step
         self.sinks: list[Sink] = []
         if cfg.logging.tensorboard:
             self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))
@@ -104,9 +122,16 @@ class RunLog:
             self.sinks.append(WandbSink(cfg, cfg.logging.wandb))
         self.bar = tqdm(total=cfg.train.total_steps, initial=resumed_step, desc="train")
 
-    def step(self, row: dict[str, Any]) -> None:
+    def step(self, row: dict[str, Any], batch: EpisodeBatch | None = None) -> None:
+        """The step's metrics `row`; and a few of its `batch`'s answers as text."""
         append_jsonl(self.run_dir / METRICS_FILE, row)
         self._track(row["step"], scalars_of(row, "train"))
+        if batch is not None and self.samples_per_step and self.decode is not None:
+            answers = sample_rows(batch, row["step"], self.decode, self.samples_per_step)
+            for answer in answers:
+                append_jsonl(self.run_dir / SAMPLES_FILE, answer)
+            for sink in self.sinks:
+                sink.samples(row["step"], answers)
         shown = {"reward": ("reward_mean", ".3f"), "kl": ("kl", ".4f"), "acc": ("accuracy", ".2f")}
         self.bar.set_postfix(
             {name: format(row[key], spec) for name, (key, spec) in shown.items() if key in row}
@@ -131,7 +156,7 @@ class RunLog:
 class SilentRunLog:
     """Every trainer rank but 0: its rows are rank 0's to write."""
 
-    def step(self, row: dict[str, Any]) -> None:
+    def step(self, row: dict[str, Any], batch: EpisodeBatch | None = None) -> None:
         pass
 
     def eval(self, row: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo.core.paths import REPO_ROOT, resolve_path, user_dir
 from grpo.core.registry import Registry, load_object
 from grpo.runtime.refusals import note
 
@@ -23,7 +24,6 @@ RewardFn = Callable[[str, Row], float | tuple[float, dict]]
 logger = logging.getLogger("grpo.reward")
 
 # grpo/tasks/base.py -> the repository root holds `grpo/`, `data/`, `configs/`.
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -153,15 +153,6 @@ def score(reward_fn: RewardFn, completion: str, row: Row) -> tuple[float, dict]:
 # ---------------------------------------------------------------------------
 # Dataset loading
 # ---------------------------------------------------------------------------
-
-
-def resolve_path(source: str | os.PathLike[str]) -> Path:
-    """Resolve a relative path against the cwd, falling back to the repo root."""
-    path = Path(source).expanduser()
-    if path.is_absolute() or path.exists():
-        return path
-    fallback = REPO_ROOT / path
-    return fallback if fallback.exists() else path
 
 
 def _looks_local(source: str) -> bool:
@@ -300,7 +291,7 @@ def locate(source: str) -> Path | tuple[Path, str, str] | None:
         return found
     if _looks_local(source):
         raise FileNotFoundError(
-            f"dataset file not found: {source!r} (looked relative to {os.getcwd()} "
+            f"dataset file not found: {source!r} (looked relative to {user_dir()} "
             f"and to the repo root {REPO_ROOT})"
         )
     return None

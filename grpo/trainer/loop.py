@@ -11,6 +11,7 @@ ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import torch
@@ -220,7 +221,8 @@ class Trainer:
             )  # fmt: skip
             publisher.start(self.endpoint, self.version)
             open_run_dir(cfg, self.start_step)
-            self.run_log = RunLog(cfg, self.start_step)
+            text = partial(self.tokenizer.decode, skip_special_tokens=True)
+            self.run_log = RunLog(cfg, self.start_step, text)
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
             )
@@ -239,7 +241,7 @@ class Trainer:
                 batch = broadcast_batch(batch, self.rank, cfg.transport.max_frame_bytes)
                 if batch is None:
                     raise PeerError("rank 0 ended the run")
-                self.run_log.step(self.step(step, batch, seconds))
+                self.run_log.step(self.step(step, batch, seconds), batch)
                 self.evaluate(step)  # version `step` is out: the samplers go on meanwhile
             if self.start_step < cfg.train.total_steps:
                 self.save_state(cfg.train.total_steps)

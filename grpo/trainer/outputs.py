@@ -24,6 +24,7 @@ from grpo.observe.metrics import (
     plot_run,
     read_jsonl,
 )
+from grpo.observe.samples import SAMPLES_FILE
 from grpo.tasks.runner import TIMEOUT
 from grpo.trainer.state import truncate_metrics
 
@@ -49,6 +50,7 @@ def open_run_dir(cfg: Config, start_step: int) -> None:
         save_config(cfg, run_dir / "config.yaml")
         return
     dropped = truncate_metrics(run_dir / METRICS_FILE, start_step)
+    truncate_metrics(run_dir / SAMPLES_FILE, start_step)
     truncate_metrics(run_dir / EVAL_FILE, start_step, key="version")
     discarded = discard_versions_after(run_dir, start_step)
     log.info(
@@ -143,9 +145,10 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     samplers = per_sampler(read_jsonl(run_dir / METRICS_FILE))
     write_atomic(run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
     for sid, n in samplers.items():
+        accuracy = f", accuracy {n['accuracy']:.3f}" if "accuracy" in n else ""
         log.info(
-            "%s: %d batches, reward %.3f, accuracy %.3f, %.0f tokens/s, staleness <= %d",
-            sid, n["batches"], n["reward_mean"], n["accuracy"], n["gen_tokens_per_s"],
+            "%s: %d batches, reward %.3f%s, %.0f tokens/s, staleness <= %d",
+            sid, n["batches"], n["reward_mean"], accuracy, n["gen_tokens_per_s"],
             n["staleness_max"],
         )  # fmt: skip
     print(

@@ -1,0 +1,104 @@
+"""Answers to read: a few of each step's answers, as text, in `samples.jsonl` beside the metrics
+(and as text in TensorBoard and W&B), and `python -m grpo samples RUN_DIR` to print the newest.
+
+A reward number says how well the model did, not what it said; people read the answers first
+(TRL and verl log them too). Each step keeps `logging.samples_per_step` answers chosen by reward,
+the best first and the worst last, the rest evenly between: what the reward likes and what it
+does not, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpo.core.episode import EpisodeBatch
+from grpo.observe.metrics import read_jsonl
+
+SAMPLES_FILE = "samples.jsonl"
+
+
+def by_reward(rewards: np.ndarray, n: int) -> list[int]:
+    """Indices of `n` answers: the best, the worst and the rest evenly between in reward order
+    (ties in the batch's order); all of them when the batch has no more than `n`."""
+    order = np.argsort(-rewards, kind="stable")
+    if n <= 0:
+        return []
+    if len(order) <= n:
+        return order.tolist()
+    picks = np.round(np.linspace(0, len(order) - 1, n)).astype(int)
+    return order[picks].tolist()
+
+
+def sample_rows(batch: EpisodeBatch, step: int, decode: Any, n: int) -> list[dict[str, Any]]:
+    """`n` rows of `batch`'s answers (see `by_reward`) with their prompt and answer as text;
+    `decode(ids) -> str` is the tokenizer's."""
+    c = batch.columns
+    rows = []
+    for i in by_reward(np.asarray(c.reward), n):
+        episode = batch.episodes[i]
+        rows.append({
+            "step": step,
+            "version": batch.policy_version,
+            "sampler_id": batch.sampler_id,
+            "group_id": int(episode.group_id),
+            "reward": float(episode.reward),
+            "reward_info": episode.reward_info,
+            "finish_reason": episode.finish_reason,
+            "prompt": decode(episode.prompt_ids.tolist()),
+            "answer": decode(episode.completion_ids.tolist()),
+        })  # fmt: skip
+    return rows
+
+
+def as_markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as one text for a tracker (TensorBoard renders markdown)."""
+    parts = []
+    for row in rows:
+        info = ", ".join(f"{k} {v}" for k, v in row["reward_info"].items())
+        parts.append(
+            f"**reward {row['reward']:.3f}** ({info or 'no parts'}; {row['finish_reason']}, "
+            f"version {row['version']}, {row['sampler_id']})\n\n"
+            f"    {_indented(row['prompt'])}\n\n    {_indented(row['answer'])}"
+        )
+    return "\n\n---\n\n".join(parts)
+
+
+def _indented(text: str) -> str:
+    return text.replace("\n", "\n    ")
+
+
+def show(rows: list[dict[str, Any]]) -> str:
+    """The rows as a terminal reads them."""
+    out = []
+    for row in rows:
+        info = ", ".join(f"{k}={v}" for k, v in row["reward_info"].items())
+        out.append(
+            f"== step {row['step']} (version {row['version']}, {row['sampler_id']}, group "
+            f"{row['group_id']}): reward {row['reward']:.3f}  {info}  [{row['finish_reason']}]\n"
+            f"-- prompt:\n{row['prompt']}\n-- answer:\n{row['answer']}\n"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m grpo samples RUN_DIR [-n N] [--step S]`: the newest answers a run wrote."""
+    parser = argparse.ArgumentParser(prog="python -m grpo samples", description=main.__doc__)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("-n", type=int, default=4, help="how many (the newest; default 4)")
+    parser.add_argument("--step", type=int, help="only this step's")
+    args = parser.parse_args(argv)
+    path = args.run_dir / SAMPLES_FILE
+    if not path.is_file():
+        print(f"samples: no {SAMPLES_FILE} in {args.run_dir} (logging.samples_per_step: 0, or "
+              "no step trained yet)", file=sys.stderr)  # fmt: skip
+        return 2
+    rows = read_jsonl(path)
+    if args.step is not None:
+        rows = [r for r in rows if r.get("step") == args.step]
+    print(show(rows[-args.n :] if args.n > 0 else rows))
+    return 0
