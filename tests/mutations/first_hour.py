@@ -10,6 +10,11 @@ PORT = TESTS + "test_a_port_another_process_holds_is_named_with_the_process"
 OPEN = TESTS + "test_listening_beyond_loopback_needs_keys_or_a_word"
 KEYS = TESTS + "test_each_role_s_keys_are_read_before_it_starts"
 ROWS = TESTS + "test_a_dataset_s_rows_are_read_as_the_sampler_will_read_them"
+HUB = TESTS + "test_a_hub_id_is_taken_from_the_local_cache_and_never_downloaded"
+PROJECT = "tests/test_launch_path.py::test_a_run_started_from_a_project_dir_finds_its_files_there"
+SAMPLES = "tests/test_evaluation.py::test_each_step_writes_its_best_and_worst_answers_as_text"
+REFERENCE = "tests/test_integration.py::test_three_steps_two_ranks_with_reloads"
+BARE = "tests/test_evaluation.py::test_a_reward_that_reports_no_parts_shows_no_accuracy_or_format"
 NODE = TESTS + "test_the_attention_kernel_and_the_ranks_must_fit_the_node"
 
 MUTATIONS = (
@@ -68,5 +73,45 @@ MUTATIONS = (
         old="        task.load(source)\n",
         new="        pass\n",
         tests=(ROWS,),
+    ),
+    Mutation(
+        name="user_dir_not_recorded_by_launch",
+        item="45.4: a run started from a project dir finds its files there",
+        path="launch.sh",
+        old="export GRPO_USER_DIR=${GRPO_USER_DIR:-$PWD}\n",
+        new="",
+        tests=(PROJECT,),
+    ),
+    Mutation(
+        name="hub_cache_not_looked_in",
+        item="45.3: a hub id is taken from the local cache",
+        path="grpo/models/embedded.py",
+        old="        cached = _cached_snapshot(path)\n",
+        new="        cached = None\n",
+        tests=(HUB,),
+    ),
+    Mutation(
+        name="samples_in_batch_order",
+        item="45.2: each step's best and worst answers are written",
+        path="grpo/observe/samples.py",
+        old='    order = np.argsort(-rewards, kind="stable")\n',
+        new="    order = np.arange(len(rewards))\n",
+        tests=(SAMPLES, REFERENCE),
+    ),
+    Mutation(
+        name="samples_never_written",
+        item="45.2: the answers reach samples.jsonl in a real run",
+        path="grpo/trainer/loop.py",
+        old="                self.run_log.step(self.step(step, batch, seconds), batch)\n",
+        new="                self.run_log.step(self.step(step, batch, seconds))\n",
+        tests=(REFERENCE,),
+    ),
+    Mutation(
+        name="unreported_rates_shown_as_zero",
+        item="45.5: no accuracy or format for a reward that reports neither",
+        path="grpo/observe/metrics.py",
+        old="        if any(key in i for i in infos)\n",
+        new="",
+        tests=(BARE,),
     ),
 )
