@@ -131,6 +131,11 @@ def _check_train(cfg: Config) -> None:
     t = cfg.train
     if t.max_grad_norm <= 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {t.max_grad_norm!r}")
+    if t.lr_warmup_steps < 0 or not 0.0 <= t.lr_min_ratio <= 1.0:
+        raise ConfigError(
+            "train.lr_warmup_steps must be >= 0 and train.lr_min_ratio in [0, 1], got "
+            f"{t.lr_warmup_steps} and {t.lr_min_ratio}"
+        )
     # The sampler loads the newest announced version while the trainer may publish up to
     # max_staleness + 1 more; the one being loaded must not be pruned meanwhile.
     needed = t.max_staleness // t.sync_interval + 2

@@ -54,6 +54,15 @@ class ModelConfig:
 class TrainConfig:
     total_steps: int = knob(10, "optimizer steps (one received batch each)")
     lr: float = knob(1e-6, "learning rate (AdamW)")
+    lr_warmup_steps: int = knob(
+        0, "optimizer steps over which the learning rate rises linearly from 0 to train.lr"
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = knob(
+        "constant",
+        "after the warmup: constant, or decaying (linearly, or along a half cosine) to "
+        "train.lr_min_ratio x train.lr at the run's last optimizer step",
+    )
+    lr_min_ratio: float = knob(0.0, "the decaying schedules' last learning rate, as a share of lr")
     weight_decay: float = knob(0.0, "AdamW weight decay")
     max_grad_norm: float = knob(1.0, "gradient clipping norm")
     micro_batch_size: int = knob(4, "sequences per forward/backward; the rest is accumulated")

@@ -22,6 +22,7 @@ import torch
 
 from grpo.config import Config
 from grpo.models.loading import apply_lora, load_causal_lm, load_reference
+from grpo.trainer.schedule import scheduler_for
 
 
 def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, Any]:
@@ -90,11 +91,6 @@ def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
     """The policy as a DeepSpeed engine in train mode, and its embedding's vocabulary size."""
     import deepspeed
 
-    if cfg.model.attn_implementation == "flex_attention" and not torch.cuda.is_available():
-        raise ValueError(
-            "model.attn_implementation=flex_attention trains on GPU only (PyTorch has no "
-            "CPU backward for it): use sdpa on CPU"
-        )
     ds = deepspeed_config(cfg, world, cfg.mini_batch_seqs(world))
     with partitioned_loading(ds):  # peft, too, asks transformers whether ZeRO-3 is on
         model = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
@@ -108,6 +104,7 @@ def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=ds,
+        lr_scheduler=scheduler_for(cfg, world),
     )
     engine.train()  # from_pretrained returns eval mode: no checkpointing, no dropout
     return engine, vocab_size

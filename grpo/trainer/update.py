@@ -97,6 +97,7 @@ def train_on_batch(
     grad_norm = engine.get_global_grad_norm()  # of the last step; None or inf when skipped
     if grad_norm is not None and math.isfinite(float(grad_norm)):
         out["grad_norm"] = float(grad_norm)
+    out["lr"] = float(engine.get_lr()[0])  # for the next step (train.lr_schedule)
     return out
 
 

@@ -114,4 +114,20 @@ MUTATIONS = (
         new="",
         tests=(BARE,),
     ),
+    Mutation(
+        name="lr_schedule_not_given_to_deepspeed",
+        item="45.5: the learning rate follows train.lr_schedule with its warmup",
+        path="grpo/trainer/engines.py",
+        old="        lr_scheduler=scheduler_for(cfg, world),\n",
+        new="",
+        tests=("tests/test_schedule.py::test_the_policy_engine_follows_the_schedule",),
+    ),
+    Mutation(
+        name="warmup_starts_at_full_lr",
+        item="45.5: the warmup rises from 0",
+        path="grpo/trainer/schedule.py",
+        old="        return (step + 1) / warmup\n",
+        new="        return 1.0\n",
+        tests=("tests/test_schedule.py::test_warmup_then_each_schedule_ends_at_its_floor",),
+    ),
 )
