@@ -310,3 +310,18 @@ def test_a_reward_that_reports_no_parts_shows_no_accuracy_or_format(tmp_path):
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert plot_run(run_dir).is_file()
+
+
+def test_a_new_run_of_the_same_name_keeps_every_older_one(tmp_path):
+    """The previous run moves to <name>.1, the one before to <name>.2: none is deleted (a
+    second rerun deleted the first run's <name>.prev)."""
+    from grpo.trainer.outputs import rotate_run_dir
+
+    run = tmp_path / "run"
+    for n in range(3):
+        rotate_run_dir(run)
+        (run / "metrics.jsonl").write_text(f"{n}\n")
+    rotate_run_dir(run)
+    assert not any(run.iterdir())
+    kept = {p.name: (p / "metrics.jsonl").read_text() for p in tmp_path.glob("run.*")}
+    assert kept == {"run.1": "2\n", "run.2": "1\n", "run.3": "0\n"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from grpo.config import Config, save_config
 from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
+from grpo.core.versions import version_dir
 from grpo.delivery.versions import discard_versions_after
 from grpo.observe.metrics import (
     EVAL_FILE,
@@ -29,16 +29,33 @@ from grpo.tasks.runner import TIMEOUT
 from grpo.trainer.state import truncate_metrics
 
 log = logging.getLogger("grpo.trainer")
+FINAL = "final"
 
 
 def rotate_run_dir(run_dir: Path) -> None:
-    """A new run never mixes with an old one: the previous run moves to <name>.prev."""
+    """A new run never mixes with an old one, and never deletes one: the previous run of the
+    same name moves to <name>.1, the one before that already there to <name>.2, ... (the
+    highest number is the oldest)."""
     if run_dir.exists() and any(run_dir.iterdir()):
-        prev = run_dir.with_name(run_dir.name + ".prev")
-        shutil.rmtree(prev, ignore_errors=True)
-        os.replace(run_dir, prev)
-        log.info("previous run moved to %s", prev)
+        taken = [int(p.name.rsplit(".", 1)[1]) for p in run_dir.parent.glob(f"{run_dir.name}.*")
+                 if p.name.rsplit(".", 1)[1].isdigit()]  # fmt: skip
+        for n in sorted(taken, reverse=True):  # shift the older ones up, newest last
+            os.replace(run_dir.with_name(f"{run_dir.name}.{n}"),
+                       run_dir.with_name(f"{run_dir.name}.{n + 1}"))  # fmt: skip
+        kept = run_dir.with_name(f"{run_dir.name}.1")
+        os.replace(run_dir, kept)
+        log.info("previous run moved to %s", kept)
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def link_final(run_dir: Path, version: int) -> Path:
+    """`<run dir>/final`: the run's last version, loadable as it is (from_pretrained), whatever
+    its number. A symbolic link, replaced atomically."""
+    final, tmp = run_dir / FINAL, run_dir / f".{FINAL}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(version_dir(run_dir, version).relative_to(run_dir), target_is_directory=True)
+    os.replace(tmp, final)
+    return final
 
 
 def open_run_dir(cfg: Config, start_step: int) -> None:
@@ -142,6 +159,7 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     """At the end of a run: the plot, the per-sampler summary (log and samplers.json), and
     where everything went."""
     plot = plot_run(run_dir)
+    final = link_final(run_dir, version)
     samplers = per_sampler(read_jsonl(run_dir / METRICS_FILE))
     write_atomic(run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
     for sid, n in samplers.items():
@@ -154,8 +172,10 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     print(
         f"\nrun finished: {steps} steps, final version {version}\n"
         f"  metrics:     {run_dir / METRICS_FILE}\n"
+        f"  final model: {final} (-> versions/v{version:06d})\n"
         f"  checkpoints: {run_dir / 'versions'} (weights), "
         f"{run_dir / 'train_state'} (optimizer, step)\n"
+        f"  answers:     python -m grpo samples {run_dir}\n"
         f"  plot:        {plot}",
         flush=True,
     )
