@@ -3,6 +3,7 @@
 python -m grpo keys DIR          CURVE keys for the transport (grpo.wire.keys)
 python -m grpo eval RUN_DIR      evaluate a run's saved versions (grpo.eval.cli)
 python -m grpo samples RUN_DIR   print the newest answers a run wrote (grpo.observe.samples)
+python -m grpo merge-lora A OUT  fold a LoRA version into its base model (grpo.models.merge)
 python -m grpo check CONFIG      look up every name the config picks (grpo.plan)
 python -m grpo launch-env CONFIG check the config; print the GPUs and values launch.sh needs
 """
@@ -17,6 +18,7 @@ TOOLS = {
     "keys": "grpo.wire.keys:main",
     "eval": "grpo.eval.cli:main",
     "samples": "grpo.observe.samples:main",
+    "merge-lora": "grpo.models.merge:main",
     "check": "grpo.plan:main",
     "launch-env": "grpo.cli:launch_env",
 }

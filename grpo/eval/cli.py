@@ -1,13 +1,18 @@
-"""`python -m grpo eval RUN_DIR_OR_VERSION`: evaluate a finished run's saved versions (or one
-version dir) on held-out questions and print a table: greedy pass@1, format rate and, with
---samples N, pass@k for each --k (the unbiased estimator, grpo.eval.questions).
+"""`python -m grpo eval RUN_DIR_OR_VERSION_OR_MODEL`: evaluate a finished run's saved versions
+(or one version dir, or any model) on held-out questions and print a table: greedy pass@1,
+format rate and, with --samples N, pass@k for each --k (the unbiased estimator,
+grpo.eval.questions).
 
     python -m grpo eval checkpoints/cpu_demo                        base model and every version
     python -m grpo eval checkpoints/cpu_demo --versions 0,8 --samples 8 --k 1,4,8
     python -m grpo eval checkpoints/cpu_demo/versions/v000008 --task math --num-questions 100
+    python -m grpo eval /models/Qwen2.5-0.5B-Instruct --task math   any model dir (or a cached
+                                                                     hub id, or 'embedded')
 
-The run's config.yaml gives the model, the task and the prompt; the options change what is
-evaluated. Version 0 is the run's initial model. Rows go to RUN_DIR/eval_versions.jsonl too.
+A run's config.yaml gives the model, the task and the prompt; the options change what is
+evaluated. Version 0 is the run's initial model. Rows go to RUN_DIR/eval_versions.jsonl too. A
+model outside a run is evaluated with the defaults (task gsm8k unless --task), its row printed
+only: nothing is written into its directory.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import sys
 from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
+from grpo.core.versions import VERSION_MARKER
 from grpo.observe.metrics import append_jsonl
 
 log = logging.getLogger("grpo.eval")
@@ -62,9 +68,26 @@ def run_and_versions(path: Path) -> tuple[Path, list[int]]:
     return path, [0, *(v for v in saved if v != 0)]
 
 
-def eval_config(run_dir: Path, args: argparse.Namespace) -> Config:
-    """The run's config, pointed at `run_dir` wherever it now is, with the options applied."""
+def is_model(path: Path) -> bool:
+    """A model to evaluate on its own: 'embedded', a cached hub id, or a model dir outside a
+    run (a run's version dirs are evaluated with their run's config)."""
+    from grpo.models.embedded import EMBEDDED, ModelError, require_model_dir
+
+    if str(path) == EMBEDDED:
+        return True
+    try:
+        found = require_model_dir(str(path))
+    except ModelError:
+        return False
+    return not (found / VERSION_MARKER).is_file()
+
+
+def eval_config(run_dir: Path, args: argparse.Namespace, model: str = "") -> Config:
+    """The run's config, pointed at `run_dir` wherever it now is, with the options applied;
+    with `model`, the defaults with that model (run_dir: a scratch dir for the evaluation)."""
     overrides = [f"output_dir={run_dir.parent}", f"name={run_dir.name}", "eval.interval=1"]
+    if model:
+        overrides.append(f"model.path={model}")
     if args.task:  # another task: its own reward and test split, not the run's
         overrides += [f"data.task={args.task}", "data.reward=", "data.test="]
     if args.task or args.test:  # one dataset named: not the run's mixture
@@ -80,7 +103,7 @@ def eval_config(run_dir: Path, args: argparse.Namespace) -> Config:
     ):
         if value not in (None, ""):
             overrides.append(f"{key}={value}")
-    return load_config(run_dir / "config.yaml", overrides)
+    return load_config(None if model else run_dir / "config.yaml", overrides)
 
 
 def table(rows: list[dict]) -> str:
@@ -101,7 +124,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -> list[dict]:
+def evaluate_versions(
+    cfg: Config, versions: list[int], progress: bool = True, out: Path | None = None
+) -> list[dict]:
     """Each version in turn, with the HF policy (a LoRA run's adapter on its base model)."""
     from grpo.delivery.versions import verify_version, version_dir
     from grpo.eval.questions import EvalSpec, eval_prompts, evaluate
@@ -131,7 +156,8 @@ def evaluate_versions(cfg: Config, versions: list[int], progress: bool = True) -
                 weights.load_into_policy(version_dir(cfg.run_dir, v))
             row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress)
             log.info("v%d: pass@1 %.3f, format %.3f", v, row["accuracy"], row["format_rate"])
-            append_jsonl(cfg.run_dir / OUT_FILE, row)
+            if out is not None:
+                append_jsonl(out, row)
             rows.append(row)
     return rows
 
@@ -140,6 +166,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [eval] %(message)s", datefmt="%X")
     try:
+        if is_model(args.path):
+            return _evaluate_model(args)
         run_dir, versions = run_and_versions(args.path)
         if args.versions is not None:
             missing = sorted(set(args.versions) - set(versions))
@@ -147,9 +175,22 @@ def main(argv: list[str]) -> int:
                 raise EvalCliError(f"{run_dir} has no versions {missing}; it has {versions}")
             versions = sorted(args.versions)
         cfg = eval_config(run_dir, args)
-        rows = evaluate_versions(cfg, versions)
+        rows = evaluate_versions(cfg, versions, out=run_dir / OUT_FILE)
     except (EvalCliError, ConfigError, ValueError, FileNotFoundError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
     print(f"\n{cfg.data.task}: {len(rows)} version(s) of {run_dir}\n{table(rows)}")
+    return 0
+
+
+def _evaluate_model(args: argparse.Namespace) -> int:
+    """A model outside a run, as version 0 of a run that never trained."""
+    import tempfile
+
+    if args.versions not in (None, [0]):
+        raise EvalCliError(f"{args.path} is a model, not a run: it has no versions to choose")
+    with tempfile.TemporaryDirectory(prefix="grpo-eval-") as scratch:
+        cfg = eval_config(Path(scratch) / "eval", args, model=str(args.path))
+        rows = evaluate_versions(cfg, [0])
+    print(f"\n{cfg.data.task}: {args.path}\n{table(rows)}")
     return 0

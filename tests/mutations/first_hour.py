@@ -15,6 +15,7 @@ PROJECT = "tests/test_launch_path.py::test_a_run_started_from_a_project_dir_find
 SAMPLES = "tests/test_evaluation.py::test_each_step_writes_its_best_and_worst_answers_as_text"
 REFERENCE = "tests/test_integration.py::test_three_steps_two_ranks_with_reloads"
 BARE = "tests/test_evaluation.py::test_a_reward_that_reports_no_parts_shows_no_accuracy_or_format"
+MERGE = "tests/test_merge_lora.py::"
 NODE = TESTS + "test_the_attention_kernel_and_the_ranks_must_fit_the_node"
 
 MUTATIONS = (
@@ -129,5 +130,21 @@ MUTATIONS = (
         old="        return (step + 1) / warmup\n",
         new="        return 1.0\n",
         tests=("tests/test_schedule.py::test_warmup_then_each_schedule_ends_at_its_floor",),
+    ),
+    Mutation(
+        name="merge_drops_the_adapter",
+        item="45.3: merge-lora folds the adapter into its base",
+        path="grpo/models/merge.py",
+        old=".merge_and_unload()",
+        new=".unload()",
+        tests=(MERGE + "test_the_merged_model_answers_as_the_adapter_on_its_base",),
+    ),
+    Mutation(
+        name="eval_takes_runs_only",
+        item="45.3: grpo eval takes any model dir",
+        path="grpo/eval/cli.py",
+        old="        if is_model(args.path):\n",
+        new="        if False:\n",
+        tests=(MERGE + "test_any_model_dir_is_evaluated_and_left_as_it_was",),
     ),
 )
