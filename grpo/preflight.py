@@ -10,6 +10,7 @@ reward's module."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 from pathlib import Path
@@ -59,11 +60,32 @@ def preflight(cfg: Config, role: str = "both") -> None:
 
 
 def _model_dir(path: str) -> None:
-    if path != EMBEDDED:
-        try:
-            require_model_dir(path)
-        except ModelError as e:
-            raise ConfigError(f"model.path: {e}") from None
+    """A model dir (or cached hub id) whose tokenizer has a chat template: every prompt is a
+    chat (grpo/sampler/data.py), and a base model's tokenizer, without one, failed at the first
+    prompt after the models had loaded. (The embedded model's is its converter's to write.)"""
+    if path == EMBEDDED:
+        return
+    try:
+        found = require_model_dir(path)
+    except ModelError as e:
+        raise ConfigError(f"model.path: {e}") from None
+    if not has_chat_template(found):
+        raise ConfigError(
+            f"model.path: {path!r} has no chat template (a base model?): the prompts are chats; "
+            "add a chat_template.jinja to it, or use its instruct variant (docs/own_model.md)"
+        )
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Where transformers finds a tokenizer's template: chat_template.jinja, chat_template.json,
+    or tokenizer_config.json's chat_template."""
+    if any((model_dir / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(config, dict) and config.get("chat_template"))
 
 
 def _dataset(key: str, task: Task, source: str) -> None:

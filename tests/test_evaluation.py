@@ -213,7 +213,7 @@ def test_wandb_offline_run_records_the_scalars(tmp_path, monkeypatch):
                              "logging.wandb=offline"])  # fmt: skip
     from tests.test_episode import make_batch
 
-    log = RunLog(cfg, decode=lambda ids: " ".join(map(str, ids)))
+    log = RunLog(cfg, tokenizer=_WordTokenizer())
     log.step({"step": 1, "reward_mean": 0.5, "kl": 0.01}, make_batch())
     log.eval({"version": 1, "accuracy": 0.25, "format_rate": 1.0, "n": 4})
     log.close()
@@ -254,7 +254,7 @@ def test_each_step_writes_its_best_and_worst_answers_as_text(tmp_path, capsys):
     from tests.test_episode import make_batch
 
     cfg = load_config(None, [f"output_dir={tmp_path}", "name=run", "logging.samples_per_step=3"])
-    log = RunLog(cfg, decode=lambda ids: " ".join(f"t{i}" for i in ids))
+    log = RunLog(cfg, tokenizer=_WordTokenizer())
     batches = {step: make_batch(seed=step) for step in (1, 2)}
     for step, batch in batches.items():
         log.step({"step": step, "reward_mean": 0.5}, batch)
@@ -325,3 +325,10 @@ def test_a_new_run_of_the_same_name_keeps_every_older_one(tmp_path):
     assert not any(run.iterdir())
     kept = {p.name: (p / "metrics.jsonl").read_text() for p in tmp_path.glob("run.*")}
     assert kept == {"run.1": "2\n", "run.2": "1\n", "run.3": "0\n"}
+
+
+class _WordTokenizer:
+    """Token i is the word t<i>."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(f"t{i}" for i in ids)

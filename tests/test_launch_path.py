@@ -178,7 +178,8 @@ def test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times(tmp_path, cod
            "STARTS": str(tmp_path / "s"), "FAKE_SAMPLER_CODE": str(code),
            "GRPO_MAX_RESTARTS": "2", "GRPO_RESTART_DELAY_S": "0"}  # fmt: skip
     (tmp_path / "model").mkdir()
-    (tmp_path / "model/config.json").write_text("{}")  # what launch.sh's check looks for
+    for name in ("config.json", "chat_template.jinja"):  # what launch.sh's check looks for
+        (tmp_path / "model" / name).write_text("{}")
     proc = subprocess.run(["bash", str(REPO / "launch.sh"), DEMO, f"model.path={tmp_path}/model"],
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == code, proc.stderr
@@ -234,7 +235,8 @@ def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path, comman
     assert GRPO_COMMAND.is_file(), "no grpo command: bash scripts/setup.sh installs the package"
     project = tmp_path / "project"
     (project / "model").mkdir(parents=True)
-    (project / "model/config.json").write_text("{}")  # what the check looks for
+    for name in ("config.json", "chat_template.jinja"):  # what the check looks for
+        (project / "model" / name).write_text("{}")
     (project / "mine.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
     (project / "my_reward_xyz.py").write_text(
         "def reward(completion, row):\n    return float('#### 2' in completion)\n"

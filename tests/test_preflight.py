@@ -127,3 +127,21 @@ def test_a_hub_id_is_taken_from_the_local_cache_and_never_downloaded(tiny_model_
     with pytest.raises(ConfigError, match="'someone/other' is neither a model dir nor a hub id "
                                           "in the local cache; download it once"):  # fmt: skip
         preflight(config("someone/other"), "both")
+
+
+def test_a_model_without_a_chat_template_is_refused(tiny_model_dir, tmp_path):
+    """A base model's tokenizer has no template; the prompts are chats."""
+    import json
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (base / name).unlink(missing_ok=True)
+    settings = json.loads((base / "tokenizer_config.json").read_text())
+    template = settings.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(ConfigError, match="has no chat template .a base model..: the prompts"):
+        preflight(config(base), "sampler")
+    (base / "chat_template.jinja").write_text(template or "{{ messages }}")
+    preflight(config(base), "sampler")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -109,12 +110,13 @@ class RunLog:
     """Rank 0's writer of metrics and eval rows, to the files and to every tracker asked for,
     and its progress bar on the terminal."""
 
-    def __init__(self, cfg: Config, resumed_step: int = 0, decode: Any = None):
-        """`decode(ids) -> str`: the tokenizer's, for the answers each step writes as text."""
+    def __init__(self, cfg: Config, resumed_step: int = 0, tokenizer: Any = None):
+        """`tokenizer`: the run's, for the answers each step writes as text (none: no text)."""
         from tqdm import tqdm
 
         self.run_dir = cfg.run_dir
-        self.decode, self.samples_per_step = decode, cfg.logging.samples_per_step
+        self.decode = partial(tokenizer.decode, skip_special_tokens=True) if tokenizer else None
+        self.samples_per_step = cfg.logging.samples_per_step
         self.sinks: list[Sink] = []
         if cfg.logging.tensorboard:
             self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))

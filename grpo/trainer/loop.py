@@ -11,7 +11,6 @@ ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any
 
 import torch
@@ -221,8 +220,7 @@ class Trainer:
             )  # fmt: skip
             publisher.start(self.endpoint, self.version)
             open_run_dir(cfg, self.start_step)
-            text = partial(self.tokenizer.decode, skip_special_tokens=True)
-            self.run_log = RunLog(cfg, self.start_step, text)
+            self.run_log = RunLog(cfg, self.start_step, self.tokenizer)
             log.info(
                 "trainer: %d rank(s), listening on %s", self.world, cfg.transport.episodes_addr
             )

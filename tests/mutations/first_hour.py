@@ -147,4 +147,12 @@ MUTATIONS = (
         new="        if False:\n",
         tests=(MERGE + "test_any_model_dir_is_evaluated_and_left_as_it_was",),
     ),
+    Mutation(
+        name="base_model_without_a_template_taken",
+        item="45.3: a model without a chat template is refused before it loads",
+        path="grpo/preflight.py",
+        old="    if not has_chat_template(found):\n",
+        new="    if False:\n",
+        tests=(TESTS + "test_a_model_without_a_chat_template_is_refused",),
+    ),
 )
