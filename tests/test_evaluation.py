@@ -332,3 +332,18 @@ class _WordTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return " ".join(f"t{i}" for i in ids)
+
+
+def test_in_a_log_file_each_step_is_a_line_not_a_bar(tmp_path, caplog, capfd):
+    """Off a terminal (stderr here is captured) the progress bar draws nothing, whose redraws
+    ran into the log lines of a log file; each step is a log line instead."""
+    import logging
+
+    cfg = load_config(None, [f"output_dir={tmp_path}", "name=run", "train.total_steps=3",
+                             "logging.tensorboard=false"])  # fmt: skip
+    log = RunLog(cfg)
+    with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+        log.step({"step": 1, "reward_mean": 0.25, "kl": 0.001})
+    log.close()
+    assert "step 1/3: reward 0.250, kl 0.0010" in caplog.text
+    assert "\r" not in capfd.readouterr().err

@@ -21,6 +21,7 @@ from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
 from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, append_jsonl
 from grpo.observe.samples import SAMPLES_FILE, as_markdown, sample_rows
+from grpo.runtime.progress import terminal_bar
 
 log = logging.getLogger("grpo.trainer")
 
@@ -112,8 +113,6 @@ class RunLog:
 
     def __init__(self, cfg: Config, resumed_step: int = 0, tokenizer: Any = None):
         """`tokenizer`: the run's, for the answers each step writes as text (none: no text)."""
-        from tqdm import tqdm
-
         self.run_dir = cfg.run_dir
         self.decode = partial(tokenizer.decode, skip_special_tokens=True) if tokenizer else None
         self.samples_per_step = cfg.logging.samples_per_step
@@ -122,7 +121,8 @@ class RunLog:
             self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))
         if cfg.logging.wandb != "off":
             self.sinks.append(WandbSink(cfg, cfg.logging.wandb))
-        self.bar = tqdm(total=cfg.train.total_steps, initial=resumed_step, desc="train")
+        # On a terminal only; elsewhere each step is a log line (in step).
+        self.bar = terminal_bar(total=cfg.train.total_steps, initial=resumed_step, desc="train")
 
     def step(self, row: dict[str, Any], batch: EpisodeBatch | None = None) -> None:
         """The step's metrics `row`; and a few of its `batch`'s answers as text."""
@@ -135,9 +135,11 @@ class RunLog:
             for sink in self.sinks:
                 sink.samples(row["step"], answers)
         shown = {"reward": ("reward_mean", ".3f"), "kl": ("kl", ".4f"), "acc": ("accuracy", ".2f")}
-        self.bar.set_postfix(
-            {name: format(row[key], spec) for name, (key, spec) in shown.items() if key in row}
-        )
+        values = {name: format(row[key], spec) for name, (key, spec) in shown.items() if key in row}
+        if self.bar.disable:
+            said = ", ".join(f"{name} {value}" for name, value in values.items())
+            log.info("step %d/%d: %s", row["step"], self.bar.total, said)
+        self.bar.set_postfix(values)
         self.bar.update()
 
     def eval(self, row: dict[str, Any]) -> None:

@@ -148,3 +148,15 @@ class Stopwatch(dict):
             yield
         finally:
             self[name] = self.get(name, 0.0) + time.monotonic() - start
+
+
+def terminal_bar(**kwargs: Any) -> Any:
+    """A tqdm bar drawn on a terminal only: in a log file its redraws run into the log lines
+    (whoever draws one logs each unit as a line when `bar.disable`). TQDM_DISABLE=1 still turns
+    it off (launch.sh sets it for a sampler sharing the trainer's terminal); an explicit
+    `disable` would override the variable."""
+    import os
+
+    from tqdm import tqdm
+
+    return tqdm(**kwargs, **({} if os.environ.get("TQDM_DISABLE") else {"disable": None}))

@@ -29,6 +29,7 @@ from grpo.rollout.base import EngineContext, RolloutEngine
 from grpo.rollout.continuous import ContinuousEngine
 from grpo.rollout.multi_turn import with_tools
 from grpo.rollout.registry import get_continuous_engine, get_engine
+from grpo.runtime.progress import terminal_bar
 from grpo.sampler.continuous import ContinuousLoop, clear_states, save_state
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
@@ -137,11 +138,9 @@ class Sampler:
         cfg, weights = self.cfg, self.weights
         status, total = endpoint.status, cfg.train.total_steps
         endpoint.wait_for_trainer()
-        from tqdm import tqdm
-
         # launch.sh turns it off (TQDM_DISABLE=1) when the trainer's bar shares the terminal.
         alone = cfg.rollout.num_samplers == 1
-        bar = tqdm(total=total if alone else None, initial=self.next_seq, desc="sample")
+        bar = terminal_bar(total=total if alone else None, initial=self.next_seq, desc="sample")
 
         def send(batch: EpisodeBatch) -> None:
             self.next_seq = batch.seq + 1

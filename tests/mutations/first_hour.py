@@ -155,4 +155,12 @@ MUTATIONS = (
         new="    if False:\n",
         tests=(TESTS + "test_a_model_without_a_chat_template_is_refused",),
     ),
+    Mutation(
+        name="bars_drawn_into_log_files",
+        item="45.5: progress bars do not run into log lines",
+        path="grpo/runtime/progress.py",
+        old='{"disable": None}',
+        new='{"disable": False}',
+        tests=("tests/test_evaluation.py::test_in_a_log_file_each_step_is_a_line_not_a_bar",),
+    ),
 )
