@@ -194,3 +194,25 @@ def test_the_readme_s_cpu_shrink_applies_to_every_gsm8k_config():
     for path in configs:
         cfg = load_config(path, shrink.group(1).split())
         assert cfg.rollout.questions_per_step == 4 and cfg.train.num_ranks == 2
+
+
+def test_every_key_the_trl_and_verl_mapping_names_is_ours():
+    """docs/running.md's table maps TRL's and verl's knobs to ours: each key in our column
+    exists (a renamed key would leave the table pointing nowhere)."""
+    from functools import reduce
+
+    from grpo.config import load_config
+
+    text = (DOCS / "running.md").read_text()
+    table = text.split("## Coming from TRL or verl", 1)[1].split("\n## ", 1)[0]
+    ours = [row.rsplit("|", 2)[1] for row in table.splitlines() if row.startswith("| ")][1:]
+    keys = {k for cell in ours for k in re.findall(r"`([a-z_]+\.[a-z_.]+)", cell)}
+    assert len(keys) >= 25, keys
+    cfg = load_config(None, [])
+    missing = []
+    for key in sorted(keys):
+        try:
+            reduce(getattr, key.split("."), cfg)
+        except AttributeError:
+            missing.append(key)
+    assert not missing, f"docs/running.md names keys the config does not have: {missing}"

@@ -227,6 +227,12 @@ def test_wandb_offline_run_records_the_scalars(tmp_path, monkeypatch):
         "2",
         "5",
     )
+    # A resumed run goes on in the same W&B run (a second offline run dir of the same id).
+    log = RunLog(cfg, resumed_step=1)
+    log.step({"step": 2, "reward_mean": 0.75})
+    log.close()
+    runs = sorted(p.name for p in (tmp_path / "run").glob("wandb/offline-run-*"))
+    assert len(runs) == 2 and len({name.rsplit("-", 1)[1] for name in runs}) == 1, runs
 
 
 def test_a_missing_tracker_is_named_before_the_run(monkeypatch):

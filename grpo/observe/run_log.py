@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from grpo.observe.samples import SAMPLES_FILE, as_markdown, sample_rows
 from grpo.runtime.progress import terminal_bar
 
 log = logging.getLogger("grpo.trainer")
+WANDB_ID_FILE = "wandb_run_id"
 
 # A row's numbers that are labels or clocks, not measurements.
 _NOT_SCALARS = {"step", "version", "batch_seq", "policy_version", "published_version", "time"}
@@ -74,9 +76,18 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    def __init__(self, cfg: Config, mode: str):
+    """A W&B run per training run: a resumed run goes on in the same W&B run (its id is kept in
+    the run dir), its steps after the saved state rewritten."""
+
+    def __init__(self, cfg: Config, mode: str, resumed_step: int = 0):
         import wandb
 
+        id_file = cfg.run_dir / WANDB_ID_FILE
+        run_id = id_file.read_text().strip() if resumed_step and id_file.is_file() else ""
+        if not run_id:
+            run_id = secrets.token_hex(4)  # W&B ids: lower-case letters and digits
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run_id + "\n")
         try:
             self.run = wandb.init(
                 project=cfg.logging.wandb_project,
@@ -84,6 +95,8 @@ class WandbSink:
                 dir=str(cfg.run_dir),
                 mode=mode,
                 config=asdict(cfg),
+                id=run_id,
+                resume="allow",
             )
         except Exception as e:  # its own errors are many lines; ours is one, naming the key
             raise ValueError(f"logging.wandb={mode}: wandb.init failed: {e}") from e
@@ -120,7 +133,7 @@ class RunLog:
         if cfg.logging.tensorboard:
             self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))
         if cfg.logging.wandb != "off":
-            self.sinks.append(WandbSink(cfg, cfg.logging.wandb))
+            self.sinks.append(WandbSink(cfg, cfg.logging.wandb, resumed_step))
         # On a terminal only; elsewhere each step is a log line (in step).
         self.bar = terminal_bar(total=cfg.train.total_steps, initial=resumed_step, desc="train")
 

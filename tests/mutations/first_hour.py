@@ -163,4 +163,12 @@ MUTATIONS = (
         new='{"disable": False}',
         tests=("tests/test_evaluation.py::test_in_a_log_file_each_step_is_a_line_not_a_bar",),
     ),
+    Mutation(
+        name="wandb_resume_starts_a_new_run",
+        item="45.5: a resumed run goes on in the same W&B run",
+        path="grpo/observe/run_log.py",
+        old="if resumed_step and id_file.is_file()",
+        new="if False",
+        tests=("tests/test_evaluation.py::test_wandb_offline_run_records_the_scalars",),
+    ),
 )

@@ -20,10 +20,10 @@ MUTATIONS = (
         name="wandb_not_installed",
         item="13: the W&B test needs wandb, a dev requirement: missing, it fails, not skips",
         path="grpo/observe/run_log.py",
-        old="""    def __init__(self, cfg: Config, mode: str):
+        old="""    def __init__(self, cfg: Config, mode: str, resumed_step: int = 0):
         import wandb
 """,
-        new="""    def __init__(self, cfg: Config, mode: str):
+        new="""    def __init__(self, cfg: Config, mode: str, resumed_step: int = 0):
         import wandb_is_not_installed as wandb  # noqa: F401
 """,
         tests=("tests/test_evaluation.py::test_wandb_offline_run_records_the_scalars",),
