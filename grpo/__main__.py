@@ -8,6 +8,8 @@ grpo samples RUN_DIR             print the newest answers a run wrote (grpo.obse
 grpo merge-lora ADAPTER OUT      fold a LoRA version into its base model (grpo.models.merge)
 grpo keys DIR                    CURVE keys for the transport (grpo.wire.keys)
 grpo launch-env CONFIG           check the config; print the GPUs and values launch.sh needs
+
+A failure is one line and exit 2; `grpo --debug launch ...` (GRPO_DEBUG=1) adds a role's traceback.
 """
 
 import os
@@ -38,7 +40,10 @@ def launch(argv: list[str]) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:  # a failure's traceback too, in this process and the roles it starts
+        argv.remove("--debug")
+        os.environ["GRPO_DEBUG"] = "1"
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
