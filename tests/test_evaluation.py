@@ -282,7 +282,7 @@ def test_each_step_writes_its_best_and_worst_answers_as_text(tmp_path, capsys):
 
     assert samples_main([str(tmp_path / "run"), "-n", "2"]) == 0
     shown = capsys.readouterr().out
-    assert shown.count("== step 2 ") == 2 and "== step 1 " not in shown
+    assert shown.count("== step 2: ") == 2 and "== step 1: " not in shown
     assert f"reward {rows[-1]['reward']:.3f}" in shown
     open_run_dir(cfg, start_step=1)  # resumed after step 1: step 2 is redone
     kept = (tmp_path / "run/samples.jsonl").read_text().splitlines()

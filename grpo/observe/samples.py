@@ -55,34 +55,29 @@ def sample_rows(batch: EpisodeBatch, step: int, decode: Any, n: int) -> list[dic
     return rows
 
 
+def _heading(row: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k}={v}" for k, v in row["reward_info"].items()) or "no parts"
+    return (f"step {row['step']}: reward {row['reward']:.3f} ({parts}; {row['finish_reason']}, "
+            f"version {row['version']}, {row['sampler_id']}, group {row['group_id']})")  # fmt: skip
+
+
 def as_markdown(rows: list[dict[str, Any]]) -> str:
-    """The rows as one text for a tracker (TensorBoard renders markdown)."""
-    parts = []
-    for row in rows:
-        info = ", ".join(f"{k} {v}" for k, v in row["reward_info"].items())
-        parts.append(
-            f"**reward {row['reward']:.3f}** ({info or 'no parts'}; {row['finish_reason']}, "
-            f"version {row['version']}, {row['sampler_id']})\n\n"
-            f"    {_indented(row['prompt'])}\n\n    {_indented(row['answer'])}"
-        )
-    return "\n\n---\n\n".join(parts)
+    """The rows as one text for a tracker (TensorBoard renders markdown; indented: verbatim)."""
+    return "\n\n---\n\n".join(
+        f"**{_heading(r)}**\n\n" + "\n\n".join(_indented(r[k]) for k in ("prompt", "answer"))
+        for r in rows
+    )
 
 
 def _indented(text: str) -> str:
-    return text.replace("\n", "\n    ")
+    return "    " + text.replace("\n", "\n    ")
 
 
 def show(rows: list[dict[str, Any]]) -> str:
     """The rows as a terminal reads them."""
-    out = []
-    for row in rows:
-        info = ", ".join(f"{k}={v}" for k, v in row["reward_info"].items())
-        out.append(
-            f"== step {row['step']} (version {row['version']}, {row['sampler_id']}, group "
-            f"{row['group_id']}): reward {row['reward']:.3f}  {info}  [{row['finish_reason']}]\n"
-            f"-- prompt:\n{row['prompt']}\n-- answer:\n{row['answer']}\n"
-        )
-    return "\n".join(out)
+    return "\n".join(
+        f"== {_heading(r)}\n-- prompt:\n{r['prompt']}\n-- answer:\n{r['answer']}\n" for r in rows
+    )
 
 
 def main(argv: list[str]) -> int:
