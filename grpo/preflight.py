@@ -31,13 +31,15 @@ from grpo.wire.keys import ClientKeys, server_keys
 
 
 def preflight(cfg: Config, role: str = "both") -> None:
-    """ConfigError for the first file or directory `role` will open that is not there."""
+    """ConfigError for the first thing `role` will open or need that is not there or will not
+    do (see the module docstring)."""
     trainer, sampler = role in ("both", "trainer"), role in ("both", "sampler")
+    listens = trainer and hosts_rank_zero(cfg)  # the one trainer process with ports and keys
     if trainer or sampler:
         _model_dir(cfg.model.path)
         _attention(cfg.model.attn_implementation)
-    if cfg.transport.curve_dir and ((trainer and hosts_rank_zero(cfg)) or sampler):
-        _keys(cfg, trainer and hosts_rank_zero(cfg), sampler)
+    if cfg.transport.curve_dir and (listens or sampler):
+        _keys(cfg, listens, sampler)
     if sampler and not cfg.data.mixture:  # a mixture's entries are loaded by its own check
         task = get_task(cfg.data.task)
         _dataset("data.train", task_for(cfg), cfg.data.train or task.default_train)
@@ -47,7 +49,7 @@ def preflight(cfg: Config, role: str = "both") -> None:
             raise ConfigError(f"data.reward: {e}") from None
     if trainer:
         _ranks(cfg.train.num_ranks)
-        if hosts_rank_zero(cfg):  # the one trainer process that listens and loads its keys
+        if listens:
             _ports(cfg)
         if not resolve_path(ds := cfg.train.deepspeed_config).is_file():
             raise ConfigError(f"train.deepspeed_config: no such file {ds!r}")

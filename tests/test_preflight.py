@@ -145,3 +145,20 @@ def test_a_model_without_a_chat_template_is_refused(tiny_model_dir, tmp_path):
         preflight(config(base), "sampler")
     (base / "chat_template.jinja").write_text(template or "{{ messages }}")
     preflight(config(base), "sampler")
+
+
+def test_the_config_s_paths_are_the_user_s_where_the_user_has_them(tmp_path, monkeypatch):
+    """launch.sh runs the roles from the repository: a relative path the user has where they
+    started (GRPO_USER_DIR) becomes absolute when the config loads, so every reader (the
+    DeepSpeed config, the CURVE keys of each channel) opens the user's; a hub id or a path the
+    user does not have is left as given."""
+    from grpo.config import load_config
+
+    (tmp_path / "my_ds.json").write_text("{}")
+    (tmp_path / "keys").mkdir()
+    monkeypatch.setenv("GRPO_USER_DIR", str(tmp_path))
+    cfg = load_config(None, ["train.deepspeed_config=my_ds.json", "transport.curve_dir=keys",
+                             "model.path=someone/model", "data.train=not_mine.jsonl"])  # fmt: skip
+    assert cfg.train.deepspeed_config == str(tmp_path / "my_ds.json")
+    assert cfg.transport.curve_dir == str(tmp_path / "keys")
+    assert (cfg.model.path, cfg.data.train) == ("someone/model", "not_mine.jsonl")

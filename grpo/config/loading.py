@@ -19,6 +19,7 @@ from grpo.config.bounds import check_waits
 from grpo.config.checks import ConfigError, check_values
 from grpo.config.passes import default_staleness
 from grpo.config.sections import Config
+from grpo.core.paths import user_dir
 
 
 def _type_name(tp: Any) -> str:
@@ -147,9 +148,30 @@ def settled(cfg: Config) -> Config:
     naming the key). Every Config a run uses comes through here."""
     if cfg.train.max_staleness is None:
         cfg.train.max_staleness = default_staleness(cfg)
+    resolve_user_paths(cfg)
     check_waits(cfg)
     check_values(cfg)
     return cfg
+
+
+# The keys naming a file or directory the run reads (a hub id or 'embedded' is left as it is).
+USER_PATHS = (
+    "model.path", "data.train", "data.test", "train.deepspeed_config", "transport.curve_dir",
+    "critic.model_path", "teacher.path", "reward_server.model",
+)  # fmt: skip
+
+
+def resolve_user_paths(cfg: Config) -> None:
+    """Each relative path of USER_PATHS that exists where the user started the run, made
+    absolute: launch.sh runs the roles from the repository, and every reader then opens what the
+    user named (grpo/core/paths.py; a path only the repository has stays relative to it)."""
+    for key in USER_PATHS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value and not Path(value).expanduser().is_absolute():
+            mine = user_dir() / Path(value).expanduser()
+            if mine.exists():
+                setattr(getattr(cfg, section), name, str(mine))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

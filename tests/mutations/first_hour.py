@@ -171,4 +171,12 @@ MUTATIONS = (
         new="if False",
         tests=("tests/test_evaluation.py::test_wandb_offline_run_records_the_scalars",),
     ),
+    Mutation(
+        name="config_paths_left_relative",
+        item="45.4: the config's paths are the user's where the user has them",
+        path="grpo/config/loading.py",
+        old="    resolve_user_paths(cfg)\n",
+        new="",
+        tests=(TESTS + "test_the_config_s_paths_are_the_user_s_where_the_user_has_them",),
+    ),
 )
