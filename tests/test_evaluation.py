@@ -353,3 +353,17 @@ def test_in_a_log_file_each_step_is_a_line_not_a_bar(tmp_path, caplog, capfd):
     log.close()
     assert "step 1/3: reward 0.250, kl 0.0010" in caplog.text
     assert "\r" not in capfd.readouterr().err
+
+
+def test_an_evaluation_of_a_reward_that_reports_no_parts_has_no_accuracy_or_format():
+    """The eval row (and pass@k, which counts correct answers) leaves out what the reward's
+    info does not say, as the training rows do."""
+    from grpo.eval.questions import EvalSpec, QuestionResult, summarise
+
+    spec = EvalSpec.from_config(load_config(None, ["eval.samples=2"]))
+    bare = [QuestionResult(i, None, None, 0) for i in range(3)]
+    row = summarise(bare, spec, version=2, seconds=1.0)
+    assert set(row) == {"version", "n", "samples", "seconds"}, row
+    formatted_only = [QuestionResult(i, None, i > 0, 0) for i in range(3)]
+    row = summarise(formatted_only, spec, version=2, seconds=1.0)
+    assert row["format_rate"] == pytest.approx(2 / 3) and "accuracy" not in row

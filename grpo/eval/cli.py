@@ -116,7 +116,8 @@ def table(rows: list[dict]) -> str:
     head += [f"{name} pass@1" for name in sources] + ["questions", "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["version"]), f"{r['accuracy']:.3f}", f"{r['format_rate']:.3f}"]
+        cells = [str(r["version"])]
+        cells += [f"{r[k]:.3f}" if k in r else "-" for k in ("accuracy", "format_rate")]
         cells += [f"{r[k]:.3f}" if k in r else "-" for k in passes]
         cells += [f"{r[f'accuracy/{s}']:.3f}" if f"accuracy/{s}" in r else "-" for s in sources]
         cells += [str(r["n"]), f"{r['seconds']:.0f}"]
@@ -155,7 +156,7 @@ def evaluate_versions(
             if v:
                 weights.load_into_policy(version_dir(cfg.run_dir, v))
             row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress)
-            log.info("v%d: pass@1 %.3f, format %.3f", v, row["accuracy"], row["format_rate"])
+            log.info("v%d: %s", v, table([row]).splitlines()[-1])
             if out is not None:
                 append_jsonl(out, row)
             rows.append(row)

@@ -81,9 +81,11 @@ class VersionEvaluator:
             for k, v in row.items()
             if k.startswith("pass@") or k.startswith("accuracy/")  # with a mixture's entries'
         )
+        said = (("accuracy", "accuracy"), ("format", "format_rate"))  # as the reward reports
+        rates = ", ".join(f"{name} {row[key]:.3f}" for name, key in said if key in row)
         log.info(
-            "eval v%d: accuracy %.3f, format %.3f on %d questions%s (%.0f s)",
-            version, row["accuracy"], row["format_rate"], row["n"],
+            "eval v%d: %s %d questions%s (%.0f s)",
+            version, f"{rates} on" if rates else "on", row["n"],
             f", {passes}" if passes else "", row["seconds"],
         )  # fmt: skip
         return row

@@ -62,8 +62,8 @@ def pass_ks(samples: int, k: Sequence[int]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class QuestionResult:
     index: int  # the question's position among the evaluated ones
-    greedy_correct: bool
-    greedy_formatted: bool
+    greedy_correct: bool | None  # None: the reward's info does not say (a bare number)
+    greedy_formatted: bool | None
     correct_samples: int = 0  # of the spec's `samples` sampled answers
     source: str = ""  # the mixture entry the question is from ('' for a single dataset)
 
@@ -134,8 +134,8 @@ def question_results(
             out.append(
                 QuestionResult(
                     index=index,
-                    greedy_correct=bool(greedy_infos[j].get("correct")),
-                    greedy_formatted=bool(greedy_infos[j].get("formatted")),
+                    greedy_correct=_said(greedy_infos[j], "correct"),
+                    greedy_formatted=_said(greedy_infos[j], "formatted"),
                     correct_samples=sum(bool(i.get("correct")) for i in mine_sampled),
                     source=str(prompts[index].row.get(mixture.SOURCE_KEY, "")),
                 )
@@ -143,6 +143,10 @@ def question_results(
         bar.update(len(mine))
     bar.close()
     return out
+
+
+def _said(info: dict, key: str) -> bool | None:
+    return bool(info[key]) if key in info else None
 
 
 def _scored(gens: Sequence, rows: Sequence[dict], tokenizer, rewards: RewardRunner) -> list[dict]:
@@ -164,7 +168,7 @@ def summarise(
     overall = _rates(results, spec, "")
     row: dict = {
         "version": version,
-        **{k: overall.pop(k) for k in ("accuracy", "format_rate", "n")},
+        **{k: overall.pop(k) for k in ("accuracy", "format_rate", "n") if k in overall},
     }
     if spec.samples and results:  # before the pass@k, as eval.jsonl has always had it
         row["samples"] = spec.samples
@@ -176,14 +180,16 @@ def summarise(
 
 
 def _rates(results: Sequence[QuestionResult], spec: EvalSpec, suffix: str) -> dict:
-    """accuracy, format_rate, n and each pass@k of `results`, each key ending in `suffix`."""
+    """accuracy, format_rate, n and each pass@k of `results`, each key ending in `suffix`; a
+    rate no result's reward reports is left out (pass@k with accuracy), not shown as 0."""
     n = len(results)
-    row = {
-        f"accuracy{suffix}": sum(r.greedy_correct for r in results) / max(n, 1),
-        f"format_rate{suffix}": sum(r.greedy_formatted for r in results) / max(n, 1),
-        f"n{suffix}": n,
-    }
-    if spec.samples and n:
+    row: dict = {}
+    for name, said in (("accuracy", [r.greedy_correct for r in results]),
+                       ("format_rate", [r.greedy_formatted for r in results])):  # fmt: skip
+        if any(s is not None for s in said):
+            row[f"{name}{suffix}"] = sum(bool(s) for s in said) / max(n, 1)
+    row[f"n{suffix}"] = n
+    if spec.samples and n and f"accuracy{suffix}" in row:
         for k in spec.ks:
             estimates = [pass_at_k(spec.samples, r.correct_samples, k) for r in results]
             row[f"pass@{k}{suffix}"] = sum(estimates) / n

@@ -179,4 +179,15 @@ MUTATIONS = (
         new="",
         tests=(TESTS + "test_the_config_s_paths_are_the_user_s_where_the_user_has_them",),
     ),
+    Mutation(
+        name="unreported_eval_rates_shown_as_zero",
+        item="45.5: no eval accuracy or format for a reward that reports neither",
+        path="grpo/eval/questions.py",
+        old="        if any(s is not None for s in said):\n",
+        new="        if True:\n",
+        tests=(
+            "tests/test_evaluation.py::test_an_evaluation_of_a_reward_that_reports_no_parts_has_"
+            "no_accuracy_or_format",
+        ),
+    ),
 )
