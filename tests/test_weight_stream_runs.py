@@ -18,7 +18,10 @@ def test_three_samplers_relay_versions_down_a_chain_and_route_around_a_killed_on
 ):
     """weights.fanout 1: the trainer sends each version to sampler-0, which passes it to
     sampler-1, which passes it to sampler-2. sampler-1 is SIGKILLed once sampler-2 has a
-    version from it: sampler-2 goes up to sampler-0, and the run ends with the two left."""
+    version from it: sampler-2 goes up to sampler-0, and the run ends with the two left. A
+    sampler relays only once vouched for (a batch of its own admitted: grpo/delivery/pool.py),
+    so the first versions may come from the trainer to all three, or skip a link: the chain
+    is asserted on the versions relayed."""
     from bench.common import kill_tree
     from tests.test_chaos import finish, rows_of, start, wait_for
     from tests.test_integration import tiny_config
@@ -45,7 +48,19 @@ def test_three_samplers_relay_versions_down_a_chain_and_route_around_a_killed_on
         found = RECEIVED.findall(logs[role].read_text())
         return [(int(v), addr, int(n)) for v, addr, n in found]
 
-    wait_for(lambda: received("s2"), "sampler-2's first version", [trainer, *samplers])
+    def relayed(role: str) -> list[tuple[int, str, int]]:
+        return [got for got in received(role) if got[1] != weights_addr]
+
+    def chained() -> list[int]:
+        """Versions that went trainer -> sampler-0 -> sampler-1 -> sampler-2. sampler-1 takes
+        relayed versions from sampler-0's relay only (the one before it in the chain), so
+        sampler-2 took from sampler-1's any it got from another relay than that."""
+        via_s0 = {addr for _, addr, _ in relayed("s1")}
+        s1_versions = {v for v, _, _ in relayed("s1")}
+        return sorted(v for v, addr, _ in relayed("s2") if addr not in via_s0 and v in s1_versions)
+
+    wait_for(chained, "a version down the whole chain", [trainer, *samplers])
+    down_the_chain = chained()
     kill_tree(samplers[1])
     finish([trainer, samplers[0], samplers[2]], timeout=400)
     text = {r: p.read_text() for r, p in logs.items()}
@@ -53,14 +68,15 @@ def test_three_samplers_relay_versions_down_a_chain_and_route_around_a_killed_on
         assert proc.returncode == 0, text[role][-3000:]
     got = {role: received(role) for role in ("s0", "s1", "s2")}
     assert {addr for _, addr, _ in got["s0"]} == {weights_addr}  # the root of the chain
-    relay_of_s0 = {addr for _, addr, _ in got["s1"]}  # sampler-1 had everything from sampler-0
-    assert len(relay_of_s0) == 1 and weights_addr not in relay_of_s0, got["s1"]
-    relay_of_s1 = got["s2"][0][1]
-    assert relay_of_s1 not in relay_of_s0 | {weights_addr}, got["s2"]  # from sampler-1 first,
-    assert {addr for _, addr, _ in got["s2"][1:]} & relay_of_s0, got["s2"]  # then sampler-0
-    # The trainer sent each version before the kill once (to sampler-0), not once a sampler.
+    relay_of_s0 = {addr for _, addr, _ in relayed("s1")}  # sampler-1's relayed versions: one
+    assert len(relay_of_s0) == 1, got["s1"]  # parent, sampler-0
+    from_s1 = [(v, a) for v, a, _ in relayed("s2") if a not in relay_of_s0]
+    assert len({a for _, a in from_s1}) == 1, got["s2"]  # sampler-2's parent: sampler-1,
+    after_kill = [a for v, a, _ in got["s2"] if v > max(v for v, _ in from_s1)]
+    assert after_kill and set(after_kill) == relay_of_s0, got["s2"]  # then sampler-0
+    # A version down the whole chain the trainer sent once (to sampler-0), not once a sampler.
     served = dict(re.findall(r"version (\d+): (\d+) bytes", text["trainer"]))
-    first = got["s1"][0][0]
+    first = down_the_chain[0]
     s0_bytes = next(n for v, _, n in got["s0"] if v == first)
     assert int(served[str(first)]) <= 1.2 * s0_bytes, (served, got["s0"])
     assert rows_of(tmp_path / "runs" / "tiny")[-1]["step"] == 12
