@@ -100,11 +100,14 @@ def test_three_steps_two_ranks_with_reloads(reference_run, tiny_model_dir):
     missing = undocumented_metrics(set().union(*rows))
     assert not missing, f"docs/outputs.md does not name {missing}"
     # Answers to read: two per step (logging.samples_per_step), decoded, the question in the
-    # prompt, the better first.
-    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    # prompt, the better first; and each evaluation's greedy answers to its first two questions.
+    everything = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    samples = [s for s in everything if s["sampler_id"] != "eval"]
     assert [s["step"] for s in samples] == [1, 1, 2, 2, 3, 3]
-    assert all("?" in s["prompt"] and isinstance(s["answer"], str) for s in samples), samples[0]
+    assert all("?" in s["prompt"] and isinstance(s["answer"], str) for s in everything)
     assert all(a["reward"] >= b["reward"] for a, b in zip(samples[::2], samples[1::2], strict=True))
+    evaluated = [(s["version"], s["group_id"]) for s in everything if s["sampler_id"] == "eval"]
+    assert evaluated == [(v, q) for v in (0, 2, 3) for q in (0, 1)], evaluated
     # On-policy (max_staleness 0): batch k was sampled with version k, and it said so.
     assert [r["policy_version"] for r in rows] == [0, 1, 2]
     assert [r["batch_seq"] for r in rows] == [0, 1, 2]

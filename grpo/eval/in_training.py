@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from grpo.config import Config
 from grpo.eval.questions import EvalSpec, eval_prompts, question_results, summarise
 from grpo.models.loading import params_partitioned
+from grpo.observe.samples import SAMPLES_KEY, eval_rows
 from grpo.rollout.hf import HFRollout
 from grpo.rollout.multi_turn import with_tools
 from grpo.tasks import RewardRunner, run_reward, task_for
@@ -76,6 +78,9 @@ class VersionEvaluator:
             return None
         everyone = sorted((r for part in gathered for r in part), key=lambda r: r.index)
         row = summarise(everyone, self.spec, version, time.monotonic() - t0)
+        decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+        shown = everyone[: self.cfg.logging.samples_per_step]
+        row[SAMPLES_KEY] = eval_rows(shown, version, self.prompts, decode)  # RunLog takes them
         passes = " ".join(
             f"{k} {v:.3f}"
             for k, v in row.items()

@@ -66,6 +66,10 @@ class QuestionResult:
     greedy_formatted: bool | None
     correct_samples: int = 0  # of the spec's `samples` sampled answers
     source: str = ""  # the mixture entry the question is from ('' for a single dataset)
+    # The greedy answer, as text, with its reward and finish reason: for samples.jsonl.
+    answer: str = ""
+    reward: float = 0.0
+    finish_reason: str = ""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -126,9 +130,10 @@ def question_results(
             seed = spec.sampled.seed + version * 100_003 + start
             sampled = engine.generate(ids, replace(spec.sampled, seed=seed))
 
-        greedy_infos = _scored(greedy, [p.row for p in mine], tokenizer, rewards)
+        greedy_texts, greedy_scored = _scored(greedy, [p.row for p in mine], tokenizer, rewards)
+        greedy_infos = [info for _, info in greedy_scored]
         sampled_rows = [p.row for p in mine for _ in range(spec.samples)]
-        sampled_infos = _scored(sampled, sampled_rows, tokenizer, rewards)
+        sampled_infos = [i for _, i in _scored(sampled, sampled_rows, tokenizer, rewards)[1]]
         for j, index in enumerate(indices[start : start + per_batch]):
             mine_sampled = sampled_infos[j * spec.samples : (j + 1) * spec.samples]
             out.append(
@@ -138,6 +143,9 @@ def question_results(
                     greedy_formatted=_said(greedy_infos[j], "formatted"),
                     correct_samples=sum(bool(i.get("correct")) for i in mine_sampled),
                     source=str(prompts[index].row.get(mixture.SOURCE_KEY, "")),
+                    answer=greedy_texts[j],
+                    reward=float(greedy_scored[j][0]),
+                    finish_reason=greedy[j].finish_reason,
                 )
             )
         bar.update(len(mine))
@@ -149,14 +157,15 @@ def _said(info: dict, key: str) -> bool | None:
     return bool(info[key]) if key in info else None
 
 
-def _scored(gens: Sequence, rows: Sequence[dict], tokenizer, rewards: RewardRunner) -> list[dict]:
-    """The reward infos of answers `gens` to the questions `rows` (one row per answer); a call
-    past reward.timeout_s counts as neither correct nor formatted."""
+def _scored(
+    gens: Sequence, rows: Sequence[dict], tokenizer, rewards: RewardRunner
+) -> tuple[list[str], list[tuple[float, dict]]]:
+    """The texts of answers `gens` to the questions `rows` (one row per answer) and their
+    (reward, info); a call past reward.timeout_s counts as neither correct nor formatted."""
     if not gens:  # batch_decode([]) is [""], one empty answer
-        return []
+        return [], []
     texts = tokenizer.batch_decode([g.completion_ids for g in gens], skip_special_tokens=True)
-    scored = rewards.score_all(list(zip(texts, rows, strict=True)))
-    return [info for _, info in scored]
+    return texts, rewards.score_all(list(zip(texts, rows, strict=True)))
 
 
 def summarise(

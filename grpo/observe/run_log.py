@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
 from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, append_jsonl
-from grpo.observe.samples import SAMPLES_FILE, as_markdown, sample_rows
+from grpo.observe.samples import SAMPLES_FILE, SAMPLES_KEY, as_markdown, sample_rows
 from grpo.runtime.progress import terminal_bar
 
 log = logging.getLogger("grpo.trainer")
@@ -34,7 +34,7 @@ _NOT_SCALARS = {"step", "version", "batch_seq", "policy_version", "published_ver
 class Sink(Protocol):
     def scalars(self, step: int, values: dict[str, float]) -> None: ...
 
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+    def samples(self, step: int, rows: list[dict[str, Any]], tag: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -67,8 +67,8 @@ class TensorBoardSink:
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        self.writer.add_text("samples", as_markdown(rows), step)  # the TEXT tab
+    def samples(self, step: int, rows: list[dict[str, Any]], tag: str) -> None:
+        self.writer.add_text(tag, as_markdown(rows), step)  # the TEXT tab
         self.writer.flush()
 
     def close(self) -> None:
@@ -104,12 +104,12 @@ class WandbSink:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
 
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+    def samples(self, step: int, rows: list[dict[str, Any]], tag: str) -> None:
         import wandb
 
         columns = ["step", "version", "reward", "prompt", "answer"]
         table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
-        self.run.log({"samples": table}, step=step)
+        self.run.log({tag: table}, step=step)
 
     def close(self) -> None:
         import wandb
@@ -143,10 +143,7 @@ class RunLog:
         self._track(row["step"], scalars_of(row, "train"))
         if batch is not None and self.samples_per_step and self.decode is not None:
             answers = sample_rows(batch, row["step"], self.decode, self.samples_per_step)
-            for answer in answers:
-                append_jsonl(self.run_dir / SAMPLES_FILE, answer)
-            for sink in self.sinks:
-                sink.samples(row["step"], answers)
+            self._samples(row["step"], answers, "samples")
         shown = {"reward": ("reward_mean", ".3f"), "kl": ("kl", ".4f"), "acc": ("accuracy", ".2f")}
         values = {name: format(row[key], spec) for name, (key, spec) in shown.items() if key in row}
         if self.bar.disable:
@@ -156,8 +153,18 @@ class RunLog:
         self.bar.update()
 
     def eval(self, row: dict[str, Any]) -> None:
+        """An evaluation's row; its answers (SAMPLES_KEY, if any) go to samples.jsonl."""
+        answers = row.pop(SAMPLES_KEY, [])
         append_jsonl(self.run_dir / EVAL_FILE, row)
         self._track(row["version"], scalars_of(row, "eval"))
+        self._samples(row["version"], answers, "eval_samples")
+
+    def _samples(self, step: int, answers: list[dict[str, Any]], tag: str) -> None:
+        for answer in answers:
+            append_jsonl(self.run_dir / SAMPLES_FILE, answer)
+        if answers:
+            for sink in self.sinks:
+                sink.samples(step, answers, tag)
 
     def _track(self, step: int, values: dict[str, float]) -> None:
         for sink in self.sinks:

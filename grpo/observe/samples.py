@@ -4,7 +4,8 @@
 A reward number says how well the model did, not what it said; people read the answers first
 (TRL and verl log them too). Each step keeps `logging.samples_per_step` answers chosen by reward,
 the best first and the worst last, the rest evenly between: what the reward likes and what it
-does not, side by side.
+does not, side by side. Each evaluation keeps as many greedy answers, to its first questions
+(`sampler_id` "eval": the same questions at every version, to compare).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from grpo.core.episode import EpisodeBatch
 from grpo.observe.metrics import read_jsonl
 
 SAMPLES_FILE = "samples.jsonl"
+EVAL = "eval"  # the sampler_id of an evaluation's answers
+SAMPLES_KEY = "_samples"  # an eval row's answers: RunLog.eval writes them here, not to eval.jsonl
 
 
 def by_reward(rewards: np.ndarray, n: int) -> list[int]:
@@ -53,6 +56,19 @@ def sample_rows(batch: EpisodeBatch, step: int, decode: Any, n: int) -> list[dic
             "answer": decode(episode.completion_ids.tolist()),
         })  # fmt: skip
     return rows
+
+
+def eval_rows(results: list[Any], version: int, prompts: list[Any], decode: Any) -> list[dict]:
+    """Evaluation answers (grpo.eval.questions.QuestionResult, greedy) as samples.jsonl rows:
+    `step` is the version evaluated, `sampler_id` "eval", `group_id` the question's index."""
+    return [{
+        "step": version, "version": version, "sampler_id": EVAL, "group_id": r.index,
+        "reward": r.reward,
+        "reward_info": {k: v for k, v in (("correct", r.greedy_correct),
+                                          ("formatted", r.greedy_formatted)) if v is not None},
+        "finish_reason": r.finish_reason,
+        "prompt": decode(list(prompts[r.index].ids)), "answer": r.answer,
+    } for r in results]  # fmt: skip
 
 
 def _heading(row: dict[str, Any]) -> str:

@@ -190,4 +190,12 @@ MUTATIONS = (
             "no_accuracy_or_format",
         ),
     ),
+    Mutation(
+        name="eval_answers_never_written",
+        item="45.2: each evaluation's answers reach samples.jsonl",
+        path="grpo/eval/in_training.py",
+        old="        row[SAMPLES_KEY] = eval_rows(shown, version, self.prompts, decode)",
+        new="        row = row",
+        tests=(REFERENCE,),
+    ),
 )
