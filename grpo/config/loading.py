@@ -19,7 +19,7 @@ from grpo.config.bounds import check_waits
 from grpo.config.checks import ConfigError, check_values
 from grpo.config.passes import default_staleness
 from grpo.config.sections import Config
-from grpo.core.paths import user_dir
+from grpo.core.paths import resolve_path
 
 
 def _type_name(tp: Any) -> str:
@@ -162,16 +162,14 @@ USER_PATHS = (
 
 
 def resolve_user_paths(cfg: Config) -> None:
-    """Each relative path of USER_PATHS that exists where the user started the run, made
-    absolute: launch.sh runs the roles from the repository, and every reader then opens what the
-    user named (grpo/core/paths.py; a path only the repository has stays relative to it)."""
+    """Each relative path of USER_PATHS that exists, made absolute where grpo.core.paths finds
+    it (where the user started the run, then the repository): launch.sh runs the roles from the
+    repository, and every reader, in any process, then opens the same file."""
     for key in USER_PATHS:
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        if value and not Path(value).expanduser().is_absolute():
-            mine = user_dir() / Path(value).expanduser()
-            if mine.exists():
-                setattr(getattr(cfg, section), name, str(mine))
+        if value and not Path(value).is_absolute() and (found := resolve_path(value)).exists():
+            setattr(getattr(cfg, section), name, str(found.absolute()))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
