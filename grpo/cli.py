@@ -73,7 +73,9 @@ def main(role: str, argv: list[str]) -> int:
     try:
         cfg = load_config(argv[0], argv[1:])
         check_names(cfg)
-        preflight(cfg, role)
+        # The sampler reads its train rows itself next, before any model loads (a bad row is
+        # one line there too): read here, they would be read twice at every start.
+        preflight(cfg, role, read_rows=False)
     except ConfigError as e:
         log.error("config error: %s", e)
         return 2

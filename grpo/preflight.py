@@ -30,9 +30,10 @@ from grpo.wire.channels import PeerError, check_listening
 from grpo.wire.keys import ClientKeys, server_keys
 
 
-def preflight(cfg: Config, role: str = "both") -> None:
+def preflight(cfg: Config, role: str = "both", read_rows: bool = True) -> None:
     """ConfigError for the first thing `role` will open or need that is not there or will not
-    do (see the module docstring)."""
+    do (see the module docstring). `read_rows=False`: the train rows are not read here (a
+    sampler's own start reads them next, before any model loads)."""
     trainer, sampler = role in ("both", "trainer"), role in ("both", "sampler")
     listens = trainer and hosts_rank_zero(cfg)  # the one trainer process with ports and keys
     if trainer or sampler:
@@ -42,7 +43,7 @@ def preflight(cfg: Config, role: str = "both") -> None:
         _keys(cfg, listens, sampler)
     if sampler and not cfg.data.mixture:  # a mixture's entries are loaded by its own check
         task = get_task(cfg.data.task)
-        _dataset("data.train", task_for(cfg), cfg.data.train or task.default_train)
+        _dataset("data.train", task_for(cfg), cfg.data.train or task.default_train, read_rows)
         try:
             run_reward(task, cfg.data.reward)
         except ValueError as e:
@@ -90,12 +91,12 @@ def has_chat_template(model_dir: Path) -> bool:
     return bool(isinstance(config, dict) and config.get("chat_template"))
 
 
-def _dataset(key: str, task: Task, source: str) -> None:
-    """A local file or directory that is not there, or whose rows the task cannot read (a
-    column missing, a null question): read here as the sampler will read it. A hub name is
-    left to the loader (it may download)."""
+def _dataset(key: str, task: Task, source: str, read_rows: bool) -> None:
+    """A local file or directory that is not there, or (`read_rows`) whose rows the task cannot
+    read (a column missing, a null question): read here as the sampler will read it. A hub name
+    is left to the loader (it may download)."""
     try:
-        if locate(source) is None:
+        if locate(source) is None or not read_rows:
             return
         task.load(source)
     except FileNotFoundError:
