@@ -26,6 +26,7 @@ from grpo.observe.metrics import (
 )
 from grpo.observe.samples import SAMPLES_FILE
 from grpo.tasks.runner import TIMEOUT
+from grpo.trainer.schedule import steps_per_batch
 from grpo.trainer.state import truncate_metrics
 
 log = logging.getLogger("grpo.trainer")
@@ -136,14 +137,13 @@ def step_row(
     A number that was not computed this step is absent, never NaN."""
     c = batch.columns  # the ranks train their shares at once: the batch's tokens / train_s
     trained_tokens = cfg.train.ppo_epochs * int(c.prompt_len.sum() + c.completion_len.sum())
-    per_rank = cfg.rollout.questions_per_step * cfg.rollout.group_size // world
     return {
         "step": step,
         "sampler_id": batch.sampler_id,
         "batch_seq": batch.seq,
         "policy_version": batch.policy_version,
         "staleness": (step - 1) - batch.policy_version,
-        "optimizer_steps": cfg.train.ppo_epochs * per_rank // cfg.mini_batch_seqs(world),
+        "optimizer_steps": steps_per_batch(cfg, world),
         **counters,
         **batch_metrics(batch),
         **numbers,

@@ -11,8 +11,6 @@ from typing import Any
 
 from grpo.config import Config
 
-SCHEDULES = ("constant", "linear", "cosine")
-
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
     """The multiple of the base learning rate for optimizer step `step` (0-based) of `total`."""
@@ -25,10 +23,15 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * shape
 
 
-def optimizer_steps(cfg: Config, world: int) -> int:
-    """The run's optimizer steps: per received batch, ppo_epochs passes of its mini-batches."""
+def steps_per_batch(cfg: Config, world: int) -> int:
+    """Optimizer steps per received batch: ppo_epochs passes of a rank's mini-batches."""
     per_rank = cfg.rollout.questions_per_step * cfg.rollout.group_size // world
-    return cfg.train.total_steps * cfg.train.ppo_epochs * per_rank // cfg.mini_batch_seqs(world)
+    return cfg.train.ppo_epochs * per_rank // cfg.mini_batch_seqs(world)
+
+
+def optimizer_steps(cfg: Config, world: int) -> int:
+    """The run's optimizer steps."""
+    return cfg.train.total_steps * steps_per_batch(cfg, world)
 
 
 def scheduler_for(cfg: Config, world: int) -> Any:
