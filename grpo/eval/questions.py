@@ -131,20 +131,20 @@ def question_results(
             sampled = engine.generate(ids, replace(spec.sampled, seed=seed))
 
         greedy_texts, greedy_scored = _scored(greedy, [p.row for p in mine], tokenizer, rewards)
-        greedy_infos = [info for _, info in greedy_scored]
         sampled_rows = [p.row for p in mine for _ in range(spec.samples)]
         sampled_infos = [i for _, i in _scored(sampled, sampled_rows, tokenizer, rewards)[1]]
         for j, index in enumerate(indices[start : start + per_batch]):
             mine_sampled = sampled_infos[j * spec.samples : (j + 1) * spec.samples]
+            reward, info = greedy_scored[j]
             out.append(
                 QuestionResult(
                     index=index,
-                    greedy_correct=_said(greedy_infos[j], "correct"),
-                    greedy_formatted=_said(greedy_infos[j], "formatted"),
+                    greedy_correct=_said(info, "correct"),
+                    greedy_formatted=_said(info, "formatted"),
                     correct_samples=sum(bool(i.get("correct")) for i in mine_sampled),
                     source=str(prompts[index].row.get(mixture.SOURCE_KEY, "")),
                     answer=greedy_texts[j],
-                    reward=float(greedy_scored[j][0]),
+                    reward=float(reward),
                     finish_reason=greedy[j].finish_reason,
                 )
             )

@@ -22,8 +22,9 @@ from grpo.models.embedded import ModelError
 
 def base_of(adapter: Path) -> str:
     """The model the adapter was trained on (see the module docstring)."""
-    run = adapter.resolve().parent.parent  # <run>/versions/vNNNNNN (final links to one)
-    if adapter.resolve().parent.name == "versions" and (run / "config.yaml").is_file():
+    versions = adapter.resolve().parent  # <run>/versions/vNNNNNN (final links to one)
+    run = versions.parent
+    if versions.name == "versions" and (run / "config.yaml").is_file():
         return load_config(run / "config.yaml").model.path
     try:
         return json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
