@@ -1,5 +1,6 @@
 """Weight deltas (issue 30): the bytes of version v' sent to a sampler that holds v, per tensor
-the smallest of FULL, SPARSE and XOR_ZSTD (grpo.wire.deltas), as a share of the full bytes.
+the smallest of FULL, SPARSE and XOR_ZSTD (grpo.weights.stream.deltas), as a share of the full
+bytes.
 
 Eight AdamW steps of the embedded SmolLM2-135M at the CPU demo's settings (configs/cpu_demo.yaml:
 lr, weight decay, gradient clipping; betas and eps from its DeepSpeed JSON), a causal-LM loss
@@ -53,7 +54,7 @@ class Version:
 
 
 def _measure(new: dict[str, np.ndarray], old: dict[str, np.ndarray]) -> Version:
-    from grpo.wire.deltas import decode, encode, tensor_digest
+    from grpo.weights.stream.deltas import decode, encode, tensor_digest
 
     out = Version()
     for name, bits in new.items():
@@ -160,7 +161,7 @@ def _summary(versions: list[Version]) -> str:
 SCENARIO = (
     "{steps} AdamW steps of {model} at the CPU demo's settings (lr, weight decay, "
     "clipping, betas, eps), causal-LM loss on GSM8K; each version published in bfloat16 "
-    "and encoded tensor by tensor against the one before (grpo.wire.deltas), decoded and "
+    "and encoded tensor by tensor against the one before (grpo.weights.stream.deltas), decoded and "
     "checked; baseline: sending the full copy of each version (weights.delta: false, "
     "what a user without deltas sends), 1.0 of the bytes by definition"
 )

@@ -1,5 +1,5 @@
 """Weight fan-out: a streamed version from the trainer's memory to N samplers that relay it to
-each other in a binary tree (grpo.delivery.stream.relay.upstream, fanout 2), so the trainer's
+each other in a binary tree (grpo.weights.stream.relay.upstream, fanout 2), so the trainer's
 link carries each version about once whatever N.
 
 No model: a synthetic float32 version (real encoding, frame and tensor checksums) served by the
@@ -48,10 +48,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from grpo.delivery.stream.image import Image
-from grpo.delivery.stream.node import REQUEST_HWM, RelayNode
-from grpo.delivery.stream.relay import upstream
-from grpo.delivery.stream.server import MAX_REQUEST_BYTES, StreamServer, TokenBucket, VersionStore
+from grpo.weights.stream.image import Image
+from grpo.weights.stream.node import REQUEST_HWM, RelayNode
+from grpo.weights.stream.relay import upstream
+from grpo.weights.stream.server import MAX_REQUEST_BYTES, StreamServer, TokenBucket, VersionStore
 from grpo.wire.channels import SocketLimits, new_socket
 
 REPO = Path(__file__).resolve().parents[1]

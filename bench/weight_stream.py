@@ -2,7 +2,7 @@
 the new version in its model, against the limit of the same bytes measured in the same run.
 
 Two processes, as the roles run: the trainer (this process) takes an AdamW step at the demo's
-learning rate, copies its weights into a version image (grpo.delivery.stream), adds it to its
+learning rate, copies its weights into a version image (grpo.weights.stream), adds it to its
 VersionStore and tells the sampler, which receives it over a real ZeroMQ socket on loopback TCP
 from the trainer's StreamServer thread (manifest, then checksummed buckets, a window in
 flight), checks every tensor, and copies it into its HF model's tensors (as the sampler's
@@ -72,10 +72,10 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
     import torch
     import zmq
 
-    from grpo.delivery.stream.client import Receiver
-    from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
     from grpo.models.loading import copy_state
-    from grpo.weights.member import GroupMember
+    from grpo.weights.collective.member import GroupMember
+    from grpo.weights.stream.client import Receiver
+    from grpo.weights.stream.torch_bits import image_from_state, state_from_image
 
     torch.set_num_threads(1)
     quiet_hf()
@@ -175,9 +175,9 @@ class _Trainer:
         import zmq
 
         from grpo.config import load_config
-        from grpo.delivery.stream.server import StreamServer, VersionStore
-        from grpo.delivery.stream.torch_bits import image_from_state
         from grpo.models.loading import load_tokenizer
+        from grpo.weights.stream.server import StreamServer, VersionStore
+        from grpo.weights.stream.torch_bits import image_from_state
 
         cfg = load_config(_demo_config())
         self.lora, self.bucket_bytes = lora, int(cfg.weights.bucket_mb * 2**20)
@@ -201,7 +201,7 @@ class _Trainer:
     def join(self, conn: Any, proc: Any) -> None:
         """weights.mode collective: a broadcaster on this store, the sampler in its group."""
         from grpo.config import load_config
-        from grpo.weights.broadcaster import Broadcaster
+        from grpo.weights.collective.broadcaster import Broadcaster
 
         cfg = load_config(_demo_config())
         cfg.weights.collective_addr = f"tcp://127.0.0.1:{free_port()}"
@@ -224,7 +224,7 @@ class _Trainer:
 
     def _publish(self) -> tuple[float, Any]:
         """An AdamW step, then the clock's start and the new version in the store."""
-        from grpo.delivery.stream.torch_bits import image_from_state
+        from grpo.weights.stream.torch_bits import image_from_state
 
         self.step()
         self.version += 1

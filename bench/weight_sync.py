@@ -100,9 +100,9 @@ SCENARIO = (
 
 
 def run(quick: bool = False) -> list[Result]:
-    from grpo.delivery.versions import load_state_dict, publish_version
     from grpo.models.convert import ensure_embedded_base
     from grpo.models.loading import load_causal_lm
+    from grpo.weights.dirs import load_state_dict, publish_version
     from tests.tiny_model import build_tiny_model
 
     quiet_hf()

@@ -50,7 +50,7 @@ CASES = _cases()
 @pytest.mark.parametrize("case", CASES)
 def test_a_delta_is_never_bigger_than_the_full_copy_and_decodes_back(case):
     """What weight_delta_fp32_share and weight_delta_lora_share (target <= 1.0) measured."""
-    from grpo.wire.deltas import decode, encode, tensor_digest
+    from grpo.weights.stream.deltas import decode, encode, tensor_digest
 
     new, base = CASES[case]
     enc = encode(new, base)
@@ -61,7 +61,7 @@ def test_a_delta_is_never_bigger_than_the_full_copy_and_decodes_back(case):
 
 def test_an_incompressible_delta_is_sent_full_and_a_small_step_is_not():
     """The bound is met by choosing FULL, not by never trying a delta."""
-    from grpo.wire.deltas import FULL, encode
+    from grpo.weights.stream.deltas import FULL, encode
 
     assert encode(*CASES["fp32 random bits"]).kind == FULL
     small = encode(*CASES["fp32 few changed"])

@@ -15,9 +15,9 @@ from grpo.core.seqset import SeqSet
 from grpo.core.versions import verify_version, version_dir
 from grpo.delivery.ledger import Ledger, overtaken
 from grpo.delivery.spool import Spool
-from grpo.delivery.versions import discard_versions_after, publish_version, require_same
 from grpo.sampler.data import question_order
 from grpo.trainer.state import truncate_metrics
+from grpo.weights.dirs import discard_versions_after, publish_version, require_same
 from grpo.wire.blobs import frames_to_bytes
 from grpo.wire.codec import FrameError, encode_batch
 from tests.test_episode import assert_batches_identical, make_batch
@@ -320,8 +320,8 @@ def test_a_sharded_version_is_published_verified_and_reloaded(tmp_path, tiny_mod
     import torch
 
     from grpo.config import load_config
-    from grpo.delivery.versions import SHARD_INDEX, load_state_dict, weight_files
     from grpo.sampler.loop import Sampler
+    from grpo.weights.dirs import SHARD_INDEX, load_state_dict, weight_files
     from tests.test_integration import tiny_config
 
     sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))

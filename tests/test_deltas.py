@@ -1,5 +1,5 @@
-"""grpo.wire.deltas: every encoding round-trips every width of bit pattern, the encoder picks
-the smallest, and a decode of anything malformed fails closed with DeltaError."""
+"""grpo.weights.stream.deltas: every encoding round-trips every width of bit pattern, the
+encoder picks the smallest, and a decode of anything malformed fails closed with DeltaError."""
 
 from __future__ import annotations
 
@@ -13,8 +13,16 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo.wire import deltas
-from grpo.wire.deltas import FULL, SPARSE, XOR_ZSTD, DeltaError, decode, encode, tensor_digest
+from grpo.weights.stream import deltas
+from grpo.weights.stream.deltas import (
+    FULL,
+    SPARSE,
+    XOR_ZSTD,
+    DeltaError,
+    decode,
+    encode,
+    tensor_digest,
+)
 
 # torch dtype of the floats -> the int dtype of its bit patterns
 FLOATS = {

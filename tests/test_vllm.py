@@ -317,7 +317,7 @@ def test_a_bad_file_is_refused_before_the_model_is_touched(engine, hf_base, base
     """vLLM's layerwise reload takes the model's layers apart until each is loaded whole, so the
     transfer engine checks every file's header first: a cut-off file (a version dir copied half
     way) is refused and the engine serves exactly what it served."""
-    from grpo.delivery.versions import weight_files
+    from grpo.weights.dirs import weight_files
 
     tok = load_tokenizer(base_model_dir)
     prompt = prompts(tok, QUESTIONS[:1])[0]
@@ -333,7 +333,7 @@ def test_a_bad_file_is_refused_before_the_model_is_touched(engine, hf_base, base
 
 def streamed(model, version: int) -> dict:
     """`model`'s weights as a sampler hands them on after receiving them (tied ones once)."""
-    from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
+    from grpo.weights.stream.torch_bits import image_from_state, state_from_image
 
     return state_from_image(image_from_state(version, model.state_dict(), 1 << 26, False))
 

@@ -14,12 +14,12 @@ import pytest
 
 from bench.common import free_port
 from grpo.config import Config, ConfigError, load_config
-from grpo.delivery.stream.follower import VersionFollower
-from grpo.delivery.stream.image import Image
-from grpo.delivery.stream.server import VersionStore
-from grpo.weights.broadcaster import Broadcaster
-from grpo.weights.member import GroupMember
-from grpo.weights.membership import GroupInfo, invited
+from grpo.weights.collective.broadcaster import Broadcaster
+from grpo.weights.collective.member import GroupMember
+from grpo.weights.collective.membership import GroupInfo, invited
+from grpo.weights.stream.follower import VersionFollower
+from grpo.weights.stream.image import Image
+from grpo.weights.stream.server import VersionStore
 
 TIMEOUT_S = 2.0
 

@@ -13,12 +13,12 @@ import pytest
 import zmq
 
 from bench.weight_fanout import MAX_BYTES, QUICK, chaos, fan_out, network, synthetic
-from grpo.delivery.stream import server
-from grpo.delivery.stream.client import Receiver
-from grpo.delivery.stream.image import Staging
-from grpo.delivery.stream.node import RelayNode
-from grpo.delivery.stream.relay import RelaySource
-from grpo.delivery.stream.server import VersionStore
+from grpo.weights.stream import server
+from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.image import Staging
+from grpo.weights.stream.node import RelayNode
+from grpo.weights.stream.relay import RelaySource
+from grpo.weights.stream.server import VersionStore
 from tests.conftest import REPO, free_port
 from tests.test_weight_streaming import serving
 
@@ -156,7 +156,7 @@ def test_relays_speak_curve_with_their_own_keys_and_refuse_strangers(tmp_path) -
     own sampler's; a child insists on its parent's key, a relay accepts only authorized/ keys
     (as the trainer does)."""
     from grpo.config import load_config
-    from grpo.delivery.stream.follower import VersionFollower
+    from grpo.weights.stream.follower import VersionFollower
     from grpo.wire.keys import ClientKeys, generate, relay_key, secure_server
 
     generate(tmp_path, 2)

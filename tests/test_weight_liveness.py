@@ -10,9 +10,9 @@ import pytest
 import zmq
 
 from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
-from grpo.delivery.stream.client import Receiver
-from grpo.delivery.stream.image import Image, encode_image_bucket
-from grpo.delivery.stream.server import VersionStore
+from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.image import Image, encode_image_bucket
+from grpo.weights.stream.server import VersionStore
 from tests.test_weight_streaming import serving
 
 
@@ -169,7 +169,7 @@ def test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held() -
     """The bucket socket takes no frame larger than the manifest's largest tensor (it was
     transport.max_version_bytes, 1 TiB by default): the relay's 32 MiB frames never reach the
     receiver, which passes the relay over for its silence and takes the trainer's version."""
-    from grpo.delivery.stream.client import largest_frame
+    from grpo.weights.stream.client import largest_frame
 
     real = synthetic(1, QUICK)
     assert largest_frame(real.manifest) < 1 << 20
@@ -193,7 +193,7 @@ def test_a_version_kept_with_a_state_comes_back_as_itself_and_a_tampered_one_is_
 ) -> None:
     """What a trainer's state keeps of its versions (grpo.trainer.publishing.keep_for_resume)
     reads back with the same identity; a tensor changed on disk is refused by its checksum."""
-    from grpo.delivery.stream.image import load_image, save_image
+    from grpo.weights.stream.image import load_image, save_image
 
     image = synthetic(3, QUICK)
     path = tmp_path / "v000003.safetensors"

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from grpo.core.versions import verify_version, version_dir
-from grpo.delivery.versions import publish_version
+from grpo.weights.dirs import publish_version
 from grpo.wire import messages, weight_stream
 from grpo.wire.codec import Message
 from grpo.wire.sampler_channel import SamplerChannel

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import zmq
 
-from grpo.delivery.stream.client import Receiver
-from grpo.delivery.stream.image import FULL_COPY, ApplyError, Image, Staging, encode_image_bucket
-from grpo.delivery.stream.relay import RelaySource, upstream
-from grpo.delivery.stream.server import StreamServer, VersionStore
-from grpo.wire.weight_frames import decode_bucket
+from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.frames import decode_bucket
+from grpo.weights.stream.image import FULL_COPY, ApplyError, Image, Staging, encode_image_bucket
+from grpo.weights.stream.relay import RelaySource, upstream
+from grpo.weights.stream.server import StreamServer, VersionStore
 
 MB = 1 << 20
 
@@ -223,7 +223,7 @@ def test_a_relay_encodes_a_bucket_once_per_base_however_many_children_ask(monkey
     """A relay holding versions 1 and 2 answers 150 requests for each bucket of version 2 as a
     delta from 1 with one encoding per bucket (issue 42: each request used to re-encode), and
     forgets the encodings of a version once it no longer serves it."""
-    from grpo.delivery.stream import relay as relay_module
+    from grpo.weights.stream import relay as relay_module
 
     calls: list[int] = []
     real = relay_module.encode_image_bucket

@@ -1,6 +1,6 @@
 """The trainer is the root of trust of streamed weights (weights.mode: stream): a sampler takes a
 version from any source only when its manifest has the identity the trainer announced for it
-over the control channel (grpo.wire.weight_frames.Manifest.identity), and then each tensor
+over the control channel (grpo.weights.stream.frames.Manifest.identity), and then each tensor
 only when it matches the manifest's checksum. A relay can forward a version, never originate
 one: a forged version, one the trainer never announced (a higher number, another incarnation's)
 or the trainer's tensors cut into other buckets are refused, and the next source is tried."""
@@ -18,10 +18,10 @@ import zmq
 
 from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
 from grpo.delivery.sampler_endpoint import KEPT_IDENTITIES, SamplerEndpoint, TrainerStatus
-from grpo.delivery.stream.client import Receiver
-from grpo.delivery.stream.image import Image
-from grpo.delivery.stream.relay import announced_manifests
-from grpo.delivery.stream.server import VersionStore
+from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.image import Image
+from grpo.weights.stream.relay import announced_manifests
+from grpo.weights.stream.server import VersionStore
 from grpo.wire.codec import Message
 from tests.test_weight_streaming import serving
 
@@ -135,7 +135,7 @@ def test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_i
 
 
 def test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds():
-    from grpo.delivery.stream.server import announcing
+    from grpo.weights.stream.server import announcing
 
     store = _store(synthetic(0, QUICK), synthetic(1, QUICK))
     beat = announcing(lambda: {"version": 1}, store)()
@@ -172,7 +172,7 @@ class Forger:
         return self.image(version).manifest
 
     def bucket(self, version: int, base: int, index: int):
-        from grpo.delivery.stream.image import encode_image_bucket
+        from grpo.weights.stream.image import encode_image_bucket
 
         return encode_image_bucket(self.image(version), index, None)[0]
 
@@ -228,7 +228,7 @@ class Hostile(Forger):
         return real.manifest
 
     def bucket(self, version: int, base: int, index: int):
-        from grpo.delivery.stream.image import encode_image_bucket
+        from grpo.weights.stream.image import encode_image_bucket
 
         real, trick = self.real.get(version), self.tricks.get(version)
         if real is None or trick not in (2, 3):
@@ -264,7 +264,7 @@ def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
     trainer's weight server with requests it never reads. sampler-1 asks it first and refuses
     each trick within its bound; every version it loads comes from a real source (a relay
     passes on the trainer's bytes, never its own), and the run ends normally."""
-    from grpo.delivery.stream.server import BUCKET, MANIFEST
+    from grpo.weights.stream.server import BUCKET, MANIFEST
     from grpo.wire import messages
     from grpo.wire.codec import encode_message
     from tests.conftest import free_port, transport_overrides
@@ -348,7 +348,7 @@ def test_a_version_held_from_a_crashed_trainer_is_not_taken_for_the_resumed_one_
     """A sampler holding version 8 of a trainer that crashed: once the resumed trainer
     announces its own version 8 (other weights), the held one is not that version; the
     sampler's own starting weights always count as version 0."""
-    from grpo.delivery.stream.follower import VersionFollower
+    from grpo.weights.stream.follower import VersionFollower
 
     crashed, resumed, seed = _forged(8), synthetic(8, QUICK), synthetic(0, QUICK)
     announced = {8: crashed.manifest.identity}

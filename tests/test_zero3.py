@@ -105,7 +105,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.config import load_config
     from grpo.core.batching import length_order, micro_batch_ranges
     from grpo.core.episode import Episode, EpisodeBatch
-    from grpo.delivery.versions import load_state_dict, publish_version, version_dir
+    from grpo.weights.dirs import load_state_dict, publish_version, version_dir
     from grpo.models.loading import load_causal_lm, load_tokenizer
     from grpo.trainer import state as train_state
     from grpo.trainer.critic import Critic

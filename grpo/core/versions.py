@@ -3,7 +3,7 @@
     versions/v000003/       the weights' files + version.json, which lists each file's size and
                             checksum (written last, so a dir without it is unfinished)
 
-Both ends rely on these facts: the trainer publishing (grpo.delivery.versions) and the weight
+Both ends rely on these facts: the trainer publishing (grpo.weights.dirs) and the weight
 stream copying a version to a sampler with no shared filesystem (grpo.wire.weight_stream).
 """
 

@@ -46,7 +46,7 @@ class Member:
     gone: str | None = None  # STOPPED, SILENT or STALLED; None while alive
     why: str = ""  # the drop's line
     relay: str = ""  # where it relays versions (weights.mode: stream), from its heartbeats
-    collective: str = ""  # its state in the collective group (grpo.weights.member), likewise
+    collective: str = ""  # its state in the collective group (grpo.weights.collective.member)
     vouched: bool = False  # see the module docstring
 
     @property

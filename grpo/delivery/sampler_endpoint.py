@@ -25,8 +25,8 @@ from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
-from grpo.delivery.stream.relay import announced_manifests, relay_members
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
+from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.wire import messages
 from grpo.wire.codec import Message
 from grpo.wire.sampler_channel import SamplerChannel
@@ -59,10 +59,10 @@ class TrainerStatus:
     activity: Snapshot | None = None  # what the trainer last said it was doing
     relays: dict[str, str] = field(default_factory=dict)  # live samplers' relay addresses
     # weights.mode: stream: the identity of each version the trainer holds in memory, the only
-    # versions this sampler takes from any source (grpo.delivery.stream.client.Receiver)
+    # versions this sampler takes from any source (grpo.weights.stream.client.Receiver)
     manifests: dict[int, str] = field(default_factory=dict)
     # weights.mode collective: the group the trainer formed, as it said it (its reader,
-    # grpo.weights.membership.GroupInfo.from_json, checks it)
+    # grpo.weights.collective.membership.GroupInfo.from_json, checks it)
     group: Any = None
 
     def take(self, body: dict[str, Any], sampler_id: str) -> None:

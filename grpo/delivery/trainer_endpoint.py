@@ -30,8 +30,8 @@ from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
 from grpo.delivery.spool import frames_digest
-from grpo.delivery.stream.server import StreamServer, VersionStore, announcing
 from grpo.runtime.refusals import note
+from grpo.weights.stream.server import StreamServer, VersionStore, announcing
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message, encode_batch

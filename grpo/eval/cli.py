@@ -129,7 +129,6 @@ def evaluate_versions(
     cfg: Config, versions: list[int], progress: bool = True, out: Path | None = None
 ) -> list[dict]:
     """Each version in turn, with the HF policy (a LoRA run's adapter on its base model)."""
-    from grpo.delivery.versions import verify_version, version_dir
     from grpo.eval.questions import EvalSpec, eval_prompts, evaluate
     from grpo.models.loading import load_tokenizer, resolve_model_path
     from grpo.plan import check_names
@@ -137,6 +136,7 @@ def evaluate_versions(
     from grpo.rollout.multi_turn import with_tools
     from grpo.sampler.weights import Weights
     from grpo.tasks import RewardRunner, run_reward, task_for
+    from grpo.weights.dirs import verify_version, version_dir
 
     check_names(cfg)
     task = task_for(cfg)

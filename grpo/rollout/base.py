@@ -108,7 +108,7 @@ class RolloutEngine(Protocol):
         ...
 
     def load_version(self, vdir: Path, version: int) -> None:
-        """Serve the weights of published version `version` (a dir of grpo.delivery.versions)
+        """Serve the weights of published version `version` (a dir of grpo.weights.dirs)
         from the next generate() on; raise if they cannot be loaded."""
         ...
 

@@ -25,13 +25,13 @@ import numpy as np
 from tqdm import tqdm
 
 from grpo.config import Config
-from grpo.delivery.versions import is_adapter, weight_files
 from grpo.models.loading import require_same_tensors
 from grpo.rollout.base import EngineContext, Generation, Sampling
 from grpo.rollout.vllm_transfer import BACKEND as TRANSFER_BACKEND
 from grpo.rollout.vllm_transfer import memfd_path, update_request, write_memfd
 from grpo.runtime.lifetime import PARENT_ENV
 from grpo.runtime.progress import ACTIVITY
+from grpo.weights.dirs import is_adapter, weight_files
 
 log = logging.getLogger("grpo.vllm")
 T = TypeVar("T")

@@ -13,9 +13,9 @@ import numpy as np
 
 from grpo.config import Config
 from grpo.delivery.spool import Spool
-from grpo.delivery.versions import require_same
 from grpo.runtime.refusals import note
 from grpo.tasks import Row, Task, mixture
+from grpo.weights.dirs import require_same
 
 log = logging.getLogger("grpo.sampler")
 

@@ -14,14 +14,14 @@ from grpo.config import Config
 from grpo.config.weights import streams_versions, weights_mode
 from grpo.core.versions import verify_version, version_dir
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
-from grpo.delivery.stream.follower import VersionFollower
-from grpo.delivery.stream.torch_bits import image_from_state, state_from_image
-from grpo.delivery.versions import is_adapter, load_state_dict
 from grpo.models.loading import adapter_state, apply_lora, copy_state, load_causal_lm
 from grpo.rollout.base import RolloutEngine
 from grpo.runtime.placement import sampler_memory_fraction
 from grpo.runtime.progress import ACTIVITY, RECEIVING
-from grpo.weights.member import GroupMember
+from grpo.weights.collective.member import GroupMember
+from grpo.weights.dirs import is_adapter, load_state_dict
+from grpo.weights.stream.follower import VersionFollower
+from grpo.weights.stream.torch_bits import image_from_state, state_from_image
 from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.sampler")

@@ -17,13 +17,13 @@ from typing import Any
 
 from grpo.config import Config
 from grpo.config.weights import streams_versions, weights_mode
-from grpo.delivery.stream.image import Image, load_image, save_image
-from grpo.delivery.stream.server import VersionStore
-from grpo.delivery.stream.torch_bits import image_from_state
 from grpo.delivery.trainer_endpoint import TrainerEndpoint
-from grpo.delivery.versions import publish_version
 from grpo.models.loading import adapter_state
-from grpo.weights.broadcaster import Broadcaster
+from grpo.weights.collective.broadcaster import Broadcaster
+from grpo.weights.dirs import publish_version
+from grpo.weights.stream.image import Image, load_image, save_image
+from grpo.weights.stream.server import VersionStore
+from grpo.weights.stream.torch_bits import image_from_state
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,13 @@
-"""How versions travel from the trainer to the samplers.
+"""How versions travel from the trainer to the samplers: the home of the weight path.
 
-weights.mode collective lives here: a process group of its own (torch.distributed) between
-trainer rank 0 and the samplers, each version broadcast bucket by bucket (grpo.weights.group
-for the group and the wire, grpo.weights.broadcaster for the trainer's end,
-grpo.weights.member for a sampler's). The other modes (shared_dir, files, stream) still live
-in grpo.delivery and grpo.wire; collective rides on stream for what a broadcast cannot do
-(catching up, resuming, the root of trust), see docs/weights.md.
+    dirs.py         version dirs in a run dir: published whole (rename, then LATEST), checked
+                    file by file (weights.mode shared_dir; files copies them over ZeroMQ)
+    stream/         versions from memory (weights.mode stream): the image and its manifest
+                    (image, frames, deltas, torch_bits), the trainer's server, a sampler's
+                    receiver, relays and the follower that picks a source
+    collective/     weights.mode collective: a process group of its own (torch.distributed)
+                    between trainer rank 0 and the samplers; rides on stream for what a
+                    broadcast cannot do (catching up, resuming, the root of trust)
+
+See docs/weights.md for the modes and what each end checks.
 """

@@ -71,7 +71,7 @@ class SamplerChannel:
             else None
         )
         self.relay_address = ""  # where this sampler relays versions, told in its heartbeats
-        # weights.mode collective: its state in the group (grpo.weights.member), likewise
+        # weights.mode collective: its state in the group (grpo.weights.collective.member)
         self.collective_state: Callable[[], str] | None = None
         self.push.setsockopt(zmq.SNDTIMEO, int(cfg.peer_timeout_s * 1000))
         self.push.connect(cfg.episodes_addr)

@@ -68,7 +68,7 @@ MUTATIONS = (
     Mutation(
         name="codec_may_send_more_than_full",
         item="41.3: a delta is never bigger than the full copy (a test, not a row)",
-        path="grpo/wire/deltas.py",
+        path="grpo/weights/stream/deltas.py",
         old="sizes = {FULL: new.nbytes, SPARSE:",
         new="sizes = {SPARSE:",
         tests=(f"{GUARANTEES}::test_a_delta_is_never_bigger_than_the_full_copy_and_decodes_back",),

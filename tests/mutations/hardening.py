@@ -35,7 +35,7 @@ MUTATIONS = (
     Mutation(
         name="version_published_before_it_is_on_disk",
         item="29.5: a version's files are fsynced before LATEST names it",
-        path="grpo/delivery/versions.py",
+        path="grpo/weights/dirs.py",
         old="    fsync_tree(tmp)\n",
         new="",
         tests=("tests/test_delivery.py::test_a_version_is_on_the_disk_before_latest_names_it",),

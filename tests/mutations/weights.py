@@ -15,7 +15,7 @@ MUTATIONS = (
     Mutation(
         name="receiver_takes_any_manifest",
         item="42.2: a relay's manifest is taken only with the identity the trainer announced",
-        path="grpo/delivery/stream/client.py",
+        path="grpo/weights/stream/client.py",
         old="        if self.trusted is not None:\n            self._check_announced(manifest)\n",
         new="",
         tests=(
@@ -27,7 +27,7 @@ MUTATIONS = (
     Mutation(
         name="identity_without_the_tiling",
         item="42.2: the identity covers the bucket tiling",
-        path="grpo/wire/weight_frames.py",
+        path="grpo/weights/stream/frames.py",
         old="                for s in self.specs], [list(b) for b in self.buckets]]",
         new="                for s in self.specs], []]",
         tests=(
@@ -39,7 +39,7 @@ MUTATIONS = (
     Mutation(
         name="trainer_names_no_versions",
         item="42.2: the trainer's heartbeats announce the identities",
-        path="grpo/delivery/stream/server.py",
+        path="grpo/weights/stream/server.py",
         old='    return lambda: {**status(), "manifests": store.identities()}\n',
         new="    return status\n",
         tests=(
@@ -60,7 +60,7 @@ MUTATIONS = (
     Mutation(
         name="held_version_of_a_crashed_trainer_taken",
         item="42.2: a held version counts only as the trainer announced it now",
-        path="grpo/delivery/stream/follower.py",
+        path="grpo/weights/stream/follower.py",
         old="        return self.trusted().get(image.version) == image.manifest.identity\n",
         new="        return True\n",
         tests=(
@@ -70,7 +70,7 @@ MUTATIONS = (
     Mutation(
         name="full_copy_answered_with_a_delta_asked_again",
         item="42.3: a source that never sends what is asked fails, the next one is tried",
-        path="grpo/delivery/stream/client.py",
+        path="grpo/weights/stream/client.py",
         old="                if bucket.base not in (wanted, FULL_COPY):",
         new="                if False:",
         tests=(
@@ -81,7 +81,7 @@ MUTATIONS = (
     Mutation(
         name="bad_address_escapes_the_fallback",
         item="42.3: connect errors fall through to the next source",
-        path="grpo/delivery/stream/client.py",
+        path="grpo/weights/stream/client.py",
         old="        except (zmq.ZMQError, OSError, ValueError) as e:",
         new="        except () as e:",
         tests=(
@@ -109,7 +109,7 @@ MUTATIONS = (
     Mutation(
         name="group_member_skips_the_checksums",
         item="42.5: a broadcast version is taken only when every tensor matches its manifest",
-        path="grpo/weights/member.py",
+        path="grpo/weights/collective/member.py",
         old="                if deltas.tensor_digest(bits) != spec.digest:",
         new="                if False:",
         tests=(f"{GROUP}::test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on",),
@@ -117,7 +117,7 @@ MUTATIONS = (
     Mutation(
         name="group_operations_unbounded",
         item="42.5: a stalled member is dropped within weights.collective_timeout_s",
-        path="grpo/weights/group.py",
+        path="grpo/weights/collective/group.py",
         old="    opts._timeout = datetime.timedelta(seconds=timeout_s)",
         new="    opts._timeout = datetime.timedelta(seconds=1800)",
         tests=(
@@ -127,7 +127,7 @@ MUTATIONS = (
     Mutation(
         name="failed_member_invited_again_at_once",
         item="42.5: the group re-forms without a dead or stalled member",
-        path="grpo/weights/membership.py",
+        path="grpo/weights/collective/membership.py",
         old="        and left >= failed_in.get((sid, incarnation), 0)",
         new="",
         tests=(
@@ -138,7 +138,7 @@ MUTATIONS = (
     Mutation(
         name="restarted_sampler_counted_as_its_predecessor",
         item="42.5: a restarted sampler rejoins the group",
-        path="grpo/weights/membership.py",
+        path="grpo/weights/collective/membership.py",
         old="        and left >= failed_in.get((sid, incarnation), 0)",
         new="        and left >= max([g for (s, _), g in failed_in.items() if s == sid], "
         "default=0)",
@@ -162,7 +162,7 @@ MUTATIONS = (
     Mutation(
         name="version_the_group_brings_also_streamed",
         item="42.5: a version the group will bring is not also streamed",
-        path="grpo/delivery/stream/follower.py",
+        path="grpo/weights/stream/follower.py",
         old="                brought = self._current(sent) or self.expected(target)",
         new="                brought = self._current(sent)",
         tests=(f"{GROUP}::test_a_version_the_group_will_bring_is_not_also_streamed",),
@@ -170,7 +170,7 @@ MUTATIONS = (
     Mutation(
         name="broadcast_taken_on_the_group_s_word",
         item="42.2/42.5: a broadcast version is taken only under the announced identity",
-        path="grpo/delivery/stream/follower.py",
+        path="grpo/weights/stream/follower.py",
         old="            if self._current(sent := self.broadcast.get(version)):",
         new="            if (sent := self.broadcast.get(version)) is not None:",
         tests=(
@@ -181,7 +181,7 @@ MUTATIONS = (
     Mutation(
         name="unannounced_broadcast_awaited_for_ever",
         item="42.3/42.5: a broadcast version that cannot be taken is streamed, not awaited",
-        path="grpo/delivery/stream/follower.py",
+        path="grpo/weights/stream/follower.py",
         old="                brought = self._current(sent) or self.expected(target)",
         new="                brought = sent is not None or self.expected(target)",
         tests=(f"{GROUP}::test_a_broadcast_the_trainer_never_announced_is_streamed_instead",),
@@ -189,7 +189,7 @@ MUTATIONS = (
     Mutation(
         name="member_expects_a_version_already_sent",
         item="42.3/42.5: a version the group sent and the sampler could not take is streamed",
-        path="grpo/weights/member.py",
+        path="grpo/weights/collective/member.py",
         old="        return first is not None and version >= first and version > self._last",
         new="        return first is not None and version >= first",
         tests=(f"{GROUP}::test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on",),
@@ -197,7 +197,7 @@ MUTATIONS = (
     Mutation(
         name="bucket_socket_takes_any_frame",
         item="42 bounds: the receiving socket takes no frame larger than the version's",
-        path="grpo/delivery/stream/client.py",
+        path="grpo/weights/stream/client.py",
         old="                sock = self._connect(addr, largest_frame(manifest))",
         new="                sock = self._connect(addr, self.max_bytes)",
         tests=(
@@ -207,7 +207,7 @@ MUTATIONS = (
     Mutation(
         name="relay_encodes_every_request",
         item="42 bounds: a relay encodes a bucket once per base, not once per request",
-        path="grpo/delivery/stream/relay.py",
+        path="grpo/weights/stream/relay.py",
         old="            if (frames := self._encoded.get(key)) is not None:\n"
         "                return frames",
         new="            pass",

@@ -1,7 +1,7 @@
 """A relaying sampler's weights side, without its engine: a StreamServer thread serving a
 RelaySource, and a Receiver whose manifest, buckets and finished versions feed that source, so
 that every bucket it has checked is served on to its children while the rest is still coming
-(grpo.delivery.stream.relay). The sampler's VersionFollower relays through one; benchmarks and
+(grpo.weights.stream.relay). The sampler's VersionFollower relays through one; benchmarks and
 tests make theirs with RelayNode.on_loopback.
 
 Torch-free, like the modules it joins: a benchmark runs dozens of these, one per process.
@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from grpo.delivery.stream.client import Receiver
-from grpo.delivery.stream.image import Image
-from grpo.delivery.stream.relay import RelaySource
-from grpo.delivery.stream.server import MAX_REQUEST_BYTES, StreamServer
+from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.image import Image
+from grpo.weights.stream.relay import RelaySource
+from grpo.weights.stream.server import MAX_REQUEST_BYTES, StreamServer
 from grpo.wire.channels import SocketLimits, new_socket
 
 REQUEST_HWM = 1000  # requests queued per child; each is a few dozen bytes

@@ -2,7 +2,7 @@
 staging copy a receiver fills bucket by bucket and turns into an Image only when every tensor
 and the version as a whole match their checksums: all or nothing.
 
-Tensors are held as flat arrays of their bit patterns (grpo.wire.weight_frames.BITS), so this
+Tensors are held as flat arrays of their bit patterns (grpo.weights.stream.frames.BITS), so this
 module needs no torch: relays and benchmarks run it without a model.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from grpo.wire import deltas
-from grpo.wire.weight_frames import Bucket, Manifest, TensorSpec, encode_bucket, plan_buckets
+from grpo.weights.stream import deltas
+from grpo.weights.stream.frames import Bucket, Manifest, TensorSpec, encode_bucket, plan_buckets
 
 FULL_COPY = -1  # the base of a bucket of full copies
 

@@ -16,9 +16,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from grpo.delivery.stream.image import FULL_COPY, Image, Staging, encode_image_bucket
-from grpo.delivery.stream.server import PENDING
-from grpo.wire.weight_frames import Bucket, Manifest
+from grpo.weights.stream.frames import Bucket, Manifest
+from grpo.weights.stream.image import FULL_COPY, Image, Staging, encode_image_bucket
+from grpo.weights.stream.server import PENDING
 
 
 def upstream(me: str, relays: dict[str, str], fanout: int) -> list[str]:
@@ -50,7 +50,7 @@ class RelaySource:
         self._received: dict[int, tuple[int, list[Any]]] = {}  # index -> (base, frames)
         # (manifest identity, base, index) -> frames encoded here, for what it holds or takes in
         self._encoded: dict[tuple[str, int, int], list[Any]] = {}
-        self.progress = 0  # buckets taken in (grpo.delivery.stream.server.Source)
+        self.progress = 0  # buckets taken in (grpo.weights.stream.server.Source)
 
     def started(self, staging: Staging) -> None:
         with self._lock:

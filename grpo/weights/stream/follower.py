@@ -1,6 +1,6 @@
 """A sampler's end of weights.mode: stream: a thread that receives the versions it is asked
 for into host memory (checked, all or nothing) and, with several samplers, serves what it holds
-to the samplers below it in the relay tree (grpo.delivery.stream.relay).
+to the samplers below it in the relay tree (grpo.weights.stream.relay).
 
 A lone sampler receives exactly the version its next batch needs, when it needs it (which weights
 sample a batch never depends on timing). With relays, a sampler receives every announced
@@ -22,10 +22,10 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from grpo.config import Config
-from grpo.delivery.stream.client import Receiver
-from grpo.delivery.stream.image import Image
-from grpo.delivery.stream.node import RelayNode
-from grpo.delivery.stream.relay import sources
+from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.image import Image
+from grpo.weights.stream.node import RelayNode
+from grpo.weights.stream.relay import sources
 from grpo.wire.channels import SocketLimits, check_listening, is_loopback, new_socket
 from grpo.wire.keys import ClientKeys, relay_key, secure_server
 
@@ -63,7 +63,7 @@ class VersionFollower:
         full copies). `keys`: this sampler's CURVE keys (transport.curve_dir), which it
         connects to the trainer and to relays with, and serves its own relay with.
         `trusted()`: the identity of each version the trainer announced (its heartbeats), the
-        only manifests taken from any source (grpo.delivery.stream.client.Receiver)."""
+        only manifests taken from any source (grpo.weights.stream.client.Receiver)."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
@@ -82,7 +82,7 @@ class VersionFollower:
         self.held: Image | None = seed
         self.seed, self.trusted = seed, trusted
         # weights.mode collective: the versions the group brought (the newest few), and
-        # whether it will bring a version (grpo.weights.member.GroupMember.expects)
+        # whether it will bring a version (grpo.weights.collective.member.GroupMember.expects)
         self.broadcast: dict[int, Image] = {}
         self.expected: Callable[[int], bool] = lambda version: False
         self._passed_over: dict[str, float] = {}  # relay -> when it last failed a version

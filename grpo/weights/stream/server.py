@@ -8,7 +8,7 @@ relaying sampler's, over one ROUTER socket each.
 
 What is served comes from a `Source`: the trainer's `VersionStore` (the versions it keeps, each
 bucket encoded once per base and shared by every receiver asking with that base), or a relay's
-(grpo.delivery.stream.relay), which may hold a bucket back until it has it: the request is
+(grpo.weights.stream.relay), which may hold a bucket back until it has it: the request is
 parked, not refused, until PARK_S pass with no bucket coming into the source (a relay still
 receiving keeps its children waiting; a stuck one lets them go to their next source). Like
 the file server, the loop answers every request on its own and survives any: a malformed one
@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 import zmq
 
-from grpo.delivery.stream.image import FULL_COPY, Image, encode_image_bucket
+from grpo.weights.stream.frames import Manifest
+from grpo.weights.stream.image import FULL_COPY, Image, encode_image_bucket
 from grpo.wire import messages
 from grpo.wire.codec import FrameError, Message, decode, encode_message
-from grpo.wire.weight_frames import Manifest
 
 log = logging.getLogger("grpo.transport")
 
@@ -273,7 +273,7 @@ def announcing(
     status: Callable[[], dict[str, Any]], store: VersionStore | None
 ) -> Callable[[], dict[str, Any]]:
     """What each control message of the trainer says: `status()` and, with versions served from
-    `store`, the identity of every version held (grpo.wire.weight_frames.Manifest.identity):
+    `store`, the identity of every version held (grpo.weights.stream.frames.Manifest.identity):
     the samplers' root of trust, since a relay's bytes are taken only when they match it."""
     if store is None:
         return status

@@ -2,7 +2,7 @@
 the nearest relay, then the next one up, then the trainer.
 
 From each source: its manifest, then every bucket still missing, `window` requests in flight,
-each decoded into a staging copy (grpo.delivery.stream.image.Staging) as it arrives. Nothing
+each decoded into a staging copy (grpo.weights.stream.image.Staging) as it arrives. Nothing
 reaches the engine until the whole version is in and matched its checksums. Every way a
 transfer goes wrong falls back to something that still works, counted in `SyncStats.fallbacks`
 and logged:
@@ -13,7 +13,7 @@ and logged:
     a source silent for timeout_s, or refusing     -> the next source, keeping the buckets in
 
 The root of trust is the trainer (`trusted`: the identity of each version it announced over
-the channel the sampler authenticates, grpo.wire.weight_frames.Manifest.identity). A manifest
+the channel the sampler authenticates, grpo.weights.stream.frames.Manifest.identity). A manifest
 of a version the trainer has not announced, or whose identity is not the announced one, is
 refused from any source: a relay forwards versions, it never originates one. Each tensor is
 then taken only when it matches the manifest's checksum.
@@ -30,8 +30,9 @@ from typing import Any
 
 import zmq
 
-from grpo.delivery.stream.image import FULL_COPY, ApplyError, Image, Staging
-from grpo.delivery.stream.server import (
+from grpo.weights.stream.frames import Bucket, Manifest, decode_bucket
+from grpo.weights.stream.image import FULL_COPY, ApplyError, Image, Staging
+from grpo.weights.stream.server import (
     BUCKET,
     BUCKET_TAG,
     INDEX,
@@ -42,7 +43,6 @@ from grpo.delivery.stream.server import (
 from grpo.wire import messages
 from grpo.wire.channels import SocketLimits, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
-from grpo.wire.weight_frames import Bucket, Manifest, decode_bucket
 
 log = logging.getLogger("grpo.transport")
 

@@ -7,7 +7,7 @@ travels as one multipart message:
 
     frame 0   XXH3-64 of everything after it, then a msgpack header:
               {"version", "base" (-1: full copies), "index", "tensors": [[name, encoding, n], ...]}
-    frames    each tensor's n encoded parts (grpo.wire.deltas), raw, in the header's order
+    frames    each tensor's n encoded parts (grpo.weights.stream.deltas), raw, in the header's order
 
 The frame checksum catches a corrupted transfer; the tensor digests catch what a checksum of the
 frames cannot: a delta applied to the wrong base. Decoding checks every field and raises only
@@ -28,8 +28,8 @@ import msgpack
 import numpy as np
 
 from grpo.core.checksum import checksum
+from grpo.weights.stream.deltas import ENCODINGS
 from grpo.wire.codec import FrameError, as_bytes, require, seal
-from grpo.wire.deltas import ENCODINGS
 from grpo.wire.unpack import unpack_bounded
 
 # The bit pattern each dtype travels as: a signed integer of its width, so that deltas XOR and
@@ -47,7 +47,7 @@ BITS = {
     "bool": np.dtype("<i1"),
 }
 MAX_TENSORS = 1 << 20
-MAX_PARTS = 2  # per tensor: grpo.wire.deltas' encodings have one or two
+MAX_PARTS = 2  # per tensor: grpo.weights.stream.deltas' encodings have one or two
 _SUM = struct.Struct("<Q")
 
 

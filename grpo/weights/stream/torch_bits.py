@@ -1,4 +1,4 @@
-"""Between torch tensors and a version image's bit patterns (grpo.delivery.stream.image)."""
+"""Between torch tensors and a version image's bit patterns (grpo.weights.stream.image)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from collections.abc import Mapping
 
 import torch
 
-from grpo.delivery.stream.image import Image
+from grpo.weights.stream.image import Image
 
-# Each dtype as the signed integer of its width (grpo.wire.weight_frames.BITS), as torch views it.
+# Each dtype as the signed integer of its width (grpo.weights.stream.frames.BITS), as torch
+# views it.
 _AS_BITS = {
     torch.float64: torch.int64,
     torch.float32: torch.int32,

@@ -1,7 +1,7 @@
 """A sampler's end of weights.mode collective: a thread that joins the group the trainer
 announces, takes every version broadcast in it, checks each tensor against the manifest's
 checksum, and offers the whole version to the sampler's follower (which takes it only once the
-trainer announced that manifest's identity, grpo.delivery.stream.follower).
+trainer announced that manifest's identity, grpo.weights.stream.follower).
 
 Its state travels in the sampler's heartbeats: "ready:G" (not in a group; G the generation it
 last left, 0 for none) or "member:G". Any failure (the trainer gone, a peer dead or stalled, a
@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from grpo.config import Config
-from grpo.delivery.stream.image import Image
-from grpo.weights import group as wire
-from grpo.weights.membership import GroupInfo
-from grpo.wire import deltas
+from grpo.weights.collective import group as wire
+from grpo.weights.collective.membership import GroupInfo
+from grpo.weights.stream import deltas
+from grpo.weights.stream.frames import Manifest
+from grpo.weights.stream.image import Image
 from grpo.wire.codec import FrameError
 from grpo.wire.unpack import unpack_bounded
-from grpo.wire.weight_frames import Manifest
 
 log = logging.getLogger("grpo.sampler")
 

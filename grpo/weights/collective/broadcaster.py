@@ -4,8 +4,8 @@ samplers in its group, on a thread of its own, so that no sampler can hold up tr
 Who is in the group: the samplers whose heartbeats say they are ready to join ("ready:G",
 having left generation G), and the members of the group as it is. A new membership is a new
 generation: the members of the old one are told to move (a REFORM header), the trainer
-announces the new one in its heartbeats (grpo.weights.membership.GroupInfo) and waits for every
-member to join.
+announces the new one in its heartbeats (grpo.weights.collective.membership.GroupInfo) and
+waits for every member to join.
 When an operation fails (a member died, or stalled past weights.collective_timeout_s) the group
 is dropped at once, and each of its members is invited again only once it says it left that
 generation: a dead one never does. Until then, and for any version sent before a sampler
@@ -26,9 +26,9 @@ import msgpack
 import numpy as np
 
 from grpo.config import Config
-from grpo.delivery.stream.server import VersionStore
-from grpo.weights import group as wire
-from grpo.weights.membership import GroupInfo, invited
+from grpo.weights.collective import group as wire
+from grpo.weights.collective.membership import GroupInfo, invited
+from grpo.weights.stream.server import VersionStore
 
 log = logging.getLogger("grpo.trainer")
 
