@@ -42,6 +42,7 @@ def run(quick: bool = False) -> list[Result]:
     from grpo.rollout.vllm import VllmRollout
     from grpo.sampler.data import encode_prompts
     from grpo.tasks import get_task
+    from grpo.weights.version import Version
     from tests.tiny_model import build_tiny_model
 
     quiet_hf()
@@ -83,7 +84,7 @@ def run(quick: bool = False) -> list[Result]:
             for version in range(1, 3 if quick else 4):
                 vdir = _perturbed_copy(policy, tokenizer, tmp / f"v{version:06d}", version)
                 t0 = time.perf_counter()
-                assert engine.load_version(vdir, version) == "in place"
+                assert engine.load(Version.from_dir(vdir, version)) == "in place"
                 in_place = min(in_place, time.perf_counter() - t0)
             if quick:  # the suite's smoke run: the first start stands in for a restart
                 restart = start_s  # (tests/test_vllm.py restarts an engine on a hung reload)
@@ -91,7 +92,7 @@ def run(quick: bool = False) -> list[Result]:
                 engine.cfg.rollout.vllm.reload = "restart"
                 vdir = _perturbed_copy(policy, tokenizer, tmp / "v000009", 9)
                 t0 = time.perf_counter()
-                assert engine.load_version(vdir, 9) == "restart"
+                assert engine.load(Version.from_dir(vdir, 9)) == "restart"
                 restart = time.perf_counter() - t0
     finally:
         engine.close()

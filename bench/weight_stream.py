@@ -61,7 +61,7 @@ def _demo_config() -> Path:
 
 
 def _state(model: Any, lora: bool) -> dict[str, Any]:
-    """What the trainer publishes (grpo.trainer.publishing), what the sampler loads into."""
+    """What the trainer publishes (grpo.weights.publisher), what the sampler loads into."""
     from grpo.models.loading import adapter_state
 
     return adapter_state(model) if lora else model.state_dict()

@@ -12,12 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo.core.seqset import SeqSet
-from grpo.core.versions import verify_version, version_dir
 from grpo.delivery.ledger import Ledger, overtaken
 from grpo.delivery.spool import Spool
 from grpo.sampler.data import question_order
 from grpo.trainer.state import truncate_metrics
-from grpo.weights.dirs import discard_versions_after, publish_version, require_same
+from grpo.weights.dirs import (
+    discard_versions_after,
+    publish_version,
+    require_same,
+    verify_version,
+    version_dir,
+)
+from grpo.weights.modes.shared_dir import DirReceiver
 from grpo.wire.blobs import frames_to_bytes
 from grpo.wire.codec import FrameError, encode_batch
 from tests.test_episode import assert_batches_identical, make_batch
@@ -303,6 +309,7 @@ def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_mode
     data[len(data) // 2] ^= 0x40  # a flipped bit in some weight
     weights.write_bytes(bytes(data))
 
+    sampler.weights.receiver = DirReceiver(sampler.run_dir)  # weights.mode shared_dir
     sampler.weights.reload(1)
     assert sampler.weights.version == 0 and 1 in sampler.weights.failed_reloads
     assert "keeping version 0, not loading version 1" in caplog.text and "corrupt" in caplog.text
@@ -340,6 +347,7 @@ def test_a_sharded_version_is_published_verified_and_reloaded(tmp_path, tiny_mod
     manifest = json.loads((vdir / "version.json").read_text())["files"]
     assert {p.name for p in shards} | {SHARD_INDEX} <= set(manifest)
     assert all(torch.equal(shifted[k], v) for k, v in load_state_dict(vdir).items())
+    sampler.weights.receiver = DirReceiver(sampler.run_dir)  # weights.mode shared_dir
     sampler.weights.reload(1)
     assert sampler.weights.version == 1
     assert all(torch.equal(shifted[k], v) for k, v in policy.state_dict().items())

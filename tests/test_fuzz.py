@@ -9,7 +9,7 @@ its caller catches and logs), never another exception that would end a thread or
   fields one by one, 10,000 times; these are the frame-level mutations, briefly.
 - grpo.reward_service.protocol: request and reply bodies, and bytes through the codec into
   them. Refusal: ValueError.
-- grpo.wire.weight_stream._reply, the weight server's answer to one request: always a
+- grpo.weights.files._reply, the weight server's answer to one request: always a
   Message that can be sent.
 - grpo.config.load_config from YAML text: a Config or ConfigError.
 
@@ -32,8 +32,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from grpo.config import Config, ConfigError, load_config
-from grpo.core.versions import VERSION_MARKER, version_dir
 from grpo.reward_service import protocol
+from grpo.weights.dirs import VERSION_MARKER, version_dir
+from grpo.weights.files import CHUNK_BYTES, _reply
 from grpo.wire import messages
 from grpo.wire.codec import (
     FrameError,
@@ -44,7 +45,6 @@ from grpo.wire.codec import (
     encode_message,
     seal,
 )
-from grpo.wire.weight_stream import CHUNK_BYTES, _reply
 from tests.test_episode import _MSGPACK_VALUES, assert_valid_batch, make_batch, received
 
 FUZZ = settings(

@@ -12,6 +12,7 @@ import pytest
 
 from grpo.rollout.base import EngineContext, Sampling
 from grpo.rollout.registry import ENGINES, get_engine, register_engine
+from grpo.weights.version import Version
 
 TOY = "tests.plugins.toy_engine:build"
 
@@ -51,7 +52,7 @@ def test_toy_engine_built_by_name_answers_in_contiguous_groups():
         np.array_equal(a.completion_ids, b.completion_ids) for a, b in zip(gens, again, strict=True)
     )
 
-    engine.load_version(None, 3)
+    engine.load(Version(3, False))
     assert engine.version == 3
     engine.close()
 

@@ -21,6 +21,7 @@ from grpo.models.loading import load_causal_lm, load_tokenizer
 from grpo.rollout.base import Sampling
 from grpo.scoring.kernels import Truncation
 from grpo.scoring.score import score_pairs
+from grpo.weights.version import Version
 
 # Every real-engine vLLM test file's marks (tests/test_vllm_continuous.py imports them).
 pytestmark = VLLM_MARKS = [
@@ -252,7 +253,7 @@ def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir,
     new_model = perturbed_version(base_model_dir, tmp_path / "v000001", 1, max_shard_size="200MB")
     assert len(list((tmp_path / "v000001").glob("model-*-of-*.safetensors"))) >= 2
     before = engine_logprobs_of(engine, prompt, completion)
-    assert engine.load_version(tmp_path / "v000001", 1) == "in place"
+    assert engine.load(Version.from_dir(tmp_path / "v000001", 1)) == "in place"
     after = engine_logprobs_of(engine, prompt, completion)
     (old_hf,), _ = score_pairs(hf_base, [prompt], [completion], pad_id=2, temperature=1.0,
                                packed=False)  # fmt: skip
@@ -268,7 +269,7 @@ def test_in_place_reload_serves_the_new_weights(engine, hf_base, base_model_dir,
     assert np.abs(after - old_hf).mean() > 20 * MEAN_TOL  # the change is visible
     # back to the base weights for the other tests of this module
     shutil.copytree(base_model_dir, tmp_path / "v000002")
-    assert engine.load_version(tmp_path / "v000002", 2) == "in place"
+    assert engine.load(Version.from_dir(tmp_path / "v000002", 2)) == "in place"
     assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
 
 
@@ -285,11 +286,12 @@ def test_streamed_tensors_are_served_in_place(engine, hf_base, base_model_dir, t
                                packed=False)  # fmt: skip
     (new_hf,), _ = score_pairs(new_model, [prompt], [completion], pad_id=2, temperature=1.0,
                                packed=False)  # fmt: skip
-    engine.load_tensors(streamed(new_model, 1), 1)
+    engine.load(Version(1, False, state=streamed(new_model, 1)))
     after = engine_logprobs_of(engine, prompt, completion)
     assert np.abs(after - new_hf).mean() < MEAN_TOL
     assert np.abs(after - old_hf).mean() > 20 * MEAN_TOL  # the change is visible
-    engine.load_tensors(streamed(hf_base, 2), 2)  # back, for the other tests of this module
+    # Back, for the other tests of this module.
+    engine.load(Version(2, False, state=streamed(hf_base, 2)))
     assert np.abs(engine_logprobs_of(engine, prompt, completion) - old_hf).mean() < MEAN_TOL
 
 
@@ -305,10 +307,10 @@ def test_half_a_streamed_version_is_refused_before_it_reaches_the_engine(
     state = {n: t * 0 for n, t in streamed(hf_base, 3).items()}  # weights that change output
     half = dict(list(state.items())[: len(state) // 2])
     with pytest.raises(RuntimeError, match="missing"):
-        engine.load_tensors(half, 3)
+        engine.load(Version(3, False, state=half))
     name = next(iter(state))
     with pytest.raises(RuntimeError, match="other shapes"):
-        engine.load_tensors({**state, name: state[name][:1]}, 3)
+        engine.load(Version(3, False, state={**state, name: state[name][:1]}))
     assert np.array_equal(engine_logprobs_of(engine, prompt, completion), before)
 
 
@@ -351,7 +353,7 @@ def test_hung_in_place_reload_falls_back_to_a_restart(
     try:
         # An engine that never answers the reload: the timeout counts it as failed.
         monkeypatch.setattr(engine.llm, "collective_rpc", lambda *a, **k: release.wait(600))
-        assert engine.load_version(tmp_path / "v000001", 1) == "restart (fallback)"
+        assert engine.load(Version.from_dir(tmp_path / "v000001", 1)) == "restart (fallback)"
         why = "TimeoutError: loading version 1 into the running engine took over 2 s"
         assert why in caplog.text
         (new_hf,), _ = score_pairs(new_model, [prompt], [completion], pad_id=2,
@@ -365,7 +367,7 @@ def test_hung_in_place_reload_falls_back_to_a_restart(
     # can take longer (seen in a loaded run), which would be counted as hung too.
     monkeypatch.undo()
     shutil.copytree(base_model_dir, tmp_path / "v000002")
-    assert engine.load_version(tmp_path / "v000002", 2) == "in place"
+    assert engine.load(Version.from_dir(tmp_path / "v000002", 2)) == "in place"
 
 
 @pytest.mark.extended  # CI leaves it out; adapters: test_weight_streaming.py
@@ -395,7 +397,7 @@ def test_lora_adapter_per_version_without_restart(base_model_dir, tmp_path):
                         p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
             vdir = tmp_path / f"v{version:06d}"
             peft_model.save_pretrained(vdir)
-            assert rollout.load_version(vdir, version) == "adapter"
+            assert rollout.load(Version.from_dir(vdir, version)) == "adapter"
             (want,), _ = score_pairs(peft_model.eval(), [prompt], [completion], pad_id=2,
                                      temperature=1.0, packed=False)  # fmt: skip
             served = engine_logprobs_of(rollout, prompt, completion)

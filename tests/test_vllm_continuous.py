@@ -14,6 +14,7 @@ import torch
 from grpo.models.loading import load_causal_lm, load_tokenizer
 from grpo.rollout.continuous import Answer, Request
 from grpo.scoring.score import score_pairs
+from grpo.weights.version import Version
 from tests.test_vllm import (
     MAX_TOL,
     MEAN_TOL,
@@ -150,7 +151,7 @@ def test_a_version_changes_mid_answer(engine, asked, hf_base, new_model, kv, mon
         early += engine.step()
     k = 6
     assert all(len(a.tokens) == k for a in answers if a not in early)
-    engine.load_tensors(streamed(new_model, v0 + 1), v0 + 1)
+    engine.load(Version(v0 + 1, False, state=streamed(new_model, v0 + 1)))
     engine.weights_changed(v0 + 1)
     done = list(early)
     while engine.in_flight():
@@ -177,7 +178,7 @@ def test_a_version_changes_mid_answer(engine, asked, hf_base, new_model, kv, mon
     assert new_mean < MEAN_TOL and new_max < MAX_TOL
     assert other_mean > 5 * new_mean  # the two modes' references can be told apart
     # back to the base weights for the other tests of this module
-    engine.load_tensors(streamed(hf_base, v0 + 2), v0 + 2)
+    engine.load(Version(v0 + 2, False, state=streamed(hf_base, v0 + 2)))
     engine.weights_changed(v0 + 2)
 
 
@@ -228,7 +229,8 @@ def test_an_engine_restart_carries_the_answers_in_flight_over(
     for _ in range(5):
         done += engine.step()
     before = {a.request.uid: list(a.tokens) for a in answers}
-    assert engine.load_version(base_model_dir, v0 + 1) == "restart" and engine.llm is not first
+    assert engine.load(Version.from_dir(base_model_dir, v0 + 1)) == "restart"
+    assert engine.llm is not first
     engine.weights_changed(v0 + 1)
     for _ in range(4 * MAX_NEW):  # bounded: answers the new engine lost would never finish
         if not engine.in_flight():

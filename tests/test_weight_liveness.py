@@ -5,6 +5,7 @@ that is not one, a source whose keys cannot be had."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -92,7 +93,8 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     `waiting`, which no stall limit watches.)"""
     from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
     from grpo.runtime.progress import ACTIVITY, RECEIVING
-    from grpo.sampler.weights import Weights
+    from grpo.sampler.weights import Weights, receiving_wait
+    from grpo.weights.modes.stream import StreamReceiver
 
     class Follower:
         def __init__(self) -> None:
@@ -114,8 +116,12 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     endpoint._news, endpoint._sync = threading.Event(), lambda: None
     endpoint._news.set()  # no 5 s waits between the checks
     weights = Weights.__new__(Weights)
-    weights.follower, weights.endpoint, weights.failed_reloads = Follower(), endpoint, {}
-    weights.policy = weights.engine = weights.member = None
+    receiver = StreamReceiver.__new__(StreamReceiver)  # as connect makes it, but this follower
+    receiver.follower = Follower()  # type: ignore[assignment]
+    receiver.wait = receiving_wait(endpoint)
+    weights.receiver, weights.endpoint, weights.failed_reloads = receiver, endpoint, {}
+    weights.policy = weights.engine = None
+    weights.mode = SimpleNamespace(name="stream")  # type: ignore[assignment]
     weights.version = 0
 
     def wake() -> None:
@@ -123,7 +129,7 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
             endpoint._news.set()
 
     threading.Thread(target=wake, daemon=True).start()
-    weights.receive(1)
+    weights.reload(1)
     assert weights.version == 1 and phases == [RECEIVING] * 3, phases
 
 
@@ -135,7 +141,7 @@ def test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for(stalene
     budget say."""
     from grpo.config import load_config
     from grpo.core.staleness import required_version
-    from grpo.trainer.publishing import new_store
+    from grpo.weights.publisher import new_store
 
     cfg = load_config(None, [
         "weights.mode=stream", "transport.weights_addr=tcp://127.0.0.1:5557",
@@ -191,7 +197,7 @@ def test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held() -
 def test_a_version_kept_with_a_state_comes_back_as_itself_and_a_tampered_one_is_refused(
     tmp_path,
 ) -> None:
-    """What a trainer's state keeps of its versions (grpo.trainer.publishing.keep_for_resume)
+    """What a trainer's state keeps of its versions (grpo.weights.publisher.keep_for_resume)
     reads back with the same identity; a tensor changed on disk is refused by its checksum."""
     from grpo.weights.stream.image import load_image, save_image
 

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import msgpack
 import pytest
+import zmq
 
-from grpo.core.versions import verify_version, version_dir
-from grpo.weights.dirs import publish_version
-from grpo.wire import messages, weight_stream
+from grpo.weights import files as weight_stream
+from grpo.weights.dirs import publish_version, verify_version, version_dir
+from grpo.weights.files import CHUNK_BYTES, MAX_REQUEST_BYTES, WeightFetcher, _reply, serve
+from grpo.weights.serving import WeightsServer
+from grpo.wire import messages
 from grpo.wire.codec import Message
-from grpo.wire.sampler_channel import SamplerChannel
 from grpo.wire.trainer_channel import TrainerChannel
-from grpo.wire.weight_stream import CHUNK_BYTES, _reply
 from tests.conftest import free_port, transport_overrides
 from tests.test_transport import _cfg
 
@@ -31,18 +32,26 @@ def _publish(run_dir: Path, version: int, size: int) -> Path:
 
 @pytest.fixture
 def channels(tmp_path: Path):
+    """The trainer's weights server over tmp_path/trainer (weights.mode files) and a sampler's
+    fetcher; what the server reported failing, if anything."""
     cfg = _cfg(
         peer_timeout_s=10, startup_timeout_s=10, weights_addr=f"tcp://127.0.0.1:{free_port()}"
     )
-    trainer = TrainerChannel(cfg, run_dir=tmp_path / "trainer")
-    sampler = SamplerChannel(cfg, "s0")
-    yield trainer, sampler, tmp_path
-    sampler.close()
-    trainer.close()
+    failures: list[str] = []
+    server = WeightsServer(
+        cfg, lambda router, closing, failed: serve(router, tmp_path / "trainer", closing, failed),
+        MAX_REQUEST_BYTES, failures.append,
+    )  # fmt: skip
+    ctx = zmq.Context()
+    fetcher = WeightFetcher(ctx, cfg.weights_addr, cfg.peer_timeout_s)
+    yield failures, fetcher, tmp_path
+    fetcher.close()
+    ctx.term()
+    server.close()
 
 
 def test_a_version_arrives_in_chunks_and_checks_out(channels, monkeypatch):
-    trainer, sampler, tmp = channels
+    failures, fetcher, tmp = channels
     # Every request the trainer's weights server answers, as (kind, file, offset). The server
     # thread looks _reply up at each request, and a fetch returns only after the answer to its
     # last request, so the list is complete when fetch returns.
@@ -55,7 +64,7 @@ def test_a_version_arrives_in_chunks_and_checks_out(channels, monkeypatch):
     monkeypatch.setattr(weight_stream, "_reply", counted_reply)
     size = 2 * CHUNK_BYTES + 12345  # three chunks
     source = _publish(tmp / "trainer", 3, size)
-    local = sampler.weights.fetch(tmp / "sampler", 3, keep=2)
+    local = fetcher.fetch(tmp / "sampler", 3, keep=2)
     assert local == version_dir(tmp / "sampler", 3)
     verify_version(local)
     for name in ("model.safetensors", "config.json"):
@@ -67,29 +76,29 @@ def test_a_version_arrives_in_chunks_and_checks_out(channels, monkeypatch):
         *((messages.CHUNK, "model.safetensors", k * CHUNK_BYTES) for k in range(3)),
     ]
     served.clear()
-    assert sampler.weights.fetch(tmp / "sampler", 3, keep=2) == local
+    assert fetcher.fetch(tmp / "sampler", 3, keep=2) == local
     # Intact and the server's own (the manifests are equal): no transfer, the manifest only.
     assert served == [(messages.MANIFEST, None, None)]
     for v in (4, 5):
         _publish(tmp / "trainer", v, 1000)
-        sampler.weights.fetch(tmp / "sampler", v, keep=2)
+        fetcher.fetch(tmp / "sampler", v, keep=2)
     assert sorted(p.name for p in (tmp / "sampler/versions").iterdir()) == ["v000004", "v000005"]
 
 
 def test_missing_or_corrupt_versions_are_not_installed(channels):
-    trainer, sampler, tmp = channels
+    failures, fetcher, tmp = channels
     with pytest.raises(ValueError, match="could not fetch version 9: the trainer cannot serve it"):
-        sampler.weights.fetch(tmp / "sampler", 9, keep=2)
+        fetcher.fetch(tmp / "sampler", 9, keep=2)
     source = _publish(tmp / "trainer", 1, 5000)
     data = bytearray((source / "model.safetensors").read_bytes())
     data[10] ^= 1  # rots on the trainer's disk after its manifest was written
     (source / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(ValueError, match="corrupt"):
-        sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+        fetcher.fetch(tmp / "sampler", 1, keep=2)
     assert not version_dir(tmp / "sampler", 1).exists()
     # The fetcher still works afterwards.
     _publish(tmp / "trainer", 2, 5000)
-    verify_version(sampler.weights.fetch(tmp / "sampler", 2, keep=2))
+    verify_version(fetcher.fetch(tmp / "sampler", 2, keep=2))
 
 
 def test_requests_cannot_name_files_outside_the_version(tmp_path):
@@ -105,12 +114,14 @@ def test_silent_weights_server_times_out_clearly(tmp_path):
     cfg = _cfg(
         peer_timeout_s=1, startup_timeout_s=10, weights_addr=f"tcp://127.0.0.1:{free_port()}"
     )
-    sampler = SamplerChannel(cfg, "s0")  # no trainer at all
+    ctx = zmq.Context()
+    fetcher = WeightFetcher(ctx, cfg.weights_addr, cfg.peer_timeout_s)  # no trainer at all
     try:
         with pytest.raises(ValueError, match="no answer from the trainer's weights server"):
-            sampler.weights.fetch(tmp_path, 1, keep=2)
+            fetcher.fetch(tmp_path, 1, keep=2)
     finally:
-        sampler.close()
+        fetcher.close()
+        ctx.term()
 
 
 @pytest.mark.slow
@@ -166,9 +177,9 @@ def test_malformed_weight_requests_are_answered_and_the_server_lives_on(channels
     """finding 3: a chunk request whose `file` is a list raised TypeError outside the
     per-request handling: the serving thread ended, and every sampler kept its old weights
     for the rest of the run. Each malformed request is now answered, and the server goes on."""
-    trainer, sampler, tmp = channels
+    failures, fetcher, tmp = channels
     _publish(tmp / "trainer", 1, 5000)
-    addr = trainer.cfg.weights_addr
+    addr = fetcher.addr
     for body in (
         {"version": 1, "file": ["model.safetensors"], "offset": 0},
         {"version": 1, "file": {"a": 1}, "offset": 0},
@@ -186,28 +197,36 @@ def test_malformed_weight_requests_are_answered_and_the_server_lives_on(channels
     (version_dir(tmp / "trainer", 1) / "version.json").write_text("[1, 2]")
     assert _ask(addr, {"version": 1, "file": "x", "offset": 0}).kind == messages.MISSING
     _publish(tmp / "trainer", 2, 5000)
-    verify_version(sampler.weights.fetch(tmp / "sampler", 2, keep=2))
-    assert trainer.failure is None
+    verify_version(fetcher.fetch(tmp / "sampler", 2, keep=2))
+    assert failures == []
 
 
 def test_a_weights_server_that_dies_stops_the_run_with_its_cause(tmp_path, monkeypatch):
     """finding 3: a serving thread that ended anyway did so silently (samplers kept their
-    weights); the trainer's channel now raises its cause at the next receive."""
-    from grpo.wire import trainer_channel
+    weights); the trainer's channel now raises its cause at the next receive, though the
+    weights server is not the channel's (weights.mode files' trainer end, as a run wires it)."""
+    from grpo.config import Config
+    from grpo.weights.modes import files as files_mode
+    from grpo.weights.modes.base import TrainerLink
     from grpo.wire.channels import PeerError
 
     def broken(router, run_dir, closing, failed):
         router.close()
         failed("the weights server failed: OSError: disk gone")
 
-    monkeypatch.setattr(trainer_channel, "serve_weights", broken)
-    cfg = _cfg(weights_addr=f"tcp://127.0.0.1:{free_port()}")
-    trainer = TrainerChannel(cfg, run_dir=tmp_path)
+    monkeypatch.setattr(files_mode, "serve", broken)
+    cfg = Config(output_dir=str(tmp_path))
+    cfg.transport = _cfg(weights_addr=f"tcp://127.0.0.1:{free_port()}")
+    trainer = TrainerChannel(cfg.transport)
+    end = files_mode.DirServer(cfg, None)
     try:
-        trainer._weights.join(timeout=10)
+        end.start(TrainerLink(0, dict, trainer.fail))
+        assert end.server is not None
+        end.server._thread.join(timeout=10)
         with pytest.raises(PeerError, match="the weights server failed: OSError: disk gone"):
             trainer.receive(timeout_ms=0)
     finally:
+        end.close()
         trainer.close()
 
 
@@ -232,14 +251,14 @@ def test_a_local_copy_from_another_run_is_not_taken_for_the_servers(channels):
     """finding 8: a sampler node holding an intact v1 of an earlier run of the same name
     loaded it without asking the server; a local version now counts only if its manifest is
     the server's."""
-    trainer, sampler, tmp = channels
+    failures, fetcher, tmp = channels
     _publish(tmp / "trainer", 1, 3000)
     stale = version_dir(tmp / "sampler", 1)
     _publish(tmp / "earlier", 1, 4000)
     stale.parent.mkdir(parents=True)
     version_dir(tmp / "earlier", 1).rename(stale)
     verify_version(stale)  # intact, but another run's
-    local = sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+    local = fetcher.fetch(tmp / "sampler", 1, keep=2)
     source = version_dir(tmp / "trainer", 1)
     for name in ("model.safetensors", "config.json", "version.json"):
         assert (local / name).read_bytes() == (source / name).read_bytes()
@@ -248,7 +267,7 @@ def test_a_local_copy_from_another_run_is_not_taken_for_the_servers(channels):
 def test_failed_fetches_leave_no_temporary_dirs(channels, monkeypatch):
     """finding 8: a failed fetch left its .vNNNNNN.fetch dir behind for good (pruning looks at
     v* only); the fetch removes them after a failure, and those of earlier processes at start."""
-    trainer, sampler, tmp = channels
+    failures, fetcher, tmp = channels
     versions = tmp / "sampler" / "versions"
     leftover = versions / ".v000004.fetch"  # from a sampler killed mid-fetch
     leftover.mkdir(parents=True)
@@ -256,14 +275,14 @@ def test_failed_fetches_leave_no_temporary_dirs(channels, monkeypatch):
     source = _publish(tmp / "trainer", 1, 5000)
     (source / "model.safetensors").write_bytes(b"rotted")
     with pytest.raises(ValueError):
-        sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+        fetcher.fetch(tmp / "sampler", 1, keep=2)
     assert [p.name for p in versions.iterdir()] == []
 
 
 def test_replies_must_answer_the_request(channels, monkeypatch):
     """finding 8: a chunk reply's version, file and offset were not checked: a confused or
     hostile server could have a chunk of another file written at this offset."""
-    trainer, sampler, tmp = channels
+    failures, fetcher, tmp = channels
     _publish(tmp / "trainer", 1, 5000)
     for field, wrong in (("offset", 17), ("file", "config.json"), ("version", 0)):
 
@@ -275,7 +294,7 @@ def test_replies_must_answer_the_request(channels, monkeypatch):
 
         monkeypatch.setattr(weight_stream, "_reply", skewed)
         with pytest.raises(ValueError, match=f"{field} {wrong!r} where .* was asked for"):
-            sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+            fetcher.fetch(tmp / "sampler", 1, keep=2)
         assert not version_dir(tmp / "sampler", 1).exists()
 
 
@@ -283,7 +302,7 @@ def test_a_manifest_beyond_the_size_bound_is_refused_before_writing(channels, mo
     """finding 8: the manifest's sizes were unbounded, so a bad server could fill the
     sampler's disk before any checksum was checked. A file, or the total, beyond
     transport.max_version_bytes is refused before anything is written."""
-    trainer, sampler, tmp = channels
+    failures, fetcher, tmp = channels
     _publish(tmp / "trainer", 1, 5000)
     for sizes in ({"model.safetensors": 1 << 45}, {f"m{i}": 1 << 39 for i in range(4)}):
 
@@ -298,7 +317,7 @@ def test_a_manifest_beyond_the_size_bound_is_refused_before_writing(channels, mo
 
         monkeypatch.setattr(weight_stream, "_reply", huge)
         with pytest.raises(ValueError, match="transport.max_version_bytes"):
-            sampler.weights.fetch(tmp / "sampler", 1, keep=2)
+            fetcher.fetch(tmp / "sampler", 1, keep=2)
         assert not (tmp / "sampler" / "versions").exists() or not any(
             (tmp / "sampler" / "versions").iterdir()
         )
@@ -306,7 +325,7 @@ def test_a_manifest_beyond_the_size_bound_is_refused_before_writing(channels, mo
 
 def test_pruning_keeps_the_newest_versions_by_number(tmp_path):
     """finding 8: prune_versions sorted names as text, so past v999999 it removed the newest."""
-    from grpo.core.versions import prune_versions
+    from grpo.weights.dirs import prune_versions
 
     for v in (999_998, 999_999, 1_000_000):
         version_dir(tmp_path, v).mkdir(parents=True)
@@ -325,11 +344,12 @@ def test_a_sampler_that_cannot_get_the_version_it_needs_stops_naming_it(tmp_path
 
     from grpo.config import Config
     from grpo.sampler.weights import Weights
+    from grpo.weights.modes.base import Receiver, Unavailable
     from grpo.wire.channels import PeerError
 
-    class Unreachable:
-        def fetch(self, run_dir: Path, version: int, keep: int) -> Path:
-            raise ValueError(f"could not fetch version {version}: the weights server is gone")
+    class Unreachable(Receiver):
+        def get(self, number: int):
+            raise Unavailable(f"could not fetch version {number}: the weights server is gone")
 
     cfg = Config(output_dir=str(tmp_path))
     weights = Weights(cfg, tmp_path / "model")
@@ -337,9 +357,9 @@ def test_a_sampler_that_cannot_get_the_version_it_needs_stops_naming_it(tmp_path
     weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
         status=status,
         stopped=threading.Event(),
-        weights=Unreachable(),
         wait_until=lambda ready, what: None,
     )
+    weights.receiver = Unreachable()
     why = r"needs version 2 or newer.* version 2 could not be loaded: could not fetch version 2"
     with pytest.raises(PeerError, match=why + ": the weights server is gone"):
         weights.wait_for_version(lambda: 2)
@@ -378,7 +398,7 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
             weights.version = version
 
     forgotten: list[int] = []  # the stream follower keeps a failure until told otherwise
-    weights.follower = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
+    weights.receiver = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
     weights.reload = reload  # type: ignore[method-assign]
     weights.wait_for_version(lambda: 3)
     assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads

@@ -134,15 +134,24 @@ def test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_i
         == KEPT_IDENTITIES + 4  # fmt: skip
 
 
-def test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds():
-    from grpo.weights.stream.server import announcing
+def test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds(tmp_path):
+    """What the trainer's publisher adds to each heartbeat (grpo.delivery.trainer_endpoint
+    sends it whole): in weights.mode stream, the identity of every version it holds."""
+    from grpo.config import load_config
+    from grpo.weights.publisher import Publisher
 
-    store = _store(synthetic(0, QUICK), synthetic(1, QUICK))
-    beat = announcing(lambda: {"version": 1}, store)()
-    assert beat["version"] == 1 and announced_manifests(beat) == {
-        v: synthetic(v, QUICK).manifest.identity for v in (0, 1)
-    }
-    assert "manifests" not in announcing(lambda: {"version": 1}, None)()  # versions on disk
+    def publisher(mode: str) -> Publisher:
+        overrides = [f"weights.mode={mode}", "transport.weights_addr=tcp://127.0.0.1:1",
+                     f"output_dir={tmp_path}"]  # fmt: skip
+        return Publisher(load_config(None, overrides), tokenizer=None)
+
+    stream = publisher("stream")
+    assert stream.store is not None
+    for v in (0, 1):
+        stream.store.add(synthetic(v, QUICK))
+    beat = {"version": 1, **stream.announced()}
+    assert announced_manifests(beat) == {v: synthetic(v, QUICK).manifest.identity for v in (0, 1)}
+    assert "manifests" not in publisher("files").announced()  # versions on disk
 
 
 # ------------------------------------------------------------------ a run with an impostor

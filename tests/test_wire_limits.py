@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import logging
 import struct
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
+from grpo.weights.serving import WeightsServer
 from grpo.wire import channels
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import FrameError, Message, decode, encode_batch, encode_message, seal
@@ -112,7 +114,7 @@ def test_every_socket_is_made_with_size_and_queue_limits():
         ctx.term()
     assert got == (64 << 20, 4)
     cfg = _cfg(max_frame_bytes=8 << 20, weights_addr=f"tcp://127.0.0.1:{free_port()}")
-    trainer = TrainerChannel(cfg, run_dir=Path("/nonexistent"))
+    trainer = TrainerChannel(cfg)
     try:
         assert trainer.pull.getsockopt(zmq.MAXMSGSIZE) == 8 << 20
         assert trainer.pull.getsockopt(zmq.RCVHWM) == 32
@@ -140,22 +142,38 @@ def test_key_files_are_private_and_a_readable_secret_is_refused(tmp_path):
         ctx.term()
 
 
+def serve_nothing(router: zmq.Socket, closing: threading.Event, failed: object) -> None:
+    closing.wait()
+    router.close()
+
+
 def test_a_socket_beyond_loopback_without_curve_is_refused_unless_allowed(caplog):
     """finding 11: only episodes_addr warned when bound beyond loopback without CURVE; the
     weights (the full model) and control sockets said nothing. Each is now refused, naming
     the socket, unless transport.allow_insecure, which logs a warning naming each."""
+
+    def listen(cfg: TransportConfig) -> list[TrainerChannel | WeightsServer]:
+        """What a trainer binds: the episode channel, and the weights server (files mode's)."""
+        trainer = TrainerChannel(cfg)
+        try:
+            return [trainer, WeightsServer(cfg, serve_nothing, 1 << 10, trainer.fail)]
+        except PeerError:
+            trainer.close()
+            raise
+
     for key in ("episodes_addr", "control_addr", "weights_addr"):
-        cfg = dataclasses.replace(_cfg(), **{key: f"tcp://0.0.0.0:{free_port()}"})
+        cfg = dataclasses.replace(_cfg(weights_addr=f"tcp://127.0.0.1:{free_port()}"),
+                                  **{key: f"tcp://0.0.0.0:{free_port()}"})  # fmt: skip
         with pytest.raises(PeerError, match=f"transport.{key} .*transport.allow_insecure"):
-            TrainerChannel(cfg, run_dir=Path("/nonexistent"))
+            listen(cfg)
     cfg = dataclasses.replace(
         _cfg(weights_addr=f"tcp://0.0.0.0:{free_port()}"),
         episodes_addr=f"tcp://0.0.0.0:{free_port()}",
         allow_insecure=True,
     )
     with caplog.at_level(logging.WARNING, logger="grpo.transport"):
-        trainer = TrainerChannel(cfg, run_dir=Path("/nonexistent"))
-    trainer.close()
+        for part in listen(cfg):
+            part.close()
     warned = [r.getMessage() for r in caplog.records if "without CURVE" in r.getMessage()]
     assert len(warned) == 2
     assert any("transport.episodes_addr" in w for w in warned)

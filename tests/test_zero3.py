@@ -113,7 +113,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.eval.in_training import VersionEvaluator
     from grpo.trainer.experience import build_experience
     from grpo.trainer.process import without_deepspeed_shm_op
-    from grpo.trainer.publishing import weights_to_publish
+    from grpo.weights.publisher import weights_to_publish
     from grpo.trainer.scoring import score_on_ranks
     from grpo.plan import plan_loss
     from grpo.trainer.update import ppo_update, train_on_batch

@@ -30,7 +30,6 @@ from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.wire import messages
 from grpo.wire.codec import Message
 from grpo.wire.sampler_channel import SamplerChannel
-from grpo.wire.weight_stream import WeightFetcher
 
 log = logging.getLogger("grpo.sampler")
 
@@ -119,7 +118,6 @@ class SamplerEndpoint:
         sampler_id: str,
         spool: Spool,
         exit_on_stall: bool = False,
-        fetch_files: bool = True,
     ):
         """`spool`: this sampler's, with what an earlier run left unacknowledged (resent once
         the trainer is heard, see wait_for_trainer). `exit_on_stall`: end the process when its
@@ -135,14 +133,7 @@ class SamplerEndpoint:
         self._resent_at: dict[int, float] = {}  # seq -> when last resent
         self._lost_resends: dict[int, int] = {}  # seq -> resends as passed over (see _sync)
         # Last: the channel's thread hands up what it hears at once.
-        self.channel = SamplerChannel(
-            transport, sampler_id, self._heard, self._stop, exit_on_stall, fetch_files
-        )
-
-    @property
-    def weights(self) -> WeightFetcher | None:
-        """Where versions come from when the trainer streams them (transport.weights_addr)."""
-        return self.channel.weights
+        self.channel = SamplerChannel(transport, sampler_id, self._heard, self._stop, exit_on_stall)
 
     # ------------------------------------------------------------------ the trainer's word
 

@@ -15,13 +15,9 @@ the training loop calls the same methods on every rank and checks no rank itself
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
-
-import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
@@ -31,11 +27,10 @@ from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
 from grpo.delivery.spool import frames_digest
 from grpo.runtime.refusals import note
-from grpo.weights.stream.server import StreamServer, VersionStore, announcing
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message, encode_batch
-from grpo.wire.trainer_channel import Serve, TrainerChannel
+from grpo.wire.trainer_channel import TrainerChannel
 
 log = logging.getLogger("grpo.trainer")
 
@@ -53,22 +48,6 @@ class Endpoint(Protocol):
     def stop(self, reason: str) -> None: ...
     def counters(self) -> dict[str, int]: ...
     def close(self) -> None: ...
-
-
-def _serving(store: VersionStore | None) -> Serve | None:
-    """What serves weights from memory (weights.mode: stream); None: the version dirs."""
-    if store is None:
-        return None
-
-    def serve(router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]) -> None:
-        server = StreamServer(router, store, closing, failed)
-        try:
-            server.run()
-        finally:  # what fan-out saved is visible here: each version's bytes, about one copy
-            sent = ", ".join(f"version {v}: {n} bytes" for v, n in server.egress.bytes.items())
-            log.info("weights served from memory: %s", sent or "nothing")
-
-    return serve
 
 
 def _check_startup(waited: float, transport: TransportConfig) -> None:
@@ -91,15 +70,14 @@ class TrainerEndpoint:
         expected: Expected,
         version: int,
         max_held: int,
-        run_dir: Path | None = None,
         exit_on_stall: bool = False,
-        store: VersionStore | None = None,
-        group: Callable[[], dict[str, Any] | None] = lambda: None,
+        announced: Callable[[], dict[str, Any]] = dict,
     ):
         """`ledger`, `version`: a resumed trainer's, announced from the first heartbeat on.
         `max_held`: batches held per sampler before the earliest is trained anyway.
-        `store`: versions served from memory, not `run_dir`'s; `group()`: the collective group
-        the samplers are to join (weights.mode stream; collective)."""
+        `announced()`: what the weights' publisher adds to every heartbeat (grpo.weights.
+        publisher.Publisher.announced: the identities of the versions it serves, the
+        collective group)."""
         self.ledger, self.expected, self.version = ledger, expected, version
         self.order = InOrder(ledger, max_held, transport.peer_timeout_s)
         self.pool = SamplerPool(transport.peer_timeout_s, transport.stall_timeout_s,
@@ -111,8 +89,8 @@ class TrainerEndpoint:
         self.transport = transport
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
-        status = announcing(lambda: {**self._status, "collective": group()}, store)
-        self.channel = TrainerChannel(transport, run_dir, status, exit_on_stall, _serving(store))
+        status = lambda: {**self._status, **announced()}  # noqa: E731
+        self.channel = TrainerChannel(transport, status, exit_on_stall)
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
     def _current_status(self) -> dict[str, Any]:

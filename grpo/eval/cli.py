@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
-from grpo.core.versions import VERSION_MARKER
 from grpo.observe.metrics import append_jsonl
+from grpo.weights.dirs import VERSION_MARKER
 
 log = logging.getLogger("grpo.eval")
 
@@ -154,7 +154,7 @@ def evaluate_versions(
     with RewardRunner(reward_fn, cfg.reward.workers, cfg.reward.timeout_s) as rewards:
         for v in versions:
             if v:
-                weights.load_into_policy(version_dir(cfg.run_dir, v))
+                weights.load_into_policy(version_dir(cfg.run_dir, v), v)
             row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress)
             log.info("v%d: %s", v, table([row]).splitlines()[-1])
             if out is not None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo.config import Config
+    from grpo.weights.version import Version
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class EngineContext:
     tokenizer: object  # the model's tokenizer (transformers)
     stop_event: threading.Event  # set when the run is stopping: end generate() early
     # The sampler's HF policy, loaded on first call. An engine that samples with it shares the
-    # weights the sampler reloads, so its load_version has nothing to do.
+    # weights the sampler reloads, so its load has nothing to do.
     policy: Callable[[], torch.nn.Module]
 
 
@@ -107,14 +108,11 @@ class RolloutEngine(Protocol):
         early, with whatever it has, once `stop_event` is set."""
         ...
 
-    def load_version(self, vdir: Path, version: int) -> None:
-        """Serve the weights of published version `version` (a dir of grpo.weights.dirs)
-        from the next generate() on; raise if they cannot be loaded."""
-        ...
-
-    def load_tensors(self, state: dict[str, Any], version: int) -> None:
-        """The same from tensors in memory (weights.mode: stream): full weights by name, or a
-        LoRA adapter's."""
+    def load(self, version: Version) -> Any:
+        """Serve the weights of `version` from the next generate() on, all or nothing; raise if
+        they cannot be loaded. Whichever way it travelled (grpo.weights.version.Version:
+        `version.tensors()` by published name, full weights or a LoRA adapter's, and `vdir`
+        where a version dir holds them)."""
         ...
 
     def close(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,6 +12,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from grpo.core.batching import pad_pairs
 from grpo.rollout.base import EngineContext, Generation, Sampling
 from grpo.runtime.progress import ACTIVITY
+from grpo.weights.version import Version
 
 
 class _StopWhenSet(StoppingCriteria):
@@ -147,12 +147,8 @@ class HFRollout:
                 break
         return out
 
-    def load_version(self, vdir: Path, version: int) -> None:
+    def load(self, version: Version) -> None:
         """Nothing to do: the model is the sampler's policy, which the sampler reloads."""
-
-    def load_tensors(self, state: dict, version: int) -> None:
-        """Nothing to do: the sampler loads them into its policy, which this engine samples
-        with."""
 
     def close(self) -> None:
         """Nothing held beyond the sampler's own model."""

@@ -34,6 +34,7 @@ from grpo.rollout.continuous import Answer, Request
 from grpo.rollout.hf import eos_ids
 from grpo.runtime.progress import ACTIVITY
 from grpo.scoring.kernels import Truncation, kept_tokens
+from grpo.weights.version import Version
 
 NO_TRUNCATION = Truncation()
 
@@ -181,10 +182,8 @@ class HFContinuous:
                 self.pending.append(a.slot)
         self.rebuild_cache()
 
-    def load_version(self, vdir, version: int) -> None:
+    def load(self, version: Version) -> None:
         """Nothing to do: the model is the sampler's policy, which the sampler reloads."""
-
-    load_tensors = load_version  # (state, version): nothing to do either
 
     def close(self) -> None:
         self.cache = None

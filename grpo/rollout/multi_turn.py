@@ -21,13 +21,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from grpo.rollout.base import Generation, RolloutEngine, Sampling
 from grpo.tools import Toolbox, get_tool
+from grpo.weights.version import Version
 
 if TYPE_CHECKING:
     from grpo.config.sections import RolloutConfig
@@ -185,8 +185,8 @@ class MultiTurnEngine:
         answer.tool_calls += 1
         answer.tool_errors += int(result.error)
 
-    def load_version(self, vdir: Path, version: int) -> Any:
-        return self.engine.load_version(vdir, version)
+    def load(self, version: Version) -> Any:
+        return self.engine.load(version)
 
     def close(self) -> None:
         self.engine.close()

@@ -32,6 +32,7 @@ from grpo.rollout.vllm_transfer import memfd_path, update_request, write_memfd
 from grpo.runtime.lifetime import PARENT_ENV
 from grpo.runtime.progress import ACTIVITY
 from grpo.weights.dirs import is_adapter, weight_files
+from grpo.weights.version import Version
 
 log = logging.getLogger("grpo.vllm")
 T = TypeVar("T")
@@ -108,7 +109,7 @@ def build(ctx: EngineContext) -> VllmRollout:
 
 
 class VllmRollout:
-    """The same `generate` as HFRollout, plus `load_version` for the sampler's reloads."""
+    """The same `generate` as HFRollout, plus `load` for the sampler's reloads."""
 
     def __init__(self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None):
         self.cfg = cfg
@@ -164,9 +165,16 @@ class VllmRollout:
 
     # ------------------------------------------------------------------ weights
 
-    def load_version(self, vdir: Path, version: int) -> str:
-        """Serve the weights in `vdir` from now on; returns how: 'in place', 'adapter',
-        'restart' or 'restart (fallback)'."""
+    def load(self, version: Version) -> str:
+        """Serve `version` from now on; returns how: 'in place', 'adapter', 'restart' or
+        'restart (fallback)' for a version dir's files, 'streamed' for tensors in memory."""
+        if version.vdir is None:
+            self.load_tensors(version.tensors(), version.number)
+            return "streamed"
+        return self.load_dir(version.vdir, version.number)
+
+    def load_dir(self, vdir: Path, version: int) -> str:
+        """The weights in the version dir `vdir`: read by the workers from its files."""
         t0 = time.monotonic()
         if is_adapter(vdir):
             how = self._use_adapter(vdir, version)
@@ -190,8 +198,8 @@ class VllmRollout:
         return how
 
     def load_tensors(self, state: dict, version: int) -> None:
-        """Streamed full weights into the running engine, in place (a streamed LoRA adapter is
-        refused by the config check: vLLM loads adapters from a dir)."""
+        """Full weights from memory into the running engine, in place (a streamed LoRA adapter
+        is refused by the config check: vLLM loads adapters from a dir)."""
         # All or nothing: vLLM's load applies whatever names it is given, so a set of tensors
         # that is not the model's whole is refused here, before any reaches a worker.
         require_same_tensors(self.checkpoint, state, {"lm_head.weight"}, f"version {version}")

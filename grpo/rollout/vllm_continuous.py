@@ -1,7 +1,7 @@
 """Continuous generation on vLLM (rollout.mode: continuous, rollout.backend: vllm): a fixed
 number of slots, each answer one vLLM request; vLLM's scheduler batches them.
 
-The engine is VllmRollout's (same `vllm.LLM` arguments, same `load_version` / `load_tensors`
+The engine is VllmRollout's (same `vllm.LLM` arguments, same `load`
 in place), driven one scheduler step at a time: `step()` is one `LLMEngine.step()`, whose
 per-request outputs are deltas (the tokens sampled in that step, with their processed
 log-probs: the distribution they were drawn from, as VllmRollout reports).
@@ -99,7 +99,7 @@ def _in_process_core() -> Iterator[None]:
 
 class VllmContinuous(VllmRollout):
     """grpo.rollout.continuous.ContinuousEngine on VllmRollout's engine (its weight loading
-    unchanged: the sampler calls load_version / load_tensors, then weights_changed)."""
+    unchanged: the sampler calls load, then weights_changed)."""
 
     def __init__(self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None):
         r = cfg.rollout
@@ -110,7 +110,7 @@ class VllmContinuous(VllmRollout):
         self._resumed: dict[int, int] = {}  # slot -> tokens it had when last re-added
         self._added = 0  # requests added so far (their ids are unique)
         self._finished: list[Answer] = []  # finished outside a step, for the next one
-        self._old_adapter: int | None = None  # replaced by load_version, still in use
+        self._old_adapter: int | None = None  # replaced by load, still in use
         self._tokenizer = None
         super().__init__(cfg, model_path, stop_event)
 

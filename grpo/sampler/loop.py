@@ -18,7 +18,6 @@ import threading
 from collections.abc import Callable
 
 from grpo.config import Config
-from grpo.config.weights import weights_mode
 from grpo.core.episode import EpisodeBatch
 from grpo.core.staleness import required_version
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
@@ -77,7 +76,6 @@ class Sampler:
             cfg.rollout.sampler_id,
             self.spool,
             exit_on_stall=True,
-            fetch_files=weights_mode(cfg) == "files",
         )
         self.rewards.stop_on(endpoint.stopped)
         self.engine = engine = self.make_engine(endpoint.stopped)

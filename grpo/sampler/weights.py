@@ -11,17 +11,14 @@ from pathlib import Path
 import torch
 
 from grpo.config import Config
-from grpo.config.weights import streams_versions, weights_mode
-from grpo.core.versions import verify_version, version_dir
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
 from grpo.models.loading import adapter_state, apply_lora, copy_state, load_causal_lm
 from grpo.rollout.base import RolloutEngine
 from grpo.runtime.placement import sampler_memory_fraction
-from grpo.runtime.progress import ACTIVITY, RECEIVING
-from grpo.weights.collective.member import GroupMember
-from grpo.weights.dirs import is_adapter, load_state_dict
-from grpo.weights.stream.follower import VersionFollower
-from grpo.weights.stream.torch_bits import image_from_state, state_from_image
+from grpo.weights.modes import mode_of
+from grpo.weights.modes.base import Receiver, SamplerLink, Unavailable
+from grpo.weights.stream.torch_bits import image_from_state
+from grpo.weights.version import Version
 from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.sampler")
@@ -50,6 +47,13 @@ def hf_device(cfg: Config) -> str:
     return device
 
 
+def receiving_wait(endpoint: SamplerEndpoint) -> Callable[[Callable[[], bool], str], None]:
+    """How a receiver waits for a version: in the sampler's own `receiving weights` phase,
+    which the receiver ticks as buckets come in (a transfer that stops is a stall with its
+    name), never the idle `waiting` that no stall limit watches."""
+    return lambda ready, what: endpoint.wait_until(ready, what, own_phase=True)
+
+
 class Weights:
     """The version the sampler has (0: the initial weights), in the HF policy and the engine.
 
@@ -68,8 +72,8 @@ class Weights:
         self.reload_s = 0.0
         # Versions that could not be loaded (fetch failed, files failed their checksums), and why.
         self.failed_reloads: dict[int, str] = {}
-        self.follower: VersionFollower | None = None  # weights.mode: stream, collective
-        self.member: GroupMember | None = None  # weights.mode: collective
+        self.mode = mode_of(cfg)
+        self.receiver: Receiver | None = None  # the mode's, once connected
         self._targets: dict[str, torch.Tensor] | None = None  # the policy's tensors, to load into
 
     def hf_policy(self) -> torch.nn.Module:
@@ -84,123 +88,72 @@ class Weights:
         return self.policy
 
     def connect(self, endpoint: SamplerEndpoint, engine: RolloutEngine) -> None:
-        """From now on, wait for versions from `endpoint`'s trainer (fetched over the channel
-        in weights.mode files, received from memory in stream) and load them into `engine`."""
+        """From now on, wait for versions from `endpoint`'s trainer, received the way
+        weights.mode says (grpo.weights.modes), and load them into `engine`."""
         self.endpoint, self.engine = endpoint, engine
-        if streams_versions(self.cfg):
-            status, channel = endpoint.status, endpoint.channel
-            several, lora = self.cfg.rollout.num_samplers > 1, self.cfg.model.lora.enabled
-            seed = None  # version 0, the first delta's base (without an HF policy: full copies)
-            if self.policy is not None:
-                seed = image_from_state(0, self.policy_tensors(lora), 1 << 26, lora)
-            self.follower = VersionFollower(
-                self.cfg,
-                channel.ctx,
-                endpoint.sampler_id,
-                channel.keys,
-                relays=lambda: status.relays,
-                announced=(lambda: status.version) if several else None,
-                seed=seed,
-                trusted=lambda: status.manifests,
-            )
-            channel.relay_address = self.follower.address
-            endpoint.before_close.append(self.follower.close)
-            if weights_mode(self.cfg) == "collective":
-                follower = self.follower
-                self.member = GroupMember(self.cfg, endpoint.sampler_id, lambda: status.group,
-                                          follower.offer)  # fmt: skip
-                follower.expected = self.member.expects
-                channel.collective_state = lambda: self.member.state
-                endpoint.before_close.insert(0, self.member.close)
-
-    def reload(self, version: int) -> None:
-        """Load published version `version` into the HF policy and the engine (if any).
-
-        A version whose files fail their checksums (or are gone) is not loaded: the sampler
-        keeps its current weights, says why, and tries again at the next announced version."""
-        if self.follower is not None:
-            self.receive(version)
-            return
-        vdir = version_dir(self.run_dir, version)
-        try:
-            if self.endpoint is not None and self.endpoint.weights is not None:
-                self.endpoint.weights.fetch(self.run_dir, version, self.cfg.train.keep_versions)
-            verify_version(vdir)
-        except ValueError as e:
-            self.failed_reloads[version] = str(e)
-            log.warning("keeping version %d, not loading version %d: %s", self.version, version, e)
-            return
-        t0 = time.monotonic()
-        if self.policy is not None:
-            self.load_into_policy(vdir)
-        if self.engine is not None:
-            self.engine.load_version(vdir, version)
-        self.reload_s = time.monotonic() - t0
-        log.info(
-            "reloaded weights: version %d -> %d in %.1f s", self.version, version, self.reload_s
+        status, channel = endpoint.status, endpoint.channel
+        lora = self.cfg.model.lora.enabled
+        seed = None  # version 0, the first delta's base (without an HF policy: full copies)
+        if self.policy is not None and self.mode.from_memory:
+            seed = image_from_state(0, self.policy_tensors(lora), 1 << 26, lora)
+        link = SamplerLink(
+            run_dir=self.run_dir,
+            sampler_id=endpoint.sampler_id,
+            ctx=channel.ctx,
+            keys=channel.keys,
+            limits=channel.limits,
+            secure=channel.secure,
+            announced=lambda: status.version,
+            relays=lambda: status.relays,
+            manifests=lambda: status.manifests,
+            group=lambda: status.group,
+            wait=receiving_wait(endpoint),
+            seed=seed,
         )
-        self.version = version
+        self.receiver = receiver = self.mode.receiver(self.cfg, link)
+        endpoint.before_close.append(receiver.close)  # before the channel's context ends
+        channel.relay_address = receiver.relay_address
+        if receiver.collective_state() is not None:
+            channel.collective_state = receiver.collective_state
 
-    def receive(self, version: int) -> None:
-        """weights.mode: stream: wait for the follower to hold `version` (checked whole), then
-        load it. Failing that, keep the current weights as reload does."""
-        assert self.follower is not None and self.endpoint is not None
-        follower, image = self.follower, None
-        follower.want(version)
-        with ACTIVITY.during(RECEIVING, f"version {version}"):
-            seen = self._buckets_received()
+    def reload(self, number: int) -> None:
+        """Load published version `number` into the HF policy and the engine (if any).
 
-            def arrived() -> bool:
-                nonlocal image, seen
-                if self._buckets_received() != seen:
-                    seen = self._buckets_received()
-                    ACTIVITY.tick()  # buckets coming in: a transfer that stops is a stall
-                try:
-                    image = follower.image(version)
-                except ValueError as e:
-                    self.failed_reloads[version] = str(e)
-                    return True
-                return image is not None
-
-            self.endpoint.wait_until(arrived, f"version {version}", own_phase=True)
-        if image is None:
-            if version in self.failed_reloads:
-                log.warning("keeping version %d, not loading version %d: %s",
-                            self.version, version, self.failed_reloads[version])  # fmt: skip
+        A version that cannot be had whole (its files fail their checksums or are gone, its
+        bytes fail the trainer's manifest) is not loaded: the sampler keeps its current
+        weights, says why, and tries again at the next announced version."""
+        assert self.receiver is not None
+        try:
+            version = self.receiver.get(number)
+        except Unavailable as e:
+            self.failed_reloads[number] = str(e)
+            log.warning("keeping version %d, not loading version %d: %s", self.version, number, e)
+            return
+        if version is None:  # the sampler is stopping
             return
         t0 = time.monotonic()
-        state = state_from_image(image)
         if self.policy is not None:
-            self.load_state(state, image.manifest.adapter, f"version {image.version}")
+            self.load_state(version.tensors(), version.adapter, str(version))
         if self.engine is not None:
-            self.engine.load_tensors(state, image.version)
+            self.engine.load(version)
         self.reload_s = time.monotonic() - t0
-        log.info("loaded weights: version %d -> %d in %.2f s (streamed)",
-                 self.version, image.version, self.reload_s)  # fmt: skip
-        self.version = image.version
-
-    def _buckets_received(self) -> int:
-        assert self.follower is not None
-        by_group = self.member.progress if self.member is not None else 0
-        return self.follower.receiver.stats.progress + by_group
+        if version.vdir is not None:
+            log.info("reloaded weights: version %d -> %d in %.1f s",
+                     self.version, number, self.reload_s)  # fmt: skip
+        else:
+            log.info("loaded weights: version %d -> %d in %.2f s (streamed)",
+                     self.version, number, self.reload_s)  # fmt: skip
+        self.version = number
 
     def stream_stats(self) -> dict[str, float]:
-        """weights.mode: stream, collective: bytes received (streamed, broadcast) and
-        fallbacks, totals so far (else nothing)."""
-        if self.follower is None:
-            return {}
-        stats = self.follower.receiver.stats
-        by_group = (
-            {"weights_broadcast_mb": self.member.received_bytes / 2**20} if self.member else {}
-        )
-        return {
-            "weights_received_mb": stats.bytes / 2**20,
-            "weights_fallbacks": float(sum(stats.fallbacks.values())),
-            **by_group,
-        }
+        """Bytes received (streamed, broadcast) and fallbacks, totals so far (weights.mode
+        stream, collective; else nothing)."""
+        return self.receiver.stats() if self.receiver is not None else {}
 
-    def load_into_policy(self, vdir: Path) -> None:
-        self.load_state(load_state_dict(vdir), is_adapter(vdir), str(vdir))
+    def load_into_policy(self, vdir: Path, number: int) -> None:
+        """A version dir's weights into the HF policy (the evaluation CLI's, with no trainer)."""
+        version = Version.from_dir(vdir, number)
+        self.load_state(version.tensors(), version.adapter, str(version))
 
     def policy_tensors(self, adapter: bool) -> dict[str, torch.Tensor]:
         """The HF policy's tensors (the adapter's alone with LoRA) by their published names,
@@ -238,8 +191,8 @@ class Weights:
                 self.reload(target)
             if target in self.failed_reloads and status.version < target:
                 del self.failed_reloads[target]
-                if self.follower is not None:
-                    self.follower.forget_failure(target)
+                assert self.receiver is not None
+                self.receiver.forget_failure(target)
                 continue  # the trainer restarted older meanwhile: it will publish it again
             break
         # Weights older than the bound would make a batch the trainer trains as if it were

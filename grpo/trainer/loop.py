@@ -5,7 +5,7 @@ Rank 0 receives through its delivery endpoint (grpo.delivery.trainer_endpoint); 
 each batch as one encoded blob (the same pickle-free frames that crossed the wire) so every rank
 decodes exactly what rank 0 received; the other ranks' endpoint and run log do nothing.
 Weights after step s are version s; every `train.sync_interval` steps rank 0 publishes them (under
-ZeRO-3 every rank takes part in gathering them first: grpo.trainer.publishing).
+ZeRO-3 every rank takes part in gathering them first: grpo.weights.publisher).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from grpo.trainer import state as train_state
 from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
 from grpo.trainer.outputs import open_run_dir, step_row, summarise_run
-from grpo.trainer.publishing import Publisher, keep_initial, publishes_here, weights_to_publish
 from grpo.trainer.ranks import (
     KEEPALIVE,
     broadcast_batch,
@@ -52,10 +51,27 @@ from grpo.trainer.ranks import (
     max_across_ranks,
 )
 from grpo.trainer.step import Models, Shard, StepResult, train_step
+from grpo.weights.modes.base import TrainerLink
+from grpo.weights.publisher import Publisher, keep_initial, publishes_here, weights_to_publish
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.trainer")
+
+
+def open_endpoint(
+    cfg: Config, ledger: Ledger, expected: Expected, version: int, publisher: Publisher
+) -> TrainerEndpoint:
+    """Rank 0's delivery endpoint, and beside it the weights mode's trainer end, which learns
+    of the samplers from the endpoint's pool and stops the run through its channel. A resumed
+    trainer announces its own version and acknowledgements from its very first heartbeat."""
+    endpoint = TrainerEndpoint(cfg.transport, ledger, expected, version,
+                               max_held=cfg.rollout.spool_max_batches, exit_on_stall=True,
+                               announced=publisher.announced)  # fmt: skip
+    pool, channel = endpoint.pool, endpoint.channel
+    # pool.collective is replaced whole, never changed: read without a lock.
+    publisher.start(TrainerLink(version, lambda: pool.collective, channel.fail))
+    return endpoint
 
 
 class Trainer:
@@ -137,7 +153,7 @@ class Trainer:
 
     def publish(self, step: int) -> None:
         """Rank 0 publishes version `step` (full weights or the LoRA adapter) and announces it;
-        under ZeRO-3 every rank comes here, to gather the parameters (grpo.trainer.publishing)."""
+        under ZeRO-3 every rank comes here, to gather the parameters (grpo.weights.publisher)."""
         with weights_to_publish(self.models.policy, self.cfg.model.lora.enabled) as weights:
             if self.publisher is not None:
                 self.publisher.publish(weights, step)
@@ -211,14 +227,8 @@ class Trainer:
     def run(self) -> None:
         cfg = self.cfg
         if (publisher := self.publisher) is not None:  # rank 0
-            # First: a busy port moves nothing. A resumed trainer announces its own version
-            # and acknowledgements from its very first heartbeat.
-            self.endpoint = TrainerEndpoint(
-                cfg.transport, self.ledger, self.expected, self.version,
-                max_held=cfg.rollout.spool_max_batches, run_dir=self.run_dir, exit_on_stall=True,
-                store=publisher.store, group=publisher.group,
-            )  # fmt: skip
-            publisher.start(self.endpoint, self.version)
+            # First: a busy port moves nothing.
+            self.endpoint = open_endpoint(cfg, self.ledger, self.expected, self.version, publisher)
             open_run_dir(cfg, self.start_step)
             self.run_log = RunLog(cfg, self.start_step, self.tokenizer)
             log.info(

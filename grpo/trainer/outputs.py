@@ -12,7 +12,6 @@ from typing import Any
 from grpo.config import Config, save_config
 from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
-from grpo.core.versions import version_dir
 from grpo.observe.metrics import (
     EVAL_FILE,
     METRICS_FILE,
@@ -27,7 +26,7 @@ from grpo.observe.samples import SAMPLES_FILE
 from grpo.tasks.runner import TIMEOUT
 from grpo.trainer.schedule import steps_per_batch
 from grpo.trainer.state import truncate_metrics
-from grpo.weights.dirs import discard_versions_after
+from grpo.weights.dirs import discard_versions_after, version_dir
 
 log = logging.getLogger("grpo.trainer")
 FINAL = "final"

@@ -1,7 +1,7 @@
 """A sampler's end of the channels: connects, sends batches, heartbeats and control messages,
-hands up what the trainer's control stream says, and fetches weights. What the trainer's
-messages mean (versions, acknowledgements, done, stop, rejections) is the delivery layer's:
-grpo.delivery.sampler_endpoint."""
+hands up what the trainer's control stream says (weights come apart: grpo.weights.modes). What
+the trainer's messages mean (versions, acknowledgements, done, stop, rejections) is the
+delivery layer's: grpo.delivery.sampler_endpoint."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from grpo.wire import messages
 from grpo.wire.channels import PeerError, SocketLimits, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_batch, encode_message
 from grpo.wire.keys import ClientKeys
-from grpo.wire.weight_stream import WeightFetcher
 
 log = logging.getLogger("grpo.transport")
 
@@ -43,33 +42,19 @@ class SamplerChannel:
         heard: Callable[[Message], None] = _ignore,
         lost: Callable[[str], None] = _ignore,
         exit_on_stall: bool = False,
-        fetch_files: bool = True,
     ):
         """`heard`: called with each control message from the trainer. `lost`: called with the
         reason when the trainer is silent past its timeout (once), this channel's thread fails,
         or this process's main thread stalls. Both run in the channel's thread, which starts
         at once; the delivery layer above (grpo.delivery.sampler_endpoint) interprets them.
         `exit_on_stall`: end the process when its main thread stalls (the sampler's does;
-        tests in-process do not). `fetch_files`: versions come as files from
-        transport.weights_addr (weights.mode: files; stream has its own receiver)."""
+        tests in-process do not)."""
         self.cfg = cfg
         self.sampler_id = sampler_id
         self.keys = ClientKeys.load(Path(cfg.curve_dir), sampler_id) if cfg.curve_dir else None
         self.ctx = zmq.Context()
         self.limits = SocketLimits.of(cfg)
         self.push = self._socket(zmq.PUSH)
-        self.weights = (
-            WeightFetcher(
-                self.ctx,
-                cfg.weights_addr,
-                cfg.peer_timeout_s,
-                self.secure,
-                self.limits,
-                cfg.max_version_bytes,
-            )
-            if cfg.weights_addr and fetch_files
-            else None
-        )
         self.relay_address = ""  # where this sampler relays versions, told in its heartbeats
         # weights.mode collective: its state in the group (grpo.weights.collective.member)
         self.collective_state: Callable[[], str] | None = None
@@ -201,6 +186,4 @@ class SamplerChannel:
         self._closing.set()
         self._thread.join(timeout=self.cfg.heartbeat_s + 5)
         self.push.close()
-        if self.weights is not None:
-            self.weights.close()
         self.ctx.term()

@@ -1,7 +1,7 @@
 """The trainer's end of the channels: binds, receives what authorised peers send, sends
-heartbeats and announcements, and serves weights. What the messages mean (which batch to
-train, which sampler is alive, what to acknowledge) is the delivery layer's:
-grpo.delivery.trainer_endpoint."""
+heartbeats and announcements (weights are served apart: grpo.weights.serving). What the
+messages mean (which batch to train, which sampler is alive, what to acknowledge) is the
+delivery layer's: grpo.delivery.trainer_endpoint."""
 
 from __future__ import annotations
 
@@ -32,12 +32,6 @@ from grpo.wire.channels import (
 )
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 from grpo.wire.keys import AuthorizedKeys, secure_server
-from grpo.wire.weight_stream import MAX_REQUEST_BYTES
-from grpo.wire.weight_stream import serve as serve_weights
-
-# Serves weights requests on a ROUTER socket until the event is set; calls back with the cause
-# if it fails.
-Serve = Callable[[zmq.Socket, threading.Event, Callable[[str], None]], None]
 
 log = logging.getLogger("grpo.transport")
 
@@ -48,37 +42,27 @@ class TrainerChannel:
     def __init__(
         self,
         cfg: TransportConfig,
-        run_dir: Path | None = None,
         status: Callable[[], dict[str, Any]] = dict,
         exit_on_stall: bool = False,
-        serve: Serve | None = None,
     ):
-        """`run_dir`: whose version dirs to serve on transport.weights_addr, if that is set.
-        `status`: what each heartbeat and announcement tells the samplers (version, acks,
+        """`status`: what each heartbeat and announcement tells the samplers (version, acks,
         consumed, trained, alive), built by the delivery layer above (grpo.delivery.
         trainer_endpoint); the channel adds its incarnation and activity. `exit_on_stall`:
         end the process when its main thread stalls (the trainer's does; tests in-process
-        do not). `serve(router, closing, failed)`: what answers on transport.weights_addr
-        instead of the file server over `run_dir` (weights.mode: stream)."""
+        do not)."""
         self.cfg = cfg
-        listening = ("episodes_addr", "control_addr", "weights_addr")
+        listening = ("episodes_addr", "control_addr")
         addrs = {f"transport.{key}": getattr(cfg, key) for key in listening}
         check_listening(addrs, curve=bool(cfg.curve_dir), allow_insecure=cfg.allow_insecure)
-        # Why a thread of this channel ended (the control socket's, the weights server's):
-        # the next receive raises it, so the run stops with its cause.
+        # Why a thread of this channel ended (the control socket's; the weights server's,
+        # which reports here through `fail`): the next receive raises it, so the run stops
+        # with its cause.
         self.failure: str | None = None
         self.ctx = zmq.Context()
         limits = SocketLimits.of(cfg)
         self.pull = new_socket(self.ctx, zmq.PULL, linger_ms=0, limits=limits)
         pub = new_socket(self.ctx, zmq.PUB, limits=limits)
-        router = (
-            new_socket(
-                self.ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits.of(cfg, MAX_REQUEST_BYTES)
-            )
-            if cfg.weights_addr
-            else None
-        )
-        servers = [s for s in (self.pull, pub, router) if s is not None]
+        servers = [self.pull, pub]
         self._auth = None
         self.refused_handshakes = 0
         # With CURVE: each authorised key's sampler id; what a peer may claim to be.
@@ -90,8 +74,6 @@ class TrainerChannel:
                 self.key_owners = self._auth.keys
             bind(self.pull, cfg.episodes_addr, "episodes")
             bind(pub, cfg.control_addr, "control")
-            if router is not None:
-                bind(router, cfg.weights_addr, "weights")
         except (PeerError, ValueError):
             for sock in servers:
                 sock.close()
@@ -110,14 +92,6 @@ class TrainerChannel:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, args=(pub,), daemon=True)
         self._thread.start()
-        self._weights: threading.Thread | None = None
-        if router is not None:
-            assert run_dir is not None or serve is not None, "weights_addr: nothing to serve"
-            target, args = (serve, ()) if serve is not None else (serve_weights, (run_dir,))
-            self._weights = threading.Thread(
-                target=target, args=(router, *args, self._closing, self._failed), daemon=True
-            )
-            self._weights.start()
         self._monitor: threading.Thread | None = None
         if self._auth is not None:  # peers speaking no CURVE never reach the key check
             monitor = self.pull.get_monitor_socket(HANDSHAKE_FAILURES)
@@ -158,13 +132,13 @@ class TrainerChannel:
                     break
         except Exception as e:
             log.exception("the trainer's heartbeat thread failed")
-            self._failed(f"the trainer's heartbeat thread failed: {type(e).__name__}: {e}")
+            self.fail(f"the trainer's heartbeat thread failed: {type(e).__name__}: {e}")
         finally:
             pub.close()
 
-    def _failed(self, why: str) -> None:
-        """A thread of this channel ended with `why` (called from that thread): the main
-        thread's next receive raises it."""
+    def fail(self, why: str) -> None:
+        """A thread of this channel, or the weights server's, ended with `why` (called from
+        that thread): the main thread's next receive raises it."""
         if self.failure is None:
             self.failure = why
 
@@ -231,8 +205,6 @@ class TrainerChannel:
         except Exception:  # the status cannot be built: the thread wakes within heartbeat_s
             log.exception("no last heartbeat")
         self._thread.join(timeout=5)
-        if self._weights is not None:
-            self._weights.join(timeout=5)
         if self._monitor is not None:
             self._monitor.join(timeout=5)
             self.pull.disable_monitor()

@@ -27,7 +27,7 @@ MUTATIONS = (
     Mutation(
         name="weight_request_file_type_unchecked",
         item="29.2: a weights request with a file of the wrong type is answered",
-        path="grpo/wire/weight_stream.py",
+        path="grpo/weights/files.py",
         old="if type(name) is not str or name not in files",
         new="if name not in files",
         tests=("tests/test_fuzz.py::test_weight_server_replies_to_any_request",),

@@ -10,6 +10,7 @@ TRUST = "tests/test_weight_trust.py"
 LIVE = "tests/test_weight_liveness.py"
 GROUP = "tests/test_weight_collective.py"
 CHAOS = "tests/test_chaos.py"
+MODES = "tests/test_weight_modes.py"
 
 MUTATIONS = (
     Mutation(
@@ -39,9 +40,9 @@ MUTATIONS = (
     Mutation(
         name="trainer_names_no_versions",
         item="42.2: the trainer's heartbeats announce the identities",
-        path="grpo/weights/stream/server.py",
-        old='    return lambda: {**status(), "manifests": store.identities()}\n',
-        new="    return status\n",
+        path="grpo/weights/modes/stream.py",
+        old='        return {"manifests": self.store.identities()}\n',
+        new="        return {}\n",
         tests=(
             f"{TRUST}::test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds",
         ),
@@ -92,8 +93,8 @@ MUTATIONS = (
         name="streamed_version_awaited_idle",
         item="42.3: a streamed transfer that stops is a stall with its name",
         path="grpo/sampler/weights.py",
-        old='f"version {version}", own_phase=True)',
-        new='f"version {version}")',
+        old="endpoint.wait_until(ready, what, own_phase=True)",
+        new="endpoint.wait_until(ready, what)",
         tests=(
             f"{LIVE}::test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one",
         ),
@@ -101,7 +102,7 @@ MUTATIONS = (
     Mutation(
         name="store_keeps_only_keep_bases",
         item="42.4: the trainer keeps every version a restarted sampler may ask for",
-        path="grpo/trainer/publishing.py",
+        path="grpo/weights/publisher.py",
         old="w.delta, protected=versions_samplers_may_ask(cfg))",
         new="w.delta)",
         tests=(f"{LIVE}::test_the_trainer_keeps_every_version_a_restarted_sampler_may_ask_for",),
@@ -151,9 +152,9 @@ MUTATIONS = (
     Mutation(
         name="collective_sampler_never_loads_a_broadcast",
         item="42.5: a collective run's versions come by broadcast, not by stream",
-        path="grpo/sampler/weights.py",
-        old="                                          follower.offer)  # fmt: skip",
-        new="                                          lambda image: None)  # fmt: skip",
+        path="grpo/weights/modes/collective.py",
+        old="link.group, self.follower.offer)",
+        new="link.group, lambda image: None)",
         tests=(
             f"{CHAOS}::test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_"
             "exactly_once[collective]",
@@ -249,5 +250,40 @@ MUTATIONS = (
             "tests/test_weight_stream.py::test_a_version_lost_to_a_trainer_restart_is_waited_"
             "for_again",
         ),
+    ),
+    Mutation(
+        name="files_receiver_never_fetches",
+        item="42.1: each mode's receiver hands over what the trainer published (files: fetched)",
+        path="grpo/weights/modes/files.py",
+        old="            self.fetcher.fetch(self.run_dir, number, self.keep)\n",
+        new="            pass\n",
+        tests=(f"{MODES}::test_each_mode_hands_the_sampler_the_version_the_trainer_published",),
+    ),
+    Mutation(
+        name="dir_receiver_skips_the_checksums",
+        item="42.1: a version dir is handed over only when every file checks out",
+        path="grpo/weights/modes/shared_dir.py",
+        old="            verify_version(vdir)\n",
+        new="            pass\n",
+        tests=("tests/test_delivery.py::test_sampler_keeps_its_weights_when_a_version_is_corrupt",),
+    ),
+    Mutation(
+        name="weights_server_failure_unreported",
+        item="42.1: the weights server, apart from the episode channel, still stops the run",
+        path="grpo/weights/serving.py",
+        old="args=(router, self._closing, failed)",
+        new="args=(router, self._closing, lambda why: None)",
+        tests=(
+            "tests/test_weight_stream.py::test_a_weights_server_that_dies_stops_the_run_with_its_"
+            "cause",
+        ),
+    ),
+    Mutation(
+        name="vllm_reads_tensors_of_a_version_dir",
+        item="42.1: one load call; vLLM reads a version dir's files itself",
+        path="grpo/rollout/vllm.py",
+        old="        if version.vdir is None:\n",
+        new="        if True:\n",
+        tests=("tests/test_vllm.py::test_in_place_reload_serves_the_new_weights",),
     ),
 )

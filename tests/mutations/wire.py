@@ -68,7 +68,7 @@ MUTATIONS = (
     Mutation(
         name="wire_intact_version_fetched_again",
         item="7: an intact version is not transferred again",
-        path="grpo/wire/weight_stream.py",
+        path="grpo/weights/files.py",
         old="            verify_version(final)\n            return final, 0\n",
         new="            verify_version(final)  # and fetch it all the same\n",
         tests=("tests/test_weight_stream.py::test_a_version_arrives_in_chunks_and_checks_out",),

@@ -34,8 +34,8 @@ class HangingEngine:
             threading.Event().wait()  # forever, deaf to stop_event
         return self.inner.generate(prompts, sampling)
 
-    def load_version(self, vdir: Any, version: int) -> None:
-        self.inner.load_version(vdir, version)
+    def load(self, version: Any) -> None:
+        self.inner.load(version)
 
     def close(self) -> None:
         self.inner.close()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from grpo.rollout.base import EngineContext, Generation, Sampling
 from grpo.tools import RESULT_CLOSE, RESULT_OPEN
+from grpo.weights.version import Version
 
 CALLS = ("<calc>12*7</calc>", "<calc>12/0</calc>", None)  # 84, an error, no call
 FINAL = "So the answer is\n#### {}"
@@ -71,7 +71,7 @@ class ToolEngine:
                 out.append(Generation(np.asarray(prompt, np.int32), completion, reason, logp))
         return out
 
-    def load_version(self, vdir: Path, version: int) -> None:
+    def load(self, version: Version) -> None:
         """No weights."""
 
     def close(self) -> None:

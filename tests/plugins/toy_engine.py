@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from grpo.rollout.base import EngineContext, Generation, Sampling
+from grpo.weights.version import Version
 
 RANGE = 64  # how many token ids the answers are drawn from
 
@@ -34,7 +34,7 @@ class ToyEngine:
         ids = [i for i in range(middle, tokenizer.vocab_size) if i not in special]
         self.token_ids = np.asarray(ids[:RANGE], dtype=np.int32)
         self.token_logp = np.float32(-np.log(len(self.token_ids)))
-        self.version = 0  # the last version load_version was given
+        self.version = 0  # the last version load was given
         self.loaded: list[int] = []
 
     def generate(self, prompts: Sequence[np.ndarray], sampling: Sampling) -> list[Generation]:
@@ -59,10 +59,10 @@ class ToyEngine:
                 out.append(Generation(prompt_ids, ids, reason, logp))
         return out
 
-    def load_version(self, vdir: Path, version: int) -> None:
+    def load(self, version: Version) -> None:
         """No weights to load: remember which version the sampler asked for."""
-        self.version = version
-        self.loaded.append(version)
+        self.version = version.number
+        self.loaded.append(version.number)
 
     def close(self) -> None:
         """Nothing held."""

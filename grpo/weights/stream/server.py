@@ -267,14 +267,3 @@ class StreamServer:
             return [tag, *_missing("no such version", version=version, index=index)]
         assert isinstance(frames, list)
         return [BUCKET_TAG + INDEX.pack(index), *frames]
-
-
-def announcing(
-    status: Callable[[], dict[str, Any]], store: VersionStore | None
-) -> Callable[[], dict[str, Any]]:
-    """What each control message of the trainer says: `status()` and, with versions served from
-    `store`, the identity of every version held (grpo.weights.stream.frames.Manifest.identity):
-    the samplers' root of trust, since a relay's bytes are taken only when they match it."""
-    if store is None:
-        return status
-    return lambda: {**status(), "manifests": store.identities()}

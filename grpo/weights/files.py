@@ -29,8 +29,8 @@ from typing import Any
 
 import zmq
 
-from grpo.core.versions import VERSION_MARKER, prune_versions, verify_version, version_dir
 from grpo.runtime.refusals import worth_logging
+from grpo.weights.dirs import VERSION_MARKER, prune_versions, verify_version, version_dir
 from grpo.wire import messages
 from grpo.wire.channels import SocketLimits, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config import Config
-from grpo.config.weights import streams_versions, weights_mode
-from grpo.delivery.trainer_endpoint import TrainerEndpoint
 from grpo.models.loading import adapter_state
-from grpo.weights.collective.broadcaster import Broadcaster
 from grpo.weights.dirs import publish_version
+from grpo.weights.modes import mode_of
+from grpo.weights.modes.base import TrainerLink
 from grpo.weights.stream.image import Image, load_image, save_image
 from grpo.weights.stream.server import VersionStore
 from grpo.weights.stream.torch_bits import image_from_state
@@ -93,8 +92,9 @@ def weights_to_publish(engine: Any, lora: bool) -> Iterator[Published]:
 
 
 def new_store(cfg: Config) -> VersionStore | None:
-    """The versions rank 0 keeps in memory to stream (weights.mode: stream), else None."""
-    if not streams_versions(cfg):
+    """The versions rank 0 keeps in memory to serve (weights.mode stream, collective), else
+    None."""
+    if not mode_of(cfg).from_memory:
         return None
     w = cfg.weights
     budget = int(w.base_memory_mb * 2**20)
@@ -123,33 +123,30 @@ def durable_due(cfg: Config, step: int) -> bool:
 
 
 class Publisher:
-    """Rank 0's publishing of a version: into memory, where the samplers stream it from
-    (weights.mode stream, collective) and which the broadcaster sends (collective), and into a
-    version dir where the samplers read dirs or one is due."""
+    """Rank 0's publishing of a version: into memory where the mode serves from there
+    (weights.mode stream, collective), into a version dir where the samplers read dirs or one
+    is due, and then to the mode's trainer end (grpo.weights.modes), which serves it and says
+    so in the trainer's heartbeats."""
 
     def __init__(self, cfg: Config, tokenizer: Any):
         self.cfg, self.tokenizer = cfg, tokenizer
         self.store = new_store(cfg)
-        self.broadcaster: Broadcaster | None = None
+        self.end = mode_of(cfg).trainer_end(cfg, self.store)
 
-    def start(self, endpoint: TrainerEndpoint, version: int) -> None:
-        """The samplers can be told of versions from now on (`version`: the newest they may
-        have): weights.mode collective starts the broadcaster, its group's membership read
-        from `endpoint`'s heartbeats and announced in them (`group`)."""
-        if weights_mode(self.cfg) == "collective" and self.store is not None:
-            states = lambda: endpoint.pool.collective  # noqa: E731 - replaced whole, never changed
-            self.broadcaster = Broadcaster(self.cfg, self.store, states, published=version)
+    def start(self, link: TrainerLink) -> None:
+        """The samplers can be told of versions from now on."""
+        self.end.start(link)
 
-    def group(self) -> dict[str, Any] | None:
-        """What the trainer's control messages say of the collective group (None: none)."""
-        return self.broadcaster.announced if self.broadcaster is not None else None
+    def announced(self) -> dict[str, Any]:
+        """What every heartbeat of the trainer says of the versions (their identities, the
+        collective group)."""
+        return self.end.announced()
 
     def publish(self, weights: Published, step: int) -> None:
         cfg = self.cfg
         if self.store is not None:  # in memory first: the samplers wait for it
             self.store.add(stream_image(cfg, step, weights.state()))
-        if self.broadcaster is not None:  # on its own thread: training goes on
-            self.broadcaster.publish(step)
+        self.end.published(step)
         if self.store is None or durable_due(cfg, step):
 
             def save(tmp: Path) -> None:
@@ -183,15 +180,14 @@ class Publisher:
             self.store.add(load_image(path, self.cfg.transport.max_version_bytes))
 
     def close(self) -> None:
-        if self.broadcaster is not None:
-            self.broadcaster.close()
+        self.end.close()
 
 
 def keep_initial(engine: Any, cfg: Config, store: VersionStore | None) -> None:
     """weights.mode: stream: version 0 (the initial weights) into rank 0's store, unannounced:
     the samplers start from the same weights, so the first version travels as a delta from it.
     Every rank under ZeRO-3 (the gather is collective), like a publish."""
-    if not streams_versions(cfg):
+    if not mode_of(cfg).from_memory:
         return
     with weights_to_publish(engine, cfg.model.lora.enabled) as weights:
         if store is not None:

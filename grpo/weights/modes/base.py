@@ -1,0 +1,108 @@
+"""What a weights mode is: a trainer end on rank 0, beside the versions it keeps, and a
+receiver on each sampler. The registry (grpo.weights.modes) names every mode; the trainer's
+Publisher and the sampler's Weights talk to these interfaces alone, never to a mode by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from grpo.config import Config
+from grpo.weights.stream.image import Image
+from grpo.weights.stream.server import VersionStore
+from grpo.weights.version import Version
+from grpo.wire.channels import SocketLimits
+from grpo.wire.keys import ClientKeys
+
+
+class Unavailable(ValueError):
+    """A version a receiver cannot hand over whole, and why: the sampler keeps its weights."""
+
+
+@dataclass(frozen=True)
+class TrainerLink:
+    """What rank 0's end of a mode is given at the trainer's start."""
+
+    published: int  # the newest version the samplers may already have
+    member_states: Callable[[], dict[str, str]]  # each live sampler's collective state
+    failed: Callable[[str], None]  # a thread of the mode ended: the run stops with its cause
+
+
+class TrainerEnd:
+    """Rank 0's end of a mode. By default it serves nothing and announces nothing (the samplers
+    read the trainer's version dirs themselves: weights.mode shared_dir)."""
+
+    def __init__(self, cfg: Config, store: VersionStore | None):
+        self.cfg, self.store = cfg, store
+
+    def start(self, link: TrainerLink) -> None:
+        """The samplers can be told of versions from now on."""
+
+    def published(self, version: int) -> None:
+        """Version `version` is in the store and, where due, in its version dir."""
+
+    def announced(self) -> dict[str, Any]:
+        """What every heartbeat of the trainer adds for this mode's receivers."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class SamplerLink:
+    """What a sampler's receiver takes from its endpoint, which it never sees whole: the
+    channel's context and keys, and what the trainer's heartbeats said."""
+
+    run_dir: Path
+    sampler_id: str
+    ctx: zmq.Context
+    keys: ClientKeys | None
+    limits: SocketLimits
+    secure: Callable[[zmq.Socket], None]  # a socket to the trainer made a CURVE client
+    announced: Callable[[], int]  # the newest version the trainer announced
+    relays: Callable[[], dict[str, str]]  # live samplers' relay addresses
+    manifests: Callable[[], dict[int, str]]  # the identities of the versions it serves
+    group: Callable[[], dict[str, Any] | None]  # the collective group it formed
+    # Sleep until the predicate holds or the sampler stops, named (a stall with its name).
+    wait: Callable[[Callable[[], bool], str], None]
+    seed: Image | None = None  # version 0 as the sampler holds it (the first delta's base)
+
+
+class Receiver:
+    """A sampler's end of a mode: hands over a published version whole, or raises
+    Unavailable saying why."""
+
+    relay_address = ""  # where this sampler relays versions to others (stream), told in its beats
+
+    def get(self, number: int) -> Version:
+        raise NotImplementedError
+
+    def collective_state(self) -> str | None:
+        """Its state in the collective group, told in its heartbeats (None: no group)."""
+        return None
+
+    def forget_failure(self, number: int) -> None:
+        """Version `number` failed; the trainer restarted and will publish it again."""
+
+    def stats(self) -> dict[str, float]:
+        """Totals so far for the metrics rows (bytes received, fallbacks)."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One weights.mode: adding a mode is a module that defines one of these, and a line of
+    the registry."""
+
+    name: str
+    from_memory: bool  # rank 0 keeps versions in a VersionStore and serves them from there
+    trainer_end: Callable[[Config, VersionStore | None], TrainerEnd]
+    receiver: Callable[[Config, SamplerLink], Receiver]

@@ -1,0 +1,91 @@
+"""The registry of weights modes (grpo.weights.modes): every mode of the config has one, and
+each mode's two ends, built as a run builds them, move a published version from the trainer's
+Publisher to a sampler's receiver whole, over real sockets where the mode has them."""
+
+from __future__ import annotations
+
+import time
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import zmq
+from safetensors.torch import save_file
+
+from grpo.config import Config, WeightsConfig, load_config
+from grpo.config.weights import streams_versions
+from grpo.weights.modes import MODES
+from grpo.weights.modes.base import SamplerLink, TrainerLink, Unavailable
+from grpo.weights.publisher import Published, Publisher
+from grpo.weights.stream.relay import announced_manifests
+from grpo.wire.channels import SocketLimits
+from tests.conftest import free_port
+
+
+def test_every_mode_of_the_config_is_registered_and_says_where_it_keeps_versions():
+    named = set(typing.get_args(typing.get_type_hints(WeightsConfig)["mode"])) - {"auto"}
+    assert set(MODES) == named
+    for name, mode in MODES.items():
+        cfg = Config()
+        cfg.weights.mode = name  # type: ignore[assignment]
+        assert mode.name == name and mode.from_memory == streams_versions(cfg), name
+
+
+def _state(version: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(version)
+    return {f"layer.{i}.weight": torch.randn(64, 32, generator=g) for i in range(3)}
+
+
+def _wait(ready: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not ready():
+        assert time.monotonic() < deadline, f"no {what} within 20 s"
+        time.sleep(0.01)
+
+
+def _link(publisher: Publisher, run_dir: Path, ctx: zmq.Context) -> SamplerLink:
+    """A sampler's link as Weights.connect makes it, the trainer's heartbeats read straight
+    from its publisher (what grpo.delivery.trainer_endpoint sends in every one)."""
+    return SamplerLink(
+        run_dir=run_dir, sampler_id="sampler-0", ctx=ctx, keys=None,
+        limits=SocketLimits(1 << 30, 4), secure=lambda sock: None, announced=lambda: 1, relays=dict,
+        manifests=lambda: announced_manifests(publisher.announced()) or {},
+        group=lambda: None, wait=_wait,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["shared_dir", "files", "stream"])
+def test_each_mode_hands_the_sampler_the_version_the_trainer_published(tmp_path, mode):
+    overrides = [f"weights.mode={mode}", f"output_dir={tmp_path / 'trainer'}"]
+    if mode != "shared_dir":
+        overrides.append(f"transport.weights_addr=tcp://127.0.0.1:{free_port()}")
+    cfg = load_config(None, overrides)
+    tokenizer = SimpleNamespace(save_pretrained=lambda where: None)
+    publisher, failures = Publisher(cfg, tokenizer), []
+    publisher.start(TrainerLink(0, dict, failures.append))
+    state = _state(1)
+    weights = Published(lambda where, shard: save_file(state, where / "model.safetensors"),
+                        lambda: state)  # fmt: skip
+    ctx = zmq.Context()
+    # shared_dir reads the trainer's run dir; files copies into the sampler's own.
+    run_dir = cfg.run_dir if mode == "shared_dir" else tmp_path / "sampler"
+    receiver = MODES[mode].receiver(cfg, _link(publisher, run_dir, ctx))
+    try:
+        publisher.publish(weights, 1)
+        version = receiver.get(1)
+        assert version is not None and version.number == 1 and not version.adapter
+        assert version.tensors().keys() == state.keys()
+        assert all(torch.equal(version.tensors()[k], v) for k, v in state.items())
+        # From a version dir exactly where the mode keeps one (vLLM then reads its files).
+        assert (version.vdir is not None) == (mode != "stream")
+        if mode != "stream":  # a version never published: said, not waited for
+            with pytest.raises(Unavailable):
+                receiver.get(7)
+    finally:
+        receiver.close()
+        ctx.term()
+        publisher.close()
+    assert failures == []
