@@ -28,7 +28,8 @@ class TrainerLink:
     """What rank 0's end of a mode is given at the trainer's start."""
 
     published: int  # the newest version the samplers may already have
-    member_states: Callable[[], dict[str, str]]  # each live sampler's collective state
+    # Each live sampler's (incarnation, state in the collective group), from its heartbeats.
+    member_states: Callable[[], dict[str, tuple[str, str]]]
     failed: Callable[[str], None]  # a thread of the mode ended: the run stops with its cause
 
 
