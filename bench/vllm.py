@@ -40,8 +40,8 @@ def run(quick: bool = False) -> list[Result]:
     from grpo.rollout.base import Sampling
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.vllm import VllmRollout
-    from grpo.sampler.data import encode_prompts
     from grpo.tasks import get_task
+    from grpo.tasks.encoding import encode_prompts
     from grpo.weights.version import Version
     from tests.tiny_model import build_tiny_model
 

@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 from grpo.config import ConfigError, describe, load_config
-from grpo.config.teacher import serves_teacher
+from grpo.config.rules import serves_teacher
 from grpo.plan import check_names
 from grpo.preflight import preflight
 from grpo.runtime.host_memory import keep_freed_memory

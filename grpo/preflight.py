@@ -25,7 +25,7 @@ from grpo.runtime.lifetime import port_holders
 from grpo.runtime.placement import visible_gpus
 from grpo.tasks import get_task, run_reward
 from grpo.tasks.base import Task, locate
-from grpo.tasks.columns import task_for
+from grpo.tasks.mixture import task_for
 from grpo.wire.channels import PeerError, check_listening
 from grpo.wire.keys import ClientKeys, server_keys
 

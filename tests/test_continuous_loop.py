@@ -10,8 +10,8 @@ import numpy as np
 from grpo.config import load_config
 from grpo.rollout.continuous import Answer, Request
 from grpo.sampler.continuous import Admitted, ContinuousLoop
-from grpo.sampler.data import Prompt
 from grpo.sampler.episodes import Group
+from grpo.tasks.encoding import Prompt
 
 
 class Engine:

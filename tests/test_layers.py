@@ -87,6 +87,59 @@ def test_the_packages_import_each_other_without_a_circle():
         visit(node, [])
 
 
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(GRPO.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the grpo modules it imports anywhere (at its top, in a function, under
+    TYPE_CHECKING), relative imports resolved; `from pkg import name` counts as pkg.name when
+    that is a module, else as pkg."""
+    modules = _modules()
+    names = {_module_name(p) for p in modules}
+    graph: dict[str, set[str]] = {}
+    for path, tree in modules.items():
+        me = _module_name(path)
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                if node.level:
+                    base = base[: len(base) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    child = f"{target}.{alias.name}"
+                    found.add(child if child in names else target)
+        graph[me] = {m for m in found if m in names and m != me}
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """Issue 44: no circle of modules, whatever the kind of import (a function-level import or
+    one under TYPE_CHECKING is still a circle a reader must untangle)."""
+    graph, done = _module_graph(), set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            circle = path[path.index(node) :] + [node]
+            raise AssertionError("module circle: " + " -> ".join(circle))
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
 def test_no_module_or_class_is_too_long_to_read():
     too_long = []
     for path, tree in _modules().items():

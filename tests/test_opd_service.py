@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from grpo.config import ConfigError, load_config
-from grpo.config.teacher import serves_teacher, service_scores
+from grpo.config.rules import serves_teacher, service_scores
 from grpo.models.embedded import ModelError
 from grpo.models.loading import load_reference, load_tokenizer
 from grpo.reward_service import protocol

@@ -15,8 +15,8 @@ from grpo.algos import policy_loss
 from grpo.config import load_config
 from grpo.models.loading import load_tokenizer
 from grpo.plan import check_names
-from grpo.sampler.data import encode_prompt
 from grpo.tasks import get_task
+from grpo.tasks.encoding import encode_prompt
 from tests.conftest import free_port, run_launch, transport_overrides
 from tests.plugins import toy_task
 from tests.test_integration import _assert_no_stray_processes, tiny_config

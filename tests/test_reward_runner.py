@@ -317,8 +317,8 @@ def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics():
     """A BatchMaker (log-probs on the trainer: no model) whose reward hangs on one answer: that
     answer scores 0 with reward_error 'timeout', the rest score, and the info crosses the wire
     into the trainer's reward_timeouts."""
-    from grpo.sampler.data import Prompt
     from grpo.sampler.episodes import BatchMaker
+    from grpo.tasks.encoding import Prompt
     from grpo.trainer.outputs import batch_metrics
     from grpo.wire.codec import decode, encode_batch
 

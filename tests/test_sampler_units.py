@@ -103,8 +103,9 @@ def test_a_huge_row_is_skipped_without_being_tokenized(tmp_path, base_model_dir)
 
     from grpo.config import load_config
     from grpo.models.loading import load_tokenizer
-    from grpo.sampler.data import MAX_CHARS_PER_TOKEN, Shard
+    from grpo.sampler.data import Shard
     from grpo.tasks import get_task
+    from grpo.tasks.encoding import MAX_CHARS_PER_TOKEN
 
     rows = [{"question": "What is 1 + 1?", "answer": "#### 2"} for _ in range(3)]
     rows[1]["question"] = "Think. " * 600_000

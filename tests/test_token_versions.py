@@ -150,8 +150,8 @@ def test_admission_refuses_versions_past_the_last_the_run_publishes():
 def test_the_sampler_s_episodes_carry_the_engine_s_versions():
     """BatchMaker.attach_logprobs (log-probs on the trainer: no model) gives each episode its
     generation's versions; the batch's policy_version is its oldest token's (the caller's)."""
-    from grpo.sampler.data import Prompt
     from grpo.sampler.episodes import BatchMaker, Group
+    from grpo.tasks.encoding import Prompt
 
     cfg = load_config(None, ["train.logprobs_on=trainer", "rollout.questions_per_step=1",
                              "rollout.group_size=2"])  # fmt: skip

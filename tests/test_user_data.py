@@ -17,7 +17,7 @@ import pytest
 
 from grpo.config import ConfigError, load_config
 from grpo.tasks import get_task, gsm8k, load_rows, score
-from grpo.tasks.columns import mapped
+from grpo.tasks.base import mapped
 from tests.conftest import REPO, run_launch, transport_overrides
 
 GSM8K_TRAIN = REPO / "data/gsm8k/train.jsonl"

@@ -4,7 +4,7 @@ Every knob is a dataclass field with a default and a one-line `help`; YAML files
 Unknown keys and bad values stop the run with one line naming the key and what is allowed.
 """
 
-from grpo.config.checks import ConfigError
+from grpo.config.errors import ConfigError
 from grpo.config.loading import (
     describe,
     get_value,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from grpo.config.errors import ConfigError
 from grpo.config.fields import knob
 from grpo.core.vocabulary import BANDED_MODES, AggMode, KlKind, parse_correction
 
@@ -125,8 +126,6 @@ def check_correction(algo: AlgoConfig, engine_logprobs: bool) -> None:
     """algo.rollout_correction's parts, its threshold when it weights and the bands it names:
     ConfigError, one line naming the key, for anything unusable (grpo.config.checks).
     `engine_logprobs`: whether the run's rollout engine reports its log-probs."""
-    from grpo.config.checks import ConfigError  # the checks import the sections, not back
-
     spec = algo.rollout_correction
     try:
         mode, masks = parse_correction(spec)

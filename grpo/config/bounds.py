@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from grpo.config.checks import ConfigError
+from grpo.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from grpo.config.sections import Config

@@ -11,18 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.config.algo import check_correction
 from grpo.config.data import check_mixture, check_rows
-from grpo.config.sampling import check_continuous
-from grpo.config.teacher import check_teacher
+from grpo.config.errors import ConfigError
+from grpo.config.rules import check_continuous, check_teacher
 from grpo.config.weights import check_weights
 from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
 
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
     from grpo.config.sections import Config, TransportConfig
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message names the key."""
 
 
 def _positive(cfg: Config) -> list[tuple[str, Any]]:

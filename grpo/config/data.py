@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.config.errors import ConfigError
 from grpo.config.fields import knob
 
 
@@ -40,8 +41,6 @@ def parse_columns(entries: list[str]) -> Mapping:
 
 def check_rows(rows: RowsConfig) -> None:
     """ConfigError naming rows.columns when an entry is not ``key=column``."""
-    from grpo.config.checks import ConfigError  # here: checks imports this module
-
     try:
         parse_columns(rows.columns)
     except ValueError as e:
@@ -117,8 +116,6 @@ def check_mixture(mixture: list[Any], task: str, train: str, test: str, reward: 
     """ConfigError in one line for a bad data.mixture: an entry (see parse_mixture), or
     data.train / test / reward set beside it (each entry has its own). Its tasks are looked up
     with the run's names (grpo.tasks.mixture.sources): this layer knows no tasks."""
-    from grpo.config.checks import ConfigError  # here: checks imports this module
-
     if not mixture:
         return
     for key, value in (("train", train), ("test", test), ("reward", reward)):

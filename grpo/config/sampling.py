@@ -4,13 +4,9 @@ rollout and its vLLM engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from grpo.config.fields import knob, section
-from grpo.core.vocabulary import parse_correction
-
-if TYPE_CHECKING:
-    from grpo.config.sections import Config
 
 
 @dataclass
@@ -226,32 +222,3 @@ class RolloutConfig:
         False, "DAPO: replace groups whose answers all score the same with new questions"
     )
     max_sampling_rounds: int = knob(3, "dynamic sampling: generation rounds per batch at most")
-
-
-def check_continuous(cfg: Config) -> None:
-    """rollout.mode: continuous's limits (ConfigError, one line)."""
-    from grpo.config.checks import ConfigError  # the checks import the sections, not back
-
-    r = cfg.rollout
-    if r.mode != "continuous":
-        return
-    if r.backend not in ("hf", "vllm"):
-        raise ConfigError(f"rollout.mode=continuous runs the hf or vllm engine, not {r.backend!r}")
-    if r.max_turns > 1 or r.dynamic_sampling:
-        raise ConfigError(
-            "rollout.mode=continuous takes single-turn answers without dynamic_sampling: "
-            "set rollout.max_turns=1 and rollout.dynamic_sampling=false"
-        )
-    if r.slots < 0 or r.slots % r.group_size:
-        raise ConfigError(
-            f"rollout.slots={r.slots} must be a multiple of group_size={r.group_size}"
-        )
-    # With a lag, an answer's tokens come from several versions, none of them the old policy
-    # the loss's ratio is taken against: each token needs its own behaviour weight.
-    weight_mode, _ = parse_correction(cfg.algo.rollout_correction)
-    if cfg.train.max_staleness and weight_mode == "none":
-        raise ConfigError(
-            f"rollout.mode=continuous with train.max_staleness={cfg.train.max_staleness} "
-            "samples an answer with several versions: set algo.rollout_correction=decoupled "
-            "(or another weight mode) so each token is weighted by its own behaviour log-prob"
-        )

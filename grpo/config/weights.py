@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from grpo.config.errors import ConfigError
+
 if TYPE_CHECKING:
-    from grpo.config import Config
+    from grpo.config.sections import Config
 
 
 def check_weights(cfg: Config) -> None:
-    from grpo.config.checks import ConfigError  # here: checks imports this module
-
     w, mode = cfg.weights, weights_mode(cfg)
     if mode in ("files", "stream", "collective") and not cfg.transport.weights_addr:
         raise ConfigError(f"weights.mode: {mode} needs transport.weights_addr (where the "
@@ -43,8 +43,6 @@ def host_port(addr: str) -> tuple[str, int]:
 
 
 def _check_collective(cfg: Config) -> None:
-    from grpo.config.checks import ConfigError
-
     w, t = cfg.weights, cfg.transport
     try:
         host_port(w.collective_addr)

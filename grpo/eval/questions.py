@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 from grpo.config import Config
 from grpo.rollout.base import RolloutEngine, Sampling
-from grpo.sampler.data import Prompt, encode_prompts
 from grpo.tasks import RewardRunner, Task, mixture
+from grpo.tasks.encoding import Prompt, encode_prompts
 
 
 @dataclass(frozen=True)

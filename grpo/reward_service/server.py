@@ -27,7 +27,7 @@ from pathlib import Path
 import zmq
 
 from grpo.config import Config
-from grpo.config.teacher import serves_teacher
+from grpo.config.rules import serves_teacher
 from grpo.reward_service import protocol
 from grpo.reward_service.backends import RewardBackend, ServedTeacher, build_backend
 from grpo.reward_service.keys import secure_reward_server

@@ -50,9 +50,10 @@ from grpo.core.episode import EpisodeBatch
 from grpo.core.staleness import required_version
 from grpo.rollout.continuous import Answer, ContinuousEngine, Request
 from grpo.runtime.progress import ACTIVITY, GENERATING
-from grpo.sampler.data import Prompt, Shard
+from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker, Group
 from grpo.sampler.weights import Weights
+from grpo.tasks.encoding import Prompt
 
 log = logging.getLogger("grpo.sampler")
 

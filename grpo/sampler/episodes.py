@@ -17,12 +17,13 @@ from grpo.rollout.base import Generation, RolloutEngine, Sampling
 from grpo.rollout.multi_turn import tool_info
 from grpo.runtime.lifetime import restarts
 from grpo.runtime.progress import ACTIVITY, GENERATING, REWARDING, SCORING
-from grpo.sampler.data import Prompt, Shard
+from grpo.sampler.data import Shard
 from grpo.sampler.teacher import teacher_scorer
 from grpo.sampler.weights import Weights
 from grpo.scoring.kernels import Truncation
 from grpo.scoring.score import score_for_training
 from grpo.tasks import Row
+from grpo.tasks.encoding import Prompt
 from grpo.wire.channels import PeerError
 
 

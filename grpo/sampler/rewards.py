@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 
 from grpo.config import Config
-from grpo.config.teacher import serves_teacher, service_scores
+from grpo.config.rules import serves_teacher, service_scores
 from grpo.core.columns import VALUE_LIMIT, is_finite_real
 from grpo.reward_service.client import RewardClient, Scored, combine
 from grpo.reward_service.protocol import Item

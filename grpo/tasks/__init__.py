@@ -16,7 +16,7 @@ from .base import (
     score,
     task_names,
 )
-from .columns import task_for
+from .mixture import task_for
 from .runner import RewardHangError, RewardRunner, RewardWorkerError, RunnerCounters
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -9,9 +10,11 @@ import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from grpo.config.data import parse_columns
 from grpo.core.paths import REPO_ROOT, resolve_path, user_dir
 from grpo.core.registry import Registry, load_object
 from grpo.runtime.refusals import note
@@ -316,3 +319,12 @@ def load_rows(source: str, split: str | None = None) -> list[Row]:
     if not rows:
         raise ValueError(f"dataset {source!r} is empty")
     return columns.apply_active(rows, source)
+
+
+def mapped(task: Task, entries: list[str]) -> Task:
+    """`task` reading its rows through the column mapping `entries` (rows.columns,
+    grpo.tasks.columns); the task itself if there is none."""
+    if not entries:
+        return task
+    load = partial(columns.load_mapped, task.load, parse_columns(entries))
+    return dataclasses.replace(task, load=load)

@@ -3,25 +3,18 @@ them, used as it is. Each entry ``key=column`` gives every row the task's `key` 
 `column`, a dotted path into nested columns (``answer=reward_model.ground_truth``); the row's own
 columns stay, for rewards that read them.
 
-The mapping applies to the rows `grpo.tasks.load_rows` reads while the task loads (`mapped`
-binds it to the task's `load`), before the task checks for its keys: a task's loader needs no
-word of it.
+The mapping applies to the rows `grpo.tasks.load_rows` reads while the task loads
+(`grpo.tasks.base.mapped` binds it to the task's `load`), before the task checks for its keys:
+a task's loader needs no word of it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from contextvars import ContextVar
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from grpo.config import Config
-
-    from .base import Task
-
-from grpo.config.data import Mapping, parse_columns
+from grpo.config.data import Mapping
 
 Row = dict[str, Any]
 
@@ -62,28 +55,10 @@ def apply_active(rows: list[Row], source: str) -> list[Row]:
     return remap(rows, _ACTIVE.get(), source)
 
 
-def _load_mapped(load: Callable[[str], list[Row]], mapping: Mapping, source: str) -> list[Row]:
+def load_mapped(load: Callable[[str], list[Row]], mapping: Mapping, source: str) -> list[Row]:
+    """`load(source)` with `mapping` applied to every row it reads through load_rows."""
     token = _ACTIVE.set(mapping)
     try:
         return load(source)
     finally:
         _ACTIVE.reset(token)
-
-
-def mapped(task: Task, entries: list[str]) -> Task:
-    """`task` reading its rows through the column mapping `entries` (the task itself if none)."""
-    if not entries:
-        return task
-    return dataclasses.replace(task, load=partial(_load_mapped, task.load, parse_columns(entries)))
-
-
-def task_for(cfg: Config) -> Task:
-    """The run's task: ``data.task`` with ``rows.columns`` applied to what it loads; with
-    ``data.mixture``, the mixture's (grpo.tasks.mixture)."""
-    from .base import get_task  # here: base imports this module
-
-    if cfg.data.mixture:
-        from .mixture import mixture_task  # here: mixture imports this module
-
-        return mixture_task(cfg)
-    return mapped(get_task(cfg.data.task), cfg.rows.columns)

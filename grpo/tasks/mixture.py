@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 from grpo.config import ConfigError
 from grpo.config.data import parse_mixture
 
-from .base import RewardFn, Row, Task, get_task, run_reward, score
-from .columns import mapped
+from .base import RewardFn, Row, Task, get_task, mapped, run_reward, score
 
 if TYPE_CHECKING:
     from grpo.config import Config
@@ -113,3 +112,11 @@ def mixture_task(cfg: Config) -> Task:
         default_train="",
         default_test="",
     )
+
+
+def task_for(cfg: Config) -> Task:
+    """The run's task: ``data.task`` with ``rows.columns`` applied to what it loads; with
+    ``data.mixture``, the mixture's."""
+    if cfg.data.mixture:
+        return mixture_task(cfg)
+    return mapped(get_task(cfg.data.task), cfg.rows.columns)

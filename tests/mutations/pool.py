@@ -45,7 +45,7 @@ MUTATIONS = (
     Mutation(
         name="huge_row_tokenized",
         item="43.6: a row is capped by its characters before it is tokenized",
-        path="grpo/sampler/data.py",
+        path="grpo/tasks/encoding.py",
         old="    if max_tokens is not None and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:",
         new="    if False:",
         tests=("tests/test_sampler_units.py::test_a_huge_row_is_skipped_without_being_tokenized",),

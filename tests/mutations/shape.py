@@ -1,0 +1,28 @@
+"""Mutations of the package's shape (issue 44, item 4): the error type in a leaf, cross-section
+rules above the sections, and no circle of modules by any kind of import."""
+
+from __future__ import annotations
+
+from tests.mutations import Mutation
+
+LAYERS = "tests/test_layers.py"
+
+MUTATIONS = (
+    Mutation(
+        name="section_imports_the_checks_back",
+        item="44.4: the error type lives in a leaf; a section never imports the checks",
+        path="grpo/config/algo.py",
+        old="from grpo.config.errors import ConfigError\n",
+        new="from grpo.config.checks import ConfigError\n",
+        tests=(f"{LAYERS}::test_no_module_imports_one_that_imports_it_back",),
+    ),
+    Mutation(
+        name="column_mapping_imports_the_tasks_back",
+        item="44.4: no circle of modules, an import under TYPE_CHECKING included",
+        path="grpo/tasks/columns.py",
+        old="from grpo.config.data import Mapping\n",
+        new="from grpo.config.data import Mapping\n\nif False:\n"
+        "    from .base import Task  # noqa: F401\n",
+        tests=(f"{LAYERS}::test_no_module_imports_one_that_imports_it_back",),
+    ),
+)
