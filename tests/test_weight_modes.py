@@ -89,3 +89,21 @@ def test_each_mode_hands_the_sampler_the_version_the_trainer_published(tmp_path,
         ctx.term()
         publisher.close()
     assert failures == []
+
+
+def test_the_sampler_holds_the_version_its_receiver_handed_over(tmp_path):
+    """With relays a receiver may hand over a newer version than the one asked for
+    (grpo.weights.stream.follower.VersionFollower.image): the sampler's version, which its
+    batches carry, is the one it loaded."""
+    from grpo.sampler.weights import Weights
+    from grpo.weights.modes.base import Receiver
+    from grpo.weights.version import Version
+
+    class Newer(Receiver):
+        def get(self, number: int) -> Version:
+            return Version(number + 2, adapter=False, state={})
+
+    weights = Weights(Config(output_dir=str(tmp_path)), tmp_path / "model")
+    weights.receiver = Newer()
+    weights.reload(3)
+    assert weights.version == 5

@@ -137,13 +137,14 @@ class Weights:
         if self.engine is not None:
             self.engine.load(version)
         self.reload_s = time.monotonic() - t0
+        # With relays a receiver may hand over a newer version than asked for: the one loaded.
         if version.vdir is not None:
             log.info("reloaded weights: version %d -> %d in %.1f s",
-                     self.version, number, self.reload_s)  # fmt: skip
+                     self.version, version.number, self.reload_s)  # fmt: skip
         else:
             log.info("loaded weights: version %d -> %d in %.2f s (streamed)",
-                     self.version, number, self.reload_s)  # fmt: skip
-        self.version = number
+                     self.version, version.number, self.reload_s)  # fmt: skip
+        self.version = version.number
 
     def stream_stats(self) -> dict[str, float]:
         """Bytes received (streamed, broadcast) and fallbacks, totals so far (weights.mode

@@ -286,4 +286,12 @@ MUTATIONS = (
         new="        if True:\n",
         tests=("tests/test_vllm.py::test_in_place_reload_serves_the_new_weights",),
     ),
+    Mutation(
+        name="sampler_records_the_version_it_asked_for",
+        item="42.1: the sampler holds the version its receiver handed over",
+        path="grpo/sampler/weights.py",
+        old="        self.version = version.number\n",
+        new="        self.version = number\n",
+        tests=(f"{MODES}::test_the_sampler_holds_the_version_its_receiver_handed_over",),
+    ),
 )
