@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from grpo.algos.registry import advantage_kind, get_policy_loss
+from grpo.algos.registry import get_estimator, get_policy_loss
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.passes import scored_by
 from grpo.core.vocabulary import GAE
@@ -99,7 +99,7 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     _check_trackers(cfg)
     if cfg.algo.advantage != GAE:
         try:
-            advantage_kind(cfg.algo.advantage)
+            get_estimator(cfg.algo.advantage)
         except ValueError as e:
             raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
     world = cfg.world if world is None else world

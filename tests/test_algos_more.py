@@ -512,10 +512,10 @@ def test_selectable_through_the_config(name):
 
 @pytest.mark.parametrize("name", ["reinforce_pp_baseline", "grpo_passk"])
 def test_new_estimators_selectable_through_the_config(name):
-    from grpo.algos.registry import advantage_kind
+    from grpo.algos.registry import get_estimator
 
     cfg = load_config("configs/gsm8k_grpo.yaml", [f"algo.advantage={name}"])
-    assert advantage_kind(cfg.algo.advantage)[0] == "outcome"  # as check_names looks it up
+    assert not get_estimator(cfg.algo.advantage).token_level  # as check_names looks it up
 
 
 # ---------------------------------------------------------------- REINFORCE++-baseline
@@ -645,3 +645,16 @@ def test_reinforce_pp_and_gae_agree_with_verl():
     # (10 tokens: sqrt(10 / 9) - 1 = 5%)
     pop = reinforce_pp_advantages(rewards, mask, gamma=0.9, unbiased=False)
     assert not close(pop, verl_rpp, tol=1e-3)
+
+
+def test_an_estimator_declares_what_it_needs():
+    """Issue 44: the trainer reads no estimator's signature; what an estimator takes beyond
+    its rewards is declared where it registers (GDPO's parts, OPD's log-probs, a token
+    estimator's discount by default), and an unknown input is refused there."""
+    from grpo.algos.registry import get_estimator, register_advantage_estimator
+
+    with pytest.raises(ValueError, match="may declare"):
+        register_advantage_estimator("wants_the_moon", needs=("moon",))
+    assert get_estimator("gdpo").needs == ("components",)
+    assert get_estimator("opd").needs == ("teacher",)
+    assert get_estimator("grpo").needs == () and get_estimator("reinforce_pp").needs == ("gamma",)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo.algos import opd_advantages
-from grpo.algos.registry import advantage_kind
+from grpo.algos.registry import get_estimator
 from grpo.config import ConfigError, load_config
 from grpo.config.passes import scoring_passes
 from grpo.core.episode import Episode, EpisodeBatch
@@ -54,8 +54,9 @@ def test_the_reward_s_grpo_advantage_is_added_with_its_weight():
 
 
 def test_opd_is_a_registered_token_estimator_and_needs_both_log_probs():
-    kind, fn = advantage_kind("opd")
-    assert (kind, fn) == ("token", opd_advantages)
+    estimator = get_estimator("opd")
+    assert estimator.fn is opd_advantages and estimator.token_level
+    assert estimator.needs == ("teacher",)
     with pytest.raises(ValueError, match="no teacher_logp"):
         opd_advantages(REWARDS, MASK, student_logp=STUDENT)
 

@@ -214,7 +214,7 @@ def grpo_passk_advantages(
     return adv.view(-1)  # (N,)
 
 
-@register_advantage_estimator("gdpo")
+@register_advantage_estimator("gdpo", needs=("components",))
 def gdpo_advantages(
     rewards: Tensor,
     group_size: int,
@@ -251,7 +251,7 @@ def gdpo_advantages(
     return whiten_answers(total, mask)  # (N,)
 
 
-@register_token_advantage_estimator("opd")
+@register_token_advantage_estimator("opd", needs=("teacher",))
 def opd_advantages(
     token_rewards: Tensor,
     mask: Tensor,

@@ -5,11 +5,14 @@ registering a name twice is an error.
 
 Each table has one calling convention, so a caller can use any registered name without
 knowing which it is: outcome estimators map per-sequence rewards (N,) to (N,), token
-estimators map per-token rewards (B, T) to (B, T). Anything that needs more inputs (GAE needs
-values and also returns value targets) is exported as a plain function instead.
+estimators map per-token rewards (B, T) to (B, T). What an estimator takes beyond that is
+declared where it registers (`needs`, from ESTIMATOR_INPUTS): the trainer reads no signature.
+Anything that needs more (GAE needs the critic's values and also returns value targets) is
+exported as a plain function instead.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from grpo.core.registry import Registry
 
@@ -37,35 +40,69 @@ def get_policy_loss(name: str) -> Callable:
     return POLICY_LOSSES.get(name)
 
 
-def register_advantage_estimator(name: str) -> Callable:
+# What an estimator may be given beyond its rewards (grpo.trainer.experience builds each):
+#   gamma        keyword `gamma`: the discount, algo.gamma
+#   components   keyword `components`: (N, K) the parts of each answer's reward (GDPO)
+#   teacher      keywords `teacher_logp`, `student_logp` (B, T), `group_size`, `reward_weight`
+#                (on-policy distillation: the teacher's and the old policy's log-probs)
+ESTIMATOR_INPUTS = frozenset({"gamma", "components", "teacher"})
+_NEEDS: dict[Callable, tuple[str, ...]] = {}
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator as the trainer calls it."""
+
+    fn: Callable
+    token_level: bool  # (B, T) token rewards and mask -> (B, T); else (N,) totals -> (N,)
+    needs: tuple[str, ...]  # of ESTIMATOR_INPUTS
+
+
+def _registering(registry: Registry, name: str, needs: Iterable[str]) -> Callable:
+    needs = tuple(needs)
+    unknown = set(needs) - ESTIMATOR_INPUTS
+    if unknown:
+        raise ValueError(f"estimator {name!r} needs {sorted(unknown)}: an estimator may "
+                         f"declare {sorted(ESTIMATOR_INPUTS)}")  # fmt: skip
+    register = registry.register(name)
+
+    def decorate(fn: Callable) -> Callable:
+        _NEEDS[fn] = needs
+        return register(fn)
+
+    return decorate
+
+
+def register_advantage_estimator(name: str, needs: Iterable[str] = ()) -> Callable:
     """Decorator: register an advantage estimator under `name` (ValueError if taken).
 
-    An estimator has the signature `fn(rewards: (N,), group_size: int, **kw) -> (N,)`.
+    An estimator has the signature `fn(rewards: (N,), group_size: int, **kw) -> (N,)`, where
+    `kw` are the inputs it `needs` (ESTIMATOR_INPUTS).
     """
-    return ADVANTAGE_ESTIMATORS.register(name)
+    return _registering(ADVANTAGE_ESTIMATORS, name, needs)
 
 
 def get_advantage_estimator(name: str) -> Callable:
     return ADVANTAGE_ESTIMATORS.get(name)
 
 
-def register_token_advantage_estimator(name: str) -> Callable:
+def register_token_advantage_estimator(name: str, needs: Iterable[str] = ("gamma",)) -> Callable:
     """Decorator: register a token-level advantage estimator under `name` (ValueError if taken).
 
     A token estimator has the signature
-    `fn(token_rewards: (B, T), mask: (B, T), **kw) -> (B, T)`.
+    `fn(token_rewards: (B, T), mask: (B, T), **kw) -> (B, T)`, where `kw` are the inputs it
+    `needs` (ESTIMATOR_INPUTS; by default the discount).
     """
-    return TOKEN_ADVANTAGE_ESTIMATORS.register(name)
+    return _registering(TOKEN_ADVANTAGE_ESTIMATORS, name, needs)
 
 
 def get_token_advantage_estimator(name: str) -> Callable:
     return TOKEN_ADVANTAGE_ESTIMATORS.get(name)
 
 
-def advantage_kind(name: str) -> tuple[str, Callable]:
-    """("token" | "outcome", the estimator) for `name`: a registered estimator, or a user's
-    `package.module:function`, an outcome estimator unless its module registered it as a token
-    one."""
+def get_estimator(name: str) -> Estimator:
+    """The estimator `name`: a registered one, or a user's `package.module:function`, an
+    outcome estimator taking no further inputs unless its module registered it otherwise."""
     fn = ADVANTAGE_ESTIMATORS.merged(TOKEN_ADVANTAGE_ESTIMATORS).get(name)
-    token_level = [TOKEN_ADVANTAGE_ESTIMATORS.entry(n) for n in TOKEN_ADVANTAGE_ESTIMATORS]
-    return ("token" if fn in token_level else "outcome"), fn
+    token_level = fn in [TOKEN_ADVANTAGE_ESTIMATORS.entry(n) for n in TOKEN_ADVANTAGE_ESTIMATORS]
+    return Estimator(fn, token_level, _NEEDS.get(fn, ("gamma",) if token_level else ()))

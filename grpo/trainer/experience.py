@@ -8,7 +8,6 @@ a micro-batch takes its rows with :meth:`Experience.rows` and moves them to its 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,7 +23,7 @@ from grpo.algos import (
     token_level_rewards,
 )
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
-from grpo.algos.registry import advantage_kind
+from grpo.algos.registry import get_estimator
 from grpo.config import Config
 from grpo.core.batching import length_mask, pad_right
 from grpo.core.episode import Episode, EpisodeBatch, reward_components
@@ -219,25 +218,22 @@ def estimate_advantages(
     teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N, C) token advantages from algo.advantage: a token estimator on the per-token
-    rewards, or an outcome estimator on each answer's total, given to every token; one that
-    takes `components` (GDPO) also gets the reward's parts, (N, K), read from `infos`; one
-    that takes `teacher_logp` (OPD) the teacher's (N, C) and the old policy's log-probs."""
-    kind, estimator = advantage_kind(cfg.algo.advantage)
-    if kind == "token":
-        params = inspect.signature(estimator).parameters
-        more = {"gamma": cfg.algo.gamma}
-        if "teacher_logp" in params:
-            more = {
-                "teacher_logp": teacher,
-                "student_logp": exp.old_logp,
-                "group_size": exp.group_size,
-                "reward_weight": cfg.algo.opd_reward_weight,
-            }
-        token_adv = estimator(exp.token_rewards, exp.mask, **more)
+    rewards, or an outcome estimator on each answer's total, given to every token; each also
+    gets the inputs it declared (grpo.algos.registry.ESTIMATOR_INPUTS): the reward's parts
+    (N, K) read from `infos`, the teacher's (N, C) and the old policy's log-probs."""
+    estimator = get_estimator(cfg.algo.advantage)
+    given: dict[str, Any] = {}
+    if "gamma" in estimator.needs:
+        given["gamma"] = cfg.algo.gamma
+    if "components" in estimator.needs:
+        given["components"] = torch.as_tensor(reward_components(infos)[1])
+    if "teacher" in estimator.needs:
+        given |= {"teacher_logp": teacher, "student_logp": exp.old_logp,
+                  "group_size": exp.group_size,
+                  "reward_weight": cfg.algo.opd_reward_weight}  # fmt: skip
+    if estimator.token_level:
+        token_adv = estimator.fn(exp.token_rewards, exp.mask, **given)
     else:
-        more = {}
-        if "components" in inspect.signature(estimator).parameters:
-            more["components"] = torch.as_tensor(reward_components(infos)[1])
-        outcome = estimator(exp.token_rewards.sum(dim=-1), exp.group_size, **more)
+        outcome = estimator.fn(exp.token_rewards.sum(dim=-1), exp.group_size, **given)
         token_adv = broadcast_to_tokens(outcome, exp.mask)
     return token_adv.masked_fill(exp.no_loss_rows, 0.0)

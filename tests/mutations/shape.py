@@ -25,4 +25,15 @@ MUTATIONS = (
         "    from .base import Task  # noqa: F401\n",
         tests=(f"{LAYERS}::test_no_module_imports_one_that_imports_it_back",),
     ),
+    Mutation(
+        name="gdpo_declares_no_components",
+        item="44.1: estimators declare their inputs; the trainer gives exactly those",
+        path="grpo/algos/advantages.py",
+        old='@register_advantage_estimator("gdpo", needs=("components",))',
+        new='@register_advantage_estimator("gdpo")',
+        tests=(
+            "tests/test_algos_more.py::test_an_estimator_declares_what_it_needs",
+            "tests/test_gdpo.py::test_the_trainer_reads_gsm8k_parts",
+        ),
+    ),
 )
