@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
+from grpo.algos import KlControl
 from grpo.algos.registry import get_estimator, get_policy_loss
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.passes import scored_by
@@ -62,6 +63,7 @@ class RunPlan:
     scored_by_sampler: frozenset[str]  # the log-prob arrays each role computes (config.passes)
     scored_by_trainer: frozenset[str]
     mini_batch_seqs: int  # sequences per rank per optimizer step
+    kl_control: KlControl  # how the in-reward KL coefficient moves between steps
 
 
 def own_default(fn: Callable, option: str) -> Any:
@@ -108,7 +110,14 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
         scored_by_sampler=scored_by(cfg, "sampler"),
         scored_by_trainer=scored_by(cfg, "trainer"),
         mini_batch_seqs=cfg.mini_batch_seqs(world),
+        kl_control=plan_kl_control(cfg),
     )
+
+
+def plan_kl_control(cfg: Config) -> KlControl:
+    algo = cfg.algo
+    adaptive = algo.kl_in_reward and algo.kl_ctrl == "adaptive"
+    return KlControl(adaptive, algo.kl_target, algo.kl_horizon)
 
 
 def check_names(cfg: Config) -> None:

@@ -658,3 +658,20 @@ def test_an_estimator_declares_what_it_needs():
     assert get_estimator("gdpo").needs == ("components",)
     assert get_estimator("opd").needs == ("teacher",)
     assert get_estimator("grpo").needs == () and get_estimator("reinforce_pp").needs == ("gamma",)
+
+
+def test_the_kl_control_is_built_once_and_adapts_only_when_asked():
+    """Issue 44: the in-reward KL coefficient's update is the plan's KlControl, not lines at
+    the end of the step: fixed keeps the coefficient; adaptive follows Ziegler et al."""
+    from grpo.algos import adaptive_kl_coef
+    from grpo.plan import plan_kl_control
+
+    fixed = plan_kl_control(load_config(None, ["algo.kl_in_reward=true"]))
+    assert fixed.next(0.1, 5.0, 64) == 0.1 and fixed.next(0.1, None, 64) == 0.1
+    adaptive = plan_kl_control(load_config(None, [
+        "algo.kl_in_reward=true", "algo.kl_reward_coef=0.1", "algo.kl_ctrl=adaptive",
+        "algo.kl_target=0.5", "algo.kl_horizon=1000",
+    ]))  # fmt: skip
+    assert adaptive.next(0.1, 5.0, 64) == adaptive_kl_coef(0.1, 5.0, 0.5, 1000, 64) > 0.1
+    with pytest.raises(ValueError, match="needs the batch's KL"):
+        adaptive.next(0.1, None, 64)

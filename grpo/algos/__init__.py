@@ -23,7 +23,7 @@ from grpo.algos.advantages import (
     token_level_rewards,
 )
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
-from grpo.algos.kl_control import adaptive_kl_coef
+from grpo.algos.kl_control import KlControl, adaptive_kl_coef
 from grpo.algos.losses import (
     AGG_MODES,
     PolicyLoss,
@@ -59,6 +59,7 @@ __all__ = [
     "logp_abs_diff",
     "rollout_correction_weights",
     "rollout_rejection",
+    "KlControl",
     "adaptive_kl_coef",
     "overlong_penalty",
     "AGG_MODES",

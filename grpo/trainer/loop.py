@@ -174,7 +174,7 @@ class Trainer:
         """Train on `batch` (every rank), publish and save as due; the step's metrics row.
         `seconds` holds the time spent receiving it and gets the rest of the step's parts."""
         cfg = self.cfg
-        result = train_step(self.models, batch, cfg, self.plan.loss, step, self.kl_reward_coef,
+        result = train_step(self.models, batch, cfg, self.plan, step, self.kl_reward_coef,
                             self.shard, self.pad_id, seconds)  # fmt: skip
         self.kl_reward_coef = result.kl_reward_coef
         for engine, n in result.skipped.items():

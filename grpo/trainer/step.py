@@ -9,10 +9,9 @@ from typing import Any
 
 import torch
 
-from grpo.algos import adaptive_kl_coef
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
-from grpo.plan import LossPlan
+from grpo.plan import RunPlan
 from grpo.runtime.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
 from grpo.trainer.critic import Critic
 from grpo.trainer.experience import build_experience, token_version_metrics
@@ -71,7 +70,7 @@ def train_step(
     models: Models,
     batch: EpisodeBatch,
     cfg: Config,
-    loss: LossPlan,
+    plan: RunPlan,
     step: int,
     kl_reward_coef: float,
     shard: Shard,
@@ -93,17 +92,13 @@ def train_step(
         mine = exp.rows(shard.rows(batch.group_size))
         skipped_before = models.skipped_steps()
         if models.critic is None:
-            local = train_on_batch(models.policy, mine, cfg, loss, pad_id)
+            local = train_on_batch(models.policy, mine, cfg, plan.loss, pad_id)
         else:
             train_policy = step > cfg.critic.warmup_steps  # the policy waits while it warms up
-            local = ppo_update(models.policy, models.critic, mine, cfg, loss, pad_id,
+            local = ppo_update(models.policy, models.critic, mine, cfg, plan.loss, pad_id,
                                train_policy)  # fmt: skip
         skipped = {k: n - skipped_before[k] for k, n in models.skipped_steps().items()}
-        next_coef, algo = kl_reward_coef, cfg.algo
-        if algo.kl_in_reward and algo.kl_ctrl == "adaptive":
-            next_coef = adaptive_kl_coef(
-                kl_reward_coef, numbers["rollout_kl_to_ref"], algo.kl_target, algo.kl_horizon,
-                len(exp),
-            )  # fmt: skip
+        kl = numbers.get("rollout_kl_to_ref")  # the sampling policy's, when both were scored
+        next_coef = plan.kl_control.next(kl_reward_coef, kl, len(exp))
         numbers |= {"kl_reward_coef": kl_reward_coef} | average_across_ranks(local)
     return StepResult(batch, numbers, next_coef, skipped)

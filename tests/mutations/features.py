@@ -43,8 +43,8 @@ MUTATIONS = (
         name="opd_reward_weight_ignored",
         item="41.1: algo.opd_reward_weight reaches the trainer's advantages",
         path="grpo/trainer/experience.py",
-        old='                "reward_weight": cfg.algo.opd_reward_weight,\n',
-        new='                "reward_weight": 0.0,\n',
+        old='                  "reward_weight": cfg.algo.opd_reward_weight}',
+        new='                  "reward_weight": 0.0}',
         tests=(
             "tests/test_opd.py::test_the_trainer_adds_the_reward_advantage_with_the_configured_weight",
         ),

@@ -36,4 +36,14 @@ MUTATIONS = (
             "tests/test_gdpo.py::test_the_trainer_reads_gsm8k_parts",
         ),
     ),
+    Mutation(
+        name="kl_control_never_adapts",
+        item="44.1: the KL controller is built once from the config and adapts when asked",
+        path="grpo/plan.py",
+        old='    adaptive = algo.kl_in_reward and algo.kl_ctrl == "adaptive"\n',
+        new="    adaptive = False\n",
+        tests=(
+            "tests/test_algos_more.py::test_the_kl_control_is_built_once_and_adapts_only_when_asked",
+        ),
+    ),
 )
