@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from grpo.rollout.base import Generation
+
+if TYPE_CHECKING:
+    from grpo.weights.version import Version
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,11 @@ class ContinuousEngine(Protocol):
 
     def in_flight(self) -> list[Answer]:
         """The answers in the slots, in slot order."""
+        ...
+
+    def load(self, version: Version) -> Any:
+        """The RolloutEngine's load (grpo.rollout.base): serve `version` from the next step on,
+        all or nothing; the sampler calls weights_changed right after."""
         ...
 
     def weights_changed(self, version: int) -> None:
