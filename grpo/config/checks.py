@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.config.algo import check_correction
 from grpo.config.data import check_mixture, check_rows
+from grpo.config.engines import abilities
 from grpo.config.errors import ConfigError
 from grpo.config.rules import check_continuous, check_teacher
 from grpo.config.weights import check_weights
@@ -185,7 +186,9 @@ def _check_rollout(cfg: Config) -> None:
         raise ConfigError(f"rollout.sampler_id must be {SAMPLER_ID_RULE}, got {r.sampler_id!r:.80}")
     _check_turns(r)
     check_continuous(cfg)
-    check_correction(cfg.algo, engine_logprobs=r.backend == "vllm" or r.mode == "continuous")
+    # Continuous generation records every token's log-prob, whichever engine samples it.
+    logprobs = abilities(r.backend).reports_logprobs or r.mode == "continuous"
+    check_correction(cfg.algo, engine_logprobs=logprobs)
 
 
 def _check_reward(cfg: Config) -> None:

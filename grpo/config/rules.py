@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grpo.config.engines import BUILT_IN, abilities
 from grpo.config.errors import ConfigError
 from grpo.config.teacher import OPD, SERVICE
 from grpo.core.vocabulary import parse_correction
@@ -19,8 +20,10 @@ def check_continuous(cfg: Config) -> None:
     r = cfg.rollout
     if r.mode != "continuous":
         return
-    if r.backend not in ("hf", "vllm"):
-        raise ConfigError(f"rollout.mode=continuous runs the hf or vllm engine, not {r.backend!r}")
+    if not abilities(r.backend).continuous:
+        able = [name for name, a in BUILT_IN.items() if a.continuous]
+        raise ConfigError(f"rollout.mode=continuous runs the {' or '.join(able)} engine, "
+                          f"not {r.backend!r}")  # fmt: skip
     if r.max_turns > 1 or r.dynamic_sampling:
         raise ConfigError(
             "rollout.mode=continuous takes single-turn answers without dynamic_sampling: "

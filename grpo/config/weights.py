@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from grpo.config.engines import abilities
 from grpo.config.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,9 +23,12 @@ def check_weights(cfg: Config) -> None:
     if w.bucket_mb <= 0 or w.keep_bases < 1 or w.window < 1 or w.transfer_timeout_s <= 0:
         raise ConfigError("weights.bucket_mb, keep_bases, window and transfer_timeout_s must "
                           "be positive")  # fmt: skip
-    if streams_versions(cfg) and cfg.model.lora.enabled and cfg.rollout.backend == "vllm":
-        raise ConfigError(f"weights.mode: {mode} cannot hand vLLM a LoRA adapter (it loads "
-                          "adapters from a dir): use weights.mode files or shared_dir")  # fmt: skip
+    backend = cfg.rollout.backend
+    in_memory = abilities(backend).adapters_in_memory
+    if streams_versions(cfg) and cfg.model.lora.enabled and not in_memory:
+        raise ConfigError(f"weights.mode: {mode} cannot hand the {backend} engine a LoRA "
+                          "adapter (it loads adapters from a dir): use weights.mode files or "
+                          "shared_dir")  # fmt: skip
     if mode == "collective":
         _check_collective(cfg)
     if w.fanout < 0 or w.save_interval < 0:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from grpo.config import Config, ConfigError
+from grpo.config.engines import abilities
 
 # What the sampler's HF models may allocate of a GPU they share with the trainer: the
 # embedded model's policy and reference plus a KV cache for 128 answers fit in far less.
@@ -81,7 +82,7 @@ def visible_gpus() -> list[str]:
 
 
 def placement_for(cfg: Config, role: str, visible: int) -> Placement:
-    needed = cfg.rollout.vllm.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1
+    needed = abilities(cfg.rollout.backend).gpus(cfg.rollout)
     return place(
         visible, role, cfg.train.num_ranks, needed, list(cfg.train.gpus), list(cfg.rollout.gpus)
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tests.mutations import Mutation
 
 LAYERS = "tests/test_layers.py"
+ABILITIES = "tests/test_engine_abilities.py"
 
 MUTATIONS = (
     Mutation(
@@ -45,5 +46,23 @@ MUTATIONS = (
         tests=(
             "tests/test_algos_more.py::test_the_kl_control_is_built_once_and_adapts_only_when_asked",
         ),
+    ),
+    Mutation(
+        name="vllm_declared_without_its_log_probs",
+        item="44.2: the checks ask an engine's declared abilities, not its name",
+        path="grpo/config/engines.py",
+        old="        reports_logprobs=True, continuous=True, adapters_in_memory=False, "
+        "tensor_parallel=True\n",
+        new="        reports_logprobs=False, continuous=True, adapters_in_memory=False, "
+        "tensor_parallel=True\n",
+        tests=(f"{ABILITIES}::test_the_checks_ask_the_abilities",),
+    ),
+    Mutation(
+        name="engine_spans_one_gpu_whatever_it_declares",
+        item="44.2: the placement asks an engine's declared abilities, not its name",
+        path="grpo/config/engines.py",
+        old="        return rollout.vllm.tensor_parallel_size if self.tensor_parallel else 1\n",
+        new="        return 1\n",
+        tests=(f"{ABILITIES}::test_an_engine_spans_the_gpus_its_abilities_say",),
     ),
 )
