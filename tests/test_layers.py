@@ -69,22 +69,27 @@ def test_a_lower_layer_imports_nothing_above_it(package):
     assert not above, f"grpo/{package}/ imports {sorted(above)}, above its layer"
 
 
-def test_the_packages_import_each_other_without_a_circle():
-    graph = _package_graph()
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle of `graph`'s arrows (its nodes in order, the first repeated last), or None."""
     done: set[str] = set()
 
-    def visit(node: str, path: list[str]) -> None:
+    def visit(node: str, path: list[str]) -> list[str] | None:
         if node in path:
-            circle = path[path.index(node) :] + [node]
-            raise AssertionError("import circle: " + " -> ".join(circle))
+            return path[path.index(node) :] + [node]
         if node in done:
-            return
+            return None
         for nxt in sorted(graph.get(node, ())):
-            visit(nxt, path + [node])
+            if (found := visit(nxt, path + [node])) is not None:
+                return found
         done.add(node)
+        return None
 
-    for node in sorted(graph):
-        visit(node, [])
+    return next((c for node in sorted(graph) if (c := visit(node, [])) is not None), None)
+
+
+def test_the_packages_import_each_other_without_a_circle():
+    circle = _circle(_package_graph())
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
 
 
 def _module_name(path: Path) -> str:
@@ -124,20 +129,8 @@ def _module_graph() -> dict[str, set[str]]:
 def test_no_module_imports_one_that_imports_it_back():
     """Issue 44: no circle of modules, whatever the kind of import (a function-level import or
     one under TYPE_CHECKING is still a circle a reader must untangle)."""
-    graph, done = _module_graph(), set()
-
-    def visit(node: str, path: list[str]) -> None:
-        if node in path:
-            circle = path[path.index(node) :] + [node]
-            raise AssertionError("module circle: " + " -> ".join(circle))
-        if node in done:
-            return
-        for nxt in sorted(graph.get(node, ())):
-            visit(nxt, path + [node])
-        done.add(node)
-
-    for node in sorted(graph):
-        visit(node, [])
+    circle = _circle(_module_graph())
+    assert circle is None, "module circle: " + " -> ".join(circle or [])
 
 
 def test_no_module_or_class_is_too_long_to_read():
