@@ -214,7 +214,7 @@ def test_a_weights_server_that_dies_stops_the_run_with_its_cause(tmp_path, monke
         router.close()
         failed("the weights server failed: OSError: disk gone")
 
-    monkeypatch.setattr(files_mode, "serve", broken)
+    monkeypatch.setattr(files_mode, "serve_dirs", broken)
     cfg = Config(output_dir=str(tmp_path))
     cfg.transport = _cfg(weights_addr=f"tcp://127.0.0.1:{free_port()}")
     trainer = TrainerChannel(cfg.transport)

@@ -4,6 +4,7 @@ Publisher and the sampler's Weights talk to these interfaces alone, never to a m
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import zmq
 
 from grpo.config import Config
+from grpo.weights.serving import WeightsServer
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.server import VersionStore
 from grpo.weights.version import Version
@@ -54,6 +56,27 @@ class TrainerEnd:
         pass
 
 
+class ServingEnd(TrainerEnd):
+    """A trainer end that answers the samplers on transport.weights_addr, on a socket of its
+    own (grpo.weights.serving), from its start until it closes: what it answers is `serve`."""
+
+    max_request_bytes: int  # the largest request `serve` takes
+    server: WeightsServer | None = None
+
+    def serve(self, router: zmq.Socket, closing: threading.Event,
+              failed: Callable[[str], None]) -> None:  # fmt: skip
+        """Answer requests on `router` until `closing`; `failed(cause)` if it ends otherwise."""
+        raise NotImplementedError
+
+    def start(self, link: TrainerLink) -> None:
+        self.server = WeightsServer(self.cfg.transport, self.serve, self.max_request_bytes,
+                                    link.failed)  # fmt: skip
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
 @dataclass(frozen=True)
 class SamplerLink:
     """What a sampler's receiver takes from its endpoint, which it never sees whole: the
@@ -80,7 +103,9 @@ class Receiver:
 
     relay_address = ""  # where this sampler relays versions to others (stream), told in its beats
 
-    def get(self, number: int) -> Version:
+    def get(self, number: int) -> Version | None:
+        """Version `number` whole (a newer one where the mode may hand one over), or None when
+        the sampler stopped while waiting for it."""
         raise NotImplementedError
 
     def collective_state(self) -> str | None:

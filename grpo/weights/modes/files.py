@@ -10,30 +10,21 @@ from collections.abc import Callable
 import zmq
 
 from grpo.config import Config
-from grpo.weights.files import MAX_REQUEST_BYTES, WeightFetcher, serve
-from grpo.weights.modes.base import Mode, SamplerLink, TrainerEnd, TrainerLink, Unavailable
+from grpo.weights.files import MAX_REQUEST_BYTES, WeightFetcher
+from grpo.weights.files import serve as serve_dirs
+from grpo.weights.modes.base import Mode, SamplerLink, ServingEnd, Unavailable
 from grpo.weights.modes.shared_dir import DirReceiver
-from grpo.weights.serving import WeightsServer
 from grpo.weights.version import Version
 
 
-class DirServer(TrainerEnd):
-    server: WeightsServer | None = None
+class DirServer(ServingEnd):
+    """Serves the run's version dirs, file by file."""
 
-    def start(self, link: TrainerLink) -> None:
-        run_dir = self.cfg.run_dir
+    max_request_bytes = MAX_REQUEST_BYTES
 
-        def serve_dirs(
-            router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]
-        ) -> None:
-            serve(router, run_dir, closing, failed)
-
-        transport = self.cfg.transport
-        self.server = WeightsServer(transport, serve_dirs, MAX_REQUEST_BYTES, link.failed)
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+    def serve(self, router: zmq.Socket, closing: threading.Event,
+              failed: Callable[[str], None]) -> None:  # fmt: skip
+        serve_dirs(router, self.cfg.run_dir, closing, failed)
 
 
 class FetchingReceiver(DirReceiver):

@@ -14,15 +14,7 @@ import zmq
 
 from grpo.config import Config
 from grpo.runtime.progress import ACTIVITY, RECEIVING
-from grpo.weights.modes.base import (
-    Mode,
-    Receiver,
-    SamplerLink,
-    TrainerEnd,
-    TrainerLink,
-    Unavailable,
-)
-from grpo.weights.serving import WeightsServer
+from grpo.weights.modes.base import Mode, Receiver, SamplerLink, ServingEnd, Unavailable
 from grpo.weights.stream.follower import VersionFollower
 from grpo.weights.stream.server import MAX_REQUEST_BYTES, StreamServer
 from grpo.weights.version import Version
@@ -30,34 +22,25 @@ from grpo.weights.version import Version
 log = logging.getLogger("grpo.trainer")
 
 
-class MemoryServer(TrainerEnd):
+class MemoryServer(ServingEnd):
     """Serves the store's versions, and announces the identity of each (the samplers' root of
     trust: bytes from any source are taken only when they match it)."""
 
-    server: WeightsServer | None = None
+    max_request_bytes = MAX_REQUEST_BYTES
 
-    def start(self, link: TrainerLink) -> None:
-        store = self.store
-        assert store is not None
-
-        def serve(router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]):
-            server = StreamServer(router, store, closing, failed)
-            try:
-                server.run()
-            finally:  # what fan-out saved is visible here: each version's bytes, about one copy
-                sent = ", ".join(f"version {v}: {n} bytes" for v, n in server.egress.bytes.items())
-                log.info("weights served from memory: %s", sent or "nothing")
-
-        transport = self.cfg.transport
-        self.server = WeightsServer(transport, serve, MAX_REQUEST_BYTES, link.failed)
+    def serve(self, router: zmq.Socket, closing: threading.Event,
+              failed: Callable[[str], None]) -> None:  # fmt: skip
+        assert self.store is not None
+        server = StreamServer(router, self.store, closing, failed)
+        try:
+            server.run()
+        finally:  # what fan-out saved is visible here: each version's bytes, about one copy
+            sent = ", ".join(f"version {v}: {n} bytes" for v, n in server.egress.bytes.items())
+            log.info("weights served from memory: %s", sent or "nothing")
 
     def announced(self) -> dict[str, Any]:
         assert self.store is not None
         return {"manifests": self.store.identities()}
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
 
 
 class StreamReceiver(Receiver):
