@@ -137,6 +137,7 @@ def evaluate_versions(
     from grpo.sampler.weights import Weights
     from grpo.tasks import RewardRunner, run_reward, task_for
     from grpo.weights.dirs import verify_version, version_dir
+    from grpo.weights.version import Version
 
     check_names(cfg)
     task = task_for(cfg)
@@ -154,7 +155,7 @@ def evaluate_versions(
     with RewardRunner(reward_fn, cfg.reward.workers, cfg.reward.timeout_s) as rewards:
         for v in versions:
             if v:
-                weights.load_into_policy(version_dir(cfg.run_dir, v), v)
+                weights.load_into_policy(Version.from_dir(version_dir(cfg.run_dir, v), v))
             row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress)
             log.info("v%d: %s", v, table([row]).splitlines()[-1])
             if out is not None:

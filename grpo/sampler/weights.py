@@ -133,7 +133,7 @@ class Weights:
             return
         t0 = time.monotonic()
         if self.policy is not None:
-            self.load_state(version.tensors(), version.adapter, str(version))
+            self.load_into_policy(version)
         if self.engine is not None:
             self.engine.load(version)
         self.reload_s = time.monotonic() - t0
@@ -151,9 +151,8 @@ class Weights:
         stream, collective; else nothing)."""
         return self.receiver.stats() if self.receiver is not None else {}
 
-    def load_into_policy(self, vdir: Path, number: int) -> None:
-        """A version dir's weights into the HF policy (the evaluation CLI's, with no trainer)."""
-        version = Version.from_dir(vdir, number)
+    def load_into_policy(self, version: Version) -> None:
+        """`version` into the HF policy (also the evaluation CLI's, with no trainer)."""
         self.load_state(version.tensors(), version.adapter, str(version))
 
     def policy_tensors(self, adapter: bool) -> dict[str, torch.Tensor]:
