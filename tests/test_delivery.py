@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grpo.core.resume import require_same
 from grpo.core.seqset import SeqSet
 from grpo.delivery.ledger import Ledger, overtaken
 from grpo.delivery.spool import Spool
@@ -19,7 +20,6 @@ from grpo.trainer.state import truncate_metrics
 from grpo.weights.dirs import (
     discard_versions_after,
     publish_version,
-    require_same,
     verify_version,
     version_dir,
 )

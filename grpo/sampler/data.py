@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from grpo.config import Config
+from grpo.core.resume import require_same
 from grpo.delivery.spool import Spool
 from grpo.runtime.refusals import note
 from grpo.tasks import Row, Task, mixture
 from grpo.tasks.encoding import Prompt, encode_prompt
-from grpo.weights.dirs import require_same
 
 log = logging.getLogger("grpo.sampler")
 

@@ -28,9 +28,9 @@ import torch.distributed as dist
 
 from grpo.config import Config
 from grpo.core.durable import TRAIN_STATE_MARKER, fsync_path, fsync_tree, write_atomic
+from grpo.core.resume import require_same
 from grpo.delivery.ledger import Ledger
 from grpo.observe.metrics import read_jsonl
-from grpo.weights.dirs import require_same
 
 log = logging.getLogger("grpo.trainer")
 

@@ -17,7 +17,6 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -88,16 +87,6 @@ def publish_version(
     write_atomic(run_dir / "LATEST", f"{version}\n")
     prune_versions(run_dir, keep)
     return final
-
-
-def require_same(saved: dict[str, Any], current: dict[str, Any], what: str, fix: str) -> None:
-    """Refuse to resume `what` if any key differs between its saved and current fingerprint."""
-    for key, value in current.items():
-        if saved.get(key) != value:
-            raise ValueError(
-                f"cannot resume {what}: it was saved with {key}={saved.get(key)!r}, this run "
-                f"has {key}={value!r}; {fix}"
-            )
 
 
 def discard_versions_after(run_dir: Path, version: int) -> list[int]:
