@@ -87,6 +87,18 @@ def summarise(config: str, exit_code: int, wall_s: float, run_dir: Path, tail: s
     )
 
 
+def run_limited(cmd: list[str], timeout_s: float) -> tuple[int, str]:
+    """`cmd` in the repository, output unbuffered, killed after `timeout_s`: its exit code
+    (124 when killed) and the tail of what it printed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)  # fmt: skip
+        return done.returncode, (done.stdout + done.stderr)[-3000:]
+    except subprocess.TimeoutExpired as e:  # killed; launch.sh's roles follow their launcher
+        return 124, f"timed out after {timeout_s:.0f} s: {str(e.stderr)[-2000:]}"
+
+
 def run_config(config: str, out_dir: Path, overrides: list[str], timeout_s: float) -> CheckRow:
     """`bash launch.sh configs/<config>.yaml` with `overrides`, both roles on this node."""
     cmd = [
@@ -98,14 +110,8 @@ def run_config(config: str, out_dir: Path, overrides: list[str], timeout_s: floa
         *loopback_overrides(),
         *overrides,
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
-    try:
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
-        code, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
-    except subprocess.TimeoutExpired as e:  # subprocess.run killed launch.sh; its roles follow
-        code, tail = 124, f"timed out after {timeout_s:.0f} s: {str(e.stderr)[-2000:]}"
+    code, tail = run_limited(cmd, timeout_s)
     return summarise(config, code, time.monotonic() - t0, out_dir / config, tail)
 
 

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
@@ -34,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.common import REPO
-from bench.gpu_check import CheckRow, run_config
+from bench.gpu_check import CheckRow, run_config, run_limited
 
 RECIPE = "gpu_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -283,22 +282,12 @@ def numbers_row(name: str, what: str, setup: Setup) -> Row:
     out = setup.work / f"{name}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.gpu_kit", "numbers", name, "--into", str(out)]
-    code, tail = _run(cmd + (["--smoke"] if setup.smoke else []), LIMITS_S[name])
+    code, tail = run_limited(cmd + (["--smoke"] if setup.smoke else []), LIMITS_S[name])
     seconds = time.monotonic() - t0
     if code == 0 and out.is_file():
         return Row(name, what, "ok", seconds, json.loads(out.read_text()))
     return Row(name, what, "timed out" if code == 124 else f"failed (exit {code})", seconds,
                log=tail)  # fmt: skip
-
-
-def _run(cmd: list[str], timeout_s: float) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    try:
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
-        return done.returncode, (done.stdout + done.stderr)[-3000:]
-    except subprocess.TimeoutExpired as e:
-        return 124, f"timed out after {timeout_s:.0f} s: {str(e.stderr)[-2000:]}"
 
 
 def first(setup: Setup) -> list[Row]:
@@ -352,7 +341,7 @@ def second(setup: Setup) -> list[Row]:
         gguf = assemble_gguf(setup)
     except ValueError as e:
         return [Row("convert", "the embedded GGUF put together", "failed", 0.0, log=str(e))]
-    code, tail = _run([sys.executable, "-m", "grpo.models.convert"], LIMITS_S["convert"])
+    code, tail = run_limited([sys.executable, "-m", "grpo.models.convert"], LIMITS_S["convert"])
     status = "ok" if code == 0 else f"failed (exit {code})"
     convert = Row("convert", "the embedded GGUF put together and converted", status,
                   time.monotonic() - t0, {"GGUF MB": f"{gguf.stat().st_size / 1e6:.1f}"},

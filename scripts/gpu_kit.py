@@ -126,13 +126,16 @@ def gguf_compressed() -> tuple[bytes, str]:
     return zstandard.ZstdCompressor(level=3).compress(raw), hashlib.sha256(raw).hexdigest()
 
 
-def tree_bytes() -> int:
-    """What the device carries of the working tree in every call: the tracked files and the
-    untracked ones git does not ignore."""
+def tree_files() -> list[str]:
+    """What the device carries of the working tree in every call, relative to the repository:
+    the tracked files and the untracked ones git does not ignore (no .venv, checkpoints, .git)."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=REPO, capture_output=True, check=True).stdout  # fmt: skip
-    paths = [REPO / p for p in listed.decode().split("\0") if p]
-    return sum(p.stat().st_size for p in paths if p.is_file())
+    return [rel for rel in listed.decode().split("\0") if rel and (REPO / rel).is_file()]
+
+
+def tree_bytes() -> int:
+    return sum((REPO / rel).stat().st_size for rel in tree_files())
 
 
 def folder_bytes(path: Path) -> int:
@@ -198,14 +201,10 @@ def build(out: Path, python_version: str) -> dict:
 
 
 def tree_copy(dest: Path) -> None:
-    """The working tree as the device carries it: tracked files and untracked ones git does
-    not ignore (no .venv, no checkpoints, no .git)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, check=True).stdout  # fmt: skip
-    for rel in listed.decode().split("\0"):
-        if rel and (REPO / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dest / rel)
+    """The working tree as the device carries it (tree_files), into `dest`."""
+    for rel in tree_files():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
 
 
 def device_venv(dest: Path) -> Path:
