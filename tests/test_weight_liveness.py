@@ -172,7 +172,7 @@ class Swelling:
 
 
 def test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held() -> None:
-    """The bucket socket takes no frame larger than the manifest's largest tensor (it was
+    """The bucket socket takes no frame larger than the manifest's largest bucket (it was
     transport.max_version_bytes, 1 TiB by default): the relay's 32 MiB frames never reach the
     receiver, which passes the relay over for its silence and takes the trainer's version."""
     from grpo.weights.stream.client import largest_frame

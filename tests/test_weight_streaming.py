@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -16,6 +17,7 @@ from grpo.weights.stream.frames import decode_bucket
 from grpo.weights.stream.image import FULL_COPY, ApplyError, Image, Staging, encode_image_bucket
 from grpo.weights.stream.relay import RelaySource, upstream
 from grpo.weights.stream.server import StreamServer, VersionStore
+from grpo.wire.codec import FrameError, seal
 
 MB = 1 << 20
 
@@ -120,6 +122,59 @@ def test_staging_refuses_a_corrupted_bucket_and_keeps_nothing_of_it() -> None:
     assert staging.arrays == {} and staging.missing() == list(range(len(new.manifest.buckets)))
     with pytest.raises(ApplyError, match="never arrived"):
         staging.finish()
+
+
+@pytest.mark.parametrize("bucket_bytes", [1 << 20, 1], ids=["one bucket", "one each"])
+def test_a_full_copy_bucket_is_its_tensors_back_to_back_in_a_buffer_of_its_own(
+    bucket_bytes: int,
+) -> None:
+    """image_from_state copies each bucket once into a buffer of its own (the trainer steps on
+    while it is served) and that buffer is the bucket's one payload frame; a receiver's staged
+    arrays are views of its own copy of the payload, the same bits whatever the dtypes, a
+    narrower odd-sized tensor before a wider one included."""
+    import torch
+
+    from grpo.weights.stream.torch_bits import image_from_state, state_from_image
+
+    state = {
+        "w": torch.randn(3, 5),
+        "half": torch.randn(3).to(torch.bfloat16),  # 6 bytes: the next tensor sits unaligned
+        "b": torch.randn(7),
+        "mask": torch.tensor([True, False, True]),
+    }
+    image = image_from_state(4, state, bucket_bytes, False)
+    before = {name: t.clone() for name, t in state.items()}
+    buckets = range(len(image.manifest.buckets))
+    frames = [encode_image_bucket(image, i, None)[0] for i in buckets]
+    assert all(len(f) == 2 for f in frames)
+    joined = [b"".join(image.arrays[s.name].tobytes() for s in image.manifest.bucket_specs(i))
+              for i in buckets]  # fmt: skip
+    assert [bytes(f[1]) for f in frames] == joined
+    for t in state.values():  # the trainer's next step
+        t.bitwise_not_() if t.dtype == torch.bool else t.add_(1)
+    assert [bytes(encode_image_bucket(image, i, None)[0][1]) for i in buckets] == joined
+
+    staging, received = Staging(image.manifest), []
+    for header, payload in frames:
+        received.append(bytearray(payload))  # the socket's buffer, reused once it is read
+        staging.apply(decode_bucket([bytes(header), received[-1]], 64 * MB), None)
+    for buffer in received:
+        buffer[:] = bytes(len(buffer))
+    got = state_from_image(staging.finish())
+    assert all(torch.equal(got[name], before[name]) for name in state)
+
+
+def test_a_bucket_whose_parts_do_not_tile_its_payload_is_refused() -> None:
+    """The header's part lengths must cover the payload exactly: no part past its end, no
+    bytes left over (a source cannot smuggle bytes the tensors do not account for)."""
+    frames, _ = encode_image_bucket(model(1), 0, None)
+    header = msgpack.unpackb(bytes(frames[0])[8:])
+    for delta in (-4, 4):
+        (name, kind, lengths), *rest = header["tensors"]
+        forged = dict(header, tensors=[[name, kind, [lengths[0] + delta]], *rest])
+        sealed = seal(msgpack.packb(forged, use_bin_type=True), [frames[1]])
+        with pytest.raises(FrameError, match="its parts"):
+            decode_bucket(sealed, 64 * MB)
 
 
 def test_a_dead_source_is_passed_over_for_the_next(ctx: zmq.Context) -> None:

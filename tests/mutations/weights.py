@@ -11,6 +11,10 @@ LIVE = "tests/test_weight_liveness.py"
 GROUP = "tests/test_weight_collective.py"
 CHAOS = "tests/test_chaos.py"
 MODES = "tests/test_weight_modes.py"
+FLAT = (
+    "tests/test_weight_streaming.py::test_a_full_copy_bucket_is_its_tensors_back_to_back_in_a_"
+    "buffer_of_its_own"
+)
 
 MUTATIONS = (
     Mutation(
@@ -293,5 +297,33 @@ MUTATIONS = (
         old="        self.version = version.number\n",
         new="        self.version = number\n",
         tests=(f"{MODES}::test_the_sampler_holds_the_version_its_receiver_handed_over",),
+    ),
+    Mutation(
+        name="image_shares_the_model_s_memory",
+        item="42.7: a version image's bucket buffer is a copy (the trainer steps on meanwhile)",
+        path="grpo/weights/stream/torch_bits.py",
+        old='    return raw.to("cpu", copy=True).numpy()',
+        new='    return raw.to("cpu").numpy()',
+        tests=(f"{FLAT}[one each]",),
+    ),
+    Mutation(
+        name="staged_arrays_are_views_of_the_socket_s_buffer",
+        item="42.7: a received bucket's tensors are views of the receiver's own copy",
+        path="grpo/weights/stream/image.py",
+        old="            whole = np.frombuffer(bucket.payload, np.uint8).copy()\n",
+        new="            whole = np.frombuffer(bucket.payload, np.uint8)\n",
+        tests=(f"{FLAT}[one bucket]",),
+    ),
+    Mutation(
+        name="bucket_parts_need_not_tile_the_payload",
+        item="42.7: a bucket's part lengths cover its one payload frame exactly",
+        path="grpo/weights/stream/frames.py",
+        old="    require(at == payload.nbytes, f\"a bucket's payload of {payload.nbytes} bytes, "
+        'its parts {at}")\n',
+        new="",
+        tests=(
+            "tests/test_weight_streaming.py::test_a_bucket_whose_parts_do_not_tile_its_payload_is_"
+            "refused",
+        ),
     ),
 )

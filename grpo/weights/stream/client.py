@@ -52,12 +52,14 @@ HEADER_BYTES_PER_TENSOR = 1100  # a bucket header's entry: a name of up to 1024 
 
 
 def largest_frame(manifest: Manifest) -> int:
-    """The largest frame a bucket of `manifest` can arrive in: a tensor's encoding (a delta is
-    sent only when smaller than the tensor) or a bucket's header. The bucket socket refuses a
-    larger one before buffering it (ZMQ_MAXMSGSIZE): a source cannot make this receiver hold
-    more than the version it announced."""
+    """The largest frame a bucket of `manifest` can arrive in: a bucket's payload (its tensors'
+    encodings; a delta is sent only when smaller than the tensor) or its header. The bucket
+    socket refuses a larger one before buffering it (ZMQ_MAXMSGSIZE): a source cannot make
+    this receiver hold more than the version it announced."""
+    buckets = range(len(manifest.buckets))
+    payload = max((sum(s.nbytes for s in manifest.bucket_specs(i)) for i in buckets), default=0)
     per_bucket = max((end - start for start, end in manifest.buckets), default=0)
-    return max([s.nbytes for s in manifest.specs] + [HEADER_BYTES_PER_TENSOR * per_bucket + 1024])
+    return max(payload, HEADER_BYTES_PER_TENSOR * per_bucket + 1024)
 
 
 @dataclass

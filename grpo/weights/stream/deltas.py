@@ -239,9 +239,11 @@ _PART_COUNTS = {FULL: 1, SPARSE: 2, XOR_ZSTD: 1}
 
 
 def decode(kind: str, parts: Sequence[Any], base: np.ndarray | None, dtype: np.dtype,
-           size: int) -> np.ndarray:  # fmt: skip
+           size: int, owned: bool = False) -> np.ndarray:  # fmt: skip
     """The new tensor's bit patterns, a new writable flat array of `dtype` and `size`
-    elements; `base` is never modified. Every failure is a DeltaError."""
+    elements; `base` is never modified. `owned`: the parts are writable buffers the caller
+    hands over, so a full copy is a view of its part, not a copy. Every failure is a
+    DeltaError."""
     if kind not in ENCODINGS:
         raise DeltaError(f"unknown encoding {kind!r}, not one of {ENCODINGS}")
     dtype, size = _target(dtype, size)
@@ -249,7 +251,8 @@ def decode(kind: str, parts: Sequence[Any], base: np.ndarray | None, dtype: np.d
         if len(parts) != _PART_COUNTS[kind]:
             raise DeltaError(f"{kind} has {_PART_COUNTS[kind]} parts, not {len(parts)}")
         if kind == FULL:
-            return _array(parts[0], dtype, size, "full").copy()
+            full = _array(parts[0], dtype, size, "full")
+            return full if owned and full.flags.aligned else full.copy()
         flat = _checked_base(base, dtype, size, kind)
         if kind == SPARSE:
             return _decode_sparse(parts, flat, dtype, size)

@@ -32,6 +32,9 @@ class ApplyError(ValueError):
 class Image:
     manifest: Manifest
     arrays: dict[str, np.ndarray]  # name -> flat bit pattern
+    # bucket index -> its tensors' bytes back to back, where `arrays` are views of one buffer
+    # (built or received so): sent as a full-copy bucket's payload without joining the parts
+    flats: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def version(self) -> int:
@@ -44,14 +47,16 @@ class Image:
         tensors: Iterable[tuple[str, str, tuple[int, ...], np.ndarray]],
         bucket_bytes: int,
         adapter: bool = False,
+        flats: dict[int, np.ndarray] | None = None,
     ) -> Image:
-        """From (name, dtype name, shape, flat bit array) in the order they will travel."""
+        """From (name, dtype name, shape, flat bit array) in the order they will travel;
+        `flats`: the buckets' buffers the arrays are views of (plan_buckets' cut)."""
         specs, arrays = [], {}
         for name, dtype, shape, bits in tensors:
             specs.append(TensorSpec(name, dtype, tuple(shape), deltas.tensor_digest(bits)))
             arrays[name] = bits
         buckets = plan_buckets([s.nbytes for s in specs], bucket_bytes)
-        return cls(Manifest(version, tuple(specs), buckets, adapter), arrays)
+        return cls(Manifest(version, tuple(specs), buckets, adapter), arrays, flats or {})
 
     def compatible(self, manifest: Manifest) -> bool:
         """Whether this image can be a delta base for `manifest`'s tensors: the same names,
@@ -75,7 +80,8 @@ def encode_image_bucket(
         tensors.append((spec.name, enc.kind, enc.parts))
         payload += enc.nbytes
     base_version = use_base.version if use_base is not None else FULL_COPY
-    return encode_bucket(image.version, base_version, index, tensors), payload
+    whole = image.flats.get(index) if all(t[1] == deltas.FULL for t in tensors) else None
+    return encode_bucket(image.version, base_version, index, tensors, whole), payload
 
 
 @dataclass
@@ -85,6 +91,7 @@ class Staging:
 
     manifest: Manifest
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    flats: dict[int, np.ndarray] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
 
     def apply(self, bucket: Bucket, base: Image | None) -> None:
@@ -101,11 +108,20 @@ class Staging:
             held = None if base is None else base.version
             raise ApplyError(f"bucket {bucket.index} is a delta from version {bucket.base}, "
                              f"this receiver holds {held}")  # fmt: skip
-        decoded = {}
-        for spec, (_, kind, parts) in zip(specs, bucket.tensors, strict=True):
+        decoded, whole = {}, None
+        if all(kind == deltas.FULL for _, kind, _ in bucket.tensors):
+            # full copies: one copy of the payload, each tensor a view of it (not a copy each)
+            whole = np.frombuffer(bucket.payload, np.uint8).copy()
+            at, tensors = 0, []
+            for name, kind, (part,) in bucket.tensors:
+                tensors.append((name, kind, (whole[at : at + part.nbytes],)))
+                at += part.nbytes
+        else:
+            tensors = bucket.tensors
+        for spec, (_, kind, parts) in zip(specs, tensors, strict=True):
             old = base.arrays.get(spec.name) if base is not None and kind != deltas.FULL else None
             try:
-                new = deltas.decode(kind, parts, old, spec.bits, spec.size)
+                new = deltas.decode(kind, parts, old, spec.bits, spec.size, owned=whole is not None)
             except deltas.DeltaError as e:
                 raise ApplyError(f"tensor {spec.name}: {e}") from None
             if deltas.tensor_digest(new) != spec.digest:
@@ -113,6 +129,8 @@ class Staging:
                                  f"decoding its {kind} encoding")  # fmt: skip
             decoded[spec.name] = new
         self.arrays.update(decoded)
+        if whole is not None:
+            self.flats[bucket.index] = whole
         self.done.add(bucket.index)
 
     def missing(self) -> list[int]:
@@ -124,7 +142,7 @@ class Staging:
         if self.missing():
             raise ApplyError(f"buckets {self.missing()[:5]} of version "
                              f"{self.manifest.version} never arrived")  # fmt: skip
-        return Image(self.manifest, dict(self.arrays))
+        return Image(self.manifest, dict(self.arrays), dict(self.flats))
 
 
 def save_image(image: Image, path: Path) -> None:

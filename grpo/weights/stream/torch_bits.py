@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
+from grpo.weights.stream.frames import BITS, plan_buckets
 from grpo.weights.stream.image import Image
 
 # Each dtype as the signed integer of its width (grpo.weights.stream.frames.BITS), as torch
@@ -29,18 +31,40 @@ _BY_NAME = {name: dtype for dtype, name in _NAMES.items()}
 def image_from_state(
     version: int, state: Mapping[str, torch.Tensor], bucket_bytes: int, adapter: bool
 ) -> Image:
-    """A host copy of `state` (the trainer steps on while it is served). A tensor sharing its
-    storage with one before it (tied embeddings) is left out, as save_pretrained leaves it."""
-    seen, tensors = set(), []
+    """A host copy of `state` (the trainer steps on while it is served), each bucket's tensors
+    copied back to back into one buffer (one copy for the bucket, sent as it is). A tensor
+    sharing its storage with one before it (tied embeddings) is left out, as save_pretrained
+    leaves it."""
+    seen, kept = set(), []
     for name, t in state.items():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
         if t.numel() and key in seen:
             continue
         seen.add(key)
-        host = t.detach().to("cpu", copy=True).contiguous()
-        bits = host.view(_AS_BITS[host.dtype]).reshape(-1).numpy()
-        tensors.append((name, _NAMES[host.dtype], tuple(host.shape), bits))
-    return Image.build(version, tensors, bucket_bytes, adapter)
+        kept.append((name, t.detach()))
+    sizes = [t.numel() * t.element_size() for _, t in kept]
+    tensors, flats = [], {}
+    for index, (start, end) in enumerate(plan_buckets(sizes, bucket_bytes)):
+        raw = [t.reshape(-1).view(torch.uint8) for _, t in kept[start:end]]
+        flat = torch.cat(raw).to("cpu").numpy() if len(raw) > 1 else _own(raw[0])
+        flats[index] = flat
+        at = 0
+        for (name, t), size in zip(kept[start:end], sizes[start:end], strict=True):
+            bits = np.frombuffer(flat[at : at + size], BITS[_NAMES[t.dtype]], t.numel())
+            tensors.append((name, _NAMES[t.dtype], tuple(t.shape), _aligned(bits)))
+            at += size
+    return Image.build(version, tensors, bucket_bytes, adapter, flats)
+
+
+def _own(raw: torch.Tensor) -> np.ndarray:
+    """A host copy of one tensor's bytes (torch.cat of one would copy it as well)."""
+    return raw.to("cpu", copy=True).numpy()
+
+
+def _aligned(bits: np.ndarray) -> np.ndarray:
+    """`bits` as it is when aligned to its itemsize (a view of the bucket's buffer), else a
+    copy: a tensor after an odd-sized one of a narrower dtype."""
+    return bits if bits.flags.aligned else bits.copy()
 
 
 def state_from_image(image: Image) -> dict[str, torch.Tensor]:
