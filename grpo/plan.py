@@ -19,13 +19,14 @@ from typing import Any
 
 from torch import Tensor
 
-from grpo.algos import KlControl
-from grpo.algos.registry import get_estimator, get_policy_loss
+from grpo.algos import KlControl, overlong_penalty
+from grpo.algos.registry import Estimator, get_estimator, get_policy_loss
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.passes import scored_by
 from grpo.core.vocabulary import GAE
 from grpo.preflight import preflight
 from grpo.rollout.registry import check_engine_name
+from grpo.scoring.kernels import Truncation
 from grpo.tasks import get_task
 from grpo.tasks.mixture import mixture_task
 from grpo.tools import Toolbox, get_tool
@@ -58,11 +59,92 @@ class LossPlan:
 
 
 @dataclass(frozen=True)
+class Overlong:
+    """DAPO's overlong penalty (algo.overlong_buffer > 0): answers in the last `buffer` tokens
+    before max_new_tokens lose up to `factor` of reward."""
+
+    max_new_tokens: int
+    buffer: int
+    factor: float
+
+    def __call__(self, rewards: Tensor, lengths: Tensor) -> Tensor:
+        return rewards + overlong_penalty(lengths, self.max_new_tokens, self.buffer, self.factor)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """The rollout correction (algo.rollout_correction) with its threshold and bands."""
+
+    spec: str
+    threshold: float
+    bands: Mapping[str, tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class ExperiencePlan:
+    """What the experience stage (grpo.trainer.experience) does to every batch: the reward
+    shaping, in order; the KL of the sampling policy to the reference (measured, and paid in
+    the reward when `kl_in_reward`); which answers get no loss; the rollout correction; and
+    the advantage estimator with the constants it declared (None: GAE, which the update
+    computes with the critic's values)."""
+
+    shaping: tuple[Overlong, ...]
+    kl_kind: str
+    kl_in_reward: bool
+    mask_truncated: bool
+    correction: Correction | None
+    estimator: Estimator | None
+    constants: Mapping[str, Any]  # the estimator's declared scalars: gamma, reward_weight
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One micro-batch's loss (grpo.trainer.objective): the policy loss with its options
+    settled, plus `kl_coef` times the KL to the reference (by `kl_kind`), minus `entropy_coef`
+    times the entropy; and how the forward reads the answers."""
+
+    policy: LossPlan
+    kl_kind: str
+    kl_coef: float
+    entropy_coef: float
+    temperature: float  # the sampling temperature the log-probs are taken at
+    packed: bool
+    max_new_tokens: int  # Dr. GRPO's constant: the longest possible answer
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """The update (grpo.trainer.update): `ppo_epochs` passes over a rank's rows, one optimizer
+    step per mini-batch of `mini_batch_seqs`, micro-batches of up to `micro_batch_tokens`; with
+    PPO, GAE's discount and lambda and the steps the critic warms up alone."""
+
+    objective: Objective
+    ppo_epochs: int
+    mini_batch_seqs: int  # sequences per rank per optimizer step
+    micro_batch_tokens: int  # train.max_tokens_per_micro_batch (0: by count alone)
+    gamma: float
+    lam: float
+    critic_warmup_steps: int
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """The trainer's old and reference log-probs (train.logprobs_on: trainer), as the sampler
+    takes them: at its temperature, on its truncated vocabulary."""
+
+    truncation: Truncation
+    temperature: float
+    packed: bool
+    batch_size: int
+
+
+@dataclass(frozen=True)
 class RunPlan:
-    loss: LossPlan
+    experience: ExperiencePlan
+    update: UpdatePlan
+    scoring: ScoringPlan
     scored_by_sampler: frozenset[str]  # the log-prob arrays each role computes (config.passes)
     scored_by_trainer: frozenset[str]
-    mini_batch_seqs: int  # sequences per rank per optimizer step
     kl_control: KlControl  # how the in-reward KL coefficient moves between steps
 
 
@@ -99,19 +181,75 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
         _looked_up("rollout.tools", lambda names: Toolbox([get_tool(n) for n in names]),
                    cfg.rollout.tools)  # fmt: skip
     _check_trackers(cfg)
-    if cfg.algo.advantage != GAE:
-        try:
-            get_estimator(cfg.algo.advantage)
-        except ValueError as e:
-            raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
-    world = cfg.world if world is None else world
     return RunPlan(
-        loss=loss,
+        experience=plan_experience(cfg),
+        update=plan_update(cfg, cfg.world if world is None else world, loss),
+        scoring=plan_scoring(cfg),
         scored_by_sampler=scored_by(cfg, "sampler"),
         scored_by_trainer=scored_by(cfg, "trainer"),
-        mini_batch_seqs=cfg.mini_batch_seqs(world),
         kl_control=plan_kl_control(cfg),
     )
+
+
+def plan_objective(cfg: Config, loss: LossPlan | None = None) -> Objective:
+    algo = cfg.algo
+    return Objective(
+        policy=loss or plan_loss(cfg),
+        kl_kind=algo.kl_kind,
+        kl_coef=algo.kl_loss_coef,
+        entropy_coef=algo.entropy_coef,
+        temperature=cfg.rollout.temperature,
+        packed=cfg.packed,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+
+
+def plan_update(cfg: Config, world: int, loss: LossPlan | None = None) -> UpdatePlan:
+    """The update of `cfg` on `world` trainer ranks."""
+    return UpdatePlan(
+        objective=plan_objective(cfg, loss),
+        ppo_epochs=cfg.train.ppo_epochs,
+        mini_batch_seqs=cfg.mini_batch_seqs(world),
+        micro_batch_tokens=cfg.train.max_tokens_per_micro_batch,
+        gamma=cfg.algo.gamma,
+        lam=cfg.algo.lam,
+        critic_warmup_steps=cfg.critic.warmup_steps,
+    )
+
+
+def plan_scoring(cfg: Config) -> ScoringPlan:
+    r = cfg.rollout
+    return ScoringPlan(Truncation(r.top_p, r.top_k), r.temperature, cfg.packed,
+                       cfg.train.micro_batch_size)  # fmt: skip
+
+
+def plan_experience(cfg: Config) -> ExperiencePlan:
+    """algo.*'s experience stage, the estimator looked up (ConfigError naming the key)."""
+    algo = cfg.algo
+    estimator, constants = None, {}
+    if algo.advantage != GAE:
+        try:
+            estimator = get_estimator(algo.advantage)
+        except ValueError as e:
+            raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
+        declared = {"gamma": {"gamma": algo.gamma},
+                    "teacher": {"reward_weight": algo.opd_reward_weight}}  # fmt: skip
+        for need in estimator.needs:
+            constants |= declared.get(need, {})
+    correction = None
+    if algo.rollout_correction != "none":
+        bands = MappingProxyType(algo.correction_bands())
+        correction = Correction(algo.rollout_correction, algo.rollout_correction_threshold, bands)
+    return ExperiencePlan(
+        shaping=(Overlong(cfg.rollout.max_new_tokens, algo.overlong_buffer,
+                          algo.overlong_factor),) if algo.overlong_buffer else (),
+        kl_kind=algo.kl_reward_kind,
+        kl_in_reward=algo.kl_in_reward,
+        mask_truncated=algo.mask_truncated,
+        correction=correction,
+        estimator=estimator,
+        constants=MappingProxyType(constants),
+    )  # fmt: skip
 
 
 def plan_kl_control(cfg: Config) -> KlControl:

@@ -21,7 +21,7 @@ import torch
 from grpo.algos import rollout_correction_weights, rollout_rejection
 from grpo.config import ConfigError, load_config
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.plan import plan_loss
+from grpo.plan import plan_experience, plan_objective
 from grpo.scoring.forward import pairs_logprobs
 from grpo.trainer.experience import build_experience, token_version_metrics
 from grpo.trainer.objective import micro_batch_loss
@@ -107,9 +107,9 @@ def test_the_trainer_s_loss_is_areal_s_decoupled_ppo():
     cfg = load_config(None, CONFIG)
     model = _model()
     batch = _batch(model, cfg)
-    exp, metrics = build_experience(batch, cfg, 0.0)
+    exp, metrics = build_experience(batch, plan_experience(cfg), 0.0)
     model.zero_grad()
-    loss, _, step_metrics = micro_batch_loss(model, exp, cfg, plan_loss(cfg), 0)
+    loss, _, step_metrics = micro_batch_loss(model, exp, plan_objective(cfg), 0)
     loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
 
@@ -151,8 +151,8 @@ def test_each_token_is_weighted_with_its_own_behaviour_log_prob():
     later = [[*BEHAV_SHIFT[0][:3], -0.6, 0.5], BEHAV_SHIFT[1]]  # version 4's tokens resampled
     runs = []
     for shift in (BEHAV_SHIFT, later):
-        exp, _ = build_experience(_batch(model, cfg, shift, versions), cfg, 0.0)
-        loss, _, _ = micro_batch_loss(model, exp, cfg, plan_loss(cfg), 0)
+        exp, _ = build_experience(_batch(model, cfg, shift, versions), plan_experience(cfg), 0.0)
+        loss, _, _ = micro_batch_loss(model, exp, plan_objective(cfg), 0)
         runs.append((exp, loss.item()))
         expected = torch.exp(_padded(shift)) * (torch.exp(_padded(shift)) <= CAP) * exp.mask
         assert torch.allclose(exp.weights, expected, atol=1e-6)

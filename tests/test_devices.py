@@ -23,7 +23,7 @@ from grpo.algos.registry import POLICY_LOSSES
 from grpo.config import load_config
 from grpo.core.batching import pack_pairs, pad_pairs
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.plan import plan_loss
+from grpo.plan import plan_experience, plan_objective
 from grpo.rollout.hf import _StopWhenSet
 from grpo.scoring.forward import pairs_logprobs
 from grpo.scoring.kernels import Truncation
@@ -132,10 +132,12 @@ def test_micro_batch_loss_stays_on_the_model_device(loss, extra):
     weights); the loss, the mask and every metric must be on the model's device."""
     cfg = load_config(None, [f"algo.loss={loss}", "rollout.max_new_tokens=8", *extra])
     batch = EpisodeBatch((_episode(0), _episode(1)), group_size=2, policy_version=0, seq=0)
-    exp, _ = build_experience(batch, cfg, kl_coef=0.0)  # CPU tensors, as a step builds them
+    exp, _ = build_experience(
+        batch, plan_experience(cfg), kl_coef=0.0
+    )  # CPU tensors, as a step builds them
     exp = replace(exp, weights=torch.ones_like(exp.mask))  # as with a rollout correction
     loss_t, mask, metrics = micro_batch_loss(
-        StandInLM(META), exp.rows([1, 0]), cfg, plan_loss(cfg), 0
+        StandInLM(META), exp.rows([1, 0]), plan_objective(cfg), 0
     )
     assert loss_t.device == META and loss_t.dim() == 0 and mask.device == META
     assert metrics and all(m.device == META and m.dim() == 0 for m in metrics.values())

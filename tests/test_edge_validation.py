@@ -28,6 +28,7 @@ from grpo.delivery.sampler_endpoint import DELIVERING, SamplerEndpoint
 from grpo.delivery.spool import Spool
 from grpo.delivery.trainer_endpoint import TrainerEndpoint
 from grpo.observe.metrics import per_sampler
+from grpo.plan import plan_experience
 from grpo.reward_service.protocol import parse_scores
 from grpo.runtime.progress import ACTIVITY
 from grpo.sampler.rewards import checked_rewards
@@ -148,7 +149,7 @@ def test_rewards_at_the_limit_keep_the_experience_finite(advantage):
         batch = EpisodeBatch.__new__(EpisodeBatch)
         batch._init(c, 4, 5, 17, "s", {})
         batch._episodes = None
-        return build_experience(batch, cfg, kl_coef=1.0)
+        return build_experience(batch, plan_experience(cfg), kl_coef=1.0)
 
     exp, metrics = experience(VALUE_LIMIT)
     assert torch.isfinite(exp.token_rewards).all() and torch.isfinite(exp.advantages).all()

@@ -14,6 +14,7 @@ import torch
 from grpo.algos import gdpo_advantages, group_advantages
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch, reward_components
+from grpo.plan import plan_experience
 from grpo.tasks.gsm8k import reward as gsm8k_reward
 from grpo.trainer.experience import build_experience
 
@@ -113,13 +114,17 @@ def test_the_trainer_reads_gsm8k_parts():
     # second's (both parts moved, not one)
     none = ["no idea"] * 3
     batch = _gsm8k_batch(["#### 42", *none, "#### 7", *none], 4)
-    exp, _ = build_experience(batch, load_config(None, ["algo.advantage=gdpo"]), 0.0)
+    exp, _ = build_experience(
+        batch, plan_experience(load_config(None, ["algo.advantage=gdpo"])), 0.0
+    )
     parts = torch.tensor([[0.1, 0.9]] + [[0.0, 0.0]] * 3 + [[0.1, 0.0]] + [[0.0, 0.0]] * 3)
     want = gdpo_advantages(parts.sum(-1), 4, components=parts)
     assert torch.allclose(exp.advantages[:, 0], want)
     assert torch.allclose(exp.advantages * exp.mask, want[:, None] * exp.mask)
     assert exp.advantages[0, 0] == pytest.approx(2 * exp.advantages[4, 0], rel=1e-4)
-    grpo, _ = build_experience(batch, load_config(None, ["algo.advantage=grpo"]), 0.0)
+    grpo, _ = build_experience(
+        batch, plan_experience(load_config(None, ["algo.advantage=grpo"])), 0.0
+    )
     assert grpo.advantages[0, 0] == pytest.approx(grpo.advantages[4, 0], rel=1e-4)
 
 
@@ -130,4 +135,8 @@ def test_the_trainer_refuses_a_single_part_reward():
         for i in range(4)
     )  # fmt: skip
     with pytest.raises(ValueError, match="advantage=gdpo needs a reward of several components"):
-        build_experience(EpisodeBatch(eps, 2, 0, 0), load_config(None, ["algo.advantage=gdpo"]), 0)
+        build_experience(
+            EpisodeBatch(eps, 2, 0, 0),
+            plan_experience(load_config(None, ["algo.advantage=gdpo"])),
+            0,
+        )

@@ -12,7 +12,7 @@ from grpo.algos import kl_penalty, masked_mean
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.models.loading import load_causal_lm, load_tokenizer
-from grpo.plan import plan_loss
+from grpo.plan import plan_experience, plan_objective
 from grpo.rollout.base import Sampling
 from grpo.rollout.multi_turn import MultiTurnEngine, tool_info, with_tools
 from grpo.scoring.forward import pairs_logprobs
@@ -226,8 +226,8 @@ def test_a_tools_tokens_add_nothing_to_the_loss(loss):
 
     def run(batch: EpisodeBatch):
         model.zero_grad()
-        exp, _ = build_experience(batch, cfg, kl_coef=0.0)
-        loss_t, mask, metrics = micro_batch_loss(model, exp, cfg, plan_loss(cfg), pad_id=0)
+        exp, _ = build_experience(batch, plan_experience(cfg), kl_coef=0.0)
+        loss_t, mask, metrics = micro_batch_loss(model, exp, plan_objective(cfg), pad_id=0)
         loss_t.backward()
         return exp, loss_t.detach(), mask, [p.grad.clone() for p in model.parameters()]
 

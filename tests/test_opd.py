@@ -20,6 +20,7 @@ from grpo.config.passes import scoring_passes
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.models.embedded import ModelError
 from grpo.models.loading import load_tokenizer
+from grpo.plan import plan_experience
 from grpo.scoring.teacher import check_same_tokenizer, load_teacher, tokenizer_difference
 from grpo.trainer.experience import build_experience
 from grpo.wire.codec import FrameError, decode, encode_batch, seal
@@ -77,7 +78,7 @@ def _batch(teacher: bool = True, group_size: int = 2) -> EpisodeBatch:
 
 def test_the_trainer_s_experience_takes_opd_advantages_and_reports_the_reverse_kl():
     cfg = load_config(None, [*OPD, "rollout.questions_per_step=2", "rollout.group_size=2"])
-    exp, metrics = build_experience(_batch(), cfg, 0.0)
+    exp, metrics = build_experience(_batch(), plan_experience(cfg), 0.0)
     for i, n in enumerate([2, 3, 1, 2]):
         assert torch.allclose(exp.advantages[i, :n], torch.full((n,), 0.25 * (i + 1)))
         assert not exp.advantages[i, n:].any()
@@ -86,7 +87,7 @@ def test_the_trainer_s_experience_takes_opd_advantages_and_reports_the_reverse_k
     assert metrics["opd_reverse_kl"] == pytest.approx(-mean)
     assert metrics["opd_advantage_mean"] == pytest.approx(mean)
     with pytest.raises(ValueError, match="no teacher_logp"):
-        build_experience(_batch(teacher=False), cfg, 0.0)
+        build_experience(_batch(teacher=False), plan_experience(cfg), 0.0)
 
 
 def test_the_trainer_adds_the_reward_advantage_with_the_configured_weight():
@@ -94,7 +95,7 @@ def test_the_trainer_adds_the_reward_advantage_with_the_configured_weight():
     times GRPO's advantage of the answer's reward, by hand."""
     overrides = [*OPD, "rollout.questions_per_step=2", "rollout.group_size=2",
                  "algo.opd_reward_weight=0.5"]  # fmt: skip
-    exp, _ = build_experience(_batch(), load_config(None, overrides), 0.0)
+    exp, _ = build_experience(_batch(), plan_experience(load_config(None, overrides)), 0.0)
     # group 0: rewards 1, 0 -> +-1/(1/sqrt(2) + 1e-6); group 1: 0.5, 0.5 -> 0 (flat)
     grpo = 1 / (1 / math.sqrt(2) + 1e-6) / 2
     for i, (n, g) in enumerate(zip([2, 3, 1, 2], [grpo, -grpo, 0.0, 0.0], strict=True)):

@@ -10,7 +10,7 @@ import torch
 from grpo.config import load_config
 from grpo.config.passes import scored_by, scoring_passes
 from grpo.core.episode import Episode, EpisodeBatch
-from grpo.plan import plan_loss
+from grpo.plan import plan_experience, plan_objective
 from grpo.scoring.forward import pairs_logprobs
 from grpo.trainer.experience import build_experience
 from grpo.trainer.objective import micro_batch_loss
@@ -85,9 +85,9 @@ def test_skipped_old_pass_gives_the_same_loss_and_gradients(loss):
     results = []
     for old in (scored, None):
         model.zero_grad()
-        exp, _ = build_experience(_batch(old), cfg, kl_coef=0.0)
+        exp, _ = build_experience(_batch(old), plan_experience(cfg), kl_coef=0.0)
         assert (exp.old_logp is None) == (old is None) and exp.ref_logp is None
-        loss_t, _, metrics = micro_batch_loss(model, exp, cfg, plan_loss(cfg), 0)
+        loss_t, _, metrics = micro_batch_loss(model, exp, plan_objective(cfg), 0)
         loss_t.backward()
         results.append((loss_t.detach(), metrics, [p.grad.clone() for p in model.parameters()]))
     (loss_a, metrics_a, grads_a), (loss_b, metrics_b, grads_b) = results
@@ -100,10 +100,10 @@ def test_skipped_old_pass_gives_the_same_loss_and_gradients(loss):
 
 def test_without_a_reference_there_is_no_kl_metric_but_a_loss():
     cfg = load_config(None, ["algo.kl_loss_coef=0"])
-    exp, metrics = build_experience(_batch(None), cfg, kl_coef=0.0)
+    exp, metrics = build_experience(_batch(None), plan_experience(cfg), kl_coef=0.0)
     assert "rollout_kl_to_ref" not in metrics
     loss_t, _, step_metrics = micro_batch_loss(
-        StandInLM(torch.device("cpu")), exp, cfg, plan_loss(cfg), 0
+        StandInLM(torch.device("cpu")), exp, plan_objective(cfg), 0
     )
     assert torch.isfinite(loss_t) and "kl" not in step_metrics
     assert np.isfinite(float(step_metrics["entropy"]))

@@ -244,6 +244,7 @@ def test_the_trainer_applies_the_configured_corrections():
     # tokens out of the loss mask, as verl's response_mask, where IcePop's zeros are weights
     from grpo.config import load_config
     from grpo.core.episode import Episode, EpisodeBatch
+    from grpo.plan import plan_experience
     from grpo.trainer.experience import build_experience
 
     old = [np.log([4.0, 1.0, 0.3], dtype=np.float32), np.zeros(2, np.float32)]
@@ -257,7 +258,7 @@ def test_the_trainer_applies_the_configured_corrections():
     for mode, loss_mask in [("icepop", [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]), ("token_reject", kept)]:
         overrides = ["rollout.backend=vllm", f"algo.rollout_correction={mode}",
                      f"algo.rollout_{mode}_band=[0.5, 3]", "algo.kl_loss_coef=0"]  # fmt: skip
-        exp, metrics = build_experience(batch, load_config(None, overrides), 0.0)
+        exp, metrics = build_experience(batch, plan_experience(load_config(None, overrides)), 0.0)
         assert exp.weights.tolist() == kept and exp.loss_mask.tolist() == loss_mask
         assert metrics[f"correction_{mode}_token_frac"] == pytest.approx(2 / 5)
         assert metrics["correction_masked_seq_frac"] == pytest.approx(1 / 2)
@@ -296,6 +297,7 @@ def test_every_band_arrives_from_the_config_at_the_trainer(key):
     reverse, is treated the other way."""
     from grpo.config import load_config
     from grpo.core.episode import Episode, EpisodeBatch
+    from grpo.plan import plan_experience
     from grpo.trainer.experience import build_experience
 
     spec, band, ratio = BAND_CASES[key]
@@ -309,7 +311,7 @@ def test_every_band_arrives_from_the_config_at_the_trainer(key):
     base = ["rollout.backend=vllm", f"algo.rollout_correction={spec}", "algo.kl_loss_coef=0"]
 
     def kept(*more: str) -> list[float]:
-        exp, _ = build_experience(batch, load_config(None, [*base, *more]), 0.0)
+        exp, _ = build_experience(batch, plan_experience(load_config(None, [*base, *more])), 0.0)
         return (exp.weights * exp.loss_mask)[:, 0].gt(0).float().tolist()
 
     default, users = kept(), kept(f"algo.{key}={band}")

@@ -51,7 +51,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.trainer.engines import policy_engine
     from grpo.trainer.experience import build_experience
     from grpo.trainer.process import join_trainer_world, without_deepspeed_shm_op
-    from grpo.plan import plan_loss
+    from grpo.plan import plan_experience, plan_update
     from grpo.trainer.update import train_on_batch
 
     without_deepspeed_shm_op()  # as run_trainer does on CPU
@@ -87,15 +87,16 @@ _SCRIPT = textwrap.dedent(
             return g * float("inf") if poisoned["on"] else g
 
         embed.register_hook(overflow)
-        exp, _ = build_experience(EpisodeBatch(eps, 2, policy_version=0, seq=0), cfg, 0.0)
+        batch = EpisodeBatch(eps, 2, policy_version=0, seq=0)
+        exp, _ = build_experience(batch, plan_experience(cfg), 0.0)
         before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-        first = train_on_batch(engine, exp, cfg, plan_loss(cfg), pad_id=0)
+        first = train_on_batch(engine, exp, plan_update(cfg, 1), pad_id=0)
         unchanged = all(torch.equal(before[n], p) for n, p in engine.module.named_parameters())
         fired_first, fired[:] = list(fired), []
         skipped_first = engine.skipped_steps
         poisoned["on"] = False
         try:
-            second = train_on_batch(engine, exp, cfg, plan_loss(cfg), pad_id=0)
+            second = train_on_batch(engine, exp, plan_update(cfg, 1), pad_id=0)
         except FloatingPointError as e:  # the first step was applied and left NaN weights
             second = {"error": str(e)}
         params = list(engine.module.named_parameters())

@@ -15,6 +15,7 @@ import torch
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.delivery.admission import Expected, misfit
+from grpo.plan import plan_experience
 from grpo.rollout.base import Generation
 from grpo.trainer.experience import build_experience, token_version_metrics
 from grpo.wire.codec import FrameError, decode, encode_batch, seal
@@ -211,7 +212,9 @@ def test_the_trainer_s_experience_carries_the_versions_of_the_model_s_tokens():
         ])
     ]  # fmt: skip
     batch = EpisodeBatch(eps, 2, 2, 0)
-    exp, _ = build_experience(batch, load_config(None, ["algo.kl_loss_coef=0"]), 0.0)
+    exp, _ = build_experience(
+        batch, plan_experience(load_config(None, ["algo.kl_loss_coef=0"])), 0.0
+    )
     assert exp.token_versions.tolist() == [[2, 3, 3], [3, 3, 0]]
     assert exp.rows([1]).token_versions.tolist() == [[3, 3]]
     got = token_version_metrics(exp.token_versions, exp.mask, current=4)
@@ -220,5 +223,7 @@ def test_the_trainer_s_experience_carries_the_versions_of_the_model_s_tokens():
         "token_version_lag_max": 2.0,
         "answers_multi_version_share": 0.5,
     }
-    plain, _ = build_experience(make_batch(), load_config(None, ["algo.kl_loss_coef=0"]), 0.0)
+    plain, _ = build_experience(
+        make_batch(), plan_experience(load_config(None, ["algo.kl_loss_coef=0"])), 0.0
+    )
     assert plain.token_versions is None

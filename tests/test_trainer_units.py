@@ -14,12 +14,13 @@ from grpo.algos import (
 )
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch
+from grpo.plan import plan_experience, plan_update
 from grpo.trainer.experience import build_experience, shaped_rewards
 
 
 def compute_advantages(batch, cfg, kl_coef: float = 0.0):
     """Each episode's (C_i,) advantages from the step's experience, and its metrics."""
-    exp, metrics = build_experience(batch, cfg, kl_coef)
+    exp, metrics = build_experience(batch, plan_experience(cfg), kl_coef)
     lens = [len(e.completion_ids) for e in batch.episodes]
     return [exp.advantages[i, :n] for i, n in enumerate(lens)], metrics
 
@@ -80,7 +81,9 @@ def test_dapo_shaping_and_truncation_mask():
          "algo.advantage=dr_grpo"],
     )  # fmt: skip
     batch = _batch([1.0, 1.0, 0.0, 0.0], [2, 6, 8, 3], ["stop", "stop", "length", "stop"])
-    assert torch.allclose(shaped_rewards(batch, cfg), torch.tensor([1.0, 0.5, -1.0, 0.0]))
+    assert torch.allclose(
+        shaped_rewards(batch, plan_experience(cfg)), torch.tensor([1.0, 0.5, -1.0, 0.0])
+    )
     adv, _ = compute_advantages(batch, cfg)
     assert torch.allclose(adv[0], torch.full((2,), 0.25))  # 1.0 - mean(1.0, 0.5)
     assert torch.all(adv[2] == 0)  # cut at max_new_tokens: masked out
@@ -105,7 +108,7 @@ def test_kl_in_reward_is_charged_per_token_and_summed_for_outcome_estimators():
     eps = batch.episodes
     eps[0].old_logp.flags.writeable = True
     eps[0].old_logp[:] = 0.5
-    exp, metrics = build_experience(batch, cfg, kl_coef=0.2)
+    exp, metrics = build_experience(batch, plan_experience(cfg), kl_coef=0.2)
     # the score on the last token
     assert torch.allclose(exp.token_rewards[0, :2], torch.tensor([-0.1, 0.9]))
     assert metrics["rollout_kl_to_ref"] == pytest.approx(1.0 / 5)  # (0.5 + 0.5) / 5 tokens
@@ -148,8 +151,9 @@ def test_mini_batches_are_consecutive_rows_once_per_epoch(one_rank):
 
     cfg = load_config(None, ["train.ppo_epochs=2", "train.mini_batch_size=2",
                              "rollout.questions_per_step=2", "rollout.group_size=2"])  # fmt: skip
-    exp, _ = build_experience(_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), cfg, 0.0)
-    lengths = [[len(c) for c in mini.completions] for mini in mini_batches(exp, cfg)]
+    exp, _ = build_experience(_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), plan_experience(cfg), 0.0)
+    minis = mini_batches(exp, plan_update(cfg, 1))
+    lengths = [[len(c) for c in mini.completions] for mini in minis]
     assert lengths == [[3, 1], [2, 4], [3, 1], [2, 4]]
 
 
@@ -182,13 +186,16 @@ def test_optimizer_step_weights_each_micro_batch_by_its_share(one_rank, token_me
     from grpo.trainer.update import optimizer_step
 
     cfg = load_config(None, ["train.micro_batch_size=2"])
-    mini, _ = build_experience(_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), cfg, 0.0)
+    mini, _ = build_experience(
+        _batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), plan_experience(cfg), 0.0
+    )
     engine = RecordingEngine(micro=2)
 
     def loss_of(part):
         return torch.tensor(1.0), part.loss_mask, {"metric": torch.tensor(2.0)}
 
-    metrics, tokens = optimizer_step(engine, mini, cfg, loss_of, mini.loss_mask, token_mean)
+    plan = plan_update(cfg, 1)
+    metrics, tokens = optimizer_step(engine, mini, plan, loss_of, mini.loss_mask, token_mean)
     # micro-batches by length: the answers of 1 and 2 tokens, then of 3 and 4
     assert engine.losses == pytest.approx([3 / 10, 7 / 10] if token_mean else [0.5, 0.5])
     assert engine.boundaries == [False, True]
@@ -197,7 +204,9 @@ def test_optimizer_step_weights_each_micro_batch_by_its_share(one_rank, token_me
 
 def test_mask_truncated_takes_cut_answers_out_of_the_loss():
     batch = _batch([1.0, 0.0], [2, 8], ["stop", "length"])
-    on, _ = build_experience(batch, load_config(None, ["algo.mask_truncated=true"]), 0.0)
-    off, _ = build_experience(batch, load_config(None, []), 0.0)
+    on, _ = build_experience(
+        batch, plan_experience(load_config(None, ["algo.mask_truncated=true"])), 0.0
+    )
+    off, _ = build_experience(batch, plan_experience(load_config(None, [])), 0.0)
     assert on.loss_mask.sum(dim=-1).tolist() == [2.0, 0.0]
     assert torch.equal(off.loss_mask, off.mask) and off.mask.sum(dim=-1).tolist() == [2.0, 8.0]

@@ -115,7 +115,7 @@ _SCRIPT = textwrap.dedent(
     from grpo.trainer.process import without_deepspeed_shm_op
     from grpo.weights.publisher import weights_to_publish
     from grpo.trainer.scoring import score_on_ranks
-    from grpo.plan import plan_loss
+    from grpo.plan import plan_experience, plan_scoring, plan_update
     from grpo.trainer.update import ppo_update, train_on_batch
 
     tiny, tmp, files = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
@@ -154,15 +154,15 @@ _SCRIPT = textwrap.dedent(
             self.scored, self.metrics = [], []
 
         def mine(self, seq):
-            scored = score_on_ranks(self.engine.module, self.reference, BATCHES[seq], self.cfg,
-                                    1, pad)
+            scored = score_on_ranks(self.engine.module, self.reference, BATCHES[seq],
+                                    plan_scoring(self.cfg), 1, pad)
             self.scored.append(scored)
-            exp, _ = build_experience(scored, self.cfg, 0.0)
+            exp, _ = build_experience(scored, plan_experience(self.cfg), 0.0)
             return exp.rows(range(2 * rank, 2 * rank + 2))
 
         def step(self, seq):
-            loss = plan_loss(self.cfg)
-            self.metrics.append(train_on_batch(self.engine, self.mine(seq), self.cfg, loss, pad))
+            plan = plan_update(self.cfg, 2)
+            self.metrics.append(train_on_batch(self.engine, self.mine(seq), plan, pad))
 
         def publish(self, name):  # what Trainer.publish does, every rank entering
             with weights_to_publish(self.engine, self.cfg.model.lora.enabled) as write:
@@ -270,11 +270,12 @@ _SCRIPT = textwrap.dedent(
     # PPO's critic, partitioned like the policy: values, GAE, an update of the critic alone.
     gae = config("zero3", "algo.advantage=gae")
     critic = Critic(gae, zero3.ds)
-    scored = score_on_ranks(zero3.engine.module, zero3.reference, BATCHES[0], gae, 1, pad)
-    exp, _ = build_experience(scored, gae, 0.0)
+    scored = score_on_ranks(zero3.engine.module, zero3.reference, BATCHES[0], plan_scoring(gae), 1,
+                            pad)
+    exp, _ = build_experience(scored, plan_experience(gae), 0.0)
     mine = exp.rows(range(2 * rank, 2 * rank + 2))
     before = critic.values(mine, pad)
-    metrics = ppo_update(zero3.engine, critic, mine, gae, plan_loss(gae), pad, train_policy=False)
+    metrics = ppo_update(zero3.engine, critic, mine, plan_update(gae, 2), pad, train_policy=False)
     after = critic.values(mine, pad)
     out["critic"] = {"vf_loss": metrics["vf_loss"],
                      "moved": float((after - before).abs().max())}

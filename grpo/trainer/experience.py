@@ -15,19 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo.algos import (
-    broadcast_to_tokens,
-    kl_penalty,
-    masked_mean,
-    overlong_penalty,
-    token_level_rewards,
-)
+from grpo.algos import broadcast_to_tokens, kl_penalty, masked_mean, token_level_rewards
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
-from grpo.algos.registry import get_estimator
-from grpo.config import Config
 from grpo.core.batching import length_mask, pad_right
 from grpo.core.episode import Episode, EpisodeBatch, reward_components
-from grpo.core.vocabulary import GAE
+from grpo.plan import ExperiencePlan
 
 
 @dataclass(frozen=True)
@@ -95,19 +87,18 @@ _ROW_TENSORS = (
 )  # fmt: skip
 
 
-def shaped_rewards(batch: EpisodeBatch, cfg: Config) -> torch.Tensor:
-    """Per-episode rewards (N,), with DAPO's overlong penalty when algo.overlong_buffer > 0."""
+def shaped_rewards(batch: EpisodeBatch, plan: ExperiencePlan) -> torch.Tensor:
+    """Per-episode rewards (N,), through the plan's shaping in order (DAPO's overlong penalty
+    when algo.overlong_buffer > 0)."""
     rewards = torch.as_tensor(batch.columns.reward, dtype=torch.float32)
-    if cfg.algo.overlong_buffer:
-        lengths = torch.as_tensor(batch.columns.completion_len)
-        rewards = rewards + overlong_penalty(
-            lengths, cfg.rollout.max_new_tokens, cfg.algo.overlong_buffer, cfg.algo.overlong_factor
-        )
+    lengths = torch.as_tensor(batch.columns.completion_len)
+    for shape in plan.shaping:
+        rewards = shape(rewards, lengths)
     return rewards
 
 
 def build_experience(
-    batch: EpisodeBatch, cfg: Config, kl_coef: float
+    batch: EpisodeBatch, plan: ExperiencePlan, kl_coef: float
 ) -> tuple[Experience, dict[str, float]]:
     """The whole batch as an Experience with advantages (all but GAE, which needs the critic:
     see grpo.trainer.update), and the batch-level metrics computed on the way: the mean
@@ -122,35 +113,37 @@ def build_experience(
     width = mask.shape[1]
     if c.loss_mask is not None:  # a tool's tokens are not the policy's actions
         mask = mask * pad_right([e.loss_mask for e in eps], width)
-    old = None if c.old_logp is None else pad_right([e.old_logp for e in eps], width)
-    ref = None if c.ref_logp is None else pad_right([e.ref_logp for e in eps], width)
-    rewards = token_level_rewards(shaped_rewards(batch, cfg), mask)  # (N, C)
+
+    def padded(name: str) -> torch.Tensor | None:  # an optional per-token array, as (N, C)
+        if getattr(c, name) is None:
+            return None
+        return pad_right([getattr(e, name) for e in eps], width)
+
+    old, ref = padded("old_logp"), padded("ref_logp")
+    rollout, teacher = padded("rollout_logp"), padded("teacher_logp")
     metrics: dict[str, Any] = {}
+    rewards = token_level_rewards(shaped_rewards(batch, plan), mask)  # (N, C)
     if old is not None and ref is not None:
         # With algo.kl_in_reward every token also pays kl_coef * KL between the sampling
         # policy and the reference (PPO-RLHF style); the score sits on the last token.
-        kl = kl_penalty(old, ref, cfg.algo.kl_reward_kind) * mask  # (N, C)
+        kl = kl_penalty(old, ref, plan.kl_kind) * mask  # (N, C)
         metrics["rollout_kl_to_ref"] = float(masked_mean(kl, mask))
-        if cfg.algo.kl_in_reward:
+        if plan.kl_in_reward:
             rewards = rewards - kl_coef * kl
     # DAPO: an answer cut at max_new_tokens says nothing about its ending
-    no_loss = [cfg.algo.mask_truncated and e.finish_reason == "length" for e in eps]
     loss_mask = mask.clone()
-    loss_mask[no_loss] = 0.0
-    rollout = weights = None
-    if c.rollout_logp is not None:
-        rollout = pad_right([e.rollout_logp for e in eps], width)
+    loss_mask[[plan.mask_truncated and e.finish_reason == "length" for e in eps]] = 0.0
+    weights = None
     if rollout is not None and old is not None:
         # rollout_logp is already on the full vocabulary (grpo.scoring.score.score_for_training),
         # so the ratio compares like with like under top-p / top-k too.
         metrics["rollout_vs_old_logp_abs_diff"] = logp_abs_diff(old, rollout, mask)
-        if cfg.algo.rollout_correction != "none":
-            spec, bands = cfg.algo.rollout_correction, cfg.algo.correction_bands()
-            threshold = cfg.algo.rollout_correction_threshold
-            weights, more = rollout_correction_weights(old, rollout, mask, spec, threshold, bands)
+        if (fix := plan.correction) is not None:
+            weights, more = rollout_correction_weights(old, rollout, mask, fix.spec,
+                                                       fix.threshold, fix.bands)  # fmt: skip
             metrics |= more
             # Rejected tokens leave the loss altogether, as verl's rejection sampling.
-            loss_mask = loss_mask * rollout_rejection(old, rollout, mask, spec, bands)
+            loss_mask = loss_mask * rollout_rejection(old, rollout, mask, fix.spec, fix.bands)
     exp = Experience(
         prompts=tuple(e.prompt_ids for e in eps),
         completions=tuple(e.completion_ids for e in eps),
@@ -164,12 +157,12 @@ def build_experience(
         weights=weights,
         token_versions=None if c.token_versions is None else pad_versions(eps, width),
     )
-    teacher = None if c.teacher_logp is None else pad_right([e.teacher_logp for e in eps], width)
     if teacher is not None and old is not None:
         # Minus OPD's advantage: the k1 estimate of KL(old || teacher) per token.
         metrics["opd_reverse_kl"] = float(masked_mean(old - teacher, mask))
-    if cfg.algo.advantage != GAE:
-        exp = replace(exp, advantages=estimate_advantages(exp, cfg, c.reward_info, teacher))
+    if plan.estimator is not None:
+        advantages = estimate_advantages(exp, plan, c.reward_info, teacher)
+        exp = replace(exp, advantages=advantages)
         if teacher is not None:
             metrics["opd_advantage_mean"] = float(masked_mean(exp.advantages, exp.loss_mask))
     return exp, metrics
@@ -213,24 +206,23 @@ def token_version_metrics(
 
 def estimate_advantages(
     exp: Experience,
-    cfg: Config,
+    plan: ExperiencePlan,
     infos: Sequence[dict[str, Any]],
     teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(N, C) token advantages from algo.advantage: a token estimator on the per-token
+    """(N, C) token advantages from the plan's estimator: a token estimator on the per-token
     rewards, or an outcome estimator on each answer's total, given to every token; each also
-    gets the inputs it declared (grpo.algos.registry.ESTIMATOR_INPUTS): the reward's parts
-    (N, K) read from `infos`, the teacher's (N, C) and the old policy's log-probs."""
-    estimator = get_estimator(cfg.algo.advantage)
-    given: dict[str, Any] = {}
-    if "gamma" in estimator.needs:
-        given["gamma"] = cfg.algo.gamma
+    gets the inputs it declared (grpo.algos.registry.ESTIMATOR_INPUTS): the plan's constants,
+    the reward's parts (N, K) read from `infos`, the teacher's (N, C) and the old policy's
+    log-probs."""
+    estimator = plan.estimator
+    assert estimator is not None, "GAE is the update's (grpo.trainer.update)"
+    given: dict[str, Any] = dict(plan.constants)
     if "components" in estimator.needs:
         given["components"] = torch.as_tensor(reward_components(infos)[1])
     if "teacher" in estimator.needs:
         given |= {"teacher_logp": teacher, "student_logp": exp.old_logp,
-                  "group_size": exp.group_size,
-                  "reward_weight": cfg.algo.opd_reward_weight}  # fmt: skip
+                  "group_size": exp.group_size}  # fmt: skip
     if estimator.token_level:
         token_adv = estimator.fn(exp.token_rewards, exp.mask, **given)
     else:

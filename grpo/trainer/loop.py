@@ -86,7 +86,7 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id
         policy, vocab_size = policy_engine(cfg, self.model_path, self.world)
         self.expected = Expected.for_run(cfg, self.plan.scored_by_sampler, vocab_size)
-        ds_config = deepspeed_config(cfg, self.world, self.plan.mini_batch_seqs)
+        ds_config = deepspeed_config(cfg, self.world, self.plan.update.mini_batch_seqs)
         # train.logprobs_on: trainer: the old and reference log-probs the run needs
         # (grpo.config.passes) are computed here.
         scored_here = self.plan.scored_by_trainer
@@ -174,8 +174,8 @@ class Trainer:
         """Train on `batch` (every rank), publish and save as due; the step's metrics row.
         `seconds` holds the time spent receiving it and gets the rest of the step's parts."""
         cfg = self.cfg
-        result = train_step(self.models, batch, cfg, self.plan, step, self.kl_reward_coef,
-                            self.shard, self.pad_id, seconds)  # fmt: skip
+        result = train_step(self.models, batch, self.plan, step, self.kl_reward_coef, self.shard,
+                            self.pad_id, seconds)  # fmt: skip
         self.kl_reward_coef = result.kl_reward_coef
         for engine, n in result.skipped.items():
             if n:  # DeepSpeed found non-finite gradients (bf16 overflow) and did not step
@@ -255,7 +255,7 @@ class Trainer:
                 self.save_state(cfg.train.total_steps)
             self.endpoint.finish()
         except BaseException as e:
-            failure = collective_failure(e, self.rank, collective_timeout_s(cfg))
+            failure = collective_failure(e, self.rank, collective_timeout_s(cfg.transport))
             interrupted = isinstance(e, KeyboardInterrupt)
             # A failure launch.sh heals is no stop: the samplers wait for the restarted trainer.
             if interrupted or not restarts_left():

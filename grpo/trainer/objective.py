@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from grpo.algos import agg_loss, kl_penalty, masked_mean
-from grpo.config import Config
-from grpo.plan import LossPlan
+from grpo.plan import Objective
 from grpo.scoring.forward import pairs_logprobs
 from grpo.trainer.experience import Experience
 
@@ -20,22 +19,21 @@ def widen(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def micro_batch_loss(
-    model, part: Experience, cfg: Config, policy_loss: LossPlan, pad_id: int
+    model, part: Experience, objective: Objective, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of the micro-batch `part`, its (B, C) loss mask and its metrics (0-d tensors), on
     the model's device; `part`'s tensors come from the CPU and are moved here, once.
-    `policy_loss`: the run plan's (grpo.plan), its options settled before the run."""
-    algo = cfg.algo
-    agg = policy_loss.agg
+    `objective`: the run plan's (grpo.plan), its options settled before the run."""
+    agg = objective.policy.agg
     logp, entropy, mask, _ = pairs_logprobs(
         model,
         part.prompts,
         part.completions,
-        packed=cfg.packed,
+        packed=objective.packed,
         pad_id=pad_id,
-        temperature=cfg.rollout.temperature,
+        temperature=objective.temperature,
         with_entropy=True,
-        entropy_grad=algo.entropy_coef > 0,
+        entropy_grad=objective.entropy_coef > 0,
     )
     device = logp.device
     assert part.advantages is not None, "advantages are computed before the update"
@@ -47,16 +45,16 @@ def micro_batch_loss(
     if agg == "seq-mean-token-sum-norm":
         # Dr. GRPO divides by a constant, the longest possible answer, not by this
         # micro-batch's longest: widen the loss inputs (not the forward) to it.
-        width = max(mask.shape[1], cfg.rollout.max_new_tokens)
+        width = max(mask.shape[1], objective.max_new_tokens)
         old, adv, mask, logp, entropy = (widen(t, width) for t in (old, adv, mask, logp, entropy))
         ref, is_w = (None if t is None else widen(t, width) for t in (ref, is_w))
-    pg_loss, pg_metrics = policy_loss(old, logp, adv, mask, weights=is_w)  # rollout correction
+    pg_loss, pg_metrics = objective.policy(old, logp, adv, mask, weights=is_w)  # correction
     loss = pg_loss
-    kl = None if ref is None else kl_penalty(logp, ref, algo.kl_kind)
-    if kl is not None and algo.kl_loss_coef:
-        loss = loss + algo.kl_loss_coef * agg_loss(kl, mask, agg)
-    if algo.entropy_coef:
-        loss = loss - algo.entropy_coef * agg_loss(entropy, mask, agg)
+    kl = None if ref is None else kl_penalty(logp, ref, objective.kl_kind)
+    if kl is not None and objective.kl_coef:
+        loss = loss + objective.kl_coef * agg_loss(kl, mask, agg)
+    if objective.entropy_coef:
+        loss = loss - objective.entropy_coef * agg_loss(entropy, mask, agg)
     with torch.no_grad():
         metrics = {
             "loss": loss.detach(),

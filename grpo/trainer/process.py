@@ -56,7 +56,7 @@ def run_trainer(cfg: Config) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
         without_deepspeed_shm_op()
-    timeout_s = collective_timeout_s(cfg)
+    timeout_s = collective_timeout_s(cfg.transport)
     join_trainer_world(backend, timedelta(seconds=timeout_s))
     try:
         Trainer(cfg).run()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from grpo.config import Config
+from grpo.config import TransportConfig
 from grpo.core.batching import length_order, micro_batch_ranges, split_to_count
 from grpo.core.episode import EpisodeBatch
 from grpo.wire.blobs import bytes_to_frames, frames_to_bytes
@@ -19,10 +19,10 @@ from grpo.wire.codec import decode, encode_batch
 _GLOO_FAILURES = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer")
 
 
-def collective_timeout_s(cfg: Config) -> float:
+def collective_timeout_s(transport: TransportConfig) -> float:
     """How long a trainer rank waits in a collective: rank 0 may first wait that long for a
     sampler, while the others wait for rank 0."""
-    return cfg.transport.startup_timeout_s + cfg.transport.peer_timeout_s
+    return transport.startup_timeout_s + transport.peer_timeout_s
 
 
 def collective_failure(error: BaseException, rank: int, timeout_s: float) -> str | None:
@@ -64,15 +64,15 @@ def max_across_ranks(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 
 
-def micro_batches(sizes: Sequence[tuple[int, int]], cfg: Config, micro: int) -> list[list[int]]:
+def micro_batches(
+    sizes: Sequence[tuple[int, int]], micro: int, max_tokens: int, packed: bool
+) -> list[list[int]]:
     """Micro-batches of the episodes with (prompt, completion) `sizes`, as lists of indices:
-    sequences of similar length together, `micro` of them each or filled up to
-    train.max_tokens_per_micro_batch; every rank gets as many micro-batches as the rank with
+    sequences of similar length together, `micro` of them each or filled up to `max_tokens`
+    (train.max_tokens_per_micro_batch); every rank gets as many micro-batches as the rank with
     the most."""
     order = length_order(sizes)
-    ranges = micro_batch_ranges(
-        [sizes[i] for i in order], micro, cfg.train.max_tokens_per_micro_batch, cfg.packed
-    )
+    ranges = micro_batch_ranges([sizes[i] for i in order], micro, max_tokens, packed)
     count = int(max_across_ranks(torch.tensor([float(len(ranges))])))
     return [order[a:b] for a, b in split_to_count(ranges, count)]
 

@@ -8,9 +8,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
-from grpo.scoring.kernels import Truncation
+from grpo.plan import ScoringPlan
 from grpo.scoring.score import score_for_training
 
 
@@ -18,7 +17,7 @@ def score_on_ranks(
     policy: torch.nn.Module | None,
     reference: torch.nn.Module | None,
     batch: EpisodeBatch,
-    cfg: Config,
+    plan: ScoringPlan,
     groups_per_rank: int,
     pad_id: int,
 ) -> EpisodeBatch:
@@ -26,7 +25,6 @@ def score_on_ranks(
     log-probs of every answer, each unless its model is None. The engine's log-probs are put
     on the full vocabulary here, as the sampler does when it scores
     (grpo.scoring.score.score_for_training)."""
-    r = cfg.rollout
     g0 = dist.get_rank() * groups_per_rank
     mine = batch.select_groups(g0, g0 + groups_per_rank).episodes
     scored = score_for_training(
@@ -35,11 +33,11 @@ def score_on_ranks(
         [e.prompt_ids for e in mine],
         [e.completion_ids for e in mine],
         [e.rollout_logp for e in mine],
-        truncation=Truncation(r.top_p, r.top_k),
+        truncation=plan.truncation,
         pad_id=pad_id,
-        temperature=r.temperature,
-        packed=cfg.packed,
-        batch_size=cfg.train.micro_batch_size,
+        temperature=plan.temperature,
+        packed=plan.packed,
+        batch_size=plan.batch_size,
     )
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, scored)  # among the trainer ranks, never on the wire

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
 from grpo.plan import RunPlan
 from grpo.runtime.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
@@ -69,7 +68,6 @@ class StepResult:
 def train_step(
     models: Models,
     batch: EpisodeBatch,
-    cfg: Config,
     plan: RunPlan,
     step: int,
     kl_reward_coef: float,
@@ -83,19 +81,20 @@ def train_step(
         if models.scored_here:
             policy = models.policy.module if "old_logp" in models.scored_here else None
             with ACTIVITY.during(SCORING, f"step {step}"):
-                batch = score_on_ranks(policy, models.reference, batch, cfg, shard.groups, pad_id)
+                batch = score_on_ranks(policy, models.reference, batch, plan.scoring,
+                                       shard.groups, pad_id)  # fmt: skip
     with seconds("train_s"):
         ACTIVITY.enter(TRAINING, f"step {step}")
-        exp, numbers = build_experience(batch, cfg, kl_reward_coef)
+        exp, numbers = build_experience(batch, plan.experience, kl_reward_coef)
         if exp.token_versions is not None:  # the weights this step trains are version step - 1
             numbers |= token_version_metrics(exp.token_versions, exp.mask, step - 1)
         mine = exp.rows(shard.rows(batch.group_size))
         skipped_before = models.skipped_steps()
         if models.critic is None:
-            local = train_on_batch(models.policy, mine, cfg, plan.loss, pad_id)
-        else:
-            train_policy = step > cfg.critic.warmup_steps  # the policy waits while it warms up
-            local = ppo_update(models.policy, models.critic, mine, cfg, plan.loss, pad_id,
+            local = train_on_batch(models.policy, mine, plan.update, pad_id)
+        else:  # the policy waits while the critic warms up
+            train_policy = step > plan.update.critic_warmup_steps
+            local = ppo_update(models.policy, models.critic, mine, plan.update, pad_id,
                                train_policy)  # fmt: skip
         skipped = {k: n - skipped_before[k] for k, n in models.skipped_steps().items()}
         kl = numbers.get("rollout_kl_to_ref")  # the sampling policy's, when both were scored

@@ -18,8 +18,7 @@ import torch
 import torch.distributed as dist
 
 from grpo.algos import gae
-from grpo.config import Config
-from grpo.plan import LossPlan
+from grpo.plan import Objective, UpdatePlan
 from grpo.runtime.progress import ACTIVITY
 from grpo.trainer.critic import Critic
 from grpo.trainer.experience import Experience
@@ -32,12 +31,12 @@ from grpo.trainer.ranks import accumulate_backward, micro_batches, sum_across_ra
 MicroBatchLoss = Callable[[Experience], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def mini_batches(mine: Experience, cfg: Config) -> Iterator[Experience]:
+def mini_batches(mine: Experience, plan: UpdatePlan) -> Iterator[Experience]:
     """This rank's rows `mine` as the update takes them, one optimizer step each:
-    `train.ppo_epochs` passes, each over consecutive mini-batches of `cfg.mini_batch_seqs` rows
-    in the experience's order (:func:`optimizer_step` splits each into micro-batches)."""
-    size = cfg.mini_batch_seqs(dist.get_world_size())
-    for _ in range(cfg.train.ppo_epochs):
+    `ppo_epochs` passes, each over consecutive mini-batches of `mini_batch_seqs` rows in the
+    experience's order (:func:`optimizer_step` splits each into micro-batches)."""
+    size = plan.mini_batch_seqs
+    for _ in range(plan.ppo_epochs):
         for start in range(0, len(mine), size):
             yield mine.rows(slice(start, start + size))
 
@@ -45,7 +44,7 @@ def mini_batches(mine: Experience, cfg: Config) -> Iterator[Experience]:
 def optimizer_step(
     engine,
     mini: Experience,
-    cfg: Config,
+    plan: UpdatePlan,
     loss_of: MicroBatchLoss,
     counted: torch.Tensor,
     token_mean: bool,
@@ -61,7 +60,8 @@ def optimizer_step(
     # (DeepSpeed then averages the ranks, hence the factor `world` below).
     world = dist.get_world_size()
     all_tokens = float(sum_across_ranks(torch.tensor([float(n_tokens)])))
-    parts = micro_batches(mini.sizes, cfg, engine.train_micro_batch_size_per_gpu())
+    parts = micro_batches(mini.sizes, engine.train_micro_batch_size_per_gpu(),
+                          plan.micro_batch_tokens, plan.objective.packed)  # fmt: skip
     sums: dict[str, torch.Tensor] = {}
     for i, index in enumerate(parts):
         loss, mask, metrics = loss_of(mini.rows(index))
@@ -77,19 +77,18 @@ def optimizer_step(
     return sums, n_tokens
 
 
-def train_on_batch(
-    engine, mine: Experience, cfg: Config, loss: LossPlan, pad_id: int
-) -> dict[str, float]:
+def train_on_batch(engine, mine: Experience, plan: UpdatePlan, pad_id: int) -> dict[str, float]:
     """`train.ppo_epochs` passes over this rank's rows `mine`, one optimizer step per
     mini-batch. The ratio's old log-probs are those recorded before the first update (by the
     sampler or the trainer), in every pass. Metrics stay on the device until the end: one
     transfer per batch, not one per micro-batch."""
-    token_mean = loss.agg == "token-mean"
-    policy_loss = partial(finite_policy_loss, engine, cfg=cfg, policy_loss=loss, pad_id=pad_id)
+    token_mean = plan.objective.policy.agg == "token-mean"
+    policy_loss = partial(finite_policy_loss, engine, objective=plan.objective, pad_id=pad_id)
     sums: dict[str, torch.Tensor] = {}
     total = 0.0
-    for mini in mini_batches(mine, cfg):
-        metrics, tokens = optimizer_step(engine, mini, cfg, policy_loss, mini.loss_mask, token_mean)
+    for mini in mini_batches(mine, plan):
+        metrics, tokens = optimizer_step(engine, mini, plan, policy_loss, mini.loss_mask,
+                                         token_mean)  # fmt: skip
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + tokens * value
         total += tokens
@@ -102,10 +101,10 @@ def train_on_batch(
 
 
 def finite_policy_loss(
-    engine, part: Experience, cfg: Config, policy_loss: LossPlan, pad_id: int
+    engine, part: Experience, objective: Objective, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """The policy's micro_batch_loss, refusing a non-finite loss."""
-    loss, mask, metrics = micro_batch_loss(engine, part, cfg, policy_loss, pad_id)
+    loss, mask, metrics = micro_batch_loss(engine, part, objective, pad_id)
     # The one sync per micro-batch, and a needed one: a non-finite loss stops the run before
     # the optimizer applies it.
     if not torch.isfinite(loss):
@@ -138,8 +137,7 @@ def ppo_update(
     engine,
     critic: Critic,
     mine: Experience,
-    cfg: Config,
-    loss: LossPlan,
+    plan: UpdatePlan,
     pad_id: int,
     train_policy: bool,
 ) -> dict[str, float]:
@@ -147,18 +145,18 @@ def ppo_update(
     critic is still warming up) and the critic's, as many passes and mini-batches as the
     policy's."""
     old_values = critic.values(mine, pad_id)
-    adv, returns = gae_across_ranks(mine.token_rewards, mine.mask, old_values, cfg.algo.gamma,
-                                    cfg.algo.lam)  # fmt: skip
+    adv, returns = gae_across_ranks(mine.token_rewards, mine.mask, old_values, plan.gamma,
+                                    plan.lam)  # fmt: skip
     mine = replace(mine, advantages=adv.masked_fill(mine.no_loss_rows, 0.0), returns=returns,
                    old_values=old_values)  # fmt: skip
-    metrics = train_on_batch(engine, mine, cfg, loss, pad_id) if train_policy else {}
+    metrics = train_on_batch(engine, mine, plan, pad_id) if train_policy else {}
     value_loss = partial(critic.micro_batch_loss, pad_id=pad_id)
     sums: dict[str, float] = {}
     steps = 0
-    for mini in mini_batches(mine, cfg):
+    for mini in mini_batches(mine, plan):
         # the value loss is a token mean over all ranks' tokens, as the policy's by default
         step_metrics, _ = optimizer_step(
-            critic.engine, mini, cfg, value_loss, mini.mask, token_mean=True
+            critic.engine, mini, plan, value_loss, mini.mask, token_mean=True
         )
         for key, value in step_metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)  # one transfer per step and metric

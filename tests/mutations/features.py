@@ -42,9 +42,9 @@ MUTATIONS = (
     Mutation(
         name="opd_reward_weight_ignored",
         item="41.1: algo.opd_reward_weight reaches the trainer's advantages",
-        path="grpo/trainer/experience.py",
-        old='                  "reward_weight": cfg.algo.opd_reward_weight}',
-        new='                  "reward_weight": 0.0}',
+        path="grpo/plan.py",
+        old='"teacher": {"reward_weight": algo.opd_reward_weight}}',
+        new='"teacher": {"reward_weight": 0.0}}',
         tests=(
             "tests/test_opd.py::test_the_trainer_adds_the_reward_advantage_with_the_configured_weight",
         ),
