@@ -146,3 +146,23 @@ def test_no_module_or_class_is_too_long_to_read():
                 if span > MAX_CLASS_LINES:
                     too_long.append(f"{name}:{node.name}: {span} lines")
     assert not too_long, "over the limits: " + "; ".join(too_long)
+
+
+# What a training step runs below the loop (grpo.trainer.loop): each stage reads the part of
+# the run plan it needs (grpo.plan), never the whole Config.
+STEP_MODULES = ("step", "experience", "update", "objective", "scoring", "ranks")
+
+
+def test_no_function_of_a_step_takes_the_config():
+    """Issue 44: a stage of the step says what it reads (a plan's fields), so that a reader of
+    train_step does not chase the Config through every function below it."""
+    taking = []
+    for stage in STEP_MODULES:
+        path = GRPO / "trainer" / f"{stage}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                if any(a.annotation is not None and ast.unparse(a.annotation) == "Config"
+                       for a in args):  # fmt: skip
+                    taking.append(f"trainer/{stage}.py:{node.name}")
+    assert not taking, "takes the Config: " + ", ".join(taking)

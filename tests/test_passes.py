@@ -107,3 +107,26 @@ def test_without_a_reference_there_is_no_kl_metric_but_a_loss():
     )
     assert torch.isfinite(loss_t) and "kl" not in step_metrics
     assert np.isfinite(float(step_metrics["entropy"]))
+
+
+def test_the_objective_adds_its_kl_term_and_subtracts_its_entropy_bonus():
+    """micro_batch_loss is the policy loss + kl_coef * KL(policy || reference) - entropy_coef *
+    entropy, each aggregated as the loss is (token-mean here), with the plan's coefficients."""
+    torch.manual_seed(0)
+    model = StandInLM(torch.device("cpu"))
+    ref = [np.full(len(c), -2.0, np.float32) for c in COMPLETIONS]
+    episodes = tuple(Episode(PROMPTS[i], COMPLETIONS[i], None, ref[i], float(i), {}, "stop", 0)
+                     for i in range(2))  # fmt: skip
+    batch = EpisodeBatch(episodes, group_size=2, policy_version=0, seq=0)
+    losses = {}
+    for kl, entropy in ((0.0, 0.0), (0.5, 0.0), (0.0, 0.1)):
+        cfg = load_config(None, [f"algo.kl_loss_coef={kl}", f"algo.entropy_coef={entropy}",
+                                 "algo.agg=token-mean"])  # fmt: skip
+        exp, _ = build_experience(batch, plan_experience(cfg), kl_coef=0.0)
+        loss_t, _, metrics = micro_batch_loss(model, exp, plan_objective(cfg), 0)
+        measured = (loss_t.detach(), metrics["kl"], metrics["entropy"])
+        losses[kl, entropy] = [float(x) for x in measured]
+    plain, kl_term, bonus = losses[0.0, 0.0], losses[0.5, 0.0], losses[0.0, 0.1]
+    assert plain[1] > 0 and plain[2] > 0
+    assert kl_term[0] - plain[0] == pytest.approx(0.5 * plain[1], rel=1e-5)
+    assert bonus[0] - plain[0] == pytest.approx(-0.1 * plain[2], rel=1e-5)

@@ -7,6 +7,9 @@ from tests.mutations import Mutation
 
 LAYERS = "tests/test_layers.py"
 ABILITIES = "tests/test_engine_abilities.py"
+OBJECTIVE = (
+    "tests/test_passes.py::test_the_objective_adds_its_kl_term_and_subtracts_its_entropy_bonus"
+)
 
 MUTATIONS = (
     Mutation(
@@ -64,5 +67,37 @@ MUTATIONS = (
         old="        return rollout.vllm.tensor_parallel_size if self.tensor_parallel else 1\n",
         new="        return 1\n",
         tests=(f"{ABILITIES}::test_an_engine_spans_the_gpus_its_abilities_say",),
+    ),
+    Mutation(
+        name="a_step_stage_takes_the_config",
+        item="44.1: no function of a step takes the Config (each reads its plan)",
+        path="grpo/trainer/scoring.py",
+        old="    plan: ScoringPlan,\n",
+        new="    plan: Config,\n",
+        tests=(f"{LAYERS}::test_no_function_of_a_step_takes_the_config",),
+    ),
+    Mutation(
+        name="experience_plan_drops_the_shaping",
+        item="44.1: the run plan's reward shaping reaches the experience",
+        path="grpo/plan.py",
+        old="        shaping=(Overlong(",
+        new="        shaping=() and (Overlong(",
+        tests=("tests/test_trainer_units.py::test_dapo_shaping_and_truncation_mask",),
+    ),
+    Mutation(
+        name="objective_without_its_kl_term",
+        item="44.1: the objective's KL coefficient is the config's",
+        path="grpo/plan.py",
+        old="        kl_coef=algo.kl_loss_coef,\n",
+        new="        kl_coef=0.0,\n",
+        tests=(OBJECTIVE,),
+    ),
+    Mutation(
+        name="objective_without_its_entropy_bonus",
+        item="44.1: the objective's entropy coefficient is the config's",
+        path="grpo/plan.py",
+        old="        entropy_coef=algo.entropy_coef,\n",
+        new="        entropy_coef=0.0,\n",
+        tests=(OBJECTIVE,),
     ),
 )
