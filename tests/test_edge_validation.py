@@ -69,12 +69,12 @@ def _with_array(batch: EpisodeBatch, name: str, index: int, value: float) -> lis
 def test_a_negative_token_id_is_refused(name):
     """finding 1: only `max(ids) >= vocab` was checked, so -5 passed decode and admission and
     reached the embedding inside step()."""
-    with pytest.raises(FrameError, match=f"{name} holds token id -5"):
+    with pytest.raises(FrameError, match=f"{name} holds -5, below 0"):
         decode(_with_array(make_batch(), name, 0, -5))
     batch = make_batch()
     ids = getattr(batch.columns, name).copy()
     ids[0] = -5
-    with pytest.raises(ValueError, match=f"{name} holds token id -5"):
+    with pytest.raises(ValueError, match=f"{name} holds -5, below 0"):
         EpisodeBatch.from_columns(replace(batch.columns, **{name: ids}), 4, 5, 17)
 
 

@@ -418,8 +418,8 @@ def _masked(ep: Episode, value: int, dtype: type, extra: int = 0) -> Episode:
         (lambda eps: (_masked(eps[0], 1, np.float32), *eps[1:]), "loss_mask has dtype"),
         # another integer type could wrap when cast (256 -> 0); a value 2 means nothing
         (lambda eps: (_masked(eps[0], 256, np.int64), *eps[1:]), "loss_mask has dtype"),
-        (lambda eps: (_masked(eps[0], 1, np.uint16), *eps[1:]), "uint8 or bool"),
-        (lambda eps: (_masked(eps[0], 2, np.uint8), *eps[1:]), "other than 0 and 1"),
+        (lambda eps: (_masked(eps[0], 256, np.uint16), *eps[1:]), r"256, outside \[0, 1\]"),
+        (lambda eps: (_masked(eps[0], 2, np.uint8), *eps[1:]), "loss_mask holds 2, above 1"),
     ],
 )
 def test_post_init_errors(mutate: Any, match: str) -> None:
@@ -540,7 +540,7 @@ def test_rejects_a_bad_loss_mask_frame() -> None:
     header = bytes(frames[0])[8:]
     mask = bytearray(frames[-1])
     mask[0] = 2
-    with pytest.raises(FrameError, match="loss_mask holds a value other than 0 and 1"):
+    with pytest.raises(FrameError, match="loss_mask holds 2, above 1"):
         decode(seal(header, [*frames[1:-1], bytes(mask)]))
     with pytest.raises(FrameError, match="loss_mask: 1 bytes for"):
         decode(seal(header, [*frames[1:-1], frames[-1][:1]]))
@@ -829,3 +829,19 @@ def test_fuzz_mutated_fields_and_truncated_buffers(
         refusal = f"array {ARRAY_NAMES[i - 1]}: {len(parts[i])} bytes for"
     with pytest.raises(FrameError, match=refusal):
         decode(frames)
+
+
+def test_the_batch_types_carry_exactly_the_per_token_fields_of_the_table() -> None:
+    """The per-token fields are declared once (grpo.core.tokens): an Episode and a batch's
+    Columns hold exactly those arrays, so a field added to the table and not to them, or the
+    other way round, fails here rather than on the wire."""
+    from dataclasses import fields
+
+    from grpo.core.columns import Columns
+    from grpo.core.tokens import TOKEN_FIELDS
+
+    table = {f.name for f in TOKEN_FIELDS}
+    per_episode = {"reward", "reward_info", "finish_reason", "group_id"}
+    assert {f.name for f in fields(Episode)} - per_episode == table
+    per_batch = per_episode | {"prompt_len", "completion_len"}
+    assert {f.name for f in fields(Columns)} - per_batch == table

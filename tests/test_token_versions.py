@@ -82,8 +82,8 @@ def test_int64_versions_are_cast_to_int32_and_empty_answers_have_none():
         ([[3, 4], [2, 5]], "answer 1 has a token of version 2, older than the batch's "
                            "policy_version 3"),
         ([[], [3], [4, 2]], "answer 2 has a token of version 2"),
-        ([[3, -1]], "token_versions holds -1, not a version >= 0"),
-        ([[3, 2**32 + 3]], "token_versions holds 4294967299, not a version >= 0"),
+        ([[3, -1]], r"token_versions holds -1, outside \[0, 2147483647\]"),
+        ([[3, 2**32 + 3]], r"token_versions holds 4294967299, outside \[0, 2147483647\]"),
     ],
 )  # fmt: skip
 def test_a_sampler_never_builds_a_batch_with_impossible_versions(versions, match):
@@ -120,7 +120,7 @@ def test_the_trainer_refuses_versions_older_than_the_batch_claims_or_negative():
         ([5] * (n - 1) + [4], 5, "has a token of version 4, older than the batch's "
                                  "policy_version 5"),
         ([7] * n, 8, "older than the batch's policy_version 8"),
-        ([5] * (n - 1) + [-3], 0, "token_versions holds version -3, below 0"),
+        ([5] * (n - 1) + [-3], 0, "token_versions holds -3, below 0"),
     ]:  # fmt: skip
         with pytest.raises(FrameError, match="^invalid batch: batch 17 from 'sampler-3': ") as e:
             decode(_frames_with_versions(values, policy_version))

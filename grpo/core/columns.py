@@ -13,30 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from grpo.core.tokens import OPTIONAL, TOKEN_FIELDS
+
 FINISH_REASONS = frozenset({"stop", "length"})
 
-# (array name, wire dtype name, which per-episode length it follows), in frame order.
-ARRAY_SPECS: tuple[tuple[str, str, str], ...] = (
-    ("prompt_ids", "int32", "prompt_len"),
-    ("completion_ids", "int32", "completion_len"),
-    ("old_logp", "float32", "completion_len"),
-    ("ref_logp", "float32", "completion_len"),
-    ("rollout_logp", "float32", "completion_len"),
-    ("loss_mask", "uint8", "completion_len"),
-    ("teacher_logp", "float32", "completion_len"),
-    ("token_versions", "int32", "completion_len"),
-)
-# Per-token arrays a batch may leave out (None for the whole batch): the old-policy and
-# reference log-probs when the trainer computes them (train.logprobs_on: trainer), the rollout
-# engine's when the backend reports none, and the loss mask of single-turn answers (every
-# token the model's), so that their frames are what they were before multi-turn answers; and the
-# teacher's log-probs (on-policy distillation), absent when the run has no teacher; and the
-# weights version that sampled each token (continuous generation, where an answer in flight
-# across an update has tokens of several versions), absent when all of a batch's tokens are of
-# its policy_version (lock-step sampling).
-OPTIONAL_ARRAYS = (
-    "old_logp", "ref_logp", "rollout_logp", "loss_mask", "teacher_logp", "token_versions",
-)  # fmt: skip
+# (array name, wire dtype name, which per-episode length it follows), in frame order, and the
+# arrays a batch may leave out: read from the per-token fields' table (grpo.core.tokens).
+ARRAY_SPECS: tuple[tuple[str, str, str], ...] = tuple((f.name, f.wire, f.follows)
+                                                      for f in TOKEN_FIELDS)  # fmt: skip
+OPTIONAL_ARRAYS = OPTIONAL
 # Wire dtypes are explicit little-endian so sender and receiver agree on any host.
 WIRE_DTYPES: dict[str, np.dtype] = {
     "int32": np.dtype("<i4"),
@@ -59,7 +44,7 @@ REWARD_DTYPE = np.dtype(np.float64)
 # can produce comes near it, so only a bug or a hostile peer is refused.
 VALUE_LIMIT = 1e12
 # The float arrays bounded by VALUE_LIMIT: the rewards, and the per-token log-probs.
-BOUNDED = ("reward", "old_logp", "ref_logp", "rollout_logp", "teacher_logp")
+BOUNDED = ("reward", *(f.name for f in TOKEN_FIELDS if f.bounded))
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -125,13 +110,6 @@ def check_1d(arr: object, kinds: str, what: str) -> int:
     return arr.shape[0]
 
 
-def check_loss_mask(mask: np.ndarray, what: str) -> None:
-    if mask.dtype not in (np.bool_, np.uint8):
-        raise ValueError(f"{what} must be uint8 or bool, got {mask.dtype}")
-    if mask.size and int(mask.max()) > 1:
-        raise ValueError(f"{what} holds a value other than 0 and 1")
-
-
 def check_bounded(values: np.ndarray | None, what: str) -> None:
     """``values`` finite and within +-VALUE_LIMIT (see there), when present."""
     if values is None or not values.size:
@@ -174,19 +152,18 @@ def check_columns(c: Columns) -> None:
                 raise ValueError(f"{name} must be a 1-D {dtype} array")
             if arr.shape[0] != total:
                 raise ValueError(f"{name}: {lens_name} does not sum to its {arr.shape[0]} values")
-    for name in ("prompt_ids", "completion_ids"):
-        ids = getattr(c, name)
-        # A negative id indexes the embedding from its end on the CPU and asserts on a GPU;
-        # the trainer's admission checks the other end, its vocabulary.
-        if ids.size and (low := int(ids.min())) < 0:
-            raise ValueError(f"{name} holds token id {low}, below 0")
     for name in BOUNDED:
         check_bounded(getattr(c, name), name)
-    versions = c.token_versions
-    if versions is not None and versions.size and (low := int(versions.min())) < 0:
-        raise ValueError(f"token_versions holds version {low}, below 0")
-    if c.loss_mask is not None:
-        check_loss_mask(c.loss_mask, "loss_mask")
+    for field in TOKEN_FIELDS:  # an integer field's range: a negative token id indexes the
+        # embedding from its end on the CPU and asserts on a GPU (the trainer's admission
+        # checks the other end, its vocabulary); a version below 0; a mask other than 0/1
+        values = getattr(c, field.name)
+        if values is None or not values.size:
+            continue
+        if field.low is not None and (least := int(values.min())) < field.low:
+            raise ValueError(f"{field.name} holds {least}, below {field.low}")
+        if field.high is not None and (most := int(values.max())) > field.high:
+            raise ValueError(f"{field.name} holds {most}, above {field.high}")
     if len(c.finish_reason) != n or not FINISH_REASONS.issuperset(c.finish_reason):
         raise ValueError(f"finish_reason must list {n} of {sorted(FINISH_REASONS)}")
     if len(c.reward_info) != n:

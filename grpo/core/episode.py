@@ -25,13 +25,13 @@ from grpo.core.columns import (
     Columns,
     check_1d,
     check_columns,
-    check_loss_mask,
     check_token_versions,
     is_finite_real,
     is_int,
     is_real,
     plain_info,
 )
+from grpo.core.tokens import ANSWER, PROMPT, TOKEN_FIELDS
 
 # A reward made of parts (format, answer, a judge...) reports each part as
 # reward_info["reward/<name>"], the parts summing to the reward: GDPO normalises them apart
@@ -208,32 +208,29 @@ def _naming(seq: object, sampler_id: object) -> Iterator[None]:
         raise ValueError(f"batch {seq!r:.20} from {sampler_id!r:.80}: {e}") from None
 
 
-_KINDS = {"loss_mask": "bu", "token_versions": "iu"}  # the optional arrays that are not floats
-
-
 def _check_episode(ep: object, i: int) -> None:
-    """Shape/type checks of one episode; reads only metadata, never copies arrays."""
+    """Shape/type checks of one episode; reads only metadata, and the values of an array
+    whose cast to its wire dtype could wrap (an int64 version 2**32 would arrive as 0, a
+    uint16 mask of 256 as 0)."""
     if not isinstance(ep, Episode):
         raise ValueError(f"episodes[{i}] is {type(ep).__name__}, not Episode")
-    check_1d(ep.prompt_ids, "iu", f"episodes[{i}].prompt_ids")
-    n = check_1d(ep.completion_ids, "iu", f"episodes[{i}].completion_ids")
-    for name in OPTIONAL_ARRAYS:
-        if getattr(ep, name) is None:
+    n = len(ep.completion_ids) if isinstance(ep.completion_ids, np.ndarray) else None
+    for field in TOKEN_FIELDS:
+        arr = getattr(ep, field.name)
+        if arr is None and field.optional:
             continue
-        # A mask of another integer type could wrap when cast to uint8 (256 -> 0): refused.
-        kinds = _KINDS.get(name, "f")
-        m = check_1d(getattr(ep, name), kinds, f"episodes[{i}].{name}")
-        if m != n:
-            raise ValueError(f"episodes[{i}].{name} has length {m}, completion_ids has {n}")
-    versions = ep.token_versions
-    if versions is not None and versions.dtype != np.int32 and versions.size:
-        # int64 -> int32 is a same_kind cast, which wraps: 2**32 would arrive as version 0.
-        low, high = int(versions.min()), int(versions.max())
-        if low < 0 or high > np.iinfo(np.int32).max:
-            bad = low if low < 0 else high
-            raise ValueError(f"episodes[{i}].token_versions holds {bad}, not a version >= 0")
-    if ep.loss_mask is not None:
-        check_loss_mask(ep.loss_mask, f"episodes[{i}].loss_mask")
+        what = f"episodes[{i}].{field.name}"
+        m = check_1d(arr, field.kinds, what)
+        if field.follows == ANSWER and field.name != "completion_ids" and m != n:
+            raise ValueError(f"{what} has length {m}, completion_ids has {n}")
+        if arr.dtype != WIRE_DTYPES[field.wire] and arr.size and field.kinds != "f":
+            low, high = int(arr.min()), int(arr.max())
+            wire = np.iinfo(WIRE_DTYPES[field.wire])
+            least = wire.min if field.low is None else field.low
+            most = wire.max if field.high is None else min(field.high, wire.max)
+            if low < least or high > most:
+                bad = low if low < least else high
+                raise ValueError(f"{what} holds {bad}, outside [{least}, {most}]")
     if ep.finish_reason not in FINISH_REASONS:
         raise ValueError(
             f"episodes[{i}].finish_reason={ep.finish_reason!r}, expected one of "
@@ -289,12 +286,13 @@ def _gather(eps: tuple[Episode, ...]) -> Columns:
     one, the others' all ones: a dropped mask would train on a tool's tokens.
     """
     arrays: dict[str, np.ndarray | None] = {}
-    for name, dtype_name in ARRAY_DTYPES.items():
-        parts, wire = [getattr(ep, name) for ep in eps], WIRE_DTYPES[dtype_name]
+    for field in TOKEN_FIELDS:
+        name, wire = field.name, WIRE_DTYPES[field.wire]
+        parts = [getattr(ep, name) for ep in eps]
         if name == "loss_mask" and any(p is not None for p in parts):
             parts = [np.ones(len(ep.completion_ids), wire) if p is None else p
                      for p, ep in zip(parts, eps, strict=True)]  # fmt: skip
-        if name in OPTIONAL_ARRAYS and any(p is None for p in parts):
+        if field.optional and any(p is None for p in parts):
             arrays[name] = None
             continue
         # same_kind casting refuses e.g. float -> int, which would be silent garbage.
@@ -320,24 +318,24 @@ def _offsets(lens: np.ndarray) -> list[int]:
     return [0, *accumulate(lens.tolist())]
 
 
+def _token_parts(c: Columns, prompts: tuple[int, int], answers: tuple[int, int]) -> dict:
+    """Every per-token array of `c` cut to the episodes whose tokens are at [start, stop) of
+    the prompts and of the answers, as views."""
+    spans = {PROMPT: prompts, ANSWER: answers}
+    return {f.name: _part(getattr(c, f.name), *spans[f.follows]) for f in TOKEN_FIELDS}
+
+
 def _scatter(c: Columns) -> tuple[Episode, ...]:
     """Episodes whose arrays are views of the columns."""
     p, k = _offsets(c.prompt_len), _offsets(c.completion_len)
     rewards, group_ids = c.reward.tolist(), c.group_id.tolist()
     return tuple(
         Episode(
-            prompt_ids=c.prompt_ids[p[i] : p[i + 1]],
-            completion_ids=c.completion_ids[k[i] : k[i + 1]],
-            old_logp=_part(c.old_logp, k[i], k[i + 1]),
-            ref_logp=_part(c.ref_logp, k[i], k[i + 1]),
+            **_token_parts(c, (p[i], p[i + 1]), (k[i], k[i + 1])),
             reward=rewards[i],
             reward_info=c.reward_info[i],
             finish_reason=c.finish_reason[i],
             group_id=group_ids[i],
-            rollout_logp=_part(c.rollout_logp, k[i], k[i + 1]),
-            loss_mask=_part(c.loss_mask, k[i], k[i + 1]),
-            teacher_logp=_part(c.teacher_logp, k[i], k[i + 1]),
-            token_versions=_part(c.token_versions, k[i], k[i + 1]),
         )
         for i in range(len(c))
     )
@@ -350,16 +348,8 @@ def _part(arr: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
 def _slice_columns(c: Columns, start: int, stop: int) -> Columns:
     """Episodes ``[start, stop)`` of ``c`` as views."""
     p, k = _offsets(c.prompt_len), _offsets(c.completion_len)
-    ps, pe, ks, ke = p[start], p[stop], k[start], k[stop]
     return Columns(
-        prompt_ids=c.prompt_ids[ps:pe],
-        completion_ids=c.completion_ids[ks:ke],
-        old_logp=_part(c.old_logp, ks, ke),
-        ref_logp=_part(c.ref_logp, ks, ke),
-        rollout_logp=_part(c.rollout_logp, ks, ke),
-        loss_mask=_part(c.loss_mask, ks, ke),
-        teacher_logp=_part(c.teacher_logp, ks, ke),
-        token_versions=_part(c.token_versions, ks, ke),
+        **_token_parts(c, (p[start], p[stop]), (k[start], k[stop])),
         prompt_len=c.prompt_len[start:stop],
         completion_len=c.completion_len[start:stop],
         reward=c.reward[start:stop],

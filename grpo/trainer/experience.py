@@ -9,7 +9,7 @@ a micro-batch takes its rows with :meth:`Experience.rows` and moves them to its 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -81,10 +81,9 @@ class Experience:
         return max(1, int(self.loss_mask.sum()))
 
 
-_ROW_TENSORS = (
-    "mask", "loss_mask", "old_logp", "ref_logp", "token_rewards", "rollout_logp", "weights",
-    "advantages", "returns", "old_values", "token_versions",
-)  # fmt: skip
+# Every (N, C) tensor of an Experience: its fields but the episodes' ids and the group size.
+_ROW_TENSORS = tuple(f.name for f in fields(Experience)
+                     if f.name not in ("prompts", "completions", "group_size"))  # fmt: skip
 
 
 def shaped_rewards(batch: EpisodeBatch, plan: ExperiencePlan) -> torch.Tensor:

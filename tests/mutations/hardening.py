@@ -8,9 +8,9 @@ MUTATIONS = (
     Mutation(
         name="negative_token_ids_pass",
         item="29.1: token ids below 0 are refused at the edge",
-        path="grpo/core/columns.py",
-        old="if ids.size and (low := int(ids.min())) < 0:",
-        new="if ids.size and (low := int(ids.min())) < -(1 << 40):",
+        path="grpo/core/tokens.py",
+        old='"prompt_ids", "int32", PROMPT, False, "iu", "the sampler\'s tokenizer", low=0)',
+        new='"prompt_ids", "int32", PROMPT, False, "iu", "the sampler\'s tokenizer")',
         tests=("tests/test_edge_validation.py::test_a_negative_token_id_is_refused",),
     ),
     Mutation(

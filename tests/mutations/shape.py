@@ -100,4 +100,23 @@ MUTATIONS = (
         new="        entropy_coef=0.0,\n",
         tests=(OBJECTIVE,),
     ),
+    Mutation(
+        name="token_versions_without_their_floor",
+        item="44.3: the per-token table's bounds are what every received batch is checked against",
+        path="grpo/core/tokens.py",
+        old='"continuous generation", low=0),\n',
+        new='"continuous generation"),\n',
+        tests=(
+            "tests/test_token_versions.py::test_the_trainer_refuses_versions_older_than_the_batch_"
+            "claims_or_negative",
+        ),
+    ),
+    Mutation(
+        name="log_probs_left_unbounded",
+        item="44.3: the per-token table says which arrays are bounded log-probs",
+        path="grpo/core/tokens.py",
+        old='"old_logp", "float32", ANSWER, True, "f", "sampler or trainer", bounded=True)',
+        new='"old_logp", "float32", ANSWER, True, "f", "sampler or trainer")',
+        tests=("tests/test_edge_validation.py::test_a_log_prob_out_of_range_is_refused_at_decode",),
+    ),
 )
