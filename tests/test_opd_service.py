@@ -95,6 +95,37 @@ def test_the_services_teacher_gives_the_in_process_teachers_log_probs(
     assert all(np.all(x < 0) for x in want if len(x))
 
 
+def test_requests_at_other_temperatures_gathered_together_each_get_their_own(
+    tiny_model_dir, served_teacher, fingerprint
+):
+    """Two samplers' requests at 1.0 and 0.7 arrive in one gathering window: one forward cannot
+    take both temperatures, so each request is answered alone, at its own, and none fails."""
+    tok = load_tokenizer(tiny_model_dir)
+    local = InProcessTeacher(load_reference(tiny_model_dir), tok.pad_token_id, 16, packed=False)
+    prompts, completions = _answers(3)
+    temperatures = (1.0, 0.7)
+    with serving(None, teacher=served_teacher, batch_wait_s=0.5) as server:
+        clients = [RewardClient(server.addr, batch=3, timeout_s=30, sampler_id=f"s{i}")
+                   for i in range(2)]  # fmt: skip
+        got: dict[float, list] = {}
+        threads = [
+            threading.Thread(target=lambda t=t, c=c: got.__setitem__(
+                t, RemoteTeacher(c, fingerprint).logprobs(prompts, completions, t)))
+            for t, c in zip(temperatures, clients, strict=True)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        for c in clients:
+            c.close()
+        assert server.counters.failures == 0 and server.counters.teacher_calls == 2
+    for temperature in temperatures:
+        want = local.logprobs(prompts, completions, temperature)
+        for a, b in zip(got[temperature], want, strict=True):
+            np.testing.assert_allclose(a, b, atol=2e-5)
+
+
 # --------------------------------------------------------------------------- malformed requests
 
 

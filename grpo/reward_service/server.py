@@ -8,20 +8,19 @@ teacher, or both.
 
 Each request id is scored once: the replies of the last `CACHE` requests are kept, and a
 sampler's resend of one (after its timeout) is answered from there, as is a repeat that arrives
-while the first is being scored. A backend failure answers ERROR for the requests it was
-scoring; the service goes on.
+while the first is being scored. How gathered requests are answered, one call for all of them
+and each alone when it fails, is grpo.reward_service.batches; a failure answers ERROR for the
+request it fails, and the service goes on.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -30,8 +29,9 @@ from grpo.config import Config
 from grpo.config.rules import serves_teacher
 from grpo.reward_service import protocol
 from grpo.reward_service.backends import RewardBackend, ServedTeacher, build_backend
+from grpo.reward_service.batches import Counters, Request, Scoring, Teaching, answer
 from grpo.reward_service.keys import secure_reward_server
-from grpo.reward_service.protocol import Item, TeacherRequest
+from grpo.reward_service.protocol import TeacherRequest
 from grpo.wire.channels import (
     PeerError,
     SocketLimits,
@@ -45,31 +45,6 @@ from grpo.wire.codec import FrameError, Message, decode, encode_message
 log = logging.getLogger("grpo.reward")
 
 CACHE = 4096  # replies kept for resends: far more requests than samplers ever have in flight
-
-
-@dataclass
-class Request:
-    peer: bytes  # the ROUTER identity to answer
-    rid: str
-    items: list[Item]  # SCORE: the answers to score
-    teacher: TeacherRequest | None = None  # TEACHER: the answers to score with the teacher
-
-    @property
-    def size(self) -> int:
-        return len(self.teacher.completions) if self.teacher is not None else len(self.items)
-
-
-@dataclass
-class Counters:
-    requests: int = 0
-    answers: int = 0  # items scored
-    backend_calls: int = 0
-    repeats: int = 0  # resends answered from the cache or dropped as in flight
-    refused: int = 0  # malformed frames and requests
-    failures: int = 0  # backend calls that raised
-    seconds: float = field(default=0.0)  # in the backend
-    teacher_answers: int = 0  # answers whose tokens the teacher scored
-    teacher_calls: int = 0
 
 
 class RewardServer:
@@ -105,16 +80,19 @@ class RewardServer:
             raise
         self.replies: OrderedDict[str, list[bytes]] = OrderedDict()
         self.counters = Counters()
+        self.scoring = Scoring(backend) if backend is not None else None
+        self.teaching = Teaching(teacher) if teacher is not None else None
 
     def serve(self, stop: threading.Event) -> None:
         log.info("reward service (%s) on %s", self.serves, self.addr)
         while not stop.is_set():
-            if pending := self.gather(stop):
-                scores = [r for r in pending if r.teacher is None]
-                if scores:
-                    self.score(scores)
-                if len(scores) < len(pending):
-                    teach(self, [r for r in pending if r.teacher is not None])
+            pending = self.gather(stop)
+            # a request of a kind this service does not serve was refused on arrival
+            for job, teacher in ((self.scoring, False), (self.teaching, True)):
+                mine = [r for r in pending if (r.teacher is not None) == teacher]
+                if mine:
+                    assert job is not None
+                    answer(self, job, mine)
 
     @property
     def serves(self) -> str:
@@ -148,7 +126,7 @@ class RewardServer:
             self.counters.refused += 1
             log.exception("a request the service could not handle (%d refused so far)",
                           self.counters.refused)  # fmt: skip
-            self._answer_error(peer, _request_id(frames), f"{type(e).__name__}: {e}")
+            self.answer_error(peer, _request_id(frames), f"{type(e).__name__}: {e}")
             return None
 
     def _request(self, peer: bytes, frames: list[bytes], pending: list[Request]) -> Request | None:
@@ -177,7 +155,7 @@ class RewardServer:
                     )
                 rid, items = protocol.parse_request(msg.body, self.max_request_items)
             elif msg.kind == protocol.TEACHER:
-                rid, teacher = teacher_request(self, msg.body)
+                rid, teacher = self._teacher_request(msg.body)
             else:
                 raise ValueError(f"unknown request kind {msg.kind!r}")
         except ValueError as e:
@@ -200,66 +178,51 @@ class RewardServer:
         self.counters.requests += 1
         return Request(peer, rid, items, teacher)
 
+    def _teacher_request(self, body: dict) -> tuple[str, TeacherRequest]:
+        """A TEACHER body, checked against the teacher's limits and tokenizer."""
+        if self.teaching is None:
+            raise ValueError("this reward service serves no teacher (teacher.where: service)")
+        t = self.teaching.teacher
+        rid, request = protocol.parse_teacher_request(
+            body, self.max_request_items, t.max_tokens, t.vocab_size
+        )
+        difference = t.tokenizer_difference(request.tokenizer)
+        if difference is not None:
+            raise TokenizerMismatch(
+                f"teacher.path {t.path!r} has another tokenizer than the sampler's student: "
+                f"{difference}; on-policy distillation needs the same one"
+            )
+        return rid, request
+
     def _keep(self, rid: str, frames: list[bytes]) -> None:
         self.replies[rid] = frames
         while len(self.replies) > CACHE:
             self.replies.popitem(last=False)
 
-    def score(self, pending: list[Request]) -> None:
-        """Score the requests in one backend call. If it fails, each request is scored again
-        on its own, so that one the backend cannot take (too long, malformed) fails alone,
-        not the other samplers' requests gathered with it."""
-        assert self.backend is not None
-        items = [item for r in pending for item in r.items]
-        t0 = time.monotonic()
-        try:
-            scored = self.backend.score(items)
-            if len(scored) != len(items):
-                raise RuntimeError(f"the backend gave {len(scored)} scores for {len(items)}")
-        except Exception as e:
-            self.counters.failures += 1
-            log.exception("the %s backend failed on %d answers", self.backend.name, len(items))
-            if len(pending) > 1:
-                for r in pending:
-                    self.score([r])
-            else:
-                reason = f"the reward backend failed: {type(e).__name__}: {e}"
-                self._answer_error(pending[0].peer, pending[0].rid, reason)
-            return
-        self.counters.seconds += time.monotonic() - t0
-        self.counters.backend_calls += 1
-        self.counters.answers += len(items)
-
-        def reply(r: Request, mine: list) -> Message:
-            return Message(protocol.SCORES, _scores_body(r.rid, mine))
-
-        self.send_each(pending, scored, [len(r.items) for r in pending], "scores", reply)
-
     def send_each(
         self,
         pending: list[Request],
         results: list,
-        sizes: list[int],
         what: str,
         reply: Callable[[Request, list], Message],
     ) -> None:
-        """One batched call's `results`, in request order, split by `sizes` and sent to each
-        request as `reply` builds it. A reply that cannot be encoded (an info msgpack cannot
+        """One batched call's `results`, one per answer in request order, each request's share
+        sent to it as `reply` builds it. A reply that cannot be encoded (an info msgpack cannot
         carry, a NaN log-prob) fails its own request alone."""
         start = 0
-        for r, size in zip(pending, sizes, strict=True):
-            mine = results[start : start + size]
-            start += size
+        for r in pending:
+            mine = results[start : start + r.size]
+            start += r.size
             try:
                 frames = encode_message(reply(r, mine))
             except Exception as e:
                 log.warning("the %s of request %s cannot be sent: %s", what, r.rid[:8], e)
-                self._answer_error(r.peer, r.rid, f"its {what} cannot be sent: {e}")
+                self.answer_error(r.peer, r.rid, f"its {what} cannot be sent: {e}")
                 continue
             self._keep(r.rid, frames)
             self.router.send_multipart([r.peer, *frames])
 
-    def _answer_error(self, peer: bytes, rid: str, reason: str) -> None:
+    def answer_error(self, peer: bytes, rid: str, reason: str) -> None:
         self.reply(peer, Message(protocol.ERROR, {"id": rid, "reason": reason[:2000]}))
 
     def reply(self, peer: bytes, msg: Message) -> None:
@@ -276,26 +239,6 @@ class RewardServer:
 
 class TokenizerMismatch(ValueError):
     """A TEACHER request from a sampler whose tokenizer is not the teacher's."""
-
-
-class _Split(Exception):
-    """Requests gathered together that one teacher call cannot take (other temperatures)."""
-
-
-def _scores_body(rid: str, scored: list[tuple[float, dict]]) -> dict:
-    """A SCORES body. A non-finite score scores 0 with a reward_error: the sampler refuses a
-    NaN, and training on one would end the run."""
-    rewards, infos = [], []
-    for value, info in scored:
-        value = float(value)
-        if not math.isfinite(value):
-            value, info = (
-                0.0,
-                {"reward_error": f"reward service: the backend gave a non-finite score ({value})"},
-            )
-        rewards.append(value)
-        infos.append(info)
-    return {"id": rid, "rewards": rewards, "infos": infos}
 
 
 def _request_id(frames: list[bytes]) -> str:
@@ -345,55 +288,3 @@ def run_reward_server(cfg: Config) -> int:
             c.teacher_calls, c.repeats, c.refused, c.failures,
         )  # fmt: skip
     return 0
-
-
-def teacher_request(server: RewardServer, body: dict) -> tuple[str, TeacherRequest]:
-    """A TEACHER body, checked against the teacher's limits and tokenizer."""
-    t = server.teacher
-    if t is None:
-        raise ValueError("this reward service serves no teacher (teacher.where: service)")
-    rid, request = protocol.parse_teacher_request(
-        body, server.max_request_items, t.max_tokens, t.vocab_size
-    )
-    difference = t.tokenizer_difference(request.tokenizer)
-    if difference is not None:
-        raise TokenizerMismatch(
-            f"teacher.path {t.path!r} has another tokenizer than the sampler's student: "
-            f"{difference}; on-policy distillation needs the same one"
-        )
-    return rid, request
-
-
-def teach(server: RewardServer, pending: list[Request]) -> None:
-    """The teacher's log-probs for the TEACHER requests, in one call; on failure each
-    request alone, as score does."""
-    assert server.teacher is not None
-    prompts = [p for r in pending for p in r.teacher.prompts]  # type: ignore[union-attr]
-    completions = [c for r in pending for c in r.teacher.completions]  # type: ignore[union-attr]
-    temperatures = {r.teacher.temperature for r in pending}  # type: ignore[union-attr]
-    t0 = time.monotonic()
-    try:
-        if len(temperatures) > 1:  # one forward per temperature: each request alone
-            raise _Split()
-        logps = server.teacher.logprobs(prompts, completions, temperatures.pop())
-        if [len(x) for x in logps] != [len(c) for c in completions]:
-            raise RuntimeError("the teacher gave log-probs of other lengths than the answers")
-    except Exception as e:
-        if not isinstance(e, _Split):
-            server.counters.failures += 1
-            log.exception("the teacher failed on %d answers", len(completions))
-        if len(pending) > 1:
-            for r in pending:
-                teach(server, [r])
-        else:
-            reason = f"the teacher failed: {type(e).__name__}: {e}"
-            server._answer_error(pending[0].peer, pending[0].rid, reason)
-        return
-    server.counters.seconds += time.monotonic() - t0
-    server.counters.teacher_calls += 1
-    server.counters.teacher_answers += len(completions)
-
-    def reply(r: Request, mine: list) -> Message:
-        return Message(protocol.TEACHER_LOGP, protocol.teacher_reply_body(r.rid, mine))
-
-    server.send_each(pending, logps, [r.size for r in pending], "log-probs", reply)

@@ -119,4 +119,23 @@ MUTATIONS = (
         new='"old_logp", "float32", ANSWER, True, "f", "sampler or trainer")',
         tests=("tests/test_edge_validation.py::test_a_log_prob_out_of_range_is_refused_at_decode",),
     ),
+    Mutation(
+        name="a_failed_gathered_call_fails_every_request",
+        item="44.4: one way to answer gathered requests: a failed call is retried per request",
+        path="grpo/reward_service/batches.py",
+        old="        if len(pending) > 1:\n",
+        new="        if False:\n",
+        tests=("tests/test_reward_service.py::test_one_bad_request_fails_only_itself",),
+    ),
+    Mutation(
+        name="gathered_teacher_requests_at_one_temperature",
+        item="44.4: gathered teacher requests at other temperatures are answered apart",
+        path="grpo/reward_service/batches.py",
+        old="            raise Split()\n",
+        new="            pass\n",
+        tests=(
+            "tests/test_opd_service.py::test_requests_at_other_temperatures_gathered_together_"
+            "each_get_their_own",
+        ),
+    ),
 )
