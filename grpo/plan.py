@@ -23,7 +23,6 @@ from grpo.algos import KlControl, overlong_penalty
 from grpo.algos.registry import Estimator, get_estimator, get_policy_loss
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.passes import scored_by
-from grpo.core.vocabulary import GAE
 from grpo.preflight import preflight
 from grpo.rollout.registry import check_engine_name
 from grpo.scoring.kernels import Truncation
@@ -81,20 +80,31 @@ class Correction:
 
 
 @dataclass(frozen=True)
+class Advantage:
+    """The advantage estimator (algo.advantage) with the constants it declared: called with
+    the rewards, the mask (or group size) and the inputs only a step has."""
+
+    estimator: Estimator
+    constants: Mapping[str, Any]  # of gamma, lam, reward_weight: those it declared
+
+    def __call__(self, rewards: Tensor, shape: Tensor | int, **inputs: Any) -> Tensor:
+        return self.estimator.fn(rewards, shape, **self.constants, **inputs)
+
+
+@dataclass(frozen=True)
 class ExperiencePlan:
     """What the experience stage (grpo.trainer.experience) does to every batch: the reward
     shaping, in order; the KL of the sampling policy to the reference (measured, and paid in
     the reward when `kl_in_reward`); which answers get no loss; the rollout correction; and
-    the advantage estimator with the constants it declared (None: GAE, which the update
-    computes with the critic's values)."""
+    the advantage estimator with the constants it declared (one that needs the critic's
+    values, GAE, runs in the update instead)."""
 
     shaping: tuple[Overlong, ...]
     kl_kind: str
     kl_in_reward: bool
     mask_truncated: bool
     correction: Correction | None
-    estimator: Estimator | None
-    constants: Mapping[str, Any]  # the estimator's declared scalars: gamma, reward_weight
+    advantage: Advantage
 
 
 @dataclass(frozen=True)
@@ -116,14 +126,13 @@ class Objective:
 class UpdatePlan:
     """The update (grpo.trainer.update): `ppo_epochs` passes over a rank's rows, one optimizer
     step per mini-batch of `mini_batch_seqs`, micro-batches of up to `micro_batch_tokens`; with
-    PPO, GAE's discount and lambda and the steps the critic warms up alone."""
+    a critic, the estimator of its values (GAE) and the steps it warms up alone."""
 
     objective: Objective
     ppo_epochs: int
     mini_batch_seqs: int  # sequences per rank per optimizer step
     micro_batch_tokens: int  # train.max_tokens_per_micro_batch (0: by count alone)
-    gamma: float
-    lam: float
+    advantage: Advantage
     critic_warmup_steps: int
 
 
@@ -181,9 +190,10 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
         _looked_up("rollout.tools", lambda names: Toolbox([get_tool(n) for n in names]),
                    cfg.rollout.tools)  # fmt: skip
     _check_trackers(cfg)
+    advantage = plan_advantage(cfg)
     return RunPlan(
-        experience=plan_experience(cfg),
-        update=plan_update(cfg, cfg.world if world is None else world, loss),
+        experience=plan_experience(cfg, advantage),
+        update=plan_update(cfg, cfg.world if world is None else world, loss, advantage),
         scoring=plan_scoring(cfg),
         scored_by_sampler=scored_by(cfg, "sampler"),
         scored_by_trainer=scored_by(cfg, "trainer"),
@@ -204,15 +214,16 @@ def plan_objective(cfg: Config, loss: LossPlan | None = None) -> Objective:
     )
 
 
-def plan_update(cfg: Config, world: int, loss: LossPlan | None = None) -> UpdatePlan:
+def plan_update(
+    cfg: Config, world: int, loss: LossPlan | None = None, advantage: Advantage | None = None
+) -> UpdatePlan:
     """The update of `cfg` on `world` trainer ranks."""
     return UpdatePlan(
         objective=plan_objective(cfg, loss),
         ppo_epochs=cfg.train.ppo_epochs,
         mini_batch_seqs=cfg.mini_batch_seqs(world),
         micro_batch_tokens=cfg.train.max_tokens_per_micro_batch,
-        gamma=cfg.algo.gamma,
-        lam=cfg.algo.lam,
+        advantage=advantage or plan_advantage(cfg),
         critic_warmup_steps=cfg.critic.warmup_steps,
     )
 
@@ -223,19 +234,9 @@ def plan_scoring(cfg: Config) -> ScoringPlan:
                        cfg.train.micro_batch_size)  # fmt: skip
 
 
-def plan_experience(cfg: Config) -> ExperiencePlan:
+def plan_experience(cfg: Config, advantage: Advantage | None = None) -> ExperiencePlan:
     """algo.*'s experience stage, the estimator looked up (ConfigError naming the key)."""
     algo = cfg.algo
-    estimator, constants = None, {}
-    if algo.advantage != GAE:
-        try:
-            estimator = get_estimator(algo.advantage)
-        except ValueError as e:
-            raise ConfigError(f"algo.advantage: {e} (or {GAE!r})") from None
-        declared = {"gamma": {"gamma": algo.gamma},
-                    "teacher": {"reward_weight": algo.opd_reward_weight}}  # fmt: skip
-        for need in estimator.needs:
-            constants |= declared.get(need, {})
     correction = None
     if algo.rollout_correction != "none":
         bands = MappingProxyType(algo.correction_bands())
@@ -247,9 +248,23 @@ def plan_experience(cfg: Config) -> ExperiencePlan:
         kl_in_reward=algo.kl_in_reward,
         mask_truncated=algo.mask_truncated,
         correction=correction,
-        estimator=estimator,
-        constants=MappingProxyType(constants),
+        advantage=advantage or plan_advantage(cfg),
     )  # fmt: skip
+
+
+def plan_advantage(cfg: Config) -> Advantage:
+    """algo.advantage looked up (ConfigError naming the key), with the constants it declared."""
+    algo = cfg.algo
+    try:
+        estimator = get_estimator(algo.advantage)
+    except ValueError as e:
+        raise ConfigError(f"algo.advantage: {e}") from None
+    declared = {"gamma": {"gamma": algo.gamma}, "lam": {"lam": algo.lam},
+                "teacher": {"reward_weight": algo.opd_reward_weight}}  # fmt: skip
+    constants: dict[str, Any] = {}
+    for need in estimator.needs:
+        constants |= declared.get(need, {})
+    return Advantage(estimator, MappingProxyType(constants))
 
 
 def plan_kl_control(cfg: Config) -> KlControl:

@@ -133,17 +133,26 @@ def one_rank():
     dist.destroy_process_group()
 
 
-def test_gae_across_one_rank_equals_the_pure_gae(one_rank):
+def test_the_registered_gae_whitened_across_one_rank_equals_the_pure_gae(one_rank):
+    """algo.advantage=gae is a registered estimator that declares the critic's values: the
+    plan gives it gamma and lam, the update whitens it over the ranks' tokens and adds the
+    values back for the critic's targets: on one rank, exactly verl's GAE."""
     from grpo.algos import gae
-    from grpo.trainer.update import gae_across_ranks
+    from grpo.trainer.update import whiten_across_ranks
 
     torch.manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float32)
     rewards, values = torch.randn(2, 4) * mask, torch.randn(2, 4) * mask
-    adv, returns = gae_across_ranks(rewards, mask, values, 0.9, 0.8)
+    plan = plan_update(load_config(None, ["algo.advantage=gae", "algo.gamma=0.9",
+                                          "algo.lam=0.8"]), 1)  # fmt: skip
+    assert plan.advantage.estimator.needs_critic
+    raw = plan.advantage(rewards, mask, values=values)
     ref_adv, ref_returns = gae(rewards, values, mask, 0.9, 0.8)
-    assert torch.allclose(adv, ref_adv, atol=1e-5)
-    assert torch.allclose(returns, ref_returns, atol=1e-6)
+    assert torch.allclose(whiten_across_ranks(raw, mask), ref_adv, atol=1e-5)
+    assert torch.allclose((raw + values) * mask, ref_returns, atol=1e-6)
+    ppo = plan_experience(load_config(None, ["algo.advantage=gae"]))
+    exp, _ = build_experience(_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), ppo, 0.0)
+    assert exp.advantages is None  # the update's, once the critic has scored the rows
 
 
 def test_mini_batches_are_consecutive_rows_once_per_epoch(one_rank):

@@ -4,9 +4,9 @@ Importing this package registers the built-in policy losses ("ppo", "grpo", "gsp
 "sapo", "geo_mean" alias "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"), outcome
 advantage estimators ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "grpo_passk",
 "gdpo") and token advantage estimators ("reinforce_pp", "opd": on-policy distillation, which
-also reads the teacher's and the student's log-probs). GAE and the value loss take extra
-inputs and are exported as plain functions (grpo.algos.value). The losses are a package, one
-module per family (grpo.algos.losses).
+also reads the teacher's and the student's log-probs; "gae", which reads the critic's values).
+The value loss and GAE's whitened form are plain functions (grpo.algos.value). The losses are
+a package, one module per family (grpo.algos.losses).
 """
 
 from grpo.algos.advantages import (
@@ -50,7 +50,7 @@ from grpo.algos.registry import (
     register_token_advantage_estimator,
 )
 from grpo.algos.shaping import overlong_penalty
-from grpo.algos.value import gae, value_loss
+from grpo.algos.value import gae, gae_advantages, value_loss
 from grpo.core.vocabulary import CORRECTION_MODES, REJECTION_MASKS
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "dppo_tv_policy_loss",
     "dr_grpo_advantages",
     "gae",
+    "gae_advantages",
     "gdpo_advantages",
     "get_advantage_estimator",
     "get_policy_loss",

@@ -7,8 +7,8 @@ Each table has one calling convention, so a caller can use any registered name w
 knowing which it is: outcome estimators map per-sequence rewards (N,) to (N,), token
 estimators map per-token rewards (B, T) to (B, T). What an estimator takes beyond that is
 declared where it registers (`needs`, from ESTIMATOR_INPUTS): the trainer reads no signature.
-Anything that needs more (GAE needs the critic's values and also returns value targets) is
-exported as a plain function instead.
+An estimator that needs the critic's values (GAE) runs in the update, on each rank's rows once
+the critic has scored them, and makes the run build a critic.
 """
 
 from collections.abc import Callable, Iterable
@@ -45,7 +45,11 @@ def get_policy_loss(name: str) -> Callable:
 #   components   keyword `components`: (N, K) the parts of each answer's reward (GDPO)
 #   teacher      keywords `teacher_logp`, `student_logp` (B, T), `group_size`, `reward_weight`
 #                (on-policy distillation: the teacher's and the old policy's log-probs)
-ESTIMATOR_INPUTS = frozenset({"gamma", "components", "teacher"})
+#   lam          keyword `lam`: GAE's lambda, algo.lam
+#   values       keyword `values` (B, T): the critic's values before the update. The run builds
+#                a critic, and the estimator runs in the update, on each rank's rows; its
+#                advantages are whitened over all ranks' tokens after it.
+ESTIMATOR_INPUTS = frozenset({"gamma", "components", "teacher", "lam", "values"})
 _NEEDS: dict[Callable, tuple[str, ...]] = {}
 
 
@@ -56,6 +60,10 @@ class Estimator:
     fn: Callable
     token_level: bool  # (B, T) token rewards and mask -> (B, T); else (N,) totals -> (N,)
     needs: tuple[str, ...]  # of ESTIMATOR_INPUTS
+
+    @property
+    def needs_critic(self) -> bool:
+        return "values" in self.needs
 
 
 def _registering(registry: Registry, name: str, needs: Iterable[str]) -> Callable:

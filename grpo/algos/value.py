@@ -1,9 +1,10 @@
 """The critic's side of PPO: GAE, which turns per-token rewards and the critic's values into
 advantages and the critic's regression targets, and the clipped value loss that fits them.
 
-GAE is not a registered token estimator: that convention is (token_rewards, mask) -> (B, T),
-while GAE also needs the critic's values and returns value targets next to the advantages.
-All tensors are (B, T) and aligned with `mask` (1.0 on real response tokens, 0 on padding).
+GAE is also the registered token estimator "gae" (`gae_advantages`), which declares the
+critic's values among its inputs: the trainer builds a critic for it and whitens its
+advantages over every rank's tokens. All tensors are (B, T) and aligned with `mask` (1.0 on
+real response tokens, 0 on padding).
 """
 
 import torch
@@ -11,6 +12,7 @@ from torch import Tensor
 
 from grpo.algos.advantages import as_float, masked_whiten
 from grpo.algos.losses.common import agg_loss, masked_mean
+from grpo.algos.registry import register_token_advantage_estimator
 
 
 def gae(
@@ -47,6 +49,17 @@ def gae(
         m = mask.to(dtype)
         returns = (adv + values) * m  # (B, T)
         return masked_whiten(adv, mask, eps=1e-8, unbiased=unbiased), returns
+
+
+@register_token_advantage_estimator("gae", needs=("gamma", "lam", "values"))
+def gae_advantages(
+    token_rewards: Tensor, mask: Tensor, *, values: Tensor, gamma: float, lam: float
+) -> Tensor:
+    """GAE's advantages before whitening, (B, T): returns - values on the valid tokens (the
+    critic's targets are these plus `values`). The trainer whitens them over all ranks'
+    tokens, as `gae` whitens over its own."""
+    _, returns = gae(token_rewards, values, mask, gamma, lam)
+    return (returns - values) * mask
 
 
 def value_loss(

@@ -16,6 +16,7 @@ from grpo.config.errors import ConfigError
 from grpo.config.rules import check_continuous, check_teacher
 from grpo.config.weights import check_weights
 from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
+from grpo.core.vocabulary import GAE
 
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
@@ -117,7 +118,7 @@ def _check_algo(cfg: Config) -> None:
     critic = cfg.critic
     if critic.lr <= 0 or critic.value_clip <= 0 or critic.warmup_steps < 0:
         raise ConfigError("critic.lr and critic.value_clip must be > 0, warmup_steps >= 0")
-    if algo.advantage == "gae" and critic.warmup_steps >= cfg.train.total_steps:
+    if algo.advantage == GAE and critic.warmup_steps >= cfg.train.total_steps:
         raise ConfigError(
             f"critic.warmup_steps ({critic.warmup_steps}) >= train.total_steps "
             f"({cfg.train.total_steps}): the policy would never train"

@@ -49,5 +49,6 @@ def parse_correction(spec: str) -> tuple[str, tuple[str, ...]]:
     return (modes[0] if modes else "none"), masks
 
 
-# The advantage that is not an estimator function: GAE needs the critic's values.
+# The built-in estimator that needs the critic's values (its warm-up is checked with the config;
+# the trainer asks the estimator's declared inputs, grpo.algos.registry).
 GAE = "gae"

@@ -99,10 +99,10 @@ def shaped_rewards(batch: EpisodeBatch, plan: ExperiencePlan) -> torch.Tensor:
 def build_experience(
     batch: EpisodeBatch, plan: ExperiencePlan, kl_coef: float
 ) -> tuple[Experience, dict[str, float]]:
-    """The whole batch as an Experience with advantages (all but GAE, which needs the critic:
-    see grpo.trainer.update), and the batch-level metrics computed on the way: the mean
-    per-token KL(old || ref) of the sampling policy when both were scored, and the
-    engine-vs-old log-prob comparison and rollout correction when the engine reported
+    """The whole batch as an Experience with advantages (unless its estimator needs the
+    critic's values, as GAE: see grpo.trainer.update), and the batch-level metrics computed on
+    the way: the mean per-token KL(old || ref) of the sampling policy when both were scored,
+    and the engine-vs-old log-prob comparison and rollout correction when the engine reported
     log-probs.
 
     Every rank builds the whole batch's experience, so group baselines and batch whitening see
@@ -159,7 +159,7 @@ def build_experience(
     if teacher is not None and old is not None:
         # Minus OPD's advantage: the k1 estimate of KL(old || teacher) per token.
         metrics["opd_reverse_kl"] = float(masked_mean(old - teacher, mask))
-    if plan.estimator is not None:
+    if not plan.advantage.estimator.needs_critic:  # else the update's, with the critic
         advantages = estimate_advantages(exp, plan, c.reward_info, teacher)
         exp = replace(exp, advantages=advantages)
         if teacher is not None:
@@ -213,18 +213,18 @@ def estimate_advantages(
     rewards, or an outcome estimator on each answer's total, given to every token; each also
     gets the inputs it declared (grpo.algos.registry.ESTIMATOR_INPUTS): the plan's constants,
     the reward's parts (N, K) read from `infos`, the teacher's (N, C) and the old policy's
-    log-probs."""
-    estimator = plan.estimator
-    assert estimator is not None, "GAE is the update's (grpo.trainer.update)"
-    given: dict[str, Any] = dict(plan.constants)
+    log-probs. (The critic's values only the update has: grpo.trainer.update.)"""
+    advantage = plan.advantage
+    estimator = advantage.estimator
+    given: dict[str, Any] = {}
     if "components" in estimator.needs:
         given["components"] = torch.as_tensor(reward_components(infos)[1])
     if "teacher" in estimator.needs:
         given |= {"teacher_logp": teacher, "student_logp": exp.old_logp,
                   "group_size": exp.group_size}  # fmt: skip
     if estimator.token_level:
-        token_adv = estimator.fn(exp.token_rewards, exp.mask, **given)
+        token_adv = advantage(exp.token_rewards, exp.mask, **given)
     else:
-        outcome = estimator.fn(exp.token_rewards.sum(dim=-1), exp.group_size, **given)
+        outcome = advantage(exp.token_rewards.sum(dim=-1), exp.group_size, **given)
         token_adv = broadcast_to_tokens(outcome, exp.mask)
     return token_adv.masked_fill(exp.no_loss_rows, 0.0)

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from grpo.config import Config
 from grpo.core.durable import train_state_dir
 from grpo.core.episode import EpisodeBatch
-from grpo.core.vocabulary import GAE
 from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.trainer_endpoint import Endpoint, SilentEndpoint, TrainerEndpoint
@@ -95,7 +94,9 @@ class Trainer:
             reference=reference_model(cfg, self.model_path, ds_config, policy.device)
             if "ref_logp" in scored_here
             else None,
-            critic=Critic(cfg, ds_config) if cfg.algo.advantage == GAE else None,
+            critic=Critic(cfg, ds_config)
+            if self.plan.update.advantage.estimator.needs_critic
+            else None,
             scored_here=scored_here,
         )
         self.run_dir = cfg.run_dir

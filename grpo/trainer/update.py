@@ -17,7 +17,6 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from grpo.algos import gae
 from grpo.plan import Objective, UpdatePlan
 from grpo.runtime.progress import ACTIVITY
 from grpo.trainer.critic import Critic
@@ -115,22 +114,16 @@ def finite_policy_loss(
     return loss, mask, metrics
 
 
-def gae_across_ranks(
-    rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE on this rank's episodes, whitened with the mean and variance of all ranks' tokens
-    (masked_whiten's convention: unbiased variance, eps inside the square root).
-
-    (B, C) each -> (advantages, returns). Each rank holds only its own values, so the batch
-    statistics of the whitening are summed across ranks."""
-    _, returns = gae(rewards, values, mask, gamma, lam)
-    raw = (returns - values) * mask  # (B, C) unwhitened advantages
+def whiten_across_ranks(raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, C) advantages of this rank's episodes, whitened with the mean and variance of all
+    ranks' tokens (masked_whiten's convention: unbiased variance, eps inside the square root):
+    each rank holds only its own critic values, so the statistics are summed across ranks."""
     n, total, square = sum_across_ranks(
         torch.stack([mask.sum(), raw.sum(), (raw.square() * mask).sum()]).double()
     ).tolist()
     mean = total / max(n, 1.0)
     var = max(square / max(n, 1.0) - mean**2, 0.0) * n / max(n - 1.0, 1.0)
-    return (raw - mean) / (var + 1e-8) ** 0.5 * mask, returns
+    return (raw - mean) / (var + 1e-8) ** 0.5 * mask
 
 
 def ppo_update(
@@ -141,14 +134,14 @@ def ppo_update(
     pad_id: int,
     train_policy: bool,
 ) -> dict[str, float]:
-    """PPO with a critic: values before the update, GAE, then the policy's update (unless the
-    critic is still warming up) and the critic's, as many passes and mini-batches as the
-    policy's."""
+    """PPO with a critic: values before the update, the estimator of them (GAE) whitened over
+    all ranks, then the policy's update (unless the critic is still warming up) and the
+    critic's, as many passes and mini-batches as the policy's."""
     old_values = critic.values(mine, pad_id)
-    adv, returns = gae_across_ranks(mine.token_rewards, mine.mask, old_values, plan.gamma,
-                                    plan.lam)  # fmt: skip
-    mine = replace(mine, advantages=adv.masked_fill(mine.no_loss_rows, 0.0), returns=returns,
-                   old_values=old_values)  # fmt: skip
+    raw = plan.advantage(mine.token_rewards, mine.mask, values=old_values)  # (B, C)
+    returns = (raw + old_values) * mine.mask  # the critic's targets
+    adv = whiten_across_ranks(raw, mine.mask).masked_fill(mine.no_loss_rows, 0.0)
+    mine = replace(mine, advantages=adv, returns=returns, old_values=old_values)
     metrics = train_on_batch(engine, mine, plan, pad_id) if train_policy else {}
     value_loss = partial(critic.micro_batch_loss, pad_id=pad_id)
     sums: dict[str, float] = {}

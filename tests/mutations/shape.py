@@ -7,6 +7,10 @@ from tests.mutations import Mutation
 
 LAYERS = "tests/test_layers.py"
 ABILITIES = "tests/test_engine_abilities.py"
+GAE_TEST = (
+    "tests/test_trainer_units.py::test_the_registered_gae_whitened_across_one_rank_equals_the_"
+    "pure_gae"
+)
 OBJECTIVE = (
     "tests/test_passes.py::test_the_objective_adds_its_kl_term_and_subtracts_its_entropy_bonus"
 )
@@ -137,5 +141,21 @@ MUTATIONS = (
             "tests/test_opd_service.py::test_requests_at_other_temperatures_gathered_together_"
             "each_get_their_own",
         ),
+    ),
+    Mutation(
+        name="gae_declares_no_critic",
+        item="44.1: GAE is a registered estimator whose declared inputs bring the critic",
+        path="grpo/algos/registry.py",
+        old='        return "values" in self.needs\n',
+        new="        return False\n",
+        tests=(GAE_TEST,),
+    ),
+    Mutation(
+        name="critic_estimator_run_without_the_critic",
+        item="44.1: an estimator of the critic's values runs in the update, not the experience",
+        path="grpo/trainer/experience.py",
+        old="    if not plan.advantage.estimator.needs_critic:",
+        new="    if True:",
+        tests=(GAE_TEST,),
     ),
 )
