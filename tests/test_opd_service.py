@@ -31,7 +31,7 @@ from grpo.scoring.teacher import (
 )
 from grpo.wire.codec import Message, decode, encode_message
 from tests.conftest import free_port, run_launch, transport_overrides
-from tests.test_reward_service import serving
+from tests.test_reward_service import at_once, serving
 
 RNG = np.random.default_rng(0)
 VOCAB = 1000  # ids drawn below this: within any tokenizer the tests use
@@ -72,22 +72,12 @@ def test_the_services_teacher_gives_the_in_process_teachers_log_probs(
     with serving(None, teacher=served_teacher, batch_wait_s=0.3) as server:
         clients = [RewardClient(server.addr, batch=3, timeout_s=30, sampler_id=f"s{i}")
                    for i in range(2)]  # fmt: skip
-        got: dict[int, list] = {}
-        threads = [
-            threading.Thread(target=lambda i=i, c=c: got.__setitem__(
-                i, RemoteTeacher(c, fingerprint).logprobs(prompts, completions, temperature)))
-            for i, c in enumerate(clients)
-        ]  # fmt: skip
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        for c in clients:
-            c.close()
+        got = at_once(clients, lambda i, c: RemoteTeacher(c, fingerprint).logprobs(
+            prompts, completions, temperature))  # fmt: skip
         assert server.counters.teacher_answers == 2 * len(completions)
         assert server.counters.teacher_calls < 6  # 6 requests, gathered
         assert server.counters.refused == 0
-    for logps in got.values():
+    for logps in got:
         assert [len(x) for x in logps] == [len(c) for c in completions]
         for a, b in zip(logps, want, strict=True):
             assert a.dtype == np.float32
@@ -107,22 +97,12 @@ def test_requests_at_other_temperatures_gathered_together_each_get_their_own(
     with serving(None, teacher=served_teacher, batch_wait_s=0.5) as server:
         clients = [RewardClient(server.addr, batch=3, timeout_s=30, sampler_id=f"s{i}")
                    for i in range(2)]  # fmt: skip
-        got: dict[float, list] = {}
-        threads = [
-            threading.Thread(target=lambda t=t, c=c: got.__setitem__(
-                t, RemoteTeacher(c, fingerprint).logprobs(prompts, completions, t)))
-            for t, c in zip(temperatures, clients, strict=True)
-        ]  # fmt: skip
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        for c in clients:
-            c.close()
+        got = at_once(clients, lambda i, c: RemoteTeacher(c, fingerprint).logprobs(
+            prompts, completions, temperatures[i]))  # fmt: skip
         assert server.counters.failures == 0 and server.counters.teacher_calls == 2
-    for temperature in temperatures:
+    for temperature, logps in zip(temperatures, got, strict=True):
         want = local.logprobs(prompts, completions, temperature)
-        for a, b in zip(got[temperature], want, strict=True):
+        for a, b in zip(logps, want, strict=True):
             np.testing.assert_allclose(a, b, atol=2e-5)
 
 

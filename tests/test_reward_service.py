@@ -9,8 +9,9 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import pytest
 import torch
@@ -25,6 +26,8 @@ from grpo.reward_service.protocol import Item
 from grpo.reward_service.server import RewardServer
 from grpo.wire.codec import Message, encode_message
 from tests.conftest import free_port
+
+T = TypeVar("T")
 
 ITEMS = [Item(f"What is {i} + {i}?", f"It is {2 * i}.", str(2 * i)) for i in range(6)]
 
@@ -290,22 +293,26 @@ class Picky:
         return [(float(len(it.answer)), {"length": len(it.answer)}) for it in items]
 
 
-def _score_at_once(addr: str, requests: list[list[Item]]) -> list[list[tuple[float, dict]]]:
-    """Each list of items from its own sampler, all sent within the service's gathering wait."""
-    clients = [RewardClient(addr, timeout_s=10, retries=0, sampler_id=f"s{i}") for i in
-               range(len(requests))]  # fmt: skip
-    got: dict[int, list] = {}
-    threads = [
-        threading.Thread(target=lambda i=i, c=c: got.__setitem__(i, c.score(requests[i])))
-        for i, c in enumerate(clients)
-    ]
+def at_once(clients: Sequence[RewardClient], ask: Callable[[int, RewardClient], T]) -> list[T]:
+    """`ask(i, client)` for each sampler's client in a thread of its own, all within the
+    service's gathering wait; the answers in the clients' order (the clients closed)."""
+    got: dict[int, T] = {}
+    threads = [threading.Thread(target=lambda i=i, c=c: got.__setitem__(i, ask(i, c)))
+               for i, c in enumerate(clients)]  # fmt: skip
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
     for c in clients:
         c.close()
-    return [got[i] for i in range(len(requests))]
+    return [got[i] for i in range(len(clients))]
+
+
+def _score_at_once(addr: str, requests: list[list[Item]]) -> list[list[tuple[float, dict]]]:
+    """Each list of items from its own sampler, all sent within the service's gathering wait."""
+    clients = [RewardClient(addr, timeout_s=10, retries=0, sampler_id=f"s{i}") for i in
+               range(len(requests))]  # fmt: skip
+    return at_once(clients, lambda i, c: c.score(requests[i]))
 
 
 def test_one_bad_request_fails_only_itself():
