@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from grpo.config.errors import ConfigError
-from grpo.config.fields import knob
+from grpo.config.fields import knob, require_signs
 from grpo.core.vocabulary import BANDED_MODES, AggMode, KlKind, parse_correction
 
 
@@ -122,9 +122,31 @@ class AlgoConfig:
         return {name: (float(b[0]), float(b[1])) for name, b in pairs.items()}
 
 
+def check_algo(algo: AlgoConfig) -> None:
+    require_signs("algo", algo, (), ("overlong_factor", "kl_loss_coef", "entropy_coef"))
+    for key in ("clip_low", "clip_high"):
+        value = getattr(algo, key)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"algo.{key} must be in [0, 1) or null, got {value!r}")
+    if algo.clip_c is not None and algo.clip_c <= 1:
+        raise ConfigError(f"algo.clip_c must be > 1 or null, got {algo.clip_c!r}")
+    if not 0 < algo.gamma <= 1 or not 0 <= algo.lam <= 1:
+        raise ConfigError(
+            f"algo.gamma must be in (0, 1] and algo.lam in [0, 1], got {algo.gamma!r}, {algo.lam!r}"
+        )
+    if algo.kl_reward_coef < 0 or algo.kl_target <= 0 or algo.kl_horizon <= 0:
+        raise ConfigError("algo.kl_reward_coef must be >= 0, kl_target and kl_horizon > 0")
+    if algo.kl_ctrl == "adaptive" and not (algo.kl_in_reward and algo.kl_reward_coef):
+        raise ConfigError(
+            "algo.kl_ctrl=adaptive adapts the in-reward KL coefficient: it needs "
+            "algo.kl_in_reward=true and algo.kl_reward_coef > 0"
+        )
+
+
 def check_correction(algo: AlgoConfig, engine_logprobs: bool) -> None:
     """algo.rollout_correction's parts, its threshold when it weights and the bands it names:
-    ConfigError, one line naming the key, for anything unusable (grpo.config.checks).
+    ConfigError, one line naming the key, for anything unusable (grpo.config.rules: it reads
+    the engine's abilities).
     `engine_logprobs`: whether the run's rollout engine reports its log-probs."""
     spec = algo.rollout_correction
     try:

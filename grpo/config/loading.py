@@ -16,9 +16,9 @@ from typing import Any, Literal
 import yaml
 
 from grpo.config.bounds import check_waits
-from grpo.config.checks import check_values
 from grpo.config.errors import ConfigError
 from grpo.config.passes import default_staleness
+from grpo.config.rules import check_values
 from grpo.config.sections import Config
 from grpo.core.paths import resolve_path
 

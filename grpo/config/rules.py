@@ -1,18 +1,96 @@
-"""The rules that read several sections of the config at once: checks across sections, and
-what a config resolves to where more than one section decides it. Above every section's module
-(which validates its own values and imports none of this), below the checks that run them."""
+"""The config's checks: each section's own (`check_<section>`, beside the section's class, which
+reads that section alone), then here the rules that read several sections at once, and what a
+config resolves to where more than one section decides it. Above every section's module, which
+imports none of this. (Every wait's bounds: grpo.config.bounds; names that pick an
+implementation, which need the registries: grpo.plan.)"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grpo.config.algo import check_algo, check_correction
+from grpo.config.data import check_rows
 from grpo.config.engines import BUILT_IN, abilities
 from grpo.config.errors import ConfigError
+from grpo.config.sampling import check_data, check_reward, check_reward_server, check_rollout
+from grpo.config.sections import check_eval
 from grpo.config.teacher import OPD, SERVICE
-from grpo.core.vocabulary import parse_correction
+from grpo.config.train import check_critic, check_train
+from grpo.config.transport import check_transport
+from grpo.config.weights import check_weights
+from grpo.core.vocabulary import GAE, parse_correction
 
 if TYPE_CHECKING:
     from grpo.config.sections import Config
+
+
+def check_values(cfg: Config) -> None:
+    """Refuse values that are well-typed but unusable, saying how to fix them (types and
+    unknown keys are grpo.config.loading's job): each section's own, then the rules across."""
+    check_data(cfg.data)
+    check_rows(cfg.rows)
+    check_reward(cfg.reward)
+    check_reward_server(cfg.reward_server)
+    check_rollout(cfg.rollout)
+    check_algo(cfg.algo)
+    check_train(cfg.train)
+    check_critic(cfg.critic)
+    check_eval(cfg.eval)
+    check_transport(cfg.transport)
+    _check_batch(cfg)
+    _check_delivery(cfg)
+    check_continuous(cfg)
+    # Continuous generation records every token's log-prob, whichever engine samples it.
+    logprobs = abilities(cfg.rollout.backend).reports_logprobs or cfg.rollout.mode == "continuous"
+    check_correction(cfg.algo, engine_logprobs=logprobs)
+    check_weights(cfg)
+    check_teacher(cfg)
+
+
+def _check_batch(cfg: Config) -> None:
+    """The batch, its answers and its split across the trainer's ranks."""
+    algo, r, t = cfg.algo, cfg.rollout, cfg.train
+    if not 0 <= algo.overlong_buffer <= r.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens="
+            f"{r.max_new_tokens}], got {algo.overlong_buffer}"
+        )
+    if algo.advantage == GAE and cfg.critic.warmup_steps >= t.total_steps:
+        raise ConfigError(
+            f"critic.warmup_steps ({cfg.critic.warmup_steps}) >= train.total_steps "
+            f"({t.total_steps}): the policy would never train"
+        )
+    batch_seqs = r.questions_per_step * r.group_size
+    mini = t.mini_batch_size
+    if mini and (mini < 0 or batch_seqs % mini or mini % cfg.world):
+        raise ConfigError(
+            f"train.mini_batch_size ({mini}) must divide the batch ({batch_seqs} sequences) and "
+            f"be a multiple of the trainer's ranks ({cfg.world}); 0 = the whole batch"
+        )
+    if r.questions_per_step % cfg.world:
+        raise ConfigError(
+            f"rollout.questions_per_step ({r.questions_per_step}) must be a multiple "
+            f"of the trainer's ranks, train.nnodes x train.num_ranks ({cfg.world}): each rank "
+            "trains on whole groups"
+        )
+
+
+def _check_delivery(cfg: Config) -> None:
+    """The sampler's spool against the trainer's acknowledgements; the reward service's address
+    against the transport's."""
+    r, t = cfg.rollout, cfg.train
+    # Batches are acknowledged when a training state is saved; until then they stay spooled.
+    unacked = (t.state_interval or t.total_steps) + t.max_staleness + 1
+    if r.spool_max_batches < unacked:
+        raise ConfigError(
+            f"rollout.spool_max_batches ({r.spool_max_batches}) must be at least "
+            f"train.state_interval + train.max_staleness + 1 = {unacked}, or the sampler would "
+            "wait for acknowledgements that only a state save sends: raise it or save the state "
+            "more often"
+        )
+    addr, tr = cfg.reward.service_addr, cfg.transport
+    if addr and addr in (tr.episodes_addr, tr.control_addr, tr.weights_addr):
+        raise ConfigError(f"reward.service_addr {addr} is a transport.* address too")
 
 
 def check_continuous(cfg: Config) -> None:

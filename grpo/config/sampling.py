@@ -3,10 +3,14 @@ rollout and its vLLM engine."""
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from typing import Literal
 
-from grpo.config.fields import knob, section
+from grpo.config.data import check_mixture
+from grpo.config.errors import ConfigError
+from grpo.config.fields import knob, require_gpu_list, require_signs, section
+from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
 
 
 @dataclass
@@ -222,3 +226,122 @@ class RolloutConfig:
         False, "DAPO: replace groups whose answers all score the same with new questions"
     )
     max_sampling_rounds: int = knob(3, "dynamic sampling: generation rounds per batch at most")
+
+
+def check_data(d: DataConfig) -> None:
+    require_signs("data", d, ("max_prompt_tokens",))
+    if d.reward and ":" not in d.reward:
+        raise ConfigError(f"data.reward must look like 'package.module:function', got {d.reward!r}")
+    check_mixture(d.mixture, d.task, d.train, d.test, d.reward)
+
+
+def check_rollout(r: RolloutConfig) -> None:
+    require_signs("rollout", r, ("questions_per_step", "group_size", "max_new_tokens",
+                                 "generation_batch_size", "max_sampling_rounds", "temperature",
+                                 "num_samplers", "spool_max_batches"))  # fmt: skip
+    v = r.vllm
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p!r}")
+    if r.group_size < 2:
+        raise ConfigError(
+            "rollout.group_size must be >= 2: group-normalised advantages need several answers"
+        )
+    if r.top_k < 0 or v.max_model_len < 0 or v.kv_cache_gib < 0:
+        raise ConfigError("rollout.top_k, rollout.vllm.max_model_len and kv_cache_gib must be >= 0")
+    if v.tensor_parallel_size < 1 or not 0 < v.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            "rollout.vllm.tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]"
+        )
+    if any(not s for s in r.stop):
+        raise ConfigError("rollout.stop holds an empty string, which would end every answer")
+    if not is_sampler_id(r.sampler_id):
+        raise ConfigError(f"rollout.sampler_id must be {SAMPLER_ID_RULE}, got {r.sampler_id!r:.80}")
+    if not 0 <= r.sampler_index < r.num_samplers:
+        raise ConfigError(
+            f"rollout.sampler_index must be in [0, rollout.num_samplers={r.num_samplers}), "
+            f"got {r.sampler_index}"
+        )
+    require_gpu_list("rollout.gpus", r.gpus)
+    if not 0 <= r.gpu_memory_fraction <= 1:
+        raise ConfigError(
+            f"rollout.gpu_memory_fraction must be in [0, 1] (0 = automatic), got "
+            f"{r.gpu_memory_fraction!r}"
+        )
+    _check_turns(r)
+
+
+def _check_turns(r: RolloutConfig) -> None:
+    if r.max_turns < 1 or r.max_turn_tokens < 0:
+        raise ConfigError(
+            f"rollout.max_turns must be >= 1 and rollout.max_turn_tokens >= 0, got "
+            f"{r.max_turns} and {r.max_turn_tokens}"
+        )
+    if r.max_turns > 1 and not r.tools:
+        raise ConfigError(
+            f"rollout.max_turns={r.max_turns} needs a tool to call between turns: set "
+            "rollout.tools (e.g. [calculator]), or max_turns 1"
+        )
+    if r.max_turns == 1 and r.tools:
+        raise ConfigError(
+            f"rollout.tools {r.tools} are called only between turns: set rollout.max_turns > 1, "
+            "or tools []"
+        )
+
+
+def check_reward(r: RewardConfig) -> None:
+    # Finite (as every float key, grpo.config.loading): an infinite limit is no limit, and one
+    # hung reward would stall the run again.
+    if r.timeout_s <= 0:
+        raise ConfigError(f"reward.timeout_s must be a finite number > 0, got {r.timeout_s!r}")
+    if r.workers < 1:
+        raise ConfigError(f"reward.workers must be >= 1, got {r.workers!r}")
+    if r.service_timeout_s <= 0:
+        raise ConfigError(
+            f"reward.service_timeout_s must be a finite number > 0, got {r.service_timeout_s!r}"
+        )
+    if r.service_retries < 0 or r.service_batch < 1:
+        raise ConfigError("reward.service_retries must be >= 0 and reward.service_batch >= 1")
+    if not 0.0 <= r.max_error_rate <= 1.0:
+        raise ConfigError(f"reward.max_error_rate must be in [0, 1], got {r.max_error_rate!r}")
+
+
+def check_reward_server(s: RewardServerConfig) -> None:
+    if s.backend in ("classifier", "judge") and not s.model:
+        raise ConfigError(f"reward_server.backend={s.backend} needs reward_server.model")
+    if len(s.score_range) != 2 or not s.score_range[0] < s.score_range[1]:
+        raise ConfigError(f"reward_server.score_range must be [low, high], got {s.score_range}")
+    if min(s.batch_size, s.max_batch, s.max_new_tokens, s.max_tokens) < 1 or s.batch_wait_ms < 0:
+        raise ConfigError(
+            "reward_server.batch_size, max_batch, max_new_tokens and max_tokens must be >= 1, "
+            "batch_wait_ms >= 0"
+        )
+    problem = judge_template_problem(s.template) if s.template else None
+    if problem:
+        raise ConfigError(f"reward_server.template: {problem}")
+
+
+JUDGE_FIELDS = ("prompt", "answer", "reference")
+
+
+def judge_template_problem(template: str) -> str | None:
+    """Why `template` cannot be the judge's instruction, or None. The judge fills it with
+    ``str.format(prompt=..., answer=..., reference=...)`` (grpo.reward_service.backends), so it
+    may name those three and nothing else; a literal brace is written twice."""
+    literal = "write a literal brace twice, as in \\boxed{{}}"
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        return f"{e}; {literal}"
+    for name in names:
+        if name not in JUDGE_FIELDS:
+            return (
+                f"'{{{name}}}' is not a placeholder: it may hold {{prompt}}, {{answer}} and "
+                f"{{reference}}; {literal}"
+            )
+    if "answer" not in names:
+        return "it has no {answer}: the judge would never see the answer"
+    try:
+        template.format(**dict.fromkeys(JUDGE_FIELDS, ""))
+    except (ValueError, KeyError, IndexError, AttributeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None

@@ -1,6 +1,7 @@
 """The config tree: one dataclass per section, every knob a field with a default and a one-line
 `help`. YAML files and `a.b=c` overrides only override (grpo.config.loading); the values are
-checked in grpo.config.checks when a Config is built.
+checked when a Config is built: each section's own by the check beside it, those that read
+several sections by grpo.config.rules.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from typing import Literal
 
 from grpo.config.algo import AlgoConfig
 from grpo.config.data import RowsConfig
-from grpo.config.fields import knob, section
+from grpo.config.errors import ConfigError
+from grpo.config.fields import knob, require_signs, section
 from grpo.config.sampling import DataConfig, RewardConfig, RewardServerConfig, RolloutConfig
 from grpo.config.teacher import TeacherConfig
+from grpo.config.train import CriticConfig, TrainConfig
+from grpo.config.transport import TransportConfig
 
 # Attention kernels that keep packed sequences apart without a square mask over the whole row.
 VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
@@ -51,104 +55,6 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
-    total_steps: int = knob(10, "optimizer steps (one received batch each)")
-    lr: float = knob(1e-6, "learning rate (AdamW)")
-    lr_warmup_steps: int = knob(
-        0, "optimizer steps over which the learning rate rises linearly from 0 to train.lr"
-    )
-    lr_schedule: Literal["constant", "linear", "cosine"] = knob(
-        "constant",
-        "after the warmup: constant, or decaying (linearly, or along a half cosine) to "
-        "train.lr_min_ratio x train.lr at the run's last optimizer step",
-    )
-    lr_min_ratio: float = knob(0.0, "the decaying schedules' last learning rate, as a share of lr")
-    weight_decay: float = knob(0.0, "AdamW weight decay")
-    max_grad_norm: float = knob(1.0, "gradient clipping norm")
-    micro_batch_size: int = knob(4, "sequences per forward/backward; the rest is accumulated")
-    max_tokens_per_micro_batch: int = knob(
-        0,
-        "fill each micro-batch up to this many computed tokens instead of micro_batch_size "
-        "sequences (0 = off; a longer sequence gets a micro-batch of its own)",
-    )
-    packing: Literal["auto", "packed", "padded"] = knob(
-        "auto",
-        "packed: a micro-batch's sequences back to back in one row, positions restarting, no "
-        "padding computed; padded: a rectangle. Same numbers. auto = packed with a "
-        "flash_attention kernel (varlen), padded otherwise: sdpa and eager compute the whole "
-        "packed row's square attention mask, which costs more than the padding saves",
-    )
-    mini_batch_size: int = knob(
-        0, "sequences per optimizer step, all ranks together; 0 = the whole received batch"
-    )
-    ppo_epochs: int = knob(
-        1, "passes over each received batch (each pass: one step per mini-batch)"
-    )
-    num_ranks: int = knob(
-        1, "trainer processes per node (one per GPU on GPU, CPU processes on CPU)"
-    )
-    nnodes: int = knob(
-        1, "nodes the trainer spans (torchrun's --nnodes); world = nnodes * num_ranks"
-    )
-    node_rank: int = knob(0, "this node's index among the trainer's nodes; node 0 hosts rank 0")
-    master_addr: str = knob(
-        "127.0.0.1", "address of trainer node 0, where the ranks meet (torchrun's --master_addr)"
-    )
-    gpus: list[int] = knob(
-        [],
-        "GPU indices (of those visible) the trainer's ranks use, one per rank; [] = the first "
-        "num_ranks (see docs/gpus.md)",
-    )
-    deepspeed_config: str = knob(
-        "configs/deepspeed/zero2.json",
-        "DeepSpeed JSON: zero2.json, zero3.json (parameters partitioned over the ranks), "
-        "zero2_offload.json / zero3_offload.json (CPU offload) in configs/deepspeed/; see "
-        "docs/gpus.md",
-    )
-    master_port: int = knob(29500, "port of the trainer ranks' rendezvous")
-    sync_interval: int = knob(1, "publish weights for the sampler every N steps")
-    max_staleness: int | None = knob(
-        None,
-        "batch k is sampled with version k - this (0 = on-policy, 1 = sampling overlaps "
-        "training); null = 1 where that is safe: the sampler scores the old log-probs with "
-        "the weights that sampled (logprobs_on: sampler), so the ratio corrects the lag; "
-        "else 0",
-    )
-    keep_versions: int = knob(3, "published weight versions kept on disk")
-    max_shard_size: str = knob(
-        "5GB",
-        "largest safetensors file of a published version (save_pretrained's max_shard_size, "
-        "e.g. 2GB, 500MB): a larger model is published as several files and an index",
-    )
-    state_interval: int = knob(
-        50,
-        "save the training state (model, optimizer, step, ledger) every N steps and at the end "
-        "(0 = at the end only); batches are acknowledged to the sampler once saved",
-    )
-    resume: Literal["never", "auto", "always"] = knob(
-        "never",
-        "continue from the run dir's training state and the sampler's spool: auto = if there "
-        "is one, always = it must exist (--resume); never = a new run",
-    )
-    seed: int = knob(0, "trainer seed")
-    logprobs_on: Literal["sampler", "trainer"] = knob(
-        "sampler",
-        "who computes the old-policy and reference log-probs: the sampler (HF "
-        "forwards next to the engine, with the weights that sampled) or the trainer ranks "
-        "(before the first update, with the current weights; the sampler then loads no HF "
-        "models)",
-    )
-
-
-@dataclass
-class CriticConfig:
-    model_path: str = knob("", "value model's base (a scalar head is added); '' = model.path")
-    lr: float = knob(1e-5, "critic learning rate")
-    value_clip: float = knob(0.2, "clip of the value change per update (PPO's clipped value loss)")
-    warmup_steps: int = knob(0, "first steps train only the critic (the policy waits)")
-
-
-@dataclass
 class EvalConfig:
     interval: int = knob(
         0,
@@ -165,6 +71,15 @@ class EvalConfig:
     k: list[int] = knob([], "the k of each pass@k reported (each <= eval.samples); [] = 1 and n")
 
 
+def check_eval(e: EvalConfig) -> None:
+    require_signs("eval", e, ("max_new_tokens",), ("interval", "num_questions", "samples"))
+    if e.k and not e.samples:
+        raise ConfigError("eval.k needs eval.samples > 0 (answers sampled per question)")
+    bad = [k for k in e.k if not 1 <= k <= e.samples]
+    if bad:
+        raise ConfigError(f"eval.k must be between 1 and eval.samples ({e.samples}), got {bad}")
+
+
 @dataclass
 class LoggingConfig:
     tensorboard: bool = knob(True, "TensorBoard event files in the run dir, next to metrics.jsonl")
@@ -177,57 +92,6 @@ class LoggingConfig:
         "answers of each step written as text to samples.jsonl (and to TensorBoard / W&B): the "
         "best and the worst by reward, the rest evenly between; `python -m grpo samples RUN_DIR` "
         "prints the newest; 0 = none",
-    )
-
-
-@dataclass
-class TransportConfig:
-    episodes_addr: str = knob(
-        "tcp://127.0.0.1:5555", "trainer binds, samplers connect: episode batches"
-    )
-    control_addr: str = knob(
-        "tcp://127.0.0.1:5556", "trainer binds, samplers connect: heartbeats, done, stop"
-    )
-    weights_addr: str = knob(
-        "",
-        "trainer binds, samplers fetch each new version over ZeroMQ (chunked, checksummed) into "
-        "their own output_dir: no shared filesystem needed; '' = samplers read the trainer's",
-    )
-    heartbeat_s: float = knob(2.0, "seconds between heartbeats")
-    peer_timeout_s: float = knob(120.0, "a silent peer for this long is taken for dead")
-    stall_timeout_s: float = knob(
-        600.0,
-        "a working phase (generating, scoring, rewarding, training, evaluating, ...) whose "
-        "progress counter has not moved for this long is a stall: the process stops, naming "
-        "the phase, and the trainer drops a stalled sampler; 0 = never",
-    )
-    startup_timeout_s: float = knob(900.0, "how long to wait for the peer's first message")
-    max_frame_bytes: int = knob(
-        1 << 30,
-        "larger messages are dropped; ZeroMQ refuses a larger message part before buffering it "
-        "(ZMQ_MAXMSGSIZE on every socket)",
-    )
-    receive_hwm: int = knob(
-        0,
-        "messages a receiving socket queues per connection before it stops reading from that "
-        "peer (whose sends then wait): with max_frame_bytes, what one peer can make this "
-        "process hold; 0 = 256 MiB / max_frame_bytes, between 2 and 1000 (2 at the default)",
-    )
-    max_version_bytes: int = knob(
-        1 << 40,
-        "a streamed weights version (transport.weights_addr) whose manifest lists more bytes, "
-        "in one file or in all, is refused before anything is written",
-    )
-    curve_dir: str = knob(
-        "",
-        "CURVE keys (python -m grpo keys DIR): authenticate and encrypt every connection, "
-        "refuse peers without an authorised key; '' = off (fine on loopback, not across nodes)",
-    )
-    allow_insecure: bool = knob(
-        False,
-        "bind a transport address beyond loopback without curve_dir (each such socket is "
-        "named in a warning); false = refuse to start: anyone who reaches the port could send "
-        "batches in a sampler's name or read the weights",
     )
 
 

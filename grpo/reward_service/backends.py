@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from grpo.config import Config
-from grpo.config.checks import judge_template_problem
+from grpo.config.sampling import judge_template_problem
 from grpo.core.registry import Registry
 from grpo.models.loading import load_causal_lm, load_tokenizer, resolve_model_path, torch_dtype
 from grpo.reward_service.protocol import Item

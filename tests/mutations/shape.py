@@ -21,7 +21,7 @@ MUTATIONS = (
         item="44.4: the error type lives in a leaf; a section never imports the checks",
         path="grpo/config/algo.py",
         old="from grpo.config.errors import ConfigError\n",
-        new="from grpo.config.checks import ConfigError\n",
+        new="from grpo.config.rules import ConfigError\n",
         tests=(f"{LAYERS}::test_no_module_imports_one_that_imports_it_back",),
     ),
     Mutation(
@@ -157,5 +157,13 @@ MUTATIONS = (
         old="    if not plan.advantage.estimator.needs_critic:",
         new="    if True:",
         tests=(GAE_TEST,),
+    ),
+    Mutation(
+        name="a_section_left_unchecked",
+        item="44.4: each section's own check runs when a Config is built",
+        path="grpo/config/rules.py",
+        old="    check_transport(cfg.transport)\n",
+        new="",
+        tests=("tests/test_config.py::test_errors_name_the_key",),
     ),
 )
