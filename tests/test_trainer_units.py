@@ -1,6 +1,8 @@
 """The trainer's pure parts: reward shaping and advantages over a whole batch, and the update's
 mini-batches and optimizer step (in a world of one rank)."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -219,3 +221,16 @@ def test_mask_truncated_takes_cut_answers_out_of_the_loss():
     off, _ = build_experience(batch, plan_experience(load_config(None, [])), 0.0)
     assert on.loss_mask.sum(dim=-1).tolist() == [2.0, 0.0]
     assert torch.equal(off.loss_mask, off.mask) and off.mask.sum(dim=-1).tolist() == [2.0, 8.0]
+
+
+def test_a_stage_of_the_step_is_timed_and_is_the_process_s_phase_meanwhile():
+    """The step's one instrumentation: a stage adds its wall time to the step's row and is
+    the phase the heartbeats report (and the stall check watches), then the phase before."""
+    from grpo.runtime.progress import ACTIVITY, TRAINING, WAITING, Stopwatch
+
+    seconds = Stopwatch()
+    ACTIVITY.enter(WAITING, "for a batch")
+    with seconds.stage("train_s", TRAINING, "step 3"):
+        assert ACTIVITY.snapshot().describe() == "training (step 3)"
+        time.sleep(0.01)
+    assert ACTIVITY.snapshot().phase == WAITING and seconds["train_s"] >= 0.01

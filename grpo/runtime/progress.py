@@ -139,7 +139,9 @@ class Watchdog:
 
 class Stopwatch(dict):
     """Seconds spent per named part of a step, in the order the parts ran:
-    `with seconds("train_s"): ...` adds that block's wall time to `seconds["train_s"]`."""
+    `with seconds("train_s"): ...` adds that block's wall time to `seconds["train_s"]`;
+    `with seconds.stage("train_s", TRAINING, "step 3"): ...` also puts this process in that
+    phase for the block (ACTIVITY: what its heartbeats report and the stall check watches)."""
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -148,6 +150,11 @@ class Stopwatch(dict):
             yield
         finally:
             self[name] = self.get(name, 0.0) + time.monotonic() - start
+
+    @contextmanager
+    def stage(self, name: str, phase: str, detail: str) -> Iterator[None]:
+        with self(name), ACTIVITY.during(phase, detail):
+            yield
 
 
 def terminal_bar(**kwargs: Any) -> Any:

@@ -11,7 +11,7 @@ import torch
 
 from grpo.core.episode import EpisodeBatch
 from grpo.plan import RunPlan
-from grpo.runtime.progress import ACTIVITY, SCORING, TRAINING, Stopwatch
+from grpo.runtime.progress import SCORING, TRAINING, Stopwatch
 from grpo.trainer.critic import Critic
 from grpo.trainer.experience import build_experience, token_version_metrics
 from grpo.trainer.ranks import average_across_ranks
@@ -77,14 +77,12 @@ def train_step(
 ) -> StepResult:
     """Every rank, on the same batch: score, build the experience, update on this rank's
     groups, adapt the KL coefficient (the same on every rank: they see the same batch)."""
-    with seconds("score_s"):
+    with seconds.stage("score_s", SCORING, f"step {step}"):
         if models.scored_here:
             policy = models.policy.module if "old_logp" in models.scored_here else None
-            with ACTIVITY.during(SCORING, f"step {step}"):
-                batch = score_on_ranks(policy, models.reference, batch, plan.scoring,
-                                       shard.groups, pad_id)  # fmt: skip
-    with seconds("train_s"):
-        ACTIVITY.enter(TRAINING, f"step {step}")
+            batch = score_on_ranks(policy, models.reference, batch, plan.scoring, shard.groups,
+                                   pad_id)  # fmt: skip
+    with seconds.stage("train_s", TRAINING, f"step {step}"):
         exp, numbers = build_experience(batch, plan.experience, kl_reward_coef)
         if exp.token_versions is not None:  # the weights this step trains are version step - 1
             numbers |= token_version_metrics(exp.token_versions, exp.mask, step - 1)

@@ -166,4 +166,15 @@ MUTATIONS = (
         new="",
         tests=("tests/test_config.py::test_errors_name_the_key",),
     ),
+    Mutation(
+        name="a_stage_untimed",
+        item="44.1: the step's stages are timed and reported through one instrumentation",
+        path="grpo/runtime/progress.py",
+        old="        with self(name), ACTIVITY.during(phase, detail):\n",
+        new="        with ACTIVITY.during(phase, detail):\n",
+        tests=(
+            "tests/test_trainer_units.py::test_a_stage_of_the_step_is_timed_and_is_the_process_"
+            "s_phase_meanwhile",
+        ),
+    ),
 )
