@@ -2,6 +2,7 @@
 mini-batches and optimizer step (in a world of one rank)."""
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -105,11 +106,10 @@ def test_kl_in_reward_is_charged_per_token_and_summed_for_outcome_estimators():
     cfg = load_config(
         None, ["algo.kl_in_reward=true", "algo.kl_reward_kind=k1", "algo.advantage=dr_grpo"]
     )
-    batch = _batch([1.0, 1.0], [2, 3])
+    first, second = _batch([1.0, 1.0], [2, 3]).episodes
     # old - ref per token (k1): episode 0 pays 0.5 twice, episode 1 pays nothing
-    eps = batch.episodes
-    eps[0].old_logp.flags.writeable = True
-    eps[0].old_logp[:] = 0.5
+    first = replace(first, old_logp=np.full(2, 0.5, np.float32))
+    batch = EpisodeBatch((first, second), 2, policy_version=0, seq=0)
     exp, metrics = build_experience(batch, plan_experience(cfg), kl_coef=0.2)
     # the score on the last token
     assert torch.allclose(exp.token_rewards[0, :2], torch.tensor([-0.1, 0.9]))
@@ -234,3 +234,21 @@ def test_a_stage_of_the_step_is_timed_and_is_the_process_s_phase_meanwhile():
         assert ACTIVITY.snapshot().describe() == "training (step 3)"
         time.sleep(0.01)
     assert ACTIVITY.snapshot().phase == WAITING and seconds["train_s"] >= 0.01
+
+
+def test_a_column_is_padded_as_each_answer_would_be():
+    """pad_answers turns a batch's column (the answers' arrays back to back) into (N, C) in
+    one scatter: the same as padding each answer, empty answers and every dtype included."""
+    from grpo.core.batching import pad_answers
+
+    answers = [np.array([0.5, -1.0, 2.0], np.float32), np.zeros(0, np.float32),
+               np.array([7.0], np.float32), np.array([1.5, 2.5], np.float32)]  # fmt: skip
+    lengths = np.array([len(a) for a in answers])
+    want = torch.zeros((4, 5))
+    for i, a in enumerate(answers):
+        want[i, : len(a)] = torch.from_numpy(a)
+    flat = np.concatenate(answers)
+    flat.setflags(write=False)  # as a received frame's view
+    assert torch.equal(pad_answers(flat, lengths, 5), want)
+    versions = pad_answers(flat.astype(np.int32), lengths, 5, torch.int64)
+    assert versions.dtype == torch.int64 and torch.equal(versions, want.long())

@@ -45,11 +45,19 @@ def length_mask(lengths: Sequence[int]) -> torch.Tensor:
     return (torch.arange(width)[None, :] < n[:, None]).float()
 
 
-def pad_right(arrays: Sequence[np.ndarray], width: int, fill: float = 0.0) -> torch.Tensor:
-    """Per-token float arrays (old/ref log-probs) as a (B, width) tensor aligned with the mask."""
-    out = torch.full((len(arrays), width), fill, dtype=torch.float32)
-    for i, a in enumerate(arrays):
-        out[i, : len(a)] = torch.as_tensor(np.asarray(a), dtype=torch.float32)
+def pad_answers(
+    flat: np.ndarray, lengths: np.ndarray, width: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A per-token column of a batch (every answer's array back to back, grpo.core.columns,
+    answer i holding lengths[i]) as a (B, width) tensor aligned with the mask, 0 on padding:
+    one scatter for the whole batch, no loop over its answers."""
+    lengths = np.asarray(lengths, np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+    out = torch.zeros((len(lengths), width), dtype=dtype)
+    # a copy: the column may be a read-only view of the received frame
+    out[torch.from_numpy(rows), torch.from_numpy(cols)] = torch.tensor(flat, dtype=dtype)
     return out
 
 

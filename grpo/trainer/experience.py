@@ -17,8 +17,8 @@ import torch
 
 from grpo.algos import broadcast_to_tokens, kl_penalty, masked_mean, token_level_rewards
 from grpo.algos.correction import logp_abs_diff, rollout_correction_weights, rollout_rejection
-from grpo.core.batching import length_mask, pad_right
-from grpo.core.episode import Episode, EpisodeBatch, reward_components
+from grpo.core.batching import length_mask, pad_answers
+from grpo.core.episode import EpisodeBatch, reward_components
 from grpo.plan import ExperiencePlan
 
 
@@ -108,16 +108,16 @@ def build_experience(
     Every rank builds the whole batch's experience, so group baselines and batch whitening see
     every group; each then trains on its own rows."""
     eps, c = batch.episodes, batch.columns
-    mask = length_mask([len(e.completion_ids) for e in eps])  # (N, C)
+    mask = length_mask(c.completion_len.tolist())  # (N, C)
     width = mask.shape[1]
+
+    def padded(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+        """An optional per-token column as (N, C), straight from the batch's columns."""
+        flat = getattr(c, name)
+        return None if flat is None else pad_answers(flat, c.completion_len, width, dtype)
+
     if c.loss_mask is not None:  # a tool's tokens are not the policy's actions
-        mask = mask * pad_right([e.loss_mask for e in eps], width)
-
-    def padded(name: str) -> torch.Tensor | None:  # an optional per-token array, as (N, C)
-        if getattr(c, name) is None:
-            return None
-        return pad_right([getattr(e, name) for e in eps], width)
-
+        mask = mask * padded("loss_mask")
     old, ref = padded("old_logp"), padded("ref_logp")
     rollout, teacher = padded("rollout_logp"), padded("teacher_logp")
     metrics: dict[str, Any] = {}
@@ -131,7 +131,7 @@ def build_experience(
             rewards = rewards - kl_coef * kl
     # DAPO: an answer cut at max_new_tokens says nothing about its ending
     loss_mask = mask.clone()
-    loss_mask[[plan.mask_truncated and e.finish_reason == "length" for e in eps]] = 0.0
+    loss_mask[[plan.mask_truncated and r == "length" for r in c.finish_reason]] = 0.0
     weights = None
     if rollout is not None and old is not None:
         # rollout_logp is already on the full vocabulary (grpo.scoring.score.score_for_training),
@@ -154,7 +154,7 @@ def build_experience(
         token_rewards=rewards,
         rollout_logp=rollout,
         weights=weights,
-        token_versions=None if c.token_versions is None else pad_versions(eps, width),
+        token_versions=padded("token_versions", torch.int64),
     )
     if teacher is not None and old is not None:
         # Minus OPD's advantage: the k1 estimate of KL(old || teacher) per token.
@@ -165,15 +165,6 @@ def build_experience(
         if teacher is not None:
             metrics["opd_advantage_mean"] = float(masked_mean(exp.advantages, exp.loss_mask))
     return exp, metrics
-
-
-def pad_versions(eps: Sequence[Episode], width: int) -> torch.Tensor:
-    """The episodes' token versions as an (N, width) int64 tensor, 0 on padding."""
-    out = torch.zeros((len(eps), width), dtype=torch.int64)
-    for i, e in enumerate(eps):
-        assert e.token_versions is not None
-        out[i, : len(e.token_versions)] = torch.as_tensor(e.token_versions, dtype=torch.int64)
-    return out
 
 
 @torch.no_grad()

@@ -177,4 +177,12 @@ MUTATIONS = (
             "s_phase_meanwhile",
         ),
     ),
+    Mutation(
+        name="columns_padded_into_the_wrong_rows",
+        item="44.3: a batch's columns become the trainer's (N, C) tensors in one scatter",
+        path="grpo/core/batching.py",
+        old="    rows = np.repeat(np.arange(len(lengths)), lengths)\n",
+        new="    rows = np.repeat(np.arange(len(lengths))[::-1], lengths)\n",
+        tests=("tests/test_trainer_units.py::test_a_column_is_padded_as_each_answer_would_be",),
+    ),
 )
