@@ -85,16 +85,15 @@ class Job(ABC):
 
 def answer(service: Replier, job: Job, pending: list[Request]) -> None:
     """Answer `pending` with `job` in one call; if it fails, each request again alone."""
-    t0 = time.monotonic()
+    t0, answers = time.monotonic(), sum(r.size for r in pending)
     try:
         results = job.call(pending)
-        if len(results) != sum(r.size for r in pending):
-            raise RuntimeError(f"{job.who} gave {len(results)} results for "
-                               f"{sum(r.size for r in pending)} answers")  # fmt: skip
+        if len(results) != answers:
+            raise RuntimeError(f"{job.who} gave {len(results)} results for {answers} answers")
     except Exception as e:
         if not isinstance(e, Split):
             service.counters.failures += 1
-            log.exception("%s failed on %d answers", job.who, sum(r.size for r in pending))
+            log.exception("%s failed on %d answers", job.who, answers)
         if len(pending) > 1:
             for r in pending:
                 answer(service, job, [r])
@@ -103,7 +102,7 @@ def answer(service: Replier, job: Job, pending: list[Request]) -> None:
             service.answer_error(pending[0].peer, pending[0].rid, reason)
         return
     service.counters.seconds += time.monotonic() - t0
-    job.count(service.counters, len(results))
+    job.count(service.counters, answers)
     service.send_each(pending, results, job.what, job.reply)
 
 

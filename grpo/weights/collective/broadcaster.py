@@ -121,11 +121,7 @@ class Broadcaster:
         wire.exchange_header(self.group, [wire.VERSION, image.version, body.size])
         wire.broadcast(self.group, body)
         for index in range(len(image.manifest.buckets)):
-            data = image.flats.get(index)  # the bucket's tensors back to back, as built
-            if data is None:
-                parts = [image.arrays[s.name].view(np.uint8)
-                         for s in image.manifest.bucket_specs(index)]  # fmt: skip
-                data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            data = image.bucket_bytes(index)
             if data.size:
                 wire.broadcast(self.group, np.ascontiguousarray(data))
         self.seconds[image.version] = time.monotonic() - t0

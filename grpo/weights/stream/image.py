@@ -58,6 +58,14 @@ class Image:
         buckets = plan_buckets([s.nbytes for s in specs], bucket_bytes)
         return cls(Manifest(version, tuple(specs), buckets, adapter), arrays, flats or {})
 
+    def bucket_bytes(self, index: int) -> np.ndarray:
+        """Bucket `index`'s tensors back to back, as uint8: its buffer where the image has one,
+        else the tensors joined (an image read from a file, or staged from deltas)."""
+        if (flat := self.flats.get(index)) is not None:
+            return flat
+        parts = [self.arrays[s.name].view(np.uint8) for s in self.manifest.bucket_specs(index)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
     def compatible(self, manifest: Manifest) -> bool:
         """Whether this image can be a delta base for `manifest`'s tensors: the same names,
         dtypes and shapes (a version of the same model)."""
@@ -80,7 +88,7 @@ def encode_image_bucket(
         tensors.append((spec.name, enc.kind, enc.parts))
         payload += enc.nbytes
     base_version = use_base.version if use_base is not None else FULL_COPY
-    whole = image.flats.get(index) if all(t[1] == deltas.FULL for t in tensors) else None
+    whole = image.bucket_bytes(index) if all(t[1] == deltas.FULL for t in tensors) else None
     return encode_bucket(image.version, base_version, index, tensors, whole), payload
 
 

@@ -10,22 +10,10 @@ import torch
 from grpo.weights.stream.frames import BITS, plan_buckets
 from grpo.weights.stream.image import Image
 
-# Each dtype as the signed integer of its width (grpo.weights.stream.frames.BITS), as torch
-# views it.
-_AS_BITS = {
-    torch.float64: torch.int64,
-    torch.float32: torch.int32,
-    torch.bfloat16: torch.int16,
-    torch.float16: torch.int16,
-    torch.int64: torch.int64,
-    torch.int32: torch.int32,
-    torch.int16: torch.int16,
-    torch.int8: torch.int8,
-    torch.uint8: torch.int8,
-    torch.bool: torch.int8,
-}
-_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in _AS_BITS}
-_BY_NAME = {name: dtype for dtype, name in _NAMES.items()}
+# The torch dtype of each dtype name a version may hold (grpo.weights.stream.frames.BITS: the
+# signed integer each travels as), and back.
+_BY_NAME = {name: getattr(torch, name) for name in BITS}
+_NAMES = {dtype: name for name, dtype in _BY_NAME.items()}
 
 
 def image_from_state(
