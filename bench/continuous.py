@@ -249,8 +249,8 @@ def _update_cost(tmp: Path, quick: bool) -> Result:
 
     from grpo.models.convert import ensure_embedded_base
     from grpo.models.loading import load_tokenizer
-    from grpo.rollout.continuous import Request
-    from grpo.rollout.hf_continuous import HFContinuous
+    from grpo.rollout.hf_slots import HFContinuous
+    from grpo.rollout.slots import Request
     from tests.tiny_model import build_tiny_model
 
     base = ensure_embedded_base()

@@ -28,7 +28,7 @@ from grpo.rollout.registry import check_engine_name
 from grpo.scoring.kernels import Truncation
 from grpo.tasks import get_task
 from grpo.tasks.mixture import mixture_task
-from grpo.tools import Toolbox, get_tool
+from grpo.tools import Toolbox
 
 # The keyword options the config gives a policy loss (None = the loss's own default).
 LOSS_OPTIONS = ("agg", "clip_low", "clip_high", "clip_c")
@@ -187,7 +187,7 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     if cfg.data.mixture:  # each entry's task and reward, looked up (ConfigError naming it)
         mixture_task(cfg)
     if cfg.rollout.tools:
-        _looked_up("rollout.tools", lambda names: Toolbox([get_tool(n) for n in names]),
+        _looked_up("rollout.tools", Toolbox.named,
                    cfg.rollout.tools)  # fmt: skip
     _check_trackers(cfg)
     advantage = plan_advantage(cfg)

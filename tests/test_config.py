@@ -327,6 +327,9 @@ def test_continuous_mode_is_checked():
     assert load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0"])
     with pytest.raises(ConfigError, match="rollout.slots=6 must be a multiple of group_size"):
         load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0", "rollout.slots=6"])
-    with pytest.raises(ConfigError, match="single-turn answers"):
+    # Tools under either pacing (grpo.rollout.tool_slots); DAPO's rounds lock-step only.
+    load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0",
+                       "rollout.max_turns=2", "rollout.tools=[calculator]"])  # fmt: skip
+    with pytest.raises(ConfigError, match="without dynamic_sampling"):
         load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0",
-                           "rollout.max_turns=2", "rollout.tools=[calculator]"])  # fmt: skip
+                           "rollout.dynamic_sampling=true"])  # fmt: skip

@@ -1,4 +1,4 @@
-"""The continuous sampler's batch cut (grpo.sampler.continuous): admission order, and the
+"""The continuous pacing's batch cut (grpo.sampler.pacing.Continuous): admission order, and the
 discards of several samplers with their lengths in the metrics. The engine and the batch maker
 are stand-ins that record what the cut asks of them; the real ones run in
 tests/test_continuous_runs.py."""
@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from grpo.config import load_config
-from grpo.rollout.continuous import Answer, Request
-from grpo.sampler.continuous import Admitted, ContinuousLoop
+from grpo.rollout.slots import Answer, Request
 from grpo.sampler.episodes import Group
+from grpo.sampler.generation import Admitted, GenerationLoop
+from grpo.sampler.pacing import Continuous
 from grpo.tasks.encoding import Prompt
 
 
@@ -52,16 +53,27 @@ def admitted(index: int, versions: list[list[int]], scored: bool = True) -> Admi
     return g
 
 
-def loop_with(groups: list[Admitted], *overrides: str) -> ContinuousLoop:
-    base = ["rollout.mode=continuous", "rollout.questions_per_step=2", "rollout.group_size=2"]
-    cfg = load_config(None, [*base, "train.max_staleness=0", *overrides])
-    loop = ContinuousLoop(cfg, shard=None, batches=Batches(), weights=None)  # type: ignore[arg-type]
-    loop.groups = groups
-    return loop
+class Cut:
+    """The pacing's cut on a loop holding `groups`."""
+
+    def __init__(self, groups: list[Admitted], *overrides: str):
+        base = ["rollout.mode=continuous", "rollout.questions_per_step=2", "rollout.group_size=2"]
+        cfg = load_config(None, [*base, "train.max_staleness=0", *overrides])
+        self.pacing = Continuous(cfg)
+        self.loop = GenerationLoop(cfg, None, Batches(), None, self.pacing)  # type: ignore[arg-type]
+        self.loop.groups = groups
+
+    @property
+    def groups(self) -> list[Admitted]:
+        return self.loop.groups
+
+    def cut(self, engine: Engine, seq: int, batch: int):
+        self.loop.seq = seq
+        return self.pacing.cut_at(self.loop, engine, batch)  # type: ignore[arg-type]
 
 
 def test_a_batch_is_its_first_groups_in_admission_order_once_they_are_all_scored():
-    loop = loop_with([admitted(0, [[3], [3]], scored=False), admitted(1, [[3], [3]]),
+    loop = Cut([admitted(0, [[3], [3]], scored=False), admitted(1, [[3], [3]]),
                       admitted(2, [[3], [3]])])  # fmt: skip
     engine = Engine()
     assert loop.cut(engine, seq=0, batch=3) is None  # group 0 still decoding holds its batch
@@ -76,7 +88,7 @@ def test_a_batch_is_its_first_groups_in_admission_order_once_they_are_all_scored
 def test_groups_past_their_bound_are_discarded_and_their_lengths_reported():
     """Several samplers: batch 5 needs version 5 (no lag); group 1's oldest token is version
     4, so it is dropped, group 2 takes its place, and the lengths of both kinds show."""
-    loop = loop_with([admitted(0, [[5, 5], [5]]), admitted(1, [[4, 5, 5, 5], [5, 5, 5]]),
+    loop = Cut([admitted(0, [[5, 5], [5]]), admitted(1, [[4, 5, 5, 5], [5, 5, 5]]),
                       admitted(2, [[5], [6]])], "rollout.num_samplers=2")  # fmt: skip
     _, questions, version, stats = loop.cut(Engine(), seq=0, batch=5)
     assert questions == [0, 2] and version == 5 and loop.groups == []
@@ -86,8 +98,6 @@ def test_groups_past_their_bound_are_discarded_and_their_lengths_reported():
 
 
 def test_without_exact_resume_a_cut_rebuilds_no_cache():
-    loop = loop_with(
-        [admitted(0, [[0], [0]]), admitted(1, [[0], [0]])], "rollout.exact_resume=false"
-    )
+    loop = Cut([admitted(0, [[0], [0]]), admitted(1, [[0], [0]])], "rollout.exact_resume=false")
     engine = Engine()
     assert loop.cut(engine, seq=0, batch=0) is not None and engine.rebuilds == 0

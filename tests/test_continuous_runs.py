@@ -101,7 +101,7 @@ def test_every_process_sigkilled_with_answers_in_flight_resumes_to_the_same_weig
 ):
     """Trainer and sampler SIGKILLed together after step 3, with answers in flight in the
     sampler's last saved cut; both restarted with --resume. The sampler restores its answers in
-    flight from that cut and decodes them on bit for bit (grpo.rollout.hf_continuous), so every
+    flight from that cut and decodes them on bit for bit (grpo.rollout.hf_slots), so every
     batch is trained exactly once and the run ends with the straight run's weights. With
     versions from the trainer's memory too (stream, collective): at a lag of 2 the resumed
     sampler asks for versions older than the newest, which the resumed trainer must still hold

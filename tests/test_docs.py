@@ -91,7 +91,7 @@ def test_the_reference_lists_every_key_and_the_loss_defaults():
         "| `gspo` | `grpo.algos.losses.clipped.gspo_policy_loss` | `seq-mean-token-mean` |" in page
     )
     assert "## Advantage estimators" in page and "| `gae` |" in page
-    assert "| `gsm8k` |" in page and "| `vllm` | `grpo.rollout.vllm:build` |" in page
+    assert "| `gsm8k` |" in page and "| `vllm` | `grpo.rollout.vllm_slots:build` |" in page
 
 
 def test_readme_opens_with_the_two_commands_and_stays_short():

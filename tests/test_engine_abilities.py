@@ -8,7 +8,7 @@ import pytest
 
 from grpo.config import ConfigError, load_config
 from grpo.config.engines import BUILT_IN, EngineAbilities, abilities
-from grpo.rollout.registry import CONTINUOUS, ENGINES
+from grpo.rollout.registry import ENGINES
 from grpo.runtime.placement import placement_for
 
 PLUGIN = "tests.plugins.toy_engine:build"
@@ -16,17 +16,25 @@ PLUGIN = "tests.plugins.toy_engine:build"
 
 def test_every_built_in_engine_has_its_abilities_declared_and_no_more():
     assert set(BUILT_IN) == set(ENGINES)
-    assert {name for name, a in BUILT_IN.items() if a.continuous} == set(CONTINUOUS)
-    assert abilities(PLUGIN) == EngineAbilities()  # an engine of your own: the defaults
+    # An engine of your own: what its factory declares, else the defaults.
+    assert abilities(PLUGIN) == EngineAbilities(reports_logprobs=True, continuous=True)
+    assert abilities("tests.plugins.toy_loss:reinforce") == EngineAbilities()
+    with pytest.raises(ConfigError, match="rollout.backend: could not import"):
+        abilities("no_such_module:build")
 
 
 def test_the_checks_ask_the_abilities():
-    # vLLM's answers carry their log-probs, so a correction is allowed; an own engine's not.
+    # vLLM's answers carry their log-probs, so a correction is allowed; an engine's of your
+    # own only when its factory declares them.
     load_config(None, ["rollout.backend=vllm", "algo.rollout_correction=icepop"])
+    load_config(None, [f"rollout.backend={PLUGIN}", "algo.rollout_correction=icepop"])
+    silent = "tests.plugins.toy_loss:reinforce"  # a callable that declares nothing
     with pytest.raises(ConfigError, match="needs the rollout engine's log-probs"):
-        load_config(None, [f"rollout.backend={PLUGIN}", "algo.rollout_correction=icepop"])
-    with pytest.raises(ConfigError, match="continuous runs the hf or vllm engine"):
-        load_config(None, [f"rollout.backend={PLUGIN}", "rollout.mode=continuous"])
+        load_config(None, [f"rollout.backend={silent}", "algo.rollout_correction=icepop"])
+    continuous = ["rollout.mode=continuous", "train.max_staleness=0"]
+    load_config(None, [f"rollout.backend={PLUGIN}", *continuous])
+    with pytest.raises(ConfigError, match="needs an engine written to slots"):
+        load_config(None, [f"rollout.backend={silent}", *continuous])
     stream = ["weights.mode=stream", "transport.weights_addr=tcp://127.0.0.1:5557",
               "model.lora.enabled=true"]  # fmt: skip
     load_config(None, [*stream, "rollout.backend=hf"])  # HF takes a streamed adapter

@@ -1,4 +1,4 @@
-"""The HF continuous engine (grpo.rollout.hf_continuous) on the tiny random model: answers
+"""The HF continuous engine (grpo.rollout.hf_slots) on the tiny random model: answers
 decoded in shared, refilled slots carry the log-probs a fresh forward gives them, a version
 change mid-answer shows in each token's version and log-prob, and a restored engine decodes on
 bit for bit."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from grpo.models.loading import load_causal_lm, load_tokenizer
-from grpo.rollout.continuous import Answer, Request
-from grpo.rollout.hf_continuous import HFContinuous, sample_rows, uniforms
+from grpo.rollout.hf_slots import HFContinuous, sample_rows, uniforms
+from grpo.rollout.slots import Answer, Request
 from grpo.scoring.kernels import Truncation, kept_log_mass
 
 T = 0.9

@@ -325,12 +325,14 @@ def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics():
     cfg = load_config(None, ["train.logprobs_on=trainer", "rollout.questions_per_step=2",
                              "rollout.group_size=3", "reward.workers=3"])  # fmt: skip
     prompts = [Prompt(i, {"q": i}, np.array([5, 6], dtype=np.int32)) for i in (7, 9)]
-    shard = SimpleNamespace(position=0, draw=lambda: prompts)
+    shard = SimpleNamespace(position=0)
     weights = SimpleNamespace(version=0, reload_s=0.0, stream_stats=dict)
+    gens = _Engine().generate([p.ids for p in prompts], SimpleNamespace(n=3))
 
     with RewardRunner(hangs_on_five, cfg.reward.workers, timeout_s=0.5) as runner:
         maker = BatchMaker(cfg, _Tokenizer(), runner, shard, weights)
-        batch = maker.make(0, _Engine())
+        groups = maker.score_groups(prompts, gens)
+        batch = maker.batch(0, groups, 0, {"gen_s": 1.0, "gen_tokens": 12.0})
     got = [(e.group_id, e.reward, e.reward_info) for e in batch.episodes]
     assert got == [
         (7, 0.1, {"correct": True, "formatted": True}),

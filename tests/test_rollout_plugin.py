@@ -10,50 +10,68 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from grpo.rollout.base import EngineContext, Sampling
+from grpo.config import load_config
+from grpo.rollout.base import EngineContext
 from grpo.rollout.registry import ENGINES, get_engine, register_engine
+from grpo.rollout.slots import Request
 from grpo.weights.version import Version
 
 TOY = "tests.plugins.toy_engine:build"
 
 
 def _toy_engine(stop_event: threading.Event | None = None):
-    # What the toy reads of a tokenizer; the rest of the context it ignores.
+    # What the toy reads of a tokenizer and the config; the rest of the context it ignores.
     tokenizer = SimpleNamespace(eos_token_id=2, vocab_size=1000, all_special_ids=[0, 1, 2])
+    cfg = load_config(None, ["rollout.questions_per_step=3", "rollout.group_size=4"])
 
     def no_policy():
         raise AssertionError("the toy engine samples without a model")
 
-    ctx = EngineContext(None, None, tokenizer, stop_event or threading.Event(), no_policy)
+    ctx = EngineContext(cfg, None, tokenizer, stop_event or threading.Event(), no_policy)
     return get_engine(TOY)(ctx)
 
 
-def test_toy_engine_built_by_name_answers_in_contiguous_groups():
-    engine = _toy_engine()
+def _requests(seed: int = 7) -> list[Request]:
     prompts = [np.arange(k + 3, dtype=np.int32) for k in range(3)]
-    gens = engine.generate(prompts, Sampling(n=4, max_new_tokens=8, seed=7))
-    assert len(gens) == 3 * 4
-    for i, g in enumerate(gens):
-        assert np.array_equal(g.prompt_ids, prompts[i // 4])  # prompt 0's answers first
+    return [Request(4 * k + j, prompts[k], seed + 4 * k + j, 8) for k in range(3) for j in range(4)]
+
+
+def _until_done(engine) -> list:
+    finished = []
+    while engine.in_flight():
+        finished += engine.step()
+    return finished
+
+
+def test_toy_engine_built_by_name_decodes_in_its_slots():
+    engine = _toy_engine()
+    assert engine.slots == 12 and engine.free_slots() == list(range(12))
+    answers = engine.admit(_requests())
+    assert [a.slot for a in answers] == list(range(12)) and engine.free_slots() == []
+    engine.weights_changed(3)
+    finished = _until_done(engine)
+    assert sorted(a.request.uid for a in finished) == list(range(12))
+    assert engine.free_slots() == list(range(12))
+    for a in answers:
+        g = a.generation()
         assert g.prompt_ids.dtype == g.completion_ids.dtype == np.int32
-        assert g.rollout_logp is not None and g.rollout_logp.dtype == np.float32
-        assert g.rollout_logp.shape == g.completion_ids.shape
-        assert np.allclose(g.rollout_logp, -np.log(64))
+        assert g.rollout_logp is not None and np.allclose(g.rollout_logp, -np.log(64))
+        assert list(g.token_versions) == [3] * len(g.completion_ids)
         assert 1 <= len(g.completion_ids) <= 8 and (g.completion_ids < 1000).all()
         if g.finish_reason == "stop":
             assert g.completion_ids[-1] == 2 and 2 not in g.completion_ids[:-1]
         else:
             assert g.finish_reason == "length" and len(g.completion_ids) == 8
             assert 2 not in g.completion_ids
-    assert {g.finish_reason for g in gens} == {"stop", "length"}
-    # Seeded: the same call gives the same answers.
-    again = engine.generate(prompts, Sampling(n=4, max_new_tokens=8, seed=7))
-    assert all(
-        np.array_equal(a.completion_ids, b.completion_ids) for a, b in zip(gens, again, strict=True)
-    )
+    assert {a.finish_reason for a in answers} == {"stop", "length"}
+    # Seeded per answer: the same requests give the same answers, in any company.
+    again = _toy_engine()
+    alone = again.admit(_requests()[5:6])
+    _until_done(again)
+    assert alone[0].tokens == answers[5].tokens
 
     engine.load(Version(3, False))
-    assert engine.version == 3
+    assert engine.loaded == [3]
     engine.close()
 
 
@@ -71,6 +89,6 @@ def test_an_engine_registered_under_a_short_name():
 def test_toy_engine_stops_when_told():
     stop = threading.Event()
     engine = _toy_engine(stop)
+    engine.admit(_requests()[:4])
     stop.set()
-    prompts = [np.arange(3, dtype=np.int32)] * 2
-    assert engine.generate(prompts, Sampling(n=2, max_new_tokens=4)) == []
+    assert engine.step() == [] and all(a.tokens == [] for a in engine.in_flight())

@@ -1,4 +1,4 @@
-"""Continuous generation on vLLM (grpo.rollout.vllm_continuous) against a real engine: slots
+"""Continuous generation on vLLM (grpo.rollout.vllm_slots) against a real engine: slots
 refilled as answers finish, a new version between two steps (both kv_on_update modes), and a
 restore of saved answers. One engine for the module (an engine start is the slow part on CPU);
 the measured differences are printed (pytest -s)."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo.models.loading import load_causal_lm, load_tokenizer
-from grpo.rollout.continuous import Answer, Request
+from grpo.rollout.slots import Answer, Request
 from grpo.scoring.score import score_pairs
 from grpo.weights.version import Version
 from tests.test_vllm import (
@@ -33,7 +33,7 @@ SLOTS, MAX_NEW = 4, 24
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    from grpo.rollout.vllm_continuous import VllmContinuous
+    from grpo.rollout.vllm_slots import VllmContinuous
 
     cfg = vllm_config(
         "rollout.mode=continuous",

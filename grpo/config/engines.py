@@ -1,13 +1,19 @@
 """What the config's checks know of each rollout engine: its abilities, declared once per
-built-in engine, and asked by the checks and the placement instead of the engine's name. An
-engine of your own (rollout.backend: package.module:build) has the defaults: it reports no
-log-probs, runs lock-step only, takes a LoRA adapter from memory, and spans one GPU.
-grpo.rollout.registry registers the same names with their factories."""
+built-in engine, and asked by the checks and the placement instead of the engine's name.
+grpo.rollout.registry registers the same names with their factories.
+
+An engine of your own (rollout.backend: package.module:build) declares its abilities on its
+factory, `build.abilities = EngineAbilities(...)` (tests/plugins/toy_engine.py); without that,
+or registered under a short name at run time, it has the defaults: it reports no log-probs,
+runs lock-step only, takes a LoRA adapter from memory, and spans one GPU."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from grpo.config.errors import ConfigError
+from grpo.core.registry import load_object
 
 if TYPE_CHECKING:
     from grpo.config.sampling import RolloutConfig
@@ -16,7 +22,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EngineAbilities:
     reports_logprobs: bool = False  # lock-step answers carry the log-prob each token had
-    continuous: bool = False  # has a slot engine for rollout.mode: continuous
+    # Written to slots (grpo.rollout.slots) for rollout.mode: continuous: takes weights between
+    # two decode steps.
+    continuous: bool = False
     adapters_in_memory: bool = True  # loads a LoRA adapter's tensors (streamed, broadcast)
     tensor_parallel: bool = False  # one engine spans rollout.vllm.tensor_parallel_size GPUs
 
@@ -35,5 +43,17 @@ BUILT_IN = {
 
 
 def abilities(backend: str) -> EngineAbilities:
-    """rollout.backend's abilities (the defaults for an engine of your own)."""
-    return BUILT_IN.get(backend, EngineAbilities())
+    """rollout.backend's abilities: a built-in engine's as declared here, an engine of your
+    own's as its factory declares them (see the module)."""
+    if backend in BUILT_IN:
+        return BUILT_IN[backend]
+    if ":" not in backend:
+        return EngineAbilities()  # a short name registered at run time (or a bad name)
+    try:
+        declared = getattr(load_object(backend, "rollout engine"), "abilities", EngineAbilities())
+    except ValueError as e:
+        raise ConfigError(f"rollout.backend: {e}") from None
+    if not isinstance(declared, EngineAbilities):
+        raise ConfigError(f"rollout.backend: {backend}'s abilities must be an EngineAbilities, "
+                          f"not {type(declared).__name__}")  # fmt: skip
+    return declared

@@ -100,12 +100,14 @@ def check_continuous(cfg: Config) -> None:
         return
     if not abilities(r.backend).continuous:
         able = [name for name, a in BUILT_IN.items() if a.continuous]
-        raise ConfigError(f"rollout.mode=continuous runs the {' or '.join(able)} engine, "
-                          f"not {r.backend!r}")  # fmt: skip
-    if r.max_turns > 1 or r.dynamic_sampling:
         raise ConfigError(
-            "rollout.mode=continuous takes single-turn answers without dynamic_sampling: "
-            "set rollout.max_turns=1 and rollout.dynamic_sampling=false"
+            f"rollout.mode=continuous needs an engine written to slots whose factory declares "
+            f"EngineAbilities(continuous=True) ({', '.join(able)}, or your own): not {r.backend!r}"
+        )
+    if r.dynamic_sampling:
+        raise ConfigError(
+            "rollout.mode=continuous cuts batches in admission order, without dynamic_sampling: "
+            "set rollout.dynamic_sampling=false"
         )
     if r.slots < 0 or r.slots % r.group_size:
         raise ConfigError(

@@ -1,9 +1,11 @@
-"""The rollout-engine interface: what the sampler needs from whatever generates the answers.
+"""What engines generate (Generation), how a call samples (Sampling), what a factory is given
+(EngineContext), and the engine that samples whole batches with one call (RolloutEngine).
 
-An engine is built by a factory from an :class:`EngineContext` and then only used through
-:class:`RolloutEngine`; the sampler never asks which engine it has. A new engine is one module
-with a factory, named in the config as `rollout.backend: package.module:factory` or registered
-under a short name (grpo.rollout.registry).
+The sampler drives every engine through slots (grpo.rollout.slots.SlotEngine); a
+RolloutEngine is put behind them (grpo.rollout.generate_slots), and evaluation calls its
+`generate` directly. A new engine is one module with a factory, named in the config as
+`rollout.backend: package.module:factory` or registered under a short name
+(grpo.rollout.registry).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+from grpo.tools import Toolbox
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +39,7 @@ class Generation:
     turns: int = 1  # model turns
     tool_calls: int = 0  # tool results appended
     tool_errors: int = 0  # of which errors
-    # Continuous generation (grpo.rollout.continuous): int32 (C,), the weights version that
+    # Continuous generation (grpo.rollout.slots): int32 (C,), the weights version that
     # sampled each token (an answer in flight across an update has two or more); None: all
     # of it was sampled with the batch's version.
     token_versions: np.ndarray | None = None
@@ -99,6 +103,15 @@ class EngineContext:
     # weights the sampler reloads, so its load has nothing to do.
     policy: Callable[[], torch.nn.Module]
 
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Where an engine written to slots ends a turn: rollout.stop, and with tools
+        (rollout.max_turns > 1) their closing tags, so that a turn ends with its call
+        (grpo.rollout.tool_slots)."""
+        r = self.cfg.rollout
+        tools = Toolbox.named(r.tools).stop_strings if r.max_turns > 1 else ()
+        return (*r.stop, *tools)
+
 
 class RolloutEngine(Protocol):
     stop_event: threading.Event  # set when the run is stopping
@@ -118,6 +131,3 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release what the engine holds (processes, GPU memory)."""
         ...
-
-
-EngineFactory = Callable[[EngineContext], RolloutEngine]

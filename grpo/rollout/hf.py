@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpo.core.batching import pad_pairs
-from grpo.rollout.base import EngineContext, Generation, Sampling
+from grpo.rollout.base import Generation, Sampling
 from grpo.runtime.progress import ACTIVITY
 from grpo.weights.version import Version
 
@@ -67,12 +67,6 @@ def _cut_at_stop(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if has_stop(mid) else (mid + 1, hi)
     return tokens[:lo], "stop"
-
-
-def build(ctx: EngineContext) -> HFRollout:
-    """rollout.backend: hf. Samples with the sampler's own policy, so a reload of the sampler's
-    weights is a reload of the engine's."""
-    return HFRollout(ctx.policy(), ctx.tokenizer, ctx.stop_event, cache=ctx.cfg.rollout.hf_cache)
 
 
 class HFRollout:

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grpo.rollout.base import Generation, RolloutEngine, Sampling
-from grpo.tools import Toolbox, get_tool
+from grpo.tools import Toolbox
 from grpo.weights.version import Version
 
 if TYPE_CHECKING:
     from grpo.config.sections import RolloutConfig
 
-# Turn t samples with seed + t * _TURN_SEED, far from the seeds of other batches (seed + k).
-_TURN_SEED = 9_999_991
+# Turn t samples with seed + t * TURN_SEED, far from the seeds of other batches (seed + k).
+TURN_SEED = 9_999_991
 
 
 def with_tools(engine: RolloutEngine, cfg: RolloutConfig, tokenizer: Any) -> RolloutEngine:
@@ -41,7 +41,7 @@ def with_tools(engine: RolloutEngine, cfg: RolloutConfig, tokenizer: Any) -> Rol
     multi-turn loop over it with the tools rollout.tools names."""
     if cfg.max_turns == 1:
         return engine
-    toolbox = Toolbox([get_tool(name) for name in cfg.tools])
+    toolbox = Toolbox.named(cfg.tools)
     return MultiTurnEngine(engine, tokenizer, toolbox, cfg.max_turns, cfg.max_turn_tokens)
 
 
@@ -51,6 +51,54 @@ def tool_info(gen: Generation) -> dict[str, int]:
     if gen.loss_mask is None:
         return {}
     return {"turns": gen.turns, "tool_calls": gen.tool_calls, "tool_errors": gen.tool_errors}
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """How a turn ends: the answer with `finish`, or a tool's result to append (`result_ids`,
+    `error` when the tool failed) and another turn."""
+
+    finish: str | None
+    result_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    error: bool = False
+
+
+@dataclass(frozen=True)
+class Turns:
+    """The rules of a multi-turn answer (see the module), the same whether an engine samples a
+    turn of every answer with one call (MultiTurnEngine) or answers in slots
+    (grpo.rollout.tool_slots)."""
+
+    tokenizer: Any
+    toolbox: Toolbox
+    max_turn_tokens: int = 0  # 0: what is left of the budget
+
+    def cap(self, length: int, budget: int) -> int:
+        """The next turn's cap, the answer holding `length` tokens of `budget` (>= 1: a tool's
+        result is appended only with room after it)."""
+        left = budget - length
+        return min(self.max_turn_tokens or left, left)
+
+    def after(
+        self, ids: np.ndarray, cut: bool, last: bool, length: int, stop: Sequence[str],
+        budget: int,
+    ) -> TurnEnd:  # fmt: skip
+        """A turn's end: `ids` its tokens, `cut` when its cap or the engine's ended it, `last`
+        when it was the last turn allowed, `length` the answer's tokens with it."""
+        if cut:
+            return TurnEnd("length")
+        # special tokens kept, as HF's stop-string search decodes them (grpo.rollout.hf)
+        text = self.tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+        call = self.toolbox.find_call(text, stop)
+        if call is None:  # EOS or a rollout.stop string: the answer is complete
+            return TurnEnd("stop")
+        if last:  # no turn left to read the result
+            return TurnEnd("length")
+        result = self.toolbox.run(call)
+        result_ids = self.tokenizer(result.text, add_special_tokens=False).input_ids
+        if length + len(result_ids) >= budget:
+            return TurnEnd("length")
+        return TurnEnd(None, np.asarray(result_ids, np.int32), result.error)
 
 
 @dataclass
@@ -113,10 +161,9 @@ class MultiTurnEngine:
             raise ValueError(f"need max_turns >= 1 and max_turn_tokens >= 0, got "
                              f"{max_turns}, {max_turn_tokens}")  # fmt: skip
         self.engine = engine
-        self.tokenizer = tokenizer
         self.toolbox = toolbox
         self.max_turns = max_turns
-        self.max_turn_tokens = max_turn_tokens
+        self.turns = Turns(tokenizer, toolbox, max_turn_tokens)
 
     @property
     def stop_event(self) -> threading.Event:
@@ -131,13 +178,13 @@ class MultiTurnEngine:
         answers = [_Answer(np.asarray(p, np.int32)) for p in prompts for _ in range(sampling.n)]
         active, contexts, copies = answers, list(prompts), sampling.n
         for turn in range(self.max_turns):
-            caps = [self._turn_cap(a, budget) for a in active]
+            caps = [self.turns.cap(a.length, budget) for a in active]
             # One call for every answer still going, with the largest cap among them: each is
             # then cut to its own. A cut keeps the distribution (sampling a prefix does not
             # depend on the cap) and saves a call per distinct cap.
             turn_sampling = replace(
                 sampling, n=copies, max_new_tokens=max(caps), stop=stops,
-                seed=sampling.seed + turn * _TURN_SEED,
+                seed=sampling.seed + turn * TURN_SEED,
             )  # fmt: skip
             gens = self.engine.generate(contexts, turn_sampling)
             if self.stop_event.is_set():
@@ -151,10 +198,6 @@ class MultiTurnEngine:
             contexts, copies = [a.context() for a in active], 1
         return [a.generation() for a in answers]
 
-    def _turn_cap(self, answer: _Answer, budget: int) -> int:
-        left = budget - answer.length  # >= 1: a tool result is appended only with room after it
-        return min(self.max_turn_tokens or left, left)
-
     def _take_turn(
         self, answer: _Answer, gen: Generation, cap: int, stop: Sequence[str], budget: int,
         last: bool,
@@ -164,26 +207,14 @@ class MultiTurnEngine:
         logp = None if gen.rollout_logp is None else gen.rollout_logp[:cap]
         answer.add(ids, True, logp)
         answer.turns += 1
-        if len(ids) < len(gen.completion_ids) or gen.finish_reason == "length":
-            answer.finish_reason = "length"
+        cut = len(ids) < len(gen.completion_ids) or gen.finish_reason == "length"
+        end = self.turns.after(ids, cut, last, answer.length, stop, budget)
+        if end.finish is not None:
+            answer.finish_reason = end.finish
             return
-        # special tokens kept, as HF's stop-string search decodes them (grpo.rollout.hf)
-        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
-        call = self.toolbox.find_call(text, stop)
-        if call is None:  # EOS or a rollout.stop string: the answer is complete
-            answer.finish_reason = "stop"
-            return
-        if last:  # no turn left to read the result
-            answer.finish_reason = "length"
-            return
-        result = self.toolbox.run(call)
-        result_ids = self.tokenizer(result.text, add_special_tokens=False).input_ids
-        if answer.length + len(result_ids) >= budget:
-            answer.finish_reason = "length"
-            return
-        answer.add(np.asarray(result_ids, np.int32), False, None)
+        answer.add(end.result_ids, False, None)
         answer.tool_calls += 1
-        answer.tool_errors += int(result.error)
+        answer.tool_errors += int(end.error)
 
     def load(self, version: Version) -> Any:
         return self.engine.load(version)

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from grpo.config import Config
 from grpo.models.loading import require_same_tensors
-from grpo.rollout.base import EngineContext, Generation, Sampling
+from grpo.rollout.base import Generation, Sampling
 from grpo.rollout.vllm_transfer import BACKEND as TRANSFER_BACKEND
 from grpo.rollout.vllm_transfer import memfd_path, update_request, write_memfd
 from grpo.runtime.lifetime import PARENT_ENV
@@ -101,11 +101,6 @@ def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), framework="numpy") as f:
             shapes.update((name, tuple(f.get_slice(name).get_shape())) for name in f.keys())  # noqa: SIM118
     return shapes
-
-
-def build(ctx: EngineContext) -> VllmRollout:
-    """rollout.backend: vllm. Its own engine processes, loaded from the initial weights."""
-    return VllmRollout(ctx.cfg, ctx.model_path, ctx.stop_event)
 
 
 class VllmRollout:

@@ -1,11 +1,11 @@
-"""Batches of episodes: G answers per question from the rollout engine, their rewards, DAPO's
-dynamic sampling, and the old-policy, reference, engine and teacher log-probs of every answer."""
+"""Batches of episodes: the groups the generation loop (grpo.sampler.generation) finished,
+their rewards, and the old-policy, reference, engine and teacher log-probs of every answer."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from grpo.config import Config
@@ -13,10 +13,10 @@ from grpo.config.passes import scored_by
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.models.loading import load_reference
 from grpo.observe.metrics import peak_memory_gib
-from grpo.rollout.base import Generation, RolloutEngine, Sampling
+from grpo.rollout.base import Generation, Sampling
 from grpo.rollout.multi_turn import tool_info
 from grpo.runtime.lifetime import restarts
-from grpo.runtime.progress import ACTIVITY, GENERATING, REWARDING, SCORING
+from grpo.runtime.progress import ACTIVITY, REWARDING, SCORING
 from grpo.sampler.data import Shard
 from grpo.sampler.teacher import teacher_scorer
 from grpo.sampler.weights import Weights
@@ -24,7 +24,6 @@ from grpo.scoring.kernels import Truncation
 from grpo.scoring.score import score_for_training
 from grpo.tasks import Row
 from grpo.tasks.encoding import Prompt
-from grpo.wire.channels import PeerError
 
 
 class AnswerScorer(Protocol):
@@ -49,16 +48,8 @@ class Group:
         return len({reward for reward, _ in self.scored}) == 1
 
 
-def raise_if_stopped(engine: RolloutEngine) -> None:
-    """generate() returns early when told to stop; its partial output must not be used.
-
-    The run's stop reason, when there is one, is the channel's: the loop reports that one."""
-    if engine.stop_event.is_set():
-        raise PeerError("stopped during generation")
-
-
 class BatchMaker:
-    """Makes batch `seq` from the shard's next questions with the sampler's current weights.
+    """Scores finished groups and makes a batch of them (the generation loop decides which).
 
     When the sampler computes the log-probs (train.logprobs_on: sampler), scores the answers
     with the HF policy and the reference model, each only if the run needs that pass
@@ -93,34 +84,6 @@ class BatchMaker:
                 service_client=getattr(rewards, "teacher_service", None),
             )  # fmt: skip
 
-    def make(self, seq: int, engine: RolloutEngine) -> EpisodeBatch:
-        cfg, Q = self.cfg.rollout, self.cfg.rollout.questions_per_step
-        t0, data_start = time.monotonic(), self.shard.position
-        kept, flat, rounds, n_tokens = [], [], 0, 0
-        # DAPO's dynamic sampling: a group whose answers all score the same has zero advantage
-        # and teaches nothing; sample more questions instead, up to max_sampling_rounds.
-        while len(kept) < Q and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
-            prompts = self.shard.draw()
-            ACTIVITY.enter(GENERATING, f"batch {seq}")
-            seed = self.sampling.seed + seq + rounds * 1_000_003  # per batch and round
-            groups = self.sample_groups(prompts, engine, seed)
-            rounds += 1
-            n_tokens += sum(g.sampled_tokens for group in groups for g in group.gens)
-            for g in groups:
-                (flat if cfg.dynamic_sampling and g.is_flat() else kept).append(g)
-        chosen = (kept + flat)[:Q]  # past the cap, flat groups fill the batch (zero advantage)
-        stats = {
-            "gen_s": time.monotonic() - t0,
-            "gen_tokens": float(n_tokens),
-            "sampling_rounds": float(rounds),
-            "groups_generated": float(len(kept) + len(flat)),
-            "flat_groups_dropped": float(len(flat) - sum(g in chosen for g in flat)),
-            "flat_groups_kept": float(sum(g in chosen for g in flat)),
-            # Which prompts of this sampler's shard the batch drew: [data_start, data_end).
-            "data_start": float(data_start),
-        }
-        return self.batch(seq, chosen, self.weights.version, stats)
-
     def batch(self, seq: int, groups: list[Group], version: int, stats: dict) -> EpisodeBatch:
         """Batch `seq` of these groups, sampled with `version` (their oldest), with the
         log-probs the sampler computes and the batch's metrics (`stats` from the caller: its
@@ -142,14 +105,6 @@ class BatchMaker:
         }
         group_size = self.cfg.rollout.group_size
         return EpisodeBatch(episodes, group_size, version, seq, self.cfg.rollout.sampler_id, stats)
-
-    def sample_groups(self, prompts: list[Prompt], engine: RolloutEngine, seed: int) -> list[Group]:
-        """G answers per prompt, decoded (a tool's results included) and scored, all of the
-        round's answers at once, each call within reward.timeout_s (grpo.tasks.runner); a
-        multi-turn answer's turns and tool calls go into its reward info."""
-        gens = engine.generate([p.ids for p in prompts], replace(self.sampling, seed=seed))
-        raise_if_stopped(engine)
-        return self.score_groups(prompts, gens)
 
     def score_groups(self, prompts: list[Prompt], gens: list[Generation]) -> list[Group]:
         """The groups of these answers (G per prompt, contiguous), decoded and scored."""

@@ -5,8 +5,10 @@ version it publishes in its heartbeats; before batch `seq` the sampler waits unt
 >= seq - max_staleness is out, reloads it from the run dir, and tags the batch with it.
 
 This module wires the parts together and runs them: the questions (grpo.sampler.data), the
-weights (.weights), the batches (.episodes) and their delivery to the trainer (the endpoint of
-grpo.delivery.sampler_endpoint); and it turns Ctrl-C / SIGTERM into a clean stop. Evaluation
+weights (.weights), the engine (grpo.rollout.registry.build_engine), the generation loop and
+its pacing (.generation, .pacing), the batches (.episodes) and their delivery to the trainer
+(the endpoint of grpo.delivery.sampler_endpoint); and it turns Ctrl-C / SIGTERM into a clean
+stop. Evaluation
 is the trainer's (grpo.eval.in_training): a sampler only generates.
 """
 
@@ -15,23 +17,21 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
 
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
-from grpo.core.staleness import required_version
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool
 from grpo.models.loading import load_tokenizer, resolve_model_path
 from grpo.observe.metrics import mean
-from grpo.rollout.base import EngineContext, RolloutEngine
-from grpo.rollout.continuous import ContinuousEngine
-from grpo.rollout.multi_turn import with_tools
-from grpo.rollout.registry import get_continuous_engine, get_engine
+from grpo.rollout.base import EngineContext
+from grpo.rollout.registry import build_engine
+from grpo.rollout.slots import SlotEngine
 from grpo.runtime.progress import terminal_bar
-from grpo.sampler.continuous import ContinuousLoop, clear_states, save_state
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
+from grpo.sampler.generation import GenerationLoop, RunView
+from grpo.sampler.pacing import pacing_for
 from grpo.sampler.rewards import SamplerRewards
 from grpo.sampler.weights import Weights, expected_batch
 from grpo.tasks import task_for
@@ -58,11 +58,11 @@ class Sampler:
         self.next_seq = self.shard.resume(self.spool)
         self.weights = Weights(cfg, model_path)
         self.batches = BatchMaker(cfg, tokenizer, self.rewards, self.shard, self.weights)
-        self.engine: RolloutEngine | None = None
-        self.continuous: ContinuousLoop | None = None  # rollout.mode: continuous
-        if cfg.rollout.mode == "continuous":
-            self.continuous = ContinuousLoop(cfg, self.shard, self.batches, self.weights)
-            self.continuous.load(self.spool.dir, self.next_seq)
+        self.engine: SlotEngine | None = None
+        self.pacing = pacing_for(cfg)
+        self.generation = GenerationLoop(cfg, self.shard, self.batches, self.weights, self.pacing)
+        self.generation.seq = self.next_seq
+        self.pacing.resume(self.generation, self.spool.dir)
 
     # ------------------------------------------------------------------ run
 
@@ -92,8 +92,7 @@ class Sampler:
             raise
         if endpoint.status.done:
             endpoint.finish()
-            if self.continuous is not None:
-                clear_states(self.spool.dir)
+            self.pacing.finish(self.spool.dir)
             log.info("sampler done: batches 0 to %d sent", self.next_seq - 1)
             endpoint.close()
             return 0
@@ -103,10 +102,8 @@ class Sampler:
         log.error("sampler stopping: %s", reason)
         return 130 if signalled.is_set() else 1
 
-    def make_engine(self, stop_event: threading.Event) -> RolloutEngine | ContinuousEngine:
-        """The engine rollout.backend names, whichever it is, built from the sampler's parts;
-        with rollout.max_turns > 1, under the multi-turn loop with the run's tools; with
-        rollout.mode: continuous, its continuous engine (which loads versions as the other)."""
+    def make_engine(self, stop_event: threading.Event) -> SlotEngine:
+        """The engine rollout.backend names, built from the sampler's parts."""
         context = EngineContext(
             self.cfg,
             self.weights.model_path,
@@ -114,33 +111,31 @@ class Sampler:
             stop_event,
             policy=self.weights.hf_policy,
         )
-        if self.continuous is not None:
-            return get_continuous_engine(self.cfg.rollout.backend)(context)
-        engine = get_engine(self.cfg.rollout.backend)(context)
-        return with_tools(engine, self.cfg.rollout, self.tokenizer)
+        return build_engine(context)
 
     def expected_batch(self, status: TrainerStatus) -> int:
         """The run's batch number the next batch of this sampler is expected to be."""
         sid = self.cfg.rollout.sampler_id
         return expected_batch(status.trained, sid, self.next_seq, status.alive)
 
-    def version_needed(self, status: TrainerStatus) -> int:
-        """The oldest version the next batch may be sampled with (train.max_staleness)."""
-        t = self.cfg.train
-        return required_version(self.expected_batch(status), t.max_staleness, t.sync_interval)
-
-    def loop(self, engine: RolloutEngine, endpoint: SamplerEndpoint) -> None:
+    def loop(self, engine: SlotEngine, endpoint: SamplerEndpoint) -> None:
         """Batches while the run needs more, then wait for the trainer's done. The samplers are
         a pool: none has a quota, each makes the batches the trainer is expected to train next
         (see expected_batch), so when one dies the others make its share."""
-        cfg, weights = self.cfg, self.weights
-        status, total = endpoint.status, cfg.train.total_steps
+        cfg, status, total = self.cfg, endpoint.status, self.cfg.train.total_steps
+        Q = cfg.rollout.questions_per_step
         endpoint.wait_for_trainer()
         # launch.sh turns it off (TQDM_DISABLE=1) when the trainer's bar shares the terminal.
         alone = cfg.rollout.num_samplers == 1
         bar = terminal_bar(total=total if alone else None, initial=self.next_seq, desc="sample")
 
         def send(batch: EpisodeBatch) -> None:
+            """Spool and send; a resume's state goes first, so a resume finds the one that
+            goes with the last batch spooled."""
+            endpoint.wait_for_room()
+            if endpoint.stopped.is_set():
+                raise PeerError("stopped")
+            self.pacing.save(self.generation, self.spool.dir)
             self.next_seq = batch.seq + 1
             endpoint.send(batch, self.shard.state(self.next_seq))
             log.info(
@@ -154,49 +149,20 @@ class Sampler:
             bar.set_postfix(version=batch.policy_version, tokens_per_s=tokens_per_s)
             bar.update()
 
+        run = RunView(
+            next_batch=lambda: (self.expected_batch(status), status.alive),
+            groups_wanted=lambda: max(total - self.expected_batch(status), 0) * Q,
+            wait_for_room=endpoint.wait_for_room,
+            send=send,
+            stopped=endpoint.stopped.is_set,
+        )
         # Bounded waits: the endpoint sets `stopped` on done, stop, or a lost trainer.
         while not endpoint.stopped.is_set():
             if self.expected_batch(status) >= total:  # enough on the way: wait (and see)
                 endpoint.wait_until(lambda: self.expected_batch(status) < total, "the run's end")
                 continue
-            if self.continuous is not None:
-                self.run_continuous(engine, endpoint, send)
-                continue
-            weights.wait_for_version(lambda: self.version_needed(status))
-            endpoint.wait_for_room()
-            if endpoint.stopped.is_set():
-                break
-            send(self.batches.make(self.next_seq, engine))
+            self.generation.run(engine, run, self.next_seq)
         bar.close()
-
-    def run_continuous(
-        self,
-        engine: ContinuousEngine,
-        endpoint: SamplerEndpoint,
-        send: Callable[[EpisodeBatch], None],
-    ) -> None:
-        """rollout.mode: continuous (grpo.sampler.continuous) until the run needs no more
-        groups from this sampler or it stops. Each batch's state is written before the batch
-        is spooled, so a resume finds the one that goes with the last batch spooled."""
-        assert self.continuous is not None
-        loop, status = self.continuous, endpoint.status
-        total, Q = self.cfg.train.total_steps, self.cfg.rollout.questions_per_step
-
-        def cut(batch: EpisodeBatch) -> None:
-            endpoint.wait_for_room()
-            if endpoint.stopped.is_set():
-                raise PeerError("stopped")
-            save_state(loop, self.spool.dir, batch.seq)
-            send(batch)
-
-        loop.run(
-            engine,
-            next_batch=lambda: (self.expected_batch(status), status.alive),
-            groups_wanted=lambda: max(total - self.expected_batch(status), 0) * Q,
-            send=cut,
-            stopped=endpoint.stopped.is_set,
-            seq=self.next_seq,
-        )
 
 
 def _stop_on_signals(endpoint: SamplerEndpoint) -> threading.Event:

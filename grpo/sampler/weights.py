@@ -13,7 +13,7 @@ import torch
 from grpo.config import Config
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
 from grpo.models.loading import adapter_state, apply_lora, copy_state, load_causal_lm
-from grpo.rollout.base import RolloutEngine
+from grpo.rollout.slots import SlotEngine
 from grpo.runtime.placement import sampler_memory_fraction
 from grpo.weights.modes import mode_of
 from grpo.weights.modes.base import Receiver, SamplerLink, Unavailable
@@ -66,7 +66,7 @@ class Weights:
         self.model_path = model_path
         self.device = hf_device(cfg)
         self.policy: torch.nn.Module | None = None
-        self.engine: RolloutEngine | None = None
+        self.engine: SlotEngine | None = None
         self.endpoint: SamplerEndpoint | None = None
         self.version = 0
         self.reload_s = 0.0
@@ -87,7 +87,7 @@ class Weights:
             self.policy = policy.to(self.device)
         return self.policy
 
-    def connect(self, endpoint: SamplerEndpoint, engine: RolloutEngine) -> None:
+    def connect(self, endpoint: SamplerEndpoint, engine: SlotEngine) -> None:
         """From now on, wait for versions from `endpoint`'s trainer, received the way
         weights.mode says (grpo.weights.modes), and load them into `engine`."""
         self.endpoint, self.engine = endpoint, engine

@@ -91,6 +91,11 @@ class Toolbox:
         self.tools = tuple(tools)
         self._by_close = {t.close_tag: t for t in tools}
 
+    @classmethod
+    def named(cls, names: Sequence[str]) -> Toolbox:
+        """The toolbox of these registered names or `package.module:NAME` specs (rollout.tools)."""
+        return cls([get_tool(name) for name in names])
+
     @property
     def stop_strings(self) -> tuple[str, ...]:
         return tuple(self._by_close)

@@ -15,7 +15,7 @@ MUTATIONS = (
     Mutation(
         name="continuous_engine_samples_frozen_weights",
         item="41.1: the weights that sampled each token are the version its stamp names",
-        path="grpo/rollout/hf_continuous.py",
+        path="grpo/rollout/hf_slots.py",
         old="        ctx.policy(),\n",
         new='        __import__("copy").deepcopy(ctx.policy()),\n',
         tests=(LAG0, LAG2),
@@ -23,10 +23,9 @@ MUTATIONS = (
     Mutation(
         name="continuous_slots_refill_in_waves",
         item="41.1: slots refill as they free up, not when the engine is empty",
-        path="grpo/sampler/continuous.py",
-        old="        while len(engine.free_slots()) >= G and len(self.groups) < wanted:\n",
-        new="        wave = not engine.in_flight()\n"
-        "        while wave and len(engine.free_slots()) >= G and len(self.groups) < wanted:\n",
+        path="grpo/sampler/pacing.py",
+        old="        wanted = run.groups_wanted()\n",
+        new="        wanted = 0 if engine.in_flight() else run.groups_wanted()\n",
         tests=(LAG2,),
     ),
     Mutation(

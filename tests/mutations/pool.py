@@ -104,7 +104,7 @@ MUTATIONS = (
     Mutation(
         name="vllm_restart_drops_answers_in_flight",
         item="43.4: an engine restart in continuous vLLM keeps the answers in flight",
-        path="grpo/rollout/vllm_continuous.py",
+        path="grpo/rollout/vllm_slots.py",
         old="        super()._restart(vdir)\n        self.restore(answers)\n",
         new="        super()._restart(vdir)\n",
         tests=(

@@ -7,6 +7,7 @@ from tests.mutations import Mutation
 
 LAYERS = "tests/test_layers.py"
 ABILITIES = "tests/test_engine_abilities.py"
+LOOP = "tests/test_generation_loop.py"
 GAE_TEST = (
     "tests/test_trainer_units.py::test_the_registered_gae_whitened_across_one_rank_equals_the_"
     "pure_gae"
@@ -184,5 +185,51 @@ MUTATIONS = (
         old="    rows = np.repeat(np.arange(len(lengths)), lengths)\n",
         new="    rows = np.repeat(np.arange(len(lengths))[::-1], lengths)\n",
         tests=("tests/test_trainer_units.py::test_a_column_is_padded_as_each_answer_would_be",),
+    ),
+    Mutation(
+        name="lock_step_seeds_a_round_once",
+        item="44.2: under lock-step a slot engine samples each answer from its own seed",
+        path="grpo/sampler/pacing.py",
+        old="            loop.start_group(engine, lambda uid: round_seed(seed, uid - first))\n",
+        new="            loop.start_group(engine, lambda uid: seed)\n",
+        tests=(f"{LOOP}::test_a_slot_engine_of_your_own_runs_both_pacings[lockstep]",),
+    ),
+    Mutation(
+        name="continuous_pacing_loads_only_between_batches",
+        item="44.2: continuous pacing loads the next version under the answers in flight",
+        path="grpo/sampler/pacing.py",
+        old="        batch = run.next_batch()[0] - 1 + self.ahead\n",
+        new="        batch = run.next_batch()[0] - 1\n",
+        tests=(f"{LOOP}::test_a_slot_engine_of_your_own_runs_both_pacings[continuous]",),
+    ),
+    Mutation(
+        name="a_plugin_engine_s_abilities_ignored",
+        item="44.2: the config's checks ask what an engine's factory declares, never its name",
+        path="grpo/config/engines.py",
+        old='    if ":" not in backend:\n',
+        new="    if True:\n",
+        tests=(f"{ABILITIES}::test_the_checks_ask_the_abilities",),
+    ),
+    Mutation(
+        name="a_tool_call_ends_a_slot_answer",
+        item="44.2: tools work under both pacings: a slot answer's next turn follows the result",
+        path="grpo/rollout/tool_slots.py",
+        old="        if going:\n",
+        new="        if False:\n",
+        tests=(
+            "tests/test_tool_slots.py::test_the_same_answers_as_the_whole_batch_loop[full]",
+            f"{LOOP}::test_tools_under_both_pacings[build_slots-continuous]",
+        ),
+    ),
+    Mutation(
+        name="a_resumed_slot_answer_restarts_its_turn",
+        item="44.2: a resumed multi-turn answer goes on from its current turn",
+        path="grpo/rollout/tool_slots.py",
+        old="len(answer.mask) - answer.mask[::-1].index(0) if 0 in answer.mask else 0",
+        new="0",
+        tests=(
+            "tests/test_tool_slots.py::test_a_resume_mid_answer_goes_on_as_the_answer_that_was_"
+            "not_interrupted",
+        ),
     ),
 )

@@ -18,7 +18,8 @@ HANG_AT = "GRPO_TEST_HANG_AT"
 
 
 def build(ctx: EngineContext) -> HangingEngine:
-    return HangingEngine(hf.build(ctx))
+    cache = ctx.cfg.rollout.hf_cache
+    return HangingEngine(hf.HFRollout(ctx.policy(), ctx.tokenizer, ctx.stop_event, cache=cache))
 
 
 class HangingEngine:

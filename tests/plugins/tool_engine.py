@@ -18,7 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grpo.config.engines import EngineAbilities
 from grpo.rollout.base import EngineContext, Generation, Sampling
+from grpo.rollout.slots import Answer, Request, SlotTable
 from grpo.tools import RESULT_CLOSE, RESULT_OPEN
 from grpo.weights.version import Version
 
@@ -76,3 +78,55 @@ class ToolEngine:
 
     def close(self) -> None:
         """Nothing held."""
+
+
+def build_slots(ctx: EngineContext) -> ToolSlotEngine:
+    """The same script written to slots: `rollout.backend: tests.plugins.tool_engine:build_slots`
+    runs it under both pacings, its turns under the slots' multi-turn loop
+    (grpo.rollout.tool_slots)."""
+    r = ctx.cfg.rollout
+    slots = r.slots or r.questions_per_step * r.group_size
+    return ToolSlotEngine(ctx.tokenizer, slots, ctx.stop_strings, ctx.stop_event)
+
+
+build_slots.abilities = EngineAbilities(reports_logprobs=True, continuous=True)  # type: ignore[attr-defined]
+
+
+class ToolSlotEngine(ToolEngine, SlotTable):
+    """Each step samples a whole turn of every answer in flight: answer j's script is chosen by
+    its seed (j = seed % 3), so a group's answers differ as ToolEngine's n answers do."""
+
+    def __init__(self, tokenizer, slots: int, stop: tuple[str, ...], stop_event=None):
+        super().__init__(tokenizer, stop_event)
+        # A turn ends at the closing tag only because the loop asks for it as a stop string.
+        assert "</calc>" in stop, f"the calculator's closing tag is not a stop string: {stop}"
+        SlotTable.__init__(self, slots)
+        self.version = 0
+        self.requests: list[Request] = []  # every turn admitted: for the tests
+
+    def admit(self, requests: list[Request]) -> list[Answer]:
+        self.requests += requests
+        return self.seat(requests)
+
+    def step(self) -> list[Answer]:
+        finished = self.in_flight()
+        for a in finished:
+            ids, reason = self.answer(a.request.prompt_ids, a.request.seed % len(CALLS))
+            cap = a.request.max_new_tokens
+            if len(ids) > cap:
+                ids, reason = ids[:cap], "length"
+            a.tokens += [int(t) for t in ids]
+            a.logps += [LOGP] * len(ids)
+            a.versions += [self.version] * len(ids)
+            a.finish_reason = reason
+            self.release(a.slot)
+        return finished
+
+    def weights_changed(self, version: int) -> None:
+        self.version = version
+
+    def rebuild_cache(self) -> None:
+        """No cache."""
+
+    def restore(self, answers: list[Answer]) -> None:
+        self.reseat(answers)

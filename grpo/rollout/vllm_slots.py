@@ -58,7 +58,7 @@ from pathlib import Path
 
 from grpo.config import Config
 from grpo.rollout.base import EngineContext
-from grpo.rollout.continuous import Answer, Request
+from grpo.rollout.slots import Answer, Request, SlotTable
 from grpo.rollout.vllm import VllmRollout
 from grpo.runtime.progress import ACTIVITY
 
@@ -67,9 +67,12 @@ log = logging.getLogger("grpo.vllm")
 _IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
-def build_continuous(ctx: EngineContext) -> VllmContinuous:
-    """rollout.mode: continuous with rollout.backend: vllm."""
-    return VllmContinuous(ctx.cfg, ctx.model_path, ctx.stop_event)
+def build(ctx: EngineContext) -> VllmContinuous | VllmRollout:
+    """rollout.backend: vllm. Its own engine processes, loaded from the initial weights:
+    lock-step with LLM.generate (VllmRollout), continuous with this module's slots."""
+    if ctx.cfg.rollout.mode != "continuous":
+        return VllmRollout(ctx.cfg, ctx.model_path, ctx.stop_event)
+    return VllmContinuous(ctx.cfg, ctx.model_path, ctx.stop_event, ctx.stop_strings)
 
 
 def request_seed(seed: int, tokens: int) -> int:
@@ -97,15 +100,18 @@ def _in_process_core() -> Iterator[None]:
         vllm.envs.disable_envs_cache()
 
 
-class VllmContinuous(VllmRollout):
-    """grpo.rollout.continuous.ContinuousEngine on VllmRollout's engine (its weight loading
+class VllmContinuous(VllmRollout, SlotTable):
+    """grpo.rollout.slots.SlotEngine on VllmRollout's engine (its weight loading
     unchanged: the sampler calls load, then weights_changed)."""
 
-    def __init__(self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None):
+    def __init__(
+        self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None,
+        stop: tuple[str, ...] = (),
+    ):  # fmt: skip
         r = cfg.rollout
-        self.slots = r.slots or r.questions_per_step * r.group_size
+        SlotTable.__init__(self, r.slots or r.questions_per_step * r.group_size)
+        self.stop = stop or tuple(r.stop)  # where a turn ends (EngineContext.stop_strings)
         self.version = 0
-        self._answers: dict[int, Answer] = {}  # slot -> the answer decoding there
         self._requests: dict[str, int] = {}  # vLLM request id -> slot
         self._resumed: dict[int, int] = {}  # slot -> tokens it had when last re-added
         self._added = 0  # requests added so far (their ids are unique)
@@ -123,29 +129,14 @@ class VllmContinuous(VllmRollout):
 
     # ------------------------------------------------------------------ slots
 
-    def free_slots(self) -> list[int]:
-        return [s for s in range(self.slots) if s not in self._answers]
-
-    def in_flight(self) -> list[Answer]:
-        return [self._answers[s] for s in sorted(self._answers)]
-
     def admit(self, requests: list[Request]) -> list[Answer]:
-        free = self.free_slots()
-        if len(requests) > len(free):
-            raise ValueError(f"{len(requests)} answers admitted into {len(free)} free slots")
-        answers = [Answer(r, slot) for r, slot in zip(requests, free, strict=False)]
+        answers = self.seat(requests)
         for a in answers:
-            self._answers[a.slot] = a
             self._add(a)
         return answers
 
     def restore(self, answers: list[Answer]) -> None:
-        if self._answers:
-            raise RuntimeError("restore() into an engine with answers in flight")
-        for a in answers:
-            if not 0 <= a.slot < self.slots or a.slot in self._answers:
-                raise ValueError(f"cannot restore an answer into slot {a.slot}")
-            self._answers[a.slot] = a
+        self.reseat(answers)
         for a in sorted(answers, key=lambda a: a.slot):
             self._add(a)
 
@@ -169,7 +160,7 @@ class VllmContinuous(VllmRollout):
             slot = self._requests.get(out.request_id)
             if slot is None:
                 continue  # aborted by us
-            a, c = self._answers[slot], out.outputs[0]
+            a, c = self.answers[slot], out.outputs[0]
             if c.token_ids and c.logprobs is None:
                 raise RuntimeError("vLLM returned tokens without their log-probs")
             for tok, lp in zip(c.token_ids, c.logprobs or (), strict=True):
@@ -211,7 +202,7 @@ class VllmContinuous(VllmRollout):
                 self._add(a)
 
     def close(self) -> None:
-        self._answers.clear()
+        self.answers = [None] * self.slots
         self._requests.clear()
         super().close()
 
@@ -227,7 +218,7 @@ class VllmContinuous(VllmRollout):
         left = a.request.max_new_tokens - len(a.tokens)
         if left <= 0:
             a.finish_reason = "length"
-            self._answers.pop(a.slot, None)
+            self.release(a.slot)
             self._finished.append(a)
             return
         r = self.cfg.rollout
@@ -237,7 +228,7 @@ class VllmContinuous(VllmRollout):
             top_p=r.top_p,
             top_k=r.top_k,
             max_tokens=left,
-            stop=list(r.stop) or None,
+            stop=list(self.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
             seed=request_seed(a.request.seed, len(a.tokens)),
             output_kind=RequestOutputKind.DELTA,
@@ -264,7 +255,7 @@ class VllmContinuous(VllmRollout):
             del self._requests[rid]
 
     def _release(self, slot: int) -> None:
-        self._answers.pop(slot, None)
+        self.release(slot)
         self._resumed.pop(slot, None)
         for rid in [rid for rid, s in self._requests.items() if s == slot]:
             del self._requests[rid]
@@ -273,7 +264,7 @@ class VllmContinuous(VllmRollout):
         """Whether a re-added answer's text now holds a stop string that vLLM cannot see: one
         that begins in the tokens it was re-added with. Checked only while it can be (a stop
         string's tokens are no more than its characters), on the answer's whole text."""
-        stops = self.cfg.rollout.stop
+        stops = self.stop
         base = self._resumed.get(a.slot)
         if not stops or base is None:
             return False

@@ -30,8 +30,8 @@ import torch
 from transformers import DynamicCache
 
 from grpo.rollout.base import EngineContext
-from grpo.rollout.continuous import Answer, Request
-from grpo.rollout.hf import eos_ids
+from grpo.rollout.hf import HFRollout, eos_ids
+from grpo.rollout.slots import Answer, Request, SlotTable
 from grpo.runtime.progress import ACTIVITY
 from grpo.scoring.kernels import Truncation, kept_tokens
 from grpo.weights.version import Version
@@ -39,17 +39,20 @@ from grpo.weights.version import Version
 NO_TRUNCATION = Truncation()
 
 
-def build_continuous(ctx: EngineContext) -> HFContinuous:
-    """rollout.mode: continuous with rollout.backend: hf. Samples with the sampler's own policy,
-    which the sampler reloads between two steps."""
+def build(ctx: EngineContext) -> HFContinuous | HFRollout:
+    """rollout.backend: hf. Samples with the sampler's own policy, so a reload of the sampler's
+    weights is a reload of the engine's: lock-step with generate() (HFRollout, a batch's
+    answers in one call), continuous with this module's slots."""
     r = ctx.cfg.rollout
+    if r.mode != "continuous":
+        return HFRollout(ctx.policy(), ctx.tokenizer, ctx.stop_event, cache=r.hf_cache)
     return HFContinuous(
         ctx.policy(),
         ctx.tokenizer,
         slots=r.slots or r.questions_per_step * r.group_size,
         temperature=r.temperature,
         truncation=Truncation(r.top_p, r.top_k),
-        stop=tuple(r.stop),
+        stop=ctx.stop_strings,
         kv_on_update=r.kv_on_update,
         stop_event=ctx.stop_event,
     )
@@ -80,8 +83,8 @@ def sample_rows(
     return tokens.squeeze(-1).tolist(), chosen.tolist()
 
 
-class HFContinuous:
-    """The ContinuousEngine protocol (grpo.rollout.continuous) on an HF causal LM."""
+class HFContinuous(SlotTable):
+    """The SlotEngine protocol (grpo.rollout.slots) on an HF causal LM."""
 
     def __init__(
         self,
@@ -96,7 +99,7 @@ class HFContinuous:
     ):
         self.model = model
         self.tokenizer = tokenizer
-        self.slots = slots
+        super().__init__(slots)
         self.temperature = temperature
         self.truncation = truncation
         self.stop = stop
@@ -106,7 +109,6 @@ class HFContinuous:
         self.eos = set(eos_ids(model, tokenizer))
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.device = next(model.parameters()).device
-        self.answers: list[Answer | None] = [None] * slots
         self.pending: list[int] = []  # admitted slots whose prompts the next step prefills
         # The cache of every slot's tokens but its last sampled one (fed by the next step).
         self.cache: DynamicCache | None = None
@@ -115,20 +117,9 @@ class HFContinuous:
 
     # ------------------------------------------------------------------ the protocol
 
-    def free_slots(self) -> list[int]:
-        return [s for s, a in enumerate(self.answers) if a is None]
-
-    def in_flight(self) -> list[Answer]:
-        return [a for a in self.answers if a is not None]
-
     def admit(self, requests: list[Request]) -> list[Answer]:
-        free = self.free_slots()
-        if len(requests) > len(free):
-            raise ValueError(f"{len(requests)} answers admitted, {len(free)} slots free")
-        answers = [Answer(r, s) for r, s in zip(requests, free, strict=False)]
-        for a in answers:
-            self.answers[a.slot] = a
-            self.pending.append(a.slot)
+        answers = self.seat(requests)
+        self.pending += [a.slot for a in answers]
         return answers
 
     @torch.no_grad()
@@ -172,12 +163,8 @@ class HFContinuous:
         ]
 
     def restore(self, answers: list[Answer]) -> None:
-        if self.in_flight():
-            raise ValueError("restore() needs an empty engine")
+        self.reseat(answers)
         for a in answers:
-            if self.answers[a.slot] is not None:
-                raise ValueError(f"two saved answers in slot {a.slot}")
-            self.answers[a.slot] = a
             if not a.tokens:
                 self.pending.append(a.slot)
         self.rebuild_cache()
@@ -274,7 +261,7 @@ class HFContinuous:
             a.versions.append(self.version)
             a.finish_reason = finish_reason(a, self.eos, self.stop, self.tokenizer)
             if a.done:
-                self.answers[a.slot] = None
+                self.release(a.slot)
                 self.lengths[a.slot] = 0
                 finished.append(a)
         return finished
