@@ -157,3 +157,16 @@ def test_tools_under_both_pacings(tokenizer, factory, mode):
             for e in group:
                 assert e.loss_mask is not None
                 assert (e.loss_mask == 0).any() == (e.reward_info["tool_calls"] == 1)
+
+
+def test_lock_step_fills_an_engine_smaller_than_its_batch_as_slots_free_up(tokenizer):
+    """An engine with room for one group makes the same lock-step batches as one with room for
+    all: a batch's groups go in as slots free up, each answer from its own seed, one version."""
+    small, engine = run_loop(tokenizer, "lockstep", f"rollout.slots={G}")
+    assert engine.slots == G
+    large, _ = run_loop(tokenizer, "lockstep", f"rollout.slots={Q * G}")
+    for a, b in zip(small, large, strict=True):
+        assert [e.completion_ids.tolist() for e in a.episodes] == [
+            e.completion_ids.tolist() for e in b.episodes
+        ]
+        assert a.policy_version == b.policy_version

@@ -8,8 +8,7 @@ This module wires the parts together and runs them: the questions (grpo.sampler.
 weights (.weights), the engine (grpo.rollout.registry.build_engine), the generation loop and
 its pacing (.generation, .pacing), the batches (.episodes) and their delivery to the trainer
 (the endpoint of grpo.delivery.sampler_endpoint); and it turns Ctrl-C / SIGTERM into a clean
-stop. Evaluation
-is the trainer's (grpo.eval.in_training): a sampler only generates.
+stop. Evaluation is the trainer's (grpo.eval.in_training): a sampler only generates.
 """
 
 from __future__ import annotations

@@ -81,7 +81,10 @@ class LockStep:
         self.seed = r.seed
         self.dynamic = r.dynamic_sampling
         self.max_rounds = r.max_sampling_rounds if r.dynamic_sampling else 1
+        self.G = r.group_size
         self.rounds = 0  # of the batch being made
+        self.unadmitted = 0  # groups of the round not yet admitted
+        self.round_seed = self.first = 0  # the round's seed, and its first answer's uid
         self.data_start = 0
 
     def resume(self, loop: GenerationLoop, spool_dir: Path) -> None:
@@ -97,26 +100,31 @@ class LockStep:
         """Versions are loaded before each batch."""
 
     def admit(self, loop: GenerationLoop, engine: SlotEngine, run: RunView) -> None:
-        """A round of Q groups into the empty engine: the batch's first, once its version is
-        loaded and the spool has room, or another when cut() wants more (dynamic sampling)."""
-        if engine.in_flight() or any(g.group is None for g in loop.groups):
-            return
-        if not loop.groups:  # a new batch
-            if run.groups_wanted() <= 0:
-                return
-            loop.load_for(engine, lambda: loop.needed(run.next_batch()[0]))
-            run.wait_for_room()
-            if run.stopped():
-                return
-            self.rounds, self.data_start = 0, loop.shard.position
-        seed, first = self.seed + loop.seq + self.rounds * 1_000_003, loop.uid
-        for _ in range(self.Q):
+        """The round's Q groups into free slots (as they free up, in an engine with fewer than
+        Q x G): the batch's first round once its version is loaded and the spool has room, or
+        another when cut() wants more (dynamic sampling)."""
+        if not self.unadmitted:
+            if engine.in_flight() or any(g.group is None for g in loop.groups):
+                return  # the round is still decoding
+            if not loop.groups:  # a new batch
+                if run.groups_wanted() <= 0:
+                    return
+                loop.load_for(engine, lambda: loop.needed(run.next_batch()[0]))
+                run.wait_for_room()
+                if run.stopped():
+                    return
+                self.rounds, self.data_start = 0, loop.shard.position
+            self.unadmitted, self.first = self.Q, loop.uid
+            self.round_seed = self.seed + loop.seq + self.rounds * 1_000_003  # batch and round
+            self.rounds += 1
+        seed, first = self.round_seed, self.first
+        while self.unadmitted and len(engine.free_slots()) >= self.G:
             loop.start_group(engine, lambda uid: round_seed(seed, uid - first))
-        self.rounds += 1
+            self.unadmitted -= 1
 
     def cut(self, loop: GenerationLoop, engine: SlotEngine, run: RunView) -> EpisodeBatch | None:
         groups = loop.groups
-        if not groups or any(g.group is None for g in groups):
+        if self.unadmitted or not groups or any(g.group is None for g in groups):
             return None
         flat = [g for g in groups if self.dynamic and g.group and g.group.is_flat()]
         kept = [g for g in groups if g not in flat]

@@ -232,4 +232,12 @@ MUTATIONS = (
             "not_interrupted",
         ),
     ),
+    Mutation(
+        name="lock_step_admits_a_round_at_once",
+        item="44.2: lock-step fills an engine smaller than its batch as slots free up",
+        path="grpo/sampler/pacing.py",
+        old="        while self.unadmitted and len(engine.free_slots()) >= self.G:\n",
+        new="        while self.unadmitted:\n",
+        tests=(f"{LOOP}::test_lock_step_fills_an_engine_smaller_than_its_batch_as_slots_free_up",),
+    ),
 )
