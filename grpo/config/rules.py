@@ -109,10 +109,6 @@ def check_continuous(cfg: Config) -> None:
             "rollout.mode=continuous cuts batches in admission order, without dynamic_sampling: "
             "set rollout.dynamic_sampling=false"
         )
-    if r.slots < 0 or r.slots % r.group_size:
-        raise ConfigError(
-            f"rollout.slots={r.slots} must be a multiple of group_size={r.group_size}"
-        )
     # With a lag, an answer's tokens come from several versions, none of them the old policy
     # the loss's ratio is taken against: each token needs its own behaviour weight.
     weight_mode, _ = parse_correction(cfg.algo.rollout_correction)

@@ -154,7 +154,7 @@ class RolloutConfig:
         "cut from complete groups (docs/async.md)",
     )
     slots: int = knob(
-        0, "continuous: answers in flight at most (a multiple of group_size); 0 = Q x G"
+        0, "answers a slot engine decodes at once (a multiple of group_size); 0 = Q x G"
     )
     kv_on_update: Literal["keep", "recompute"] = knob(
         "keep",
@@ -254,6 +254,10 @@ def check_rollout(r: RolloutConfig) -> None:
         )
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
+    if r.slots < 0 or r.slots % r.group_size:  # whole groups go into an engine's slots
+        raise ConfigError(
+            f"rollout.slots={r.slots} must be a multiple of group_size={r.group_size}"
+        )
     if not is_sampler_id(r.sampler_id):
         raise ConfigError(f"rollout.sampler_id must be {SAMPLER_ID_RULE}, got {r.sampler_id!r:.80}")
     if not 0 <= r.sampler_index < r.num_samplers:
