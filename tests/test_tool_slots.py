@@ -111,3 +111,40 @@ def test_a_resume_mid_answer_goes_on_as_the_answer_that_was_not_interrupted(tok)
     finish(resumed)
     for a in answers:
         same(a, want[a.request.uid].generation())
+
+
+@pytest.mark.slow  # loads the real model
+def test_the_hf_slot_engine_calls_the_calculator_token_in_token_out(base_model_dir):
+    """tests/test_multi_turn.py's real-model check, on the HF engine written to slots (the
+    continuous one) under ToolSlots: SmolLM2-135M, all but greedy (temperature 1e-4), after two
+    worked examples, calls the calculator; the turn stopped at the closing tag, which the
+    answer keeps; the result's tokens are exactly its tokenisation, masked; and every token the
+    model sampled in either turn is the argmax of one teacher-forced forward over the answer's
+    ids, which holds only if the second turn decoded from exactly those ids."""
+    import torch
+
+    from grpo.models.loading import load_causal_lm
+    from grpo.rollout.hf_slots import HFContinuous
+    from tests.test_multi_turn import few_shot_prompt
+
+    tok = load_tokenizer(base_model_dir)
+    model = load_causal_lm(base_model_dir, "float32", "sdpa").eval()
+    engine = HFContinuous(model, tok, slots=2, temperature=1e-4, stop=CALCULATOR.stop_strings)
+    slots = ToolSlots(engine, Turns(tok, CALCULATOR), max_turns=3, stop=())
+    prompt = few_shot_prompt(tok)
+    (answer,) = slots.admit([Request(0, prompt, 0, 40)])
+    finish(slots)
+    g = answer.generation()
+    text = tok.decode(g.completion_ids)
+    assert g.tool_calls == 1 and g.turns == 2 and "<calc>12*7</calc>" in text, text
+    assert g.loss_mask is not None
+    tool = np.flatnonzero(g.loss_mask == 0)
+    assert g.completion_ids[tool].tolist() == ids_of(tok, "<result>84</result>"), text
+    assert tool.tolist() == list(range(tool[0], tool[-1] + 1))  # one block, between two turns
+    assert "</calc>" in tok.decode(g.completion_ids[: tool[0]])  # the closing tag is trained
+    with torch.no_grad():
+        full = np.concatenate([prompt, g.completion_ids])
+        logits = model(torch.as_tensor(full, dtype=torch.long)[None]).logits[0]
+        best = logits[len(prompt) - 1 : -1].argmax(-1).numpy()
+    model_tokens = g.loss_mask == 1
+    assert (g.completion_ids[model_tokens] == best[model_tokens]).all(), text
