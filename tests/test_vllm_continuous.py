@@ -263,7 +263,7 @@ def test_a_stop_string_begun_before_a_restore_ends_the_answer(
     state = json.loads(json.dumps(Answer(free.request, 2).to_state()))
     state.update(tokens=free.tokens[: end - 1], logps=free.logps[: end - 1],
                  versions=free.versions[: end - 1])  # fmt: skip
-    monkeypatch.setattr(engine.cfg.rollout, "stop", [stop])
+    monkeypatch.setattr(engine, "stop", (stop,))  # its stop strings, fixed when built
     engine.restore([Answer.from_state(state)])
     done = []
     while engine.in_flight():

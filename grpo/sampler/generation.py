@@ -163,7 +163,7 @@ class GenerationLoop:
     def step(self, engine: SlotEngine) -> None:
         """One engine step; the groups whose answers all finished are scored, together."""
         busy = len(engine.in_flight())
-        ACTIVITY.enter(GENERATING, f"{busy} answers in flight")
+        ACTIVITY.enter(GENERATING, f"batch {self.seq}")  # the next batch to cut
         t0 = time.monotonic()
         finished = engine.step()
         self.step_s += time.monotonic() - t0
