@@ -149,7 +149,7 @@ def rates(rows: list[dict]) -> dict[str, float]:
         "row_use": sum(sum(r["completion_lens"]) for r in timed)
         / sum(len(r["completion_lens"]) * max(r["completion_lens"]) for r in timed),
     }
-    if "sampler_slot_occupancy" in timed[0]:
+    if "sampler_paced_share" in timed[0]:  # continuous (lock-step reports no pacing)
         out["occupancy"] = statistics.mean(r["sampler_slot_occupancy"] for r in timed)
         out["paced"] = statistics.mean(r["sampler_paced_share"] for r in timed)
     return out
