@@ -20,6 +20,7 @@ from grpo.core.staleness import required_version
 from grpo.models.loading import load_tokenizer
 from grpo.rollout.base import EngineContext
 from grpo.rollout.registry import build_engine
+from grpo.runtime.progress import ACTIVITY, Snapshot
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.generation import GenerationLoop, RunView
@@ -170,3 +171,21 @@ def test_lock_step_fills_an_engine_smaller_than_its_batch_as_slots_free_up(token
             e.completion_ids.tolist() for e in b.episodes
         ]
         assert a.policy_version == b.policy_version
+
+
+def test_each_step_is_progress_in_generating_the_batch_being_made(tokenizer, monkeypatch):
+    """What a heartbeat carries while the loop steps an engine that reports nothing itself: the
+    phase names the batch being made (the pool's stall message quotes it) and every step moves
+    the counter the stall check watches."""
+    seen: list[Snapshot] = []
+    step = ToyEngine.step
+
+    def watched(self):
+        seen.append(ACTIVITY.snapshot())
+        return step(self)
+
+    monkeypatch.setattr(ToyEngine, "step", watched)
+    run_loop(tokenizer, "lockstep")
+    assert {s.describe() for s in seen} == {f"generating (batch {b})" for b in range(BATCHES)}
+    counts = [s.count for s in seen]
+    assert all(b > a for a, b in zip(counts, counts[1:], strict=False)), counts

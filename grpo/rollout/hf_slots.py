@@ -32,7 +32,6 @@ from transformers import DynamicCache
 from grpo.rollout.base import EngineContext
 from grpo.rollout.hf import HFRollout, eos_ids
 from grpo.rollout.slots import Answer, Request, SlotTable
-from grpo.runtime.progress import ACTIVITY
 from grpo.scoring.kernels import Truncation, kept_tokens
 from grpo.weights.version import Version
 
@@ -127,7 +126,6 @@ class HFContinuous(SlotTable):
         """One token per answer in flight: decoded, or a new answer's first from its prefill."""
         if self.stop_event.is_set() or not self.in_flight():
             return []
-        ACTIVITY.tick()  # a token step: progress for the stall check
         new = self.pending
         decoding = [s for s, a in enumerate(self.answers) if a is not None and s not in new]
         sampled: dict[int, torch.Tensor] = {}

@@ -60,7 +60,6 @@ from grpo.config import Config
 from grpo.rollout.base import EngineContext
 from grpo.rollout.slots import Answer, Request, SlotTable
 from grpo.rollout.vllm import VllmRollout
-from grpo.runtime.progress import ACTIVITY
 
 log = logging.getLogger("grpo.vllm")
 
@@ -178,7 +177,6 @@ class VllmContinuous(VllmRollout, SlotTable):
             a.finish_reason = reason
             self._release(slot)
             finished.append(a)
-        ACTIVITY.tick(len(finished))
         return sorted(finished, key=lambda a: a.slot)
 
     def weights_changed(self, version: int) -> None:

@@ -166,6 +166,7 @@ class GenerationLoop:
         ACTIVITY.enter(GENERATING, f"batch {self.seq}")  # the next batch to cut
         t0 = time.monotonic()
         finished = engine.step()
+        ACTIVITY.tick()  # a step is progress, whatever the engine: what the stall check watches
         self.step_s += time.monotonic() - t0
         self.steps += 1
         self.busy += busy

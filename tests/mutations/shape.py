@@ -240,4 +240,20 @@ MUTATIONS = (
         new="        while self.unadmitted:\n",
         tests=(f"{LOOP}::test_lock_step_fills_an_engine_smaller_than_its_batch_as_slots_free_up",),
     ),
+    Mutation(
+        name="a_step_is_no_progress",
+        item="44.2: every engine's step is progress for the stall check, whatever the engine",
+        path="grpo/sampler/generation.py",
+        old="        ACTIVITY.tick()  # a step is progress",
+        new="        pass  # a step is progress",
+        tests=(f"{LOOP}::test_each_step_is_progress_in_generating_the_batch_being_made",),
+    ),
+    Mutation(
+        name="generation_names_no_batch",
+        item="44.2: a stalled generation is named with the batch being made",
+        path="grpo/sampler/generation.py",
+        old='ACTIVITY.enter(GENERATING, f"batch {self.seq}")',
+        new='ACTIVITY.enter(GENERATING, f"{busy} answers in flight")',
+        tests=(f"{LOOP}::test_each_step_is_progress_in_generating_the_batch_being_made",),
+    ),
 )
