@@ -15,54 +15,44 @@ from dataclasses import replace
 from typing import Any
 
 from grpo.rollout.base import RolloutEngine, Sampling
-from grpo.rollout.slots import Answer, Request
+from grpo.rollout.slots import Answer, Request, SlotTable
 from grpo.weights.version import Version
 
 
-class GenerateSlots:
+class GenerateSlots(SlotTable):
     """`engine` behind slots: admitted groups are sampled together by the next step, with the
     seed and cap of their first request (lock-step gives a round's requests the same)."""
 
     def __init__(self, engine: RolloutEngine, sampling: Sampling, slots: int):
+        super().__init__(slots)
         self.engine = engine
         self.sampling = sampling  # the run's; n is the group size
-        self.slots = slots
         self.stop_event = engine.stop_event
         self.version = 0
-        self.waiting: list[Answer] = []
-
-    def free_slots(self) -> list[int]:
-        return list(range(len(self.waiting), self.slots))
 
     def admit(self, requests: list[Request]) -> list[Answer]:
-        n = self.sampling.n
-        if len(requests) % n or len(self.waiting) + len(requests) > self.slots:
-            raise ValueError(f"admit whole groups of {n} into free slots: got {len(requests)}")
-        answers = [Answer(r, len(self.waiting) + k) for k, r in enumerate(requests)]
-        self.waiting += answers
-        return answers
+        if len(requests) % self.sampling.n:
+            raise ValueError(f"admit whole groups of {self.sampling.n}: got {len(requests)}")
+        return self.seat(requests)
 
     def step(self) -> list[Answer]:
         """Every waiting answer, sampled by one generate() call; none if it was stopped (its
-        output is partial then) or nothing waits."""
-        if not self.waiting:
+        output is partial then) or nothing waits. Every slot is free again after it."""
+        waiting = self.in_flight()  # in admission order: all slots are free after a step
+        if not waiting:
             return []
-        first = self.waiting[0].request
-        n = self.sampling.n
-        prompts = [a.request.prompt_ids for a in self.waiting[::n]]
+        first = waiting[0].request
+        prompts = [a.request.prompt_ids for a in waiting[:: self.sampling.n]]
         sampling = replace(self.sampling, seed=first.seed, max_new_tokens=first.max_new_tokens)
         gens = self.engine.generate(prompts, sampling)
         if self.stop_event.is_set():
             return []
-        answers, self.waiting = self.waiting, []
-        for answer, gen in zip(answers, gens, strict=True):
+        for answer, gen in zip(waiting, gens, strict=True):
             answer.tokens = gen.completion_ids.tolist()
             answer.finish_reason = gen.finish_reason
             answer.whole = gen
-        return answers
-
-    def in_flight(self) -> list[Answer]:
-        return list(self.waiting)
+            self.release(answer.slot)
+        return waiting
 
     def load(self, version: Version) -> Any:
         return self.engine.load(version)

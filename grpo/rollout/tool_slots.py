@@ -17,7 +17,6 @@ engine's request for their current turn, with that turn's tokens so far (`restor
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -134,10 +133,8 @@ class ToolSlots:
             assert answer.mask is not None, "a single-turn answer in a multi-turn run"
             start = len(answer.mask) - answer.mask[::-1].index(0) if 0 in answer.mask else 0
             request = self._turn_request(answer, start)
-            turns.append(replace(
-                Answer(request, answer.slot), tokens=answer.tokens[start:],
-                logps=answer.logps[start:], versions=answer.versions[start:],
-            ))  # fmt: skip
+            turns.append(Answer(request, answer.slot, answer.tokens[start:],
+                                answer.logps[start:], answer.versions[start:]))  # fmt: skip
             self.answers[request.uid] = answer
         self.engine.restore(turns)
 
