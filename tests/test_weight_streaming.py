@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from grpo.weights.stream.client import Receiver
-from grpo.weights.stream.frames import decode_bucket
-from grpo.weights.stream.image import FULL_COPY, ApplyError, Image, Staging, encode_image_bucket
+from grpo.weights.stream.frames import FULL_COPY, decode_bucket
+from grpo.weights.stream.image import ApplyError, Image, Staging, encode_image_bucket
 from grpo.weights.stream.relay import RelaySource, upstream
 from grpo.weights.stream.server import StreamServer, VersionStore
 from grpo.wire.codec import FrameError, seal
@@ -130,8 +130,8 @@ def test_a_full_copy_bucket_is_its_tensors_back_to_back_in_a_buffer_of_its_own(
 ) -> None:
     """image_from_state copies each bucket once into a buffer of its own (the trainer steps on
     while it is served) and that buffer is the bucket's one payload frame; a receiver's staged
-    arrays are views of its own copy of the payload, the same bits whatever the dtypes, a
-    narrower odd-sized tensor before a wider one included."""
+    arrays are views of the payload it received, the same bits whatever the dtypes, a narrower
+    odd-sized tensor before a wider one included."""
     import torch
 
     from grpo.weights.stream.torch_bits import image_from_state, state_from_image
@@ -154,27 +154,61 @@ def test_a_full_copy_bucket_is_its_tensors_back_to_back_in_a_buffer_of_its_own(
         t.bitwise_not_() if t.dtype == torch.bool else t.add_(1)
     assert [bytes(encode_image_bucket(image, i, None)[0][1]) for i in buckets] == joined
 
-    staging, received = Staging(image.manifest), []
-    for header, payload in frames:
-        received.append(bytearray(payload))  # the socket's buffer, reused once it is read
-        staging.apply(decode_bucket([bytes(header), received[-1]], 64 * MB), None)
-    for buffer in received:
-        buffer[:] = bytes(len(buffer))
-    got = state_from_image(staging.finish())
-    assert all(torch.equal(got[name], before[name]) for name in state)
+    # A socket's buffer (writable, received for this receiver alone) is staged as it is, its
+    # tensors views of it; a read-only one (a relay's bytes) is copied once.
+    for writable in (True, False):
+        staging, received = Staging(image.manifest), []
+        for header, payload in frames:
+            received.append(bytearray(payload) if writable else bytes(payload))
+            staging.apply(decode_bucket([bytes(header), received[-1]], 64 * MB), None)
+        got = staging.finish()
+        views = [np.shares_memory(got.flats[i], np.frombuffer(received[i], np.uint8))
+                 for i in buckets]  # fmt: skip
+        assert views == [writable] * len(buckets)
+        assert all(a.flags.writeable for a in got.arrays.values())
+        loaded = state_from_image(got)
+        assert all(torch.equal(loaded[name], before[name]) for name in state)
+
+
+def _forged(frames: list, **fields) -> list:
+    header = msgpack.unpackb(bytes(frames[0])[8:])
+    return seal(msgpack.packb(dict(header, **fields), use_bin_type=True), [frames[1]])
 
 
 def test_a_bucket_whose_parts_do_not_tile_its_payload_is_refused() -> None:
-    """The header's part lengths must cover the payload exactly: no part past its end, no
+    """A delta bucket's part lengths must cover the payload exactly: no part past its end, no
     bytes left over (a source cannot smuggle bytes the tensors do not account for)."""
-    frames, _ = encode_image_bucket(model(1), 0, None)
+    frames, _ = encode_image_bucket(model(2), 0, model(1))
     header = msgpack.unpackb(bytes(frames[0])[8:])
+    assert header["base"] == 1 and header["tensors"], "not a delta bucket"
     for delta in (-4, 4):
         (name, kind, lengths), *rest = header["tensors"]
-        forged = dict(header, tensors=[[name, kind, [lengths[0] + delta]], *rest])
-        sealed = seal(msgpack.packb(forged, use_bin_type=True), [frames[1]])
         with pytest.raises(FrameError, match="its parts"):
-            decode_bucket(sealed, 64 * MB)
+            decode_bucket(_forged(frames, tensors=[[name, kind, [lengths[0] + delta]], *rest]),
+                          64 * MB)  # fmt: skip
+
+
+def test_a_full_copy_bucket_is_its_tensors_and_nothing_else() -> None:
+    """A bucket of full copies lists no tensors (the manifest says what its payload holds), a
+    delta bucket lists them all; a full copy's payload of another size than its tensors', or
+    of other bytes, is not staged."""
+    image = model(1)
+    frames, _ = encode_image_bucket(image, 0, None)
+    assert msgpack.unpackb(bytes(frames[0])[8:])["tensors"] == []
+    entry = [image.manifest.specs[0].name, "full", [4]]
+    with pytest.raises(FrameError, match="full copies lists tensors"):
+        decode_bucket(_forged(frames, tensors=[entry]), 64 * MB)
+    with pytest.raises(FrameError, match="lists no tensors"):
+        decode_bucket(_forged(frames, base=0), 64 * MB)
+    staging = Staging(image.manifest)
+    short = seal(bytes(frames[0])[8:], [bytes(frames[1])[:-4]])
+    with pytest.raises(ApplyError, match="holds .* bytes"):
+        staging.apply(decode_bucket(short, 64 * MB), None)
+    flipped = bytearray(frames[1])
+    flipped[0] ^= 1
+    with pytest.raises(ApplyError, match="checksum"):
+        staging.apply(decode_bucket(seal(bytes(frames[0])[8:], [flipped]), 64 * MB), None)
+    assert staging.arrays == {} and staging.missing() == list(range(len(image.manifest.buckets)))
 
 
 def test_a_dead_source_is_passed_over_for_the_next(ctx: zmq.Context) -> None:

@@ -1,6 +1,6 @@
 """The trainer is the root of trust of streamed weights (weights.mode: stream): a sampler takes a
 version from any source only when its manifest has the identity the trainer announced for it
-over the control channel (grpo.weights.stream.frames.Manifest.identity), and then each tensor
+over the control channel (grpo.weights.stream.frames.Manifest.identity), and then each bucket
 only when it matches the manifest's checksum. A relay can forward a version, never originate
 one: a forged version, one the trainer never announced (a higher number, another incarnation's)
 or the trainer's tensors cut into other buckets are refused, and the next source is tried."""
@@ -57,7 +57,7 @@ def test_identity_covers_every_field_of_the_manifest() -> None:
     others = [
         replace(m, version=2),
         replace(m, adapter=True),
-        replace(m, specs=(replace(spec, digest=spec.digest ^ 1), *m.specs[1:])),
+        replace(m, sums=(m.sums[0] ^ 1, *m.sums[1:])),
         replace(m, specs=(replace(spec, name="other"), *m.specs[1:])),
         replace(m, specs=(replace(spec, dtype="int32"), *m.specs[1:])),
         replace(m, specs=(replace(spec, shape=(1, spec.size)), *m.specs[1:])),
@@ -66,7 +66,7 @@ def test_identity_covers_every_field_of_the_manifest() -> None:
             [(s.name, s.dtype, s.shape, np.zeros(s.size, s.bits)) for s in m.specs],
             QUICK.bucket_bytes,
         ).manifest,  # fmt: skip
-        replace(m, buckets=((0, len(m.specs)),)),  # the same tensors in one bucket
+        replace(m, buckets=((0, len(m.specs)),), sums=m.sums[:1]),  # the same tensors, one bucket
     ]
     assert len({m.identity, *(o.identity for o in others)}) == len(others) + 1
 
@@ -97,7 +97,8 @@ def test_the_trainer_s_tensors_in_another_tiling_are_refused_and_the_trainer_sti
     real = synthetic(1, QUICK)
     tensors = [(s.name, s.dtype, s.shape, real.arrays[s.name]) for s in real.manifest.specs]
     retiled = Image.build(1, tensors, QUICK.bucket_bytes * 2)
-    assert retiled.manifest.digest == real.manifest.digest  # what staging used to match by
+    assert retiled.manifest.specs == real.manifest.specs != ()  # the same tensors, other buckets
+    assert retiled.manifest.buckets != real.manifest.buckets
     got, rx, _ = _receive(_store(retiled), _store(real), {1: real.manifest.identity})
     assert got.manifest == real.manifest and rx.stats.fallbacks["source failed"] == 1
 

@@ -31,10 +31,10 @@ MUTATIONS = (
     ),
     Mutation(
         name="identity_without_the_tiling",
-        item="42.2: the identity covers the bucket tiling",
+        item="42.2: the identity covers the bucket tiling and the buckets' checksums",
         path="grpo/weights/stream/frames.py",
-        old="                for s in self.specs], [list(b) for b in self.buckets]]",
-        new="                for s in self.specs], []]",
+        old="        body = [self.version, self.adapter, self.spec_list, self._bucket_list()]",
+        new="        body = [self.version, self.adapter, self.spec_list, []]",
         tests=(
             f"{TRUST}::test_identity_covers_every_field_of_the_manifest",
             f"{TRUST}::test_the_trainer_s_tensors_in_another_tiling_are_refused_and_the_trainer_"
@@ -113,10 +113,10 @@ MUTATIONS = (
     ),
     Mutation(
         name="group_member_skips_the_checksums",
-        item="42.5: a broadcast version is taken only when every tensor matches its manifest",
+        item="42.5: a broadcast version is taken only when every bucket matches its manifest",
         path="grpo/weights/collective/member.py",
-        old="                if deltas.tensor_digest(bits) != spec.digest:",
-        new="                if False:",
+        old="            if bucket_sum([data]) != manifest.sums[index]:",
+        new="            if False:",
         tests=(f"{GROUP}::test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on",),
     ),
     Mutation(
@@ -307,12 +307,20 @@ MUTATIONS = (
         tests=(f"{FLAT}[one each]",),
     ),
     Mutation(
-        name="staged_arrays_are_views_of_the_socket_s_buffer",
-        item="42.7: a received bucket's tensors are views of the receiver's own copy",
+        name="staging_copies_the_socket_s_buffer",
+        item="42.7: a received bucket's tensors are views of the socket's buffer, not a copy",
         path="grpo/weights/stream/image.py",
-        old="            whole = np.frombuffer(bucket.payload, np.uint8).copy()\n",
-        new="            whole = np.frombuffer(bucket.payload, np.uint8)\n",
+        old="            whole = whole if whole.flags.writeable else whole.copy()\n",
+        new="            whole = whole.copy()\n",
         tests=(f"{FLAT}[one bucket]",),
+    ),
+    Mutation(
+        name="staging_keeps_a_read_only_payload",
+        item="42.7: a read-only payload (a relay's bytes) is copied: a staged tensor is writable",
+        path="grpo/weights/stream/image.py",
+        old="            whole = whole if whole.flags.writeable else whole.copy()\n",
+        new="",
+        tests=(f"{FLAT}[one each]",),
     ),
     Mutation(
         name="bucket_parts_need_not_tile_the_payload",
@@ -324,6 +332,28 @@ MUTATIONS = (
         tests=(
             "tests/test_weight_streaming.py::test_a_bucket_whose_parts_do_not_tile_its_payload_is_"
             "refused",
+        ),
+    ),
+    Mutation(
+        name="full_copy_bucket_checksum_unchecked",
+        item="42.2/42.7: a bucket of full copies is staged only when it matches its checksum",
+        path="grpo/weights/stream/image.py",
+        old="            if bucket_sum([whole]) != m.sums[index]:",
+        new="            if False:",
+        tests=(
+            "tests/test_weight_streaming.py::test_a_full_copy_bucket_is_its_tensors_and_nothing_"
+            "else",
+        ),
+    ),
+    Mutation(
+        name="delta_bucket_checksum_unchecked",
+        item="42.7: a delta bucket's result is staged only when it matches the bucket's checksum",
+        path="grpo/weights/stream/image.py",
+        old="        if bucket_sum(list(decoded.values())) != m.sums[index]:",
+        new="        if False:",
+        tests=(
+            "tests/test_weight_streaming.py::test_a_wrong_base_fails_its_checksum_and_is_fetched_"
+            "whole",
         ),
     ),
 )

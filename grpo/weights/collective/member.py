@@ -1,5 +1,5 @@
 """A sampler's end of weights.mode collective: a thread that joins the group the trainer
-announces, takes every version broadcast in it, checks each tensor against the manifest's
+announces, takes every version broadcast in it, checks each bucket against the manifest's
 checksum, and offers the whole version to the sampler's follower (which takes it only once the
 trainer announced that manifest's identity, grpo.weights.stream.follower).
 
@@ -21,9 +21,8 @@ import numpy as np
 from grpo.config import Config
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.membership import GroupInfo
-from grpo.weights.stream import deltas
-from grpo.weights.stream.frames import Manifest
-from grpo.weights.stream.image import Image
+from grpo.weights.stream.frames import Manifest, bucket_sum
+from grpo.weights.stream.image import Image, split_bucket
 from grpo.wire.codec import FrameError
 from grpo.wire.unpack import unpack_bounded
 
@@ -44,7 +43,7 @@ class GroupMember:
     ):
         """`announced()`: the group the trainer's heartbeats name (as they say it, checked
         here); `offer(image)`: a version
-        received whole, each tensor matching its checksum."""
+        received whole, each bucket matching its checksum."""
         w = cfg.weights
         self.sampler_id, self.announced, self.offer = sampler_id, announced, offer
         self.addr, self.timeout_s = w.collective_addr, w.collective_timeout_s
@@ -106,7 +105,7 @@ class GroupMember:
                 raise LeftGroup(f"a header of unknown kind {kind}")
 
     def _take(self, group: object, version: int, size: int) -> None:
-        """One version: its manifest, then its buckets. A tensor that fails its checksum loses
+        """One version: its manifest, then its buckets. A bucket that fails its checksum loses
         the version (the follower streams it) but not the group: every bucket is still read."""
         if not 0 < size <= wire.MAX_MANIFEST_BYTES:
             raise LeftGroup(f"version {version}'s manifest of {size} bytes")
@@ -118,29 +117,26 @@ class GroupMember:
             raise LeftGroup(f"version {version}'s manifest: {e}") from None
         if manifest.version != version:
             raise LeftGroup(f"a manifest of version {manifest.version} under {version}")
-        arrays, wrong = {}, []
+        arrays, flats, wrong = {}, {}, []
         for index in range(len(manifest.buckets)):
             specs = manifest.bucket_specs(index)
-            data = np.empty(sum(s.nbytes for s in specs), np.uint8)
+            data = np.empty(manifest.bucket_nbytes[index], np.uint8)
             if data.size:
                 wire.broadcast(group, data)
             self.progress += 1
             self.received_bytes += data.size
-            at = 0
-            for spec in specs:
-                bits = data[at : at + spec.nbytes].view(spec.bits)
-                at += spec.nbytes
-                if deltas.tensor_digest(bits) != spec.digest:
-                    wrong.append(spec.name)
-                arrays[spec.name] = bits
+            if bucket_sum([data]) != manifest.sums[index]:
+                wrong.append(index)
+            arrays.update(split_bucket(data, specs))
+            flats[index] = data
         if wrong:
             self._last = version
-            log.warning("weights: version %d from the group fails the checksums of %s: taken "
-                        "by stream instead", version, ", ".join(wrong[:3]))  # fmt: skip
+            log.warning("weights: version %d from the group fails the checksums of buckets %s: "
+                        "taken by stream instead", version, wrong[:5])  # fmt: skip
             return
         log.info("weights: version %d from the collective group (%d bytes)", version,
                  manifest.nbytes)  # fmt: skip
-        self.offer(Image(manifest, arrays))
+        self.offer(Image(manifest, arrays, flats))
         self._last = version  # after the offer: the follower sees it coming or in, never neither
 
     def close(self) -> None:

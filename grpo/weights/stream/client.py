@@ -15,7 +15,7 @@ and logged:
 The root of trust is the trainer (`trusted`: the identity of each version it announced over
 the channel the sampler authenticates, grpo.weights.stream.frames.Manifest.identity). A manifest
 of a version the trainer has not announced, or whose identity is not the announced one, is
-refused from any source: a relay forwards versions, it never originates one. Each tensor is
+refused from any source: a relay forwards versions, it never originates one. Each bucket is
 then taken only when it matches the manifest's checksum.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import zmq
 
-from grpo.weights.stream.frames import Bucket, Manifest, decode_bucket
-from grpo.weights.stream.image import FULL_COPY, ApplyError, Image, Staging
+from grpo.weights.stream.frames import FULL_COPY, Bucket, Manifest, decode_bucket
+from grpo.weights.stream.image import ApplyError, Image, Staging
 from grpo.weights.stream.server import (
     BUCKET,
     BUCKET_TAG,
@@ -56,8 +56,7 @@ def largest_frame(manifest: Manifest) -> int:
     encodings; a delta is sent only when smaller than the tensor) or its header. The bucket
     socket refuses a larger one before buffering it (ZMQ_MAXMSGSIZE): a source cannot make
     this receiver hold more than the version it announced."""
-    buckets = range(len(manifest.buckets))
-    payload = max((sum(s.nbytes for s in manifest.bucket_specs(i)) for i in buckets), default=0)
+    payload = max(manifest.bucket_nbytes, default=0)
     per_bucket = max((end - start for start, end in manifest.buckets), default=0)
     return max(payload, HEADER_BYTES_PER_TENSOR * per_bucket + 1024)
 

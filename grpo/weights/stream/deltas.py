@@ -21,7 +21,7 @@ Decoding trusts nothing it is given: any part that does not fit is a :class:`Del
 the zstd frame is decompressed only when its header declares exactly the expected size, so
 a small frame cannot make the receiver allocate more than the tensor's bytes. A delta
 applied to the wrong base decodes to the wrong tensor: the caller's check of the result
-against the sender's :func:`tensor_digest` is what catches that.
+against the sender's checksum (grpo.weights.stream.frames.bucket_sum) is what catches that.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from grpo.core.checksum import checksum
-
 __all__ = [
     "ENCODINGS",
     "FULL",
@@ -46,7 +44,6 @@ __all__ = [
     "decode",
     "encode",
     "index_dtype",
-    "tensor_digest",
 ]
 
 FULL = "full"
@@ -71,11 +68,6 @@ _PREFERENCE = {FULL: 0, SPARSE: 1, XOR_ZSTD: 2}  # on equal sizes: the cheaper d
 
 class DeltaError(ValueError):
     """A delta that cannot be applied: wrong base, malformed parts."""
-
-
-def tensor_digest(bits: np.ndarray) -> int:
-    """XXH3-64 of the tensor's raw bytes."""
-    return checksum([bits])
 
 
 def _part_bytes(part: Any) -> int:
@@ -238,12 +230,11 @@ def _decode_xor(part: Any, base: np.ndarray, dtype: np.dtype, size: int) -> np.n
 _PART_COUNTS = {FULL: 1, SPARSE: 2, XOR_ZSTD: 1}
 
 
-def decode(kind: str, parts: Sequence[Any], base: np.ndarray | None, dtype: np.dtype,
-           size: int, owned: bool = False) -> np.ndarray:  # fmt: skip
+def decode(
+    kind: str, parts: Sequence[Any], base: np.ndarray | None, dtype: np.dtype, size: int
+) -> np.ndarray:
     """The new tensor's bit patterns, a new writable flat array of `dtype` and `size`
-    elements; `base` is never modified. `owned`: the parts are writable buffers the caller
-    hands over, so a full copy is a view of its part, not a copy. Every failure is a
-    DeltaError."""
+    elements; `base` is never modified. Every failure is a DeltaError."""
     if kind not in ENCODINGS:
         raise DeltaError(f"unknown encoding {kind!r}, not one of {ENCODINGS}")
     dtype, size = _target(dtype, size)
@@ -251,8 +242,7 @@ def decode(kind: str, parts: Sequence[Any], base: np.ndarray | None, dtype: np.d
         if len(parts) != _PART_COUNTS[kind]:
             raise DeltaError(f"{kind} has {_PART_COUNTS[kind]} parts, not {len(parts)}")
         if kind == FULL:
-            full = _array(parts[0], dtype, size, "full")
-            return full if owned and full.flags.aligned else full.copy()
+            return _array(parts[0], dtype, size, "full").copy()
         flat = _checked_base(base, dtype, size, kind)
         if kind == SPARSE:
             return _decode_sparse(parts, flat, dtype, size)

@@ -1,21 +1,25 @@
 """The frames of a streamed weights version (weights.mode: stream): its manifest and its buckets.
 
-A version is an ordered list of tensors, each named with its dtype, shape and the checksum of its
-bit pattern (`TensorSpec`); the manifest also cuts the list into buckets of about
-weights.bucket_mb and carries the version's digest (the checksum of every tensor's). A bucket
-travels as one message of two frames:
+A version is an ordered list of tensors, each named with its dtype and shape (`TensorSpec`); the
+manifest cuts the list into buckets of about weights.bucket_mb and carries each bucket's
+checksum: XXH3-64 of its tensors' bit patterns back to back, so that a bucket is checked with
+one call whatever its tensors (a LoRA adapter is 240 small ones; a checksum each was a tenth of
+its sync). A bucket travels as one message of two frames:
 
-    frame 0   XXH3-64 of everything after it, then a msgpack header: {"version", "base" (-1:
-              full copies), "index", "tensors": [[name, encoding, [part bytes, ...]], ...]}
-    frame 1   every tensor's encoded parts (grpo.weights.stream.deltas), raw, back to back in
-              the header's order
+    frame 0   XXH3-64 of everything after it, then a msgpack header: {"version", "base",
+              "index", "tensors"}
+    frame 1   the payload
 
-One payload frame, not a frame per part: ZeroMQ pays about 30 us a frame on each side, which
-was most of a LoRA adapter's sync (240 small tensors).
+A bucket of full copies (base -1) lists no tensors: its payload is its tensors' bit patterns
+back to back in the manifest's order, as the trainer's version image holds them. A delta bucket
+(base: the version it is encoded against) lists [name, encoding, [part bytes, ...]] for each
+tensor, and its payload is every tensor's encoded parts (grpo.weights.stream.deltas), raw, back
+to back in the header's order. One payload frame, not a frame per part: ZeroMQ pays about 30 us
+a frame on each side.
 
-The frame checksum catches a corrupted transfer; the tensor digests catch what a checksum of the
-frames cannot: a delta applied to the wrong base. Decoding checks every field and raises only
-FrameError, like the episode codec.
+The frame checksum catches a corrupted transfer; the bucket checksums catch what a checksum of
+the frames cannot: a delta applied to the wrong base. Decoding checks every field and raises
+only FrameError, like the episode codec.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ BITS = {
     "uint8": np.dtype("<i1"),
     "bool": np.dtype("<i1"),
 }
+FULL_COPY = -1  # the base of a bucket of full copies
 MAX_TENSORS = 1 << 20
 MAX_PARTS = 2  # per tensor: grpo.weights.stream.deltas' encodings have one or two
 _SUM = struct.Struct("<Q")
@@ -60,17 +65,16 @@ class TensorSpec:
     name: str
     dtype: str  # a key of BITS
     shape: tuple[int, ...]
-    digest: int  # XXH3-64 of the tensor's bytes
 
     @property
     def bits(self) -> np.dtype:
         return BITS[self.dtype]
 
-    @property
+    @cached_property  # read for every tensor of every bucket, sent or received
     def size(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.size * self.bits.itemsize
 
@@ -83,26 +87,39 @@ class Manifest:
     specs: tuple[TensorSpec, ...]
     buckets: tuple[tuple[int, int], ...]
     adapter: bool  # a LoRA adapter's tensors, not the whole model's
+    sums: tuple[int, ...]  # each bucket's checksum (bucket_sum)
 
     @cached_property
     def digest(self) -> int:
-        """The version's identity: the checksum of its tensors' digests, in order."""
-        return checksum([np.array([s.digest for s in self.specs], np.uint64)])
+        """The checksum of the buckets' checksums, in order."""
+        return checksum([np.array(self.sums, np.uint64)])
+
+    @cached_property
+    def spec_list(self) -> list[list[Any]]:
+        """The specs as the wire carries them."""
+        return [[s.name, s.dtype, list(s.shape)] for s in self.specs]
 
     @cached_property
     def identity(self) -> str:
         """SHA-256 (hex) of everything the manifest says: version, adapter, every tensor's
-        name, dtype, shape and checksum, and the bucket tiling. The trainer announces it with
-        each version over the channel the samplers authenticate; a sampler takes a manifest
-        from any source (a relay included) only when it has this identity, and then each
-        tensor only when it matches the manifest's checksum."""
-        body = [self.version, self.adapter, [[s.name, s.dtype, list(s.shape), s.digest]
-                for s in self.specs], [list(b) for b in self.buckets]]  # fmt: skip
+        name, dtype and shape, the bucket tiling and each bucket's checksum. The trainer
+        announces it with each version over the channel the samplers authenticate; a sampler
+        takes a manifest from any source (a relay included) only when it has this identity,
+        and then each bucket only when it matches the manifest's checksum."""
+        body = [self.version, self.adapter, self.spec_list, self._bucket_list()]
         return hashlib.sha256(msgpack.packb(body)).hexdigest()
 
-    @property
+    def _bucket_list(self) -> list[list[int]]:
+        return [[*b, s] for b, s in zip(self.buckets, self.sums, strict=True)]
+
+    @cached_property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.specs)
+
+    @cached_property
+    def bucket_nbytes(self) -> tuple[int, ...]:
+        """Each bucket's tensors' bytes."""
+        return tuple(sum(s.nbytes for s in self.specs[a:b]) for a, b in self.buckets)
 
     def bucket_specs(self, index: int) -> tuple[TensorSpec, ...]:
         start, end = self.buckets[index]
@@ -111,42 +128,48 @@ class Manifest:
     def to_body(self) -> dict[str, Any]:
         return {
             "version": self.version,
-            "specs": [[s.name, s.dtype, list(s.shape), s.digest] for s in self.specs],
-            "buckets": [list(b) for b in self.buckets],
+            "specs": self.spec_list,
+            "buckets": self._bucket_list(),
             "adapter": self.adapter,
-            "digest": self.digest,
         }
 
     @classmethod
-    def from_body(cls, body: Any, max_bytes: int) -> Manifest:
+    def from_body(cls, body: Any, max_bytes: int, known: Manifest | None = None) -> Manifest:
         """A manifest from a peer, refused (FrameError) unless every field is well formed, the
-        buckets tile the tensors in order, and its size is within `max_bytes`."""
+        buckets tile the tensors in order, and its size is within `max_bytes`. `known`: a
+        manifest checked before (the version the receiver holds); when this one lists the
+        same tensors, its specs are taken as they are, not checked again one by one."""
         require(isinstance(body, dict), "a manifest must be a map")
         version, raw, buckets = body.get("version"), body.get("specs"), body.get("buckets")
         require(type(version) is int and version >= 0, "a manifest's version must be an int >= 0")
-        require(isinstance(raw, list) and len(raw) <= MAX_TENSORS, "a manifest's specs")
-        specs = tuple(_spec(item) for item in raw)
-        require(len({s.name for s in specs}) == len(specs), "a manifest names a tensor twice")
+        if known is not None and raw == known.spec_list:
+            specs = known.specs
+        else:
+            require(isinstance(raw, list) and len(raw) <= MAX_TENSORS, "a manifest's specs")
+            specs = tuple(_spec(item) for item in raw)
+            require(len({s.name for s in specs}) == len(specs), "a manifest names a tensor twice")
         require(isinstance(buckets, list) and bool(buckets) == bool(specs), "manifest buckets")
-        bounds = [tuple(b) for b in buckets if isinstance(b, list) and len(b) == 2]
-        require(len(bounds) == len(buckets), "a manifest's buckets must be [start, end] pairs")
-        ends = [0] + [end for _, end in bounds]
+        triples = [b for b in buckets if isinstance(b, list) and len(b) == 3]
+        require(len(triples) == len(buckets), "a manifest's buckets must be [start, end, sum]")
+        require(all(type(x) is int for b in triples for x in b), "a manifest's bucket fields")
+        ends = [0] + [end for _, end, _ in triples]
         require(
-            all(type(x) is int for b in bounds for x in b)
-            and all(start == ends[i] and end > start for i, (start, end) in enumerate(bounds))
+            all(start == ends[i] and end > start for i, (start, end, _) in enumerate(triples))
             and ends[-1] == len(specs),
             "a manifest's buckets do not tile its tensors",
         )
-        manifest = cls(version, specs, tuple(bounds), body.get("adapter") is True)
-        require(body.get("digest") == manifest.digest, "a manifest's digest does not match")
+        require(all(0 <= s < 1 << 64 for *_, s in triples), "a manifest's bucket checksums")
+        bounds = tuple((start, end) for start, end, _ in triples)
+        sums = tuple(s for *_, s in triples)
+        manifest = cls(version, specs, bounds, body.get("adapter") is True, sums)
         require(manifest.nbytes <= max_bytes, f"a version of {manifest.nbytes} bytes is over "
                 f"transport.max_version_bytes ({max_bytes})")  # fmt: skip
         return manifest
 
 
 def _spec(item: Any) -> TensorSpec:
-    ok = isinstance(item, list) and len(item) == 4
-    name, dtype, shape, digest = item if ok else (None, None, None, None)
+    ok = isinstance(item, list) and len(item) == 3
+    name, dtype, shape = item if ok else (None, None, None)
     require(isinstance(name, str) and 0 < len(name) <= 1024, "a tensor's name")
     require(dtype in BITS, f"tensor {name}: unknown dtype {dtype!r:.40}")
     require(
@@ -155,8 +178,13 @@ def _spec(item: Any) -> TensorSpec:
         and all(type(d) is int and d >= 0 for d in shape),
         f"tensor {name}: a bad shape",
     )
-    require(type(digest) is int and 0 <= digest < 1 << 64, f"tensor {name}: a bad digest")
-    return TensorSpec(name, dtype, tuple(shape), digest)
+    return TensorSpec(name, dtype, tuple(shape))
+
+
+def bucket_sum(parts: Sequence[Any]) -> int:
+    """A bucket's checksum: XXH3-64 of its tensors' bit patterns back to back (one buffer
+    holding them all sums the same as the tensors one after another)."""
+    return checksum(parts)
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[tuple[int, int], ...]:
@@ -176,7 +204,7 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[tuple[int, in
 @dataclass(frozen=True)
 class Bucket:
     version: int
-    base: int  # -1: every tensor a full copy
+    base: int  # FULL_COPY: the payload is the tensors back to back, none listed
     index: int
     tensors: tuple[tuple[str, str, tuple[memoryview, ...]], ...]  # name, encoding, parts
     payload: memoryview  # every part, back to back (the parts are views of it)
@@ -186,15 +214,18 @@ class Bucket:
         return self.payload.nbytes
 
 
-def encode_bucket(
-    version: int,
-    base: int,
-    index: int,
-    tensors: Sequence[tuple[str, str, Sequence[Any]]],
-    payload: Any = None,
+def encode_full_bucket(version: int, index: int, payload: Any) -> list[Any]:
+    """Frames (for send_multipart(copy=False)) of a bucket of full copies: `payload` its
+    tensors' bit patterns back to back, sent as it is."""
+    header = {"version": version, "base": FULL_COPY, "index": index, "tensors": []}
+    return seal(msgpack.packb(header, use_bin_type=True), [payload])
+
+
+def encode_delta_bucket(
+    version: int, base: int, index: int, tensors: Sequence[tuple[str, str, Sequence[Any]]]
 ) -> list[Any]:
-    """Frames for send_multipart(copy=False). `payload`: the parts already back to back in one
-    buffer (a version image's bucket of full copies), sent as it is; else they are joined."""
+    """Frames of a bucket encoded against version `base`: each tensor's (name, encoding,
+    parts), the parts joined into the payload."""
     lengths = [[as_bytes(p).nbytes for p in parts] for _, _, parts in tensors]
     header = {
         "version": version,
@@ -202,11 +233,8 @@ def encode_bucket(
         "index": index,
         "tensors": [[name, kind, n] for (name, kind, _), n in zip(tensors, lengths, strict=True)],
     }
-    if payload is None:
-        parts = [as_bytes(p) for _, _, ps in tensors for p in ps]
-        payload = parts[0] if len(parts) == 1 else b"".join(parts)
-    assert as_bytes(payload).nbytes == sum(map(sum, lengths)), "a payload of other parts"
-    return seal(msgpack.packb(header, use_bin_type=True), [payload])
+    parts = [as_bytes(p) for _, _, ps in tensors for p in ps]
+    return seal(msgpack.packb(header, use_bin_type=True), [b"".join(parts)])
 
 
 def decode_bucket(frames: Sequence[Any], max_bytes: int) -> Bucket:
@@ -235,6 +263,10 @@ def _decode_bucket(frames: Sequence[Any], max_bytes: int) -> Bucket:
     require(type(index) is int and index >= 0, "a bucket's index")
     entries = header.get("tensors")
     require(isinstance(entries, list) and len(entries) <= MAX_TENSORS, "a bucket's tensors")
+    if base == FULL_COPY:
+        require(not entries, "a bucket of full copies lists tensors")
+        return Bucket(version, base, index, (), payload)
+    require(bool(entries), "a delta bucket lists no tensors")
     tensors, at = [], 0
     for entry in entries:
         require(isinstance(entry, list) and len(entry) == 3, "a bucket's tensor entry")

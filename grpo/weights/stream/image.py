@@ -1,6 +1,6 @@
 """A weights version in host memory (an `Image`), its buckets encoded against a base, and the
-staging copy a receiver fills bucket by bucket and turns into an Image only when every tensor
-and the version as a whole match their checksums: all or nothing.
+staging copy a receiver fills bucket by bucket and turns into an Image only when every bucket
+has come and matched its checksum: all or nothing.
 
 Tensors are held as flat arrays of their bit patterns (grpo.weights.stream.frames.BITS), so this
 module needs no torch: relays and benchmarks run it without a model.
@@ -19,9 +19,16 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from grpo.weights.stream import deltas
-from grpo.weights.stream.frames import Bucket, Manifest, TensorSpec, encode_bucket, plan_buckets
-
-FULL_COPY = -1  # the base of a bucket of full copies
+from grpo.weights.stream.frames import (
+    FULL_COPY,
+    Bucket,
+    Manifest,
+    TensorSpec,
+    bucket_sum,
+    encode_delta_bucket,
+    encode_full_bucket,
+    plan_buckets,
+)
 
 
 class ApplyError(ValueError):
@@ -47,16 +54,31 @@ class Image:
         tensors: Iterable[tuple[str, str, tuple[int, ...], np.ndarray]],
         bucket_bytes: int,
         adapter: bool = False,
-        flats: dict[int, np.ndarray] | None = None,
     ) -> Image:
-        """From (name, dtype name, shape, flat bit array) in the order they will travel;
-        `flats`: the buckets' buffers the arrays are views of (plan_buckets' cut)."""
+        """From (name, dtype name, shape, flat bit array) in the order they will travel."""
         specs, arrays = [], {}
         for name, dtype, shape, bits in tensors:
-            specs.append(TensorSpec(name, dtype, tuple(shape), deltas.tensor_digest(bits)))
+            specs.append(TensorSpec(name, dtype, tuple(shape)))
             arrays[name] = bits
         buckets = plan_buckets([s.nbytes for s in specs], bucket_bytes)
-        return cls(Manifest(version, tuple(specs), buckets, adapter), arrays, flats or {})
+        sums = tuple(bucket_sum([arrays[s.name] for s in specs[a:b]]) for a, b in buckets)
+        return cls(Manifest(version, tuple(specs), buckets, adapter, sums), arrays)
+
+    @classmethod
+    def of_buckets(
+        cls,
+        version: int,
+        specs: tuple[TensorSpec, ...],
+        buckets: tuple[tuple[int, int], ...],
+        flats: dict[int, np.ndarray],
+        adapter: bool,
+    ) -> Image:
+        """From each bucket's buffer (uint8, its tensors back to back): the arrays view them."""
+        arrays = {}
+        for index, (start, end) in enumerate(buckets):
+            arrays.update(split_bucket(flats[index], specs[start:end]))
+        sums = tuple(bucket_sum([flats[i]]) for i in range(len(buckets)))
+        return cls(Manifest(version, specs, buckets, adapter, sums), arrays, flats)
 
     def bucket_bytes(self, index: int) -> np.ndarray:
         """Bucket `index`'s tensors back to back, as uint8: its buffer where the image has one,
@@ -69,27 +91,37 @@ class Image:
     def compatible(self, manifest: Manifest) -> bool:
         """Whether this image can be a delta base for `manifest`'s tensors: the same names,
         dtypes and shapes (a version of the same model)."""
-        mine = [(s.name, s.dtype, s.shape) for s in self.manifest.specs]
-        return mine == [(s.name, s.dtype, s.shape) for s in manifest.specs]
+        return self.manifest.specs == manifest.specs
+
+
+def split_bucket(flat: np.ndarray, specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:
+    """A bucket's buffer (uint8) as its tensors' flat bit patterns: views of it, or a copy of
+    a tensor that would sit unaligned (after an odd-sized one of a narrower dtype)."""
+    arrays, at = {}, 0
+    for spec in specs:
+        bits = flat[at : at + spec.nbytes].view(spec.bits)
+        arrays[spec.name] = bits if bits.flags.aligned else bits.copy()
+        at += spec.nbytes
+    return arrays
 
 
 def encode_image_bucket(
     image: Image, index: int, base: Image | None, delta: bool = True
 ) -> tuple[list[Any], int]:
-    """The frames of bucket `index` of `image`, each tensor encoded against `base` (the version
-    the receiver holds) when that is smaller, else a full copy. Returns the frames and the
-    payload bytes."""
-    specs = image.manifest.bucket_specs(index)
+    """The frames of bucket `index` of `image`: each tensor encoded against `base` (the version
+    the receiver holds) when that is smaller, else (no usable base, or no tensor smaller as a
+    delta) the bucket as full copies. Returns the frames and the payload bytes."""
     use_base = base if base is not None and delta and base.compatible(image.manifest) else None
-    tensors, payload = [], 0
-    for spec in specs:
-        old = use_base.arrays[spec.name] if use_base is not None else None
-        enc = deltas.encode(image.arrays[spec.name], old, delta=use_base is not None)
-        tensors.append((spec.name, enc.kind, enc.parts))
-        payload += enc.nbytes
-    base_version = use_base.version if use_base is not None else FULL_COPY
-    whole = image.bucket_bytes(index) if all(t[1] == deltas.FULL for t in tensors) else None
-    return encode_bucket(image.version, base_version, index, tensors, whole), payload
+    if use_base is not None:
+        tensors, payload = [], 0
+        for spec in image.manifest.bucket_specs(index):
+            enc = deltas.encode(image.arrays[spec.name], use_base.arrays[spec.name])
+            tensors.append((spec.name, enc.kind, enc.parts))
+            payload += enc.nbytes
+        if any(kind != deltas.FULL for _, kind, _ in tensors):
+            return encode_delta_bucket(image.version, use_base.version, index, tensors), payload
+    whole = image.bucket_bytes(index)
+    return encode_full_bucket(image.version, index, whole), whole.nbytes
 
 
 @dataclass
@@ -104,49 +136,52 @@ class Staging:
 
     def apply(self, bucket: Bucket, base: Image | None) -> None:
         """Decode `bucket` into the staging copy; ApplyError (nothing staged) if it is not this
-        version's bucket, is encoded against another base than `base`, or any tensor's result
-        does not match its digest: a wrong base, a corrupt delta."""
-        m = self.manifest
-        if bucket.version != m.version or not 0 <= bucket.index < len(m.buckets):
-            raise ApplyError(f"bucket {bucket.index} of version {bucket.version} is not ours")
-        specs = m.bucket_specs(bucket.index)
+        version's bucket, is encoded against another base than `base`, or its tensors do not
+        match the bucket's checksum: a wrong base, a corrupt delta."""
+        m, index = self.manifest, bucket.index
+        if bucket.version != m.version or not 0 <= index < len(m.buckets):
+            raise ApplyError(f"bucket {index} of version {bucket.version} is not ours")
+        specs = m.bucket_specs(index)
+        if bucket.base == FULL_COPY:
+            size = m.bucket_nbytes[index]
+            if bucket.payload.nbytes != size:
+                raise ApplyError(f"bucket {index} holds {bucket.payload.nbytes} bytes, "
+                                 f"its tensors {size}")  # fmt: skip
+            # the tensors view the payload: the socket's buffer, the receiver's own once
+            # received (a read-only one, a relay's or a test's bytes, is copied)
+            whole = np.frombuffer(bucket.payload, np.uint8)
+            whole = whole if whole.flags.writeable else whole.copy()
+            if bucket_sum([whole]) != m.sums[index]:
+                raise ApplyError(f"bucket {index} does not match its checksum")
+            self.arrays.update(split_bucket(whole, specs))
+            self.flats[index] = whole
+            self.done.add(index)
+            return
         if [t[0] for t in bucket.tensors] != [s.name for s in specs]:
-            raise ApplyError(f"bucket {bucket.index} holds other tensors than the manifest's")
-        if bucket.base != FULL_COPY and (base is None or base.version != bucket.base):
+            raise ApplyError(f"bucket {index} holds other tensors than the manifest's")
+        if base is None or base.version != bucket.base:
             held = None if base is None else base.version
-            raise ApplyError(f"bucket {bucket.index} is a delta from version {bucket.base}, "
+            raise ApplyError(f"bucket {index} is a delta from version {bucket.base}, "
                              f"this receiver holds {held}")  # fmt: skip
-        decoded, whole = {}, None
-        if all(kind == deltas.FULL for _, kind, _ in bucket.tensors):
-            # full copies: one copy of the payload, each tensor a view of it (not a copy each)
-            whole = np.frombuffer(bucket.payload, np.uint8).copy()
-            at, tensors = 0, []
-            for name, kind, (part,) in bucket.tensors:
-                tensors.append((name, kind, (whole[at : at + part.nbytes],)))
-                at += part.nbytes
-        else:
-            tensors = bucket.tensors
-        for spec, (_, kind, parts) in zip(specs, tensors, strict=True):
-            old = base.arrays.get(spec.name) if base is not None and kind != deltas.FULL else None
+        decoded = {}
+        for spec, (_, kind, parts) in zip(specs, bucket.tensors, strict=True):
+            old = base.arrays.get(spec.name) if kind != deltas.FULL else None
             try:
-                new = deltas.decode(kind, parts, old, spec.bits, spec.size, owned=whole is not None)
+                decoded[spec.name] = deltas.decode(kind, parts, old, spec.bits, spec.size)
             except deltas.DeltaError as e:
                 raise ApplyError(f"tensor {spec.name}: {e}") from None
-            if deltas.tensor_digest(new) != spec.digest:
-                raise ApplyError(f"tensor {spec.name} does not match its checksum after "
-                                 f"decoding its {kind} encoding")  # fmt: skip
-            decoded[spec.name] = new
+        if bucket_sum(list(decoded.values())) != m.sums[index]:
+            raise ApplyError(f"bucket {index} does not match its checksum after decoding its "
+                             "deltas")  # fmt: skip
         self.arrays.update(decoded)
-        if whole is not None:
-            self.flats[bucket.index] = whole
-        self.done.add(bucket.index)
+        self.done.add(index)
 
     def missing(self) -> list[int]:
         return [i for i in range(len(self.manifest.buckets)) if i not in self.done]
 
     def finish(self) -> Image:
-        """The complete version (every tensor was checked as its bucket came, and the manifest's
-        digest is the checksum of their digests); ApplyError while a bucket is missing."""
+        """The complete version (every bucket was checked as it came); ApplyError while a
+        bucket is missing."""
         if self.missing():
             raise ApplyError(f"buckets {self.missing()[:5]} of version "
                              f"{self.manifest.version} never arrived")  # fmt: skip
@@ -161,7 +196,7 @@ def save_image(image: Image, path: Path) -> None:
 
 
 def load_image(path: Path, max_bytes: int) -> Image:
-    """The image save_image wrote; ValueError when the file is not one, or a tensor does not
+    """The image save_image wrote; ValueError when the file is not one, or a bucket does not
     match its manifest's checksum."""
     try:
         with safe_open(str(path), framework="numpy") as f:
@@ -171,7 +206,9 @@ def load_image(path: Path, max_bytes: int) -> Image:
     except Exception as e:  # noqa: BLE001 - any unreadable file: safetensors' errors too
         raise ValueError(f"{path}: not a saved version ({e})") from None
     for spec in manifest.specs:
-        bits = arrays[spec.name]
-        if bits.dtype != spec.bits or deltas.tensor_digest(bits) != spec.digest:
-            raise ValueError(f"{path}: tensor {spec.name} does not match its checksum")
+        if arrays[spec.name].dtype != spec.bits or arrays[spec.name].size != spec.size:
+            raise ValueError(f"{path}: tensor {spec.name} is not what its manifest says")
+    for index, expected in enumerate(manifest.sums):
+        if bucket_sum([arrays[s.name] for s in manifest.bucket_specs(index)]) != expected:
+            raise ValueError(f"{path}: bucket {index} does not match its checksum")
     return Image(manifest, arrays)

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from grpo.weights.stream.frames import Bucket, Manifest
-from grpo.weights.stream.image import FULL_COPY, Image, Staging, encode_image_bucket
+from grpo.weights.stream.frames import FULL_COPY, Bucket, Manifest
+from grpo.weights.stream.image import Image, Staging, encode_image_bucket
 from grpo.weights.stream.server import PENDING
 
 
@@ -106,7 +106,7 @@ class RelaySource:
         came_with, frames = received
         if came_with in (base, FULL_COPY):
             return frames
-        return self._encode(Image(staging.manifest, staging.arrays), index, base)
+        return self._encode(Image(staging.manifest, staging.arrays, staging.flats), index, base)
 
     def _encode(self, image: Image, index: int, base: int) -> list[Any]:
         """Bucket `index` of `image` against the child's base, if this relay holds it."""

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import zmq
 
-from grpo.weights.stream.frames import Manifest
-from grpo.weights.stream.image import FULL_COPY, Image, encode_image_bucket
+from grpo.weights.stream.frames import FULL_COPY, Manifest
+from grpo.weights.stream.image import Image, encode_image_bucket
 from grpo.wire import messages
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 
@@ -101,7 +101,7 @@ class VersionStore:
                 self.images.popitem(last=False)
 
     def _bytes(self) -> int:
-        return sum(a.nbytes for image in self.images.values() for a in image.arrays.values())
+        return sum(image.manifest.nbytes for image in self.images.values())
 
     def identities(self) -> dict[str, str]:
         """Version (a string, for the wire) -> its manifest's identity, for each version held."""
@@ -193,6 +193,7 @@ class StreamServer:
         self.egress = Egress()
         self.parked: list[tuple[float, bytes, Message]] = []
         self._progress = source.progress
+        self._said: tuple[Manifest, list[Any]] | None = None  # the last manifest, encoded
 
     def run(self) -> None:
         try:
@@ -252,7 +253,10 @@ class StreamServer:
                 return PENDING
             if not isinstance(manifest, Manifest):
                 return [MESSAGE_TAG, *_missing("no such version", version=version)]
-            return [MESSAGE_TAG, *encode_message(Message(MANIFEST, manifest.to_body()))]
+            if self._said is None or self._said[0] is not manifest:  # once, for every receiver
+                body = encode_message(Message(MANIFEST, manifest.to_body()))
+                self._said = (manifest, [MESSAGE_TAG, *body])
+            return self._said[1]
         if request.kind != BUCKET or type(index) is not int or index < 0:
             self.egress.refused += 1
             return [MESSAGE_TAG, *_missing("bad request")]
