@@ -81,7 +81,10 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
     quiet_hf()
     model = _model(path, lora).eval()
     ctx = zmq.Context()
-    receiver = Receiver(ctx, None, max_bytes, TIMEOUT_S)
+    # weights.delta false and true, as the sampler's follower makes them: given the version
+    # held, keeping their connections from one version to the next
+    receivers = {delta: Receiver(ctx, None, max_bytes, TIMEOUT_S, delta=delta, reuse=True)
+                 for delta in (False, True)}  # fmt: skip
     targets = _state(model, lora)
     held = image_from_state(0, targets, 1 << 26, lora)  # version 0, as seeded
     group: dict[str, Any] = {}  # weights.mode collective: the trainer's announcement
@@ -117,11 +120,13 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
             pull.close(linger=0)
             continue
         version, delta = arg
-        bytes_before = receiver.stats.bytes
-        image = receiver.receive([addr], version, held if delta else None)
+        bytes_before = receivers[delta].stats.bytes
+        image = receivers[delta].receive([addr], version, held)
         copy_state(targets, state_from_image(image), {"lm_head.weight"}, "the version")
         held = image
-        conn.send((time.perf_counter(), receiver.stats.bytes - bytes_before))
+        conn.send((time.perf_counter(), receivers[delta].stats.bytes - bytes_before))
+    for receiver in receivers.values():
+        receiver.close()
     ctx.term()
 
 

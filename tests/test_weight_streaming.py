@@ -293,6 +293,22 @@ def test_adapter_state_names_and_shares_what_peft_saves(tiny_model_dir) -> None:
     assert torch.equal(get_peft_model_state_dict(model)[name], ours[name])
 
 
+def test_adapter_state_reads_what_the_parameters_hold_when_asked(tiny_model_dir) -> None:
+    """The adapter's parameters are found once per model, their tensors read at each call: what
+    a ZeRO-3 gather (or any swap of a parameter's data) put in them is what is published."""
+    import torch
+
+    from grpo.config import LoraConfig
+    from grpo.models.loading import adapter_state, apply_lora, load_causal_lm
+
+    model = apply_lora(load_causal_lm(tiny_model_dir), LoraConfig(enabled=True))
+    name, first = next(iter(adapter_state(model).items()))
+    param = next(p for n, p in model.named_parameters() if "lora_" in n)
+    param.data = torch.full_like(param, 7.0)  # what GatheredParameters does for its block
+    now = adapter_state(model)[name]
+    assert torch.equal(now, torch.full_like(first, 7.0)) and not torch.equal(now, first)
+
+
 def test_copy_state_refuses_a_mismatch_before_copying_anything() -> None:
     import torch
 

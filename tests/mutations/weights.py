@@ -11,6 +11,7 @@ LIVE = "tests/test_weight_liveness.py"
 GROUP = "tests/test_weight_collective.py"
 CHAOS = "tests/test_chaos.py"
 MODES = "tests/test_weight_modes.py"
+RECEIVER = "tests/test_weight_receiver.py"
 FLAT = (
     "tests/test_weight_streaming.py::test_a_full_copy_bucket_is_its_tensors_back_to_back_in_a_"
     "buffer_of_its_own"
@@ -21,7 +22,8 @@ MUTATIONS = (
         name="receiver_takes_any_manifest",
         item="42.2: a relay's manifest is taken only with the identity the trainer announced",
         path="grpo/weights/stream/client.py",
-        old="        if self.trusted is not None:\n            self._check_announced(manifest)\n",
+        old="        if self.trusted is not None:\n"
+        "            check_announced(manifest, self.trusted, self.timeout_s)\n",
         new="",
         tests=(
             f"{TRUST}::test_a_forged_version_from_a_relay_is_refused_and_the_trainer_s_taken",
@@ -86,7 +88,7 @@ MUTATIONS = (
     Mutation(
         name="bad_address_escapes_the_fallback",
         item="42.3: connect errors fall through to the next source",
-        path="grpo/weights/stream/client.py",
+        path="grpo/weights/stream/connections.py",
         old="        except (zmq.ZMQError, OSError, ValueError) as e:",
         new="        except () as e:",
         tests=(
@@ -203,8 +205,8 @@ MUTATIONS = (
         name="bucket_socket_takes_any_frame",
         item="42 bounds: the receiving socket takes no frame larger than the version's",
         path="grpo/weights/stream/client.py",
-        old="                sock = self._connect(addr, largest_frame(manifest))",
-        new="                sock = self._connect(addr, self.max_bytes)",
+        old="                sock = attempt.socket(largest_frame(manifest))",
+        new="                sock = attempt.socket(self.max_bytes)",
         tests=(
             f"{LIVE}::test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held",
         ),
@@ -335,6 +337,50 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        name="receiver_reconnects_every_version",
+        item="42.7: a receiver keeps the connections of a version received whole",
+        path="grpo/weights/stream/connections.py",
+        old="        if self.connections.reuse:\n",
+        new="        if False:\n",
+        tests=(f"{RECEIVER}::test_a_receiver_keeps_its_connections_from_one_version_to_the_next",),
+    ),
+    Mutation(
+        name="receiver_keeps_a_failed_source_s_sockets",
+        item="42.3/42.7: the sockets of a failed source (answers may still come) are not kept",
+        path="grpo/weights/stream/client.py",
+        old="            except SourceFailed as e:\n                attempt.failed()\n",
+        new="            except SourceFailed as e:\n"
+        "                attempt.connections.kept.update(attempt.used)\n",
+        tests=(f"{RECEIVER}::test_a_source_that_failed_is_connected_to_afresh",),
+    ),
+    Mutation(
+        name="receiver_asks_no_buckets_ahead",
+        item="42.7: the first buckets are asked for with the manifest",
+        path="grpo/weights/stream/client.py",
+        old="                if held is not None and staging is None and not newer:\n",
+        new="                if False:\n",
+        tests=(f"{RECEIVER}::test_the_first_buckets_are_asked_for_with_the_manifest",),
+    ),
+    Mutation(
+        name="buckets_asked_ahead_read_in_any_tiling",
+        item="42.3/42.7: buckets asked ahead are read only when the manifest tiles them so",
+        path="grpo/weights/stream/client.py",
+        old="                if asked and not _tiled_alike(manifest, held):",
+        new="                if False:",
+        tests=(f"{RECEIVER}::test_buckets_asked_ahead_in_another_tiling_are_not_read",),
+    ),
+    Mutation(
+        name="manifest_takes_the_held_specs_whatever_it_lists",
+        item="42.7: a held version's specs are reused only for a manifest listing the same",
+        path="grpo/weights/stream/frames.py",
+        old="        if known is not None and raw == known.spec_list:",
+        new="        if known is not None:",
+        tests=(
+            f"{RECEIVER}::test_a_manifest_of_other_tensors_than_the_held_version_s_is_read_as_its_"
+            "own",
+        ),
+    ),
+    Mutation(
         name="full_copy_bucket_checksum_unchecked",
         item="42.2/42.7: a bucket of full copies is staged only when it matches its checksum",
         path="grpo/weights/stream/image.py",
@@ -354,6 +400,17 @@ MUTATIONS = (
         tests=(
             "tests/test_weight_streaming.py::test_a_wrong_base_fails_its_checksum_and_is_fetched_"
             "whole",
+        ),
+    ),
+    Mutation(
+        name="adapter_state_keeps_the_tensors_it_found",
+        item="42.7: the adapter's parameters are found once, their tensors read at each call",
+        path="grpo/models/loading.py",
+        old='        params = [(name.replace(prefix, "."), p)\n',
+        new='        params = [(name.replace(prefix, "."), p.detach())\n',
+        tests=(
+            "tests/test_weight_streaming.py::test_adapter_state_reads_what_the_parameters_hold_"
+            "when_asked",
         ),
     ),
 )

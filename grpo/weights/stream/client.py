@@ -30,6 +30,7 @@ from typing import Any
 
 import zmq
 
+from grpo.weights.stream.connections import Connections, SourceFailed
 from grpo.weights.stream.frames import FULL_COPY, Bucket, Manifest, decode_bucket
 from grpo.weights.stream.image import ApplyError, Image, Staging
 from grpo.weights.stream.server import (
@@ -41,7 +42,6 @@ from grpo.weights.stream.server import (
     NO_BASE,
 )
 from grpo.wire import messages
-from grpo.wire.channels import SocketLimits, new_socket
 from grpo.wire.codec import FrameError, Message, decode, encode_message
 
 log = logging.getLogger("grpo.transport")
@@ -61,6 +61,33 @@ def largest_frame(manifest: Manifest) -> int:
     return max(payload, HEADER_BYTES_PER_TENSOR * per_bucket + 1024)
 
 
+def check_announced(
+    manifest: Manifest, trusted: Callable[[], Mapping[int, str]], timeout_s: float
+) -> None:
+    """SourceFailed unless the trainer announced `manifest`'s version with its identity
+    (`trusted()`: version -> identity). A version past the newest announced may be on its way
+    in the next heartbeat: waited for, timeout_s at most."""
+    v, since = manifest.version, time.monotonic()
+    while (want := (known := trusted()).get(v)) is None:
+        if (known and max(known) > v) or time.monotonic() - since > timeout_s:
+            raise SourceFailed(f"it offers version {v}, which the trainer has not announced")
+        time.sleep(0.05)
+    if manifest.identity != want:
+        raise SourceFailed(
+            f"its manifest of version {v} is not the one the trainer announced (identity "
+            f"{manifest.identity[:12]}..., announced {want[:12]}...)"
+        )
+
+
+def _tiled_alike(manifest: Manifest, held: Image | None) -> bool:
+    """Whether `manifest` lists the held version's tensors in its buckets (a version of the
+    same model, cut the same way)."""
+    return held is not None and (manifest.specs, manifest.buckets) == (
+        held.manifest.specs,
+        held.manifest.buckets,
+    )
+
+
 @dataclass
 class SyncStats:
     """One receiver's counts over a run: bytes in, versions, and every fallback by its cause."""
@@ -76,17 +103,14 @@ class SyncStats:
         log.warning("weights: %s (%s); falling back", why, detail)
 
 
-class SourceFailed(Exception):
-    """This source cannot give the version: try the next one."""
-
-
 # What a receiver calls with each bucket it took in (a relay passes them on).
 BucketSink = Callable[[int, list[Any], Bucket], None]
 
 
 class Receiver:
-    """Takes versions from sources over DEALER sockets; one socket per attempt, so that a late
-    answer from an abandoned source can never be taken for another's."""
+    """Takes versions from sources over DEALER sockets (grpo.weights.stream.connections: new
+    for each attempt at a source; with `reuse`, kept from a version received whole for the
+    next, its owner calling close() from the thread that receives)."""
 
     def __init__(
         self,
@@ -97,12 +121,13 @@ class Receiver:
         window: int = 4,
         delta: bool = True,
         trusted: Callable[[], Mapping[int, str]] | None = None,
+        reuse: bool = False,
     ):
         """`trusted()`: version -> the identity the trainer announced for it (None: every
         manifest is taken on its source's word, as from the trainer itself: tests, benchmarks)."""
-        self.ctx, self.secure, self.max_bytes = ctx, secure, max_bytes
-        self.timeout_s, self.window, self.delta = timeout_s, window, delta
-        self.trusted = trusted
+        self.max_bytes, self.timeout_s, self.window = max_bytes, timeout_s, window
+        self.delta, self.trusted = delta, trusted
+        self.connections = Connections(ctx, secure, window, reuse)
         self.stats = SyncStats()
         self.source = ""  # where the last version came from
         self.passed_over: list[str] = []  # the sources that failed it
@@ -122,13 +147,22 @@ class Receiver:
         with each bucket taken in."""
         t0, staging, failures = time.monotonic(), None, []
         self.passed_over = []
+        known = held.manifest if held is not None else None
         for addr in sources:
-            sock = None
+            attempt = self.connections.attempt(addr)
             try:
-                sock = self._connect(addr, MANIFEST_BYTES)
-                manifest = self._manifest(sock, addr, version, newer)
-                sock.close()  # the buckets' socket takes no frame larger than they can hold
-                sock = self._connect(addr, largest_frame(manifest))
+                sock = attempt.socket(MANIFEST_BYTES)
+                self._ask(sock, MANIFEST, version=version, newer=newer)
+                asked: dict[int, int] = {}
+                if held is not None and staging is None and not newer:
+                    ahead = largest_frame(held.manifest)
+                    asked = self._ask_ahead(attempt.socket(ahead), version, held)
+                manifest = self._manifest(sock, addr, version, newer, known)
+                if asked and not _tiled_alike(manifest, held):
+                    attempt.drop(ahead)  # other buckets: the answers on their way are not ours
+                    asked = {}
+                # the buckets' socket takes no frame larger than they can hold
+                sock = attempt.socket(largest_frame(manifest))
                 if staging is None or staging.manifest.identity != manifest.identity:
                     staging = Staging(manifest)  # another incarnation's version v: start over
                     if staged is not None:
@@ -136,37 +170,28 @@ class Receiver:
                 base = (
                     held if self.delta and held is not None and held.compatible(manifest) else None
                 )
-                self._buckets(sock, addr, staging, base, sink)
+                self._buckets(sock, addr, staging, base, sink, asked)
                 image = staging.finish()
             except SourceFailed as e:
+                attempt.failed()
                 failures.append(f"{addr}: {e}")
                 self.passed_over.append(addr)
                 if addr != sources[-1]:
                     self.stats.fell_back("source failed", failures[-1])
                 continue
-            finally:
-                if sock is not None:
-                    sock.close()
+            except BaseException:
+                attempt.failed()
+                raise
+            attempt.succeeded()
             self.stats.versions += 1
             self.stats.seconds += time.monotonic() - t0
             self.source = addr
             return image
         raise ValueError(f"could not receive version {version}: " + "; ".join(failures))
 
-    def _connect(self, addr: str, largest: int) -> zmq.Socket:
-        """A socket to `addr` taking no frame over `largest` bytes (and a request's header);
-        SourceFailed (the next source is tried) when the address does not resolve or this
-        source's keys cannot be had."""
-        limits = SocketLimits(largest + MAX_REQUEST_BYTES, max(2 * self.window, 2))
-        sock = new_socket(self.ctx, zmq.DEALER, linger_ms=0, limits=limits)
-        try:
-            if self.secure is not None:
-                self.secure(sock, addr)  # CURVE: the keys for this source
-            sock.connect(addr)
-        except (zmq.ZMQError, OSError, ValueError) as e:
-            sock.close()
-            raise SourceFailed(f"cannot connect: {e}") from None
-        return sock
+    def close(self) -> None:
+        """Close the sockets kept for the next version."""
+        self.connections.close()
 
     def _ask(self, sock: zmq.Socket, kind: str, **body: Any) -> None:
         sock.send_multipart(encode_message(Message(kind, body)))
@@ -178,8 +203,22 @@ class Receiver:
             raise SourceFailed(f"nothing for {self.timeout_s:g} s (weights.transfer_timeout_s)")
         return None
 
-    def _manifest(self, sock: zmq.Socket, addr: str, version: int, newer: bool) -> Manifest:
-        self._ask(sock, MANIFEST, version=version, newer=newer)
+    def _ask_ahead(self, sock: zmq.Socket, version: int, held: Image) -> dict[int, int]:
+        """The first buckets of `version` asked for on `sock` before its manifest is in, as the
+        held version tiles them (a version of the same model: the same tensors, the same
+        buckets), saving a round trip; their answers are read only once the manifest is checked,
+        and only if it tiles them so. Returns the requests: bucket index -> base asked from."""
+        base = held.version if self.delta else FULL_COPY
+        asked = {}
+        for index in range(min(self.window, len(held.manifest.buckets))):
+            self._ask(sock, BUCKET, version=version, base=base, index=index)
+            asked[index] = base
+        return asked
+
+    def _manifest(
+        self, sock: zmq.Socket, addr: str, version: int, newer: bool, known: Manifest | None
+    ) -> Manifest:
+        """The answer to the manifest request sent on `sock`, checked."""
         since = time.monotonic()
         while (frames := self._recv(sock, addr, since)) is None:
             pass
@@ -189,30 +228,14 @@ class Receiver:
                 raise FrameError("not a manifest")
             if reply.kind == messages.MISSING:
                 raise SourceFailed(f"it has no version {version}: {reply.body.get('reason')}")
-            manifest = Manifest.from_body(reply.body, self.max_bytes)
+            manifest = Manifest.from_body(reply.body, self.max_bytes, known)
         except FrameError as e:
             raise SourceFailed(f"a bad manifest: {e}") from None
         if manifest.version < version or (manifest.version > version and not newer):
             raise SourceFailed(f"it sent the manifest of version {manifest.version}")
         if self.trusted is not None:
-            self._check_announced(manifest)
+            check_announced(manifest, self.trusted, self.timeout_s)
         return manifest
-
-    def _check_announced(self, manifest: Manifest) -> None:
-        """SourceFailed unless the trainer announced `manifest`'s version with its identity. A
-        version past the newest announced may be on its way in the next heartbeat: waited for,
-        timeout_s at most."""
-        assert self.trusted is not None
-        v, since = manifest.version, time.monotonic()
-        while (want := (known := self.trusted()).get(v)) is None:
-            if (known and max(known) > v) or time.monotonic() - since > self.timeout_s:
-                raise SourceFailed(f"it offers version {v}, which the trainer has not announced")
-            time.sleep(0.05)
-        if manifest.identity != want:
-            raise SourceFailed(
-                f"its manifest of version {v} is not the one the trainer announced (identity "
-                f"{manifest.identity[:12]}..., announced {want[:12]}...)"
-            )
 
     def _buckets(
         self,
@@ -221,9 +244,12 @@ class Receiver:
         staging: Staging,
         base: Image | None,
         sink: BucketSink | None,
+        asked: dict[int, int],
     ) -> None:
+        """Every bucket still missing, `window` requests in flight; `asked`: those already
+        sent (bucket index -> base asked from)."""
         version = staging.manifest.version
-        todo, asked, full = list(staging.missing()), {}, set()
+        todo, full = [i for i in staging.missing() if i not in asked], set()
         corrupt, since = 0, time.monotonic()
         while todo or asked:
             while todo and len(asked) < self.window:

@@ -35,6 +35,31 @@ PASS_OVER_S = 30.0
 KEPT_BROADCASTS = 3  # versions the collective group brought that a sampler keeps at hand
 
 
+class SourceKeys:
+    """CURVE for a connection to a source: the trainer's key for the trainer, a relay's own
+    for a relay (found by its address among the live samplers', read once)."""
+
+    def __init__(
+        self,
+        keys: ClientKeys,
+        curve_dir: Path,
+        trainer_addr: str,
+        relays: Callable[[], dict[str, str]],
+    ):
+        self.keys, self.curve_dir = keys, curve_dir
+        self.trainer_addr, self.relays = trainer_addr, relays
+        self._relay_keys: dict[str, bytes] = {}  # sampler id -> the key its relay serves with
+
+    def __call__(self, sock: zmq.Socket, addr: str) -> None:
+        relay = next((sid for sid, a in self.relays().items() if a == addr), None)
+        if relay is None or addr == self.trainer_addr:
+            self.keys.apply(sock)
+            return
+        if relay not in self._relay_keys:
+            self._relay_keys[relay] = relay_key(self.curve_dir, relay)
+        self.keys.apply(sock, self._relay_keys[relay])
+
+
 def advertised(bound: str, host: str) -> str:
     """The address other samplers reach a relay bound at `bound` (zmq's LAST_ENDPOINT) on."""
     parts = urlsplit(bound)
@@ -68,16 +93,16 @@ class VersionFollower:
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
         self.keys, self.curve_dir = keys, Path(t.curve_dir)
-        self._relay_keys: dict[str, bytes] = {}  # sampler id -> the key its relay serves with
         self._auth: ThreadAuthenticator | None = None
         self.receiver = Receiver(
             ctx,
-            self._secure if keys is not None else None,
+            None if keys is None else SourceKeys(keys, self.curve_dir, self.trainer_addr, relays),
             t.max_version_bytes,
             w.transfer_timeout_s,
             w.window,
             w.delta,
             trusted,
+            reuse=True,  # closed when this follower's thread ends (_run)
         )
         self.held: Image | None = seed
         self.seed, self.trusted = seed, trusted
@@ -116,18 +141,6 @@ class VersionFollower:
             self._auth = secure_server(ctx, [router], self.curve_dir, owner=self.sampler_id)
         router.bind(w.relay_addr)
         return router
-
-    def _secure(self, sock: zmq.Socket, addr: str) -> None:
-        """CURVE for a connection to `addr`: the trainer's key for the trainer, a relay's own
-        for a relay (found by its address among the live samplers')."""
-        assert self.keys is not None
-        relay = next((sid for sid, a in self.relays().items() if a == addr), None)
-        if relay is None or addr == self.trainer_addr:
-            self.keys.apply(sock)
-            return
-        if relay not in self._relay_keys:
-            self._relay_keys[relay] = relay_key(self.curve_dir, relay)
-        self.keys.apply(sock, self._relay_keys[relay])
 
     def _relay_failed(self, why: str) -> None:
         # The samplers below route around a relay that stopped serving; this one samples on.
@@ -200,6 +213,12 @@ class VersionFollower:
         return self.trusted().get(image.version) == image.manifest.identity
 
     def _run(self) -> None:
+        try:
+            self._follow()
+        finally:
+            self.receiver.close()  # its kept sockets: from the thread that used them
+
+    def _follow(self) -> None:
         while (version := self._next()) is not None:
             newer = self.announced is not None  # a relay may have moved past `version`
             before = self.receiver.stats.bytes
