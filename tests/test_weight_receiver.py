@@ -135,7 +135,7 @@ def test_the_first_buckets_are_asked_for_with_the_manifest() -> None:
     """Holding version 1, a receiver asks for version 2's first buckets beside its manifest
     (saving a round trip): the server has them asked for while the manifest is still parked,
     and the version arrives whole and by delta."""
-    store = SlowManifest(delay_s=0.1)
+    store = SlowManifest(delay_s=0.5)  # the buckets asked ahead reach it well before
     store.add(model(1))
     store.add(model(2))
     ctx = zmq.Context()
