@@ -215,3 +215,29 @@ def test_a_version_kept_with_a_state_comes_back_as_itself_and_a_tampered_one_is_
     path.write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a saved version"):
         load_image(path, MAX_BYTES)
+
+
+def test_a_kept_version_that_does_not_read_back_stops_the_resume_saying_how_to_go_on(
+    tmp_path,
+) -> None:
+    """A state's kept version changed on disk, or kept by code that wrote another manifest (one
+    with a checksum per tensor): one line naming the file and the way on, nothing half added."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from grpo.weights.publisher import restore_versions
+    from grpo.weights.stream.image import save_image
+
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    save_image(synthetic(2, QUICK), versions / "v000002.safetensors")
+    old = synthetic(3, QUICK)
+    body = old.manifest.to_body()
+    body["specs"] = [[*spec, 0] for spec in body["specs"]]  # a digest per tensor, as before
+    save_file(old.arrays, str(versions / "v000003.safetensors"),
+              metadata={"manifest": json.dumps(body)})  # fmt: skip
+    store = VersionStore(keep=4, budget_bytes=1 << 30)
+    with pytest.raises(ValueError, match=r"v000003.*not a saved version.*remove .*versions"):
+        restore_versions(store, versions, MAX_BYTES)
+    assert list(store.images) == [2]  # the one before it, read whole; nothing of the other

@@ -174,13 +174,24 @@ class Publisher:
     def restore(self, where: Path) -> None:
         """A resumed trainer's: the versions its state kept (keep_for_resume) back in memory,
         before it republishes its own."""
-        if self.store is None:
-            return
-        for path in sorted((where / "versions").glob("v*.safetensors")):
-            self.store.add(load_image(path, self.cfg.transport.max_version_bytes))
+        if self.store is not None:
+            restore_versions(self.store, where / "versions", self.cfg.transport.max_version_bytes)
 
     def close(self) -> None:
         self.end.close()
+
+
+def restore_versions(store: VersionStore, versions: Path, max_bytes: int) -> None:
+    """The versions a state kept (keep_for_resume) into `store`, oldest first; one that does not
+    read back as itself (changed on disk, or kept by code that wrote another manifest) stops the
+    resume with one line saying how to go on without them."""
+    for path in sorted(versions.glob("v*.safetensors")):
+        try:
+            image = load_image(path, max_bytes)
+        except ValueError as e:
+            raise ValueError(f"{e}; remove {versions} to resume without the versions "
+                             "this state kept") from None  # fmt: skip
+        store.add(image)
 
 
 def keep_initial(engine: Any, cfg: Config, store: VersionStore | None) -> None:

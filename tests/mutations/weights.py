@@ -413,4 +413,15 @@ MUTATIONS = (
             "when_asked",
         ),
     ),
+    Mutation(
+        name="unreadable_kept_version_names_no_way_on",
+        item="42.4: a kept version that does not read back stops the resume saying how to go on",
+        path="grpo/weights/publisher.py",
+        old="        except ValueError as e:\n",
+        new="        except KeyError as e:\n",
+        tests=(
+            f"{LIVE}::test_a_kept_version_that_does_not_read_back_stops_the_resume_saying_how_"
+            "to_go_on",
+        ),
+    ),
 )
