@@ -170,6 +170,22 @@ def test_a_full_copy_bucket_is_its_tensors_back_to_back_in_a_buffer_of_its_own(
         assert all(torch.equal(loaded[name], before[name]) for name in state)
 
 
+def test_an_image_leaves_out_a_tied_tensor_and_keeps_every_empty_one() -> None:
+    """A tensor sharing another's memory (tied embeddings) is left out, as save_pretrained
+    leaves it; empty tensors share no memory with anything, whatever their address, and the
+    first tensor of a state may be one."""
+    import torch
+
+    from grpo.weights.stream.torch_bits import image_from_state, state_from_image
+
+    embed = torch.randn(4, 3)
+    state = {"empty": torch.zeros(0), "embed": embed, "head": embed, "none": torch.zeros(0, 3)}
+    image = image_from_state(1, state, 1 << 20, False)
+    assert [s.name for s in image.manifest.specs] == ["empty", "embed", "none"]
+    got = state_from_image(image)
+    assert torch.equal(got["embed"], embed) and got["none"].shape == (0, 3)
+
+
 def _forged(frames: list, **fields) -> list:
     header = msgpack.unpackb(bytes(frames[0])[8:])
     return seal(msgpack.packb(dict(header, **fields), use_bin_type=True), [frames[1]])

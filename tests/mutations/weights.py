@@ -424,4 +424,15 @@ MUTATIONS = (
             "to_go_on",
         ),
     ),
+    Mutation(
+        name="image_key_only_for_non_empty_tensors",
+        item="42.7: a state whose first tensor is empty still makes a version image",
+        path="grpo/weights/stream/torch_bits.py",
+        old="        key = (t.data_ptr(), shape)\n        if t.numel() and key in seen:\n",
+        new="        if t.numel() and (key := (t.data_ptr(), shape)) in seen:\n",
+        tests=(
+            "tests/test_weight_streaming.py::test_an_image_leaves_out_a_tied_tensor_and_keeps_"
+            "every_empty_one",
+        ),
+    ),
 )

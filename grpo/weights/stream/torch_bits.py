@@ -26,7 +26,8 @@ def image_from_state(
     seen, kept, specs = set(), [], []
     for name, t in state.items():
         shape = tuple(t.shape)
-        if t.numel() and (key := (t.data_ptr(), shape)) in seen:
+        key = (t.data_ptr(), shape)
+        if t.numel() and key in seen:
             continue
         seen.add(key)
         kept.append(t.detach())
