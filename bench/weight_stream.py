@@ -5,8 +5,9 @@ Two processes, as the roles run: the trainer (this process) takes an AdamW step 
 learning rate, copies its weights into a version image (grpo.weights.stream), adds it to its
 VersionStore and tells the sampler, which receives it over a real ZeroMQ socket on loopback TCP
 from the trainer's StreamServer thread (manifest, then checksummed buckets, a window in
-flight), checks every tensor, and copies it into its HF model's tensors (as the sampler's
-Weights.load_state does). The clock stops when the sampler's model holds it.
+flight), checks every bucket, and copies it into its HF model's tensors as the sampler's
+Weights does (a LoRA adapter packed into one buffer, a version copied in through a plan made
+once: one copy per bucket). The clock stops when the sampler's model holds it.
 
 The limit: the same bytes copied once in memory (the trainer's host copy), sent once over the
 same loopback in frames of the same bucket size (ZeroMQ PUSH to PULL, zero-copy, between the
@@ -72,14 +73,16 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
     import torch
     import zmq
 
-    from grpo.models.loading import copy_state
+    from grpo.models.loading import pack_adapter
     from grpo.weights.collective.member import GroupMember
     from grpo.weights.stream.client import Receiver
-    from grpo.weights.stream.torch_bits import image_from_state, state_from_image
+    from grpo.weights.stream.torch_bits import LoadPlan, image_from_state
 
     torch.set_num_threads(1)
     quiet_hf()
     model = _model(path, lora).eval()
+    if lora:
+        pack_adapter(model)  # as the sampler's Weights.hf_policy does
     ctx = zmq.Context()
     # weights.delta false and true, as the sampler's follower makes them: given the version
     # held, keeping their connections from one version to the next
@@ -87,6 +90,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
                  for delta in (False, True)}  # fmt: skip
     targets = _state(model, lora)
     held = image_from_state(0, targets, 1 << 26, lora)  # version 0, as seeded
+    plan = LoadPlan(targets, held.manifest, {"lm_head.weight"}, "the version")
     group: dict[str, Any] = {}  # weights.mode collective: the trainer's announcement
     broadcast, arrived = {}, threading.Condition()
 
@@ -106,7 +110,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
             with arrived:
                 arrived.wait_for(lambda v=arg: v in broadcast, TIMEOUT_S)
                 image = broadcast.pop(arg)
-            copy_state(targets, state_from_image(image), {"lm_head.weight"}, "the version")
+            plan.load(image)
             conn.send((time.perf_counter(), image.manifest.nbytes))
             continue
         if kind == "limit":  # arg: the bytes to take in
@@ -122,7 +126,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
         version, delta = arg
         bytes_before = receivers[delta].stats.bytes
         image = receivers[delta].receive([addr], version, held)
-        copy_state(targets, state_from_image(image), {"lm_head.weight"}, "the version")
+        plan.load(image)
         held = image
         conn.send((time.perf_counter(), receivers[delta].stats.bytes - bytes_before))
     for receiver in receivers.values():

@@ -241,3 +241,37 @@ def test_a_kept_version_that_does_not_read_back_stops_the_resume_saying_how_to_g
     with pytest.raises(ValueError, match=r"v000003.*not a saved version.*remove .*versions"):
         restore_versions(store, versions, MAX_BYTES)
     assert list(store.images) == [2]  # the one before it, read whole; nothing of the other
+
+
+def test_a_forgotten_failure_is_not_tried_again_before_the_version_is_wanted() -> None:
+    """A restarted trainer has not published version 3 yet when a lone sampler asks for it: the
+    sampler forgets that failure (grpo.sampler.weights) and waits for 3 to be announced again.
+    Its follower used to try 3 again at once, fail again, and report that stale failure when the
+    sampler asked for 3 once it was out: the sampler stopped (a chaos run in collective mode)."""
+    import time
+
+    from grpo.config import load_config
+    from grpo.weights.stream.follower import VersionFollower
+
+    store = VersionStore(keep=4, budget_bytes=1 << 30)
+    ctx = zmq.Context()
+    with serving(store, ctx) as addr:
+        cfg = load_config(None, ["weights.mode=stream", f"transport.weights_addr={addr}",
+                                 "weights.transfer_timeout_s=2"])  # fmt: skip
+        follower = VersionFollower(cfg, ctx, "sampler-0", None, dict, None)
+        try:
+            follower.want(3)
+            deadline = time.monotonic() + 10
+            with pytest.raises(ValueError, match="no version 3"):
+                while follower.image(3) is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            follower.forget_failure(3)
+            time.sleep(0.5)  # the trainer is still on its way to version 3
+            store.add(synthetic(3, QUICK))
+            follower.want(3)
+            while (got := follower.image(3)) is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            follower.close()
+    ctx.term()
+    assert got is not None and got.version == 3

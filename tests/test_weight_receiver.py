@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from grpo.weights.stream.client import Receiver, largest_frame
+from grpo.weights.stream.frames import FULL_COPY
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.server import PENDING, StreamServer, VersionStore
 from tests.test_weight_streaming import MB, model, same
@@ -190,3 +191,46 @@ def test_a_manifest_of_other_tensors_than_the_held_version_s_is_read_as_its_own(
     finally:
         ctx.term()
     assert got.manifest == other.manifest and same(got, other)
+
+
+class Garbling(VersionStore):
+    """The trainer's store, its full copies arriving with a bit flipped in their payload (the
+    frames otherwise intact: a full copy's frame checksum covers its header alone) the first
+    `times` times they are asked for."""
+
+    def __init__(self, times: int):
+        super().__init__(keep=2, budget_bytes=64 * MB)
+        self.times = times
+
+    def bucket(self, version: int, base: int, index: int):
+        frames = super().bucket(version, base, index)
+        if self.times and base == FULL_COPY and isinstance(frames, list):
+            self.times -= 1
+            payload = bytearray(frames[1])
+            payload[len(payload) // 2] ^= 1
+            return [frames[0], payload]
+        return frames
+
+
+def test_a_full_copy_that_fails_its_checksum_is_asked_again_then_its_source_passed_over() -> None:
+    """A full copy corrupted on the way is caught by its bucket's checksum where it is staged
+    (checked once: the frame checksum does not cover it) and asked for again; a source whose
+    full copies keep failing is passed over after MAX_CORRUPT, for the next."""
+    from grpo.weights.stream.client import MAX_CORRUPT
+
+    once, always, clean = Garbling(times=1), Garbling(times=1000), Garbling(times=0)
+    for store in (once, always, clean):
+        store.add(model(1))
+    ctx = zmq.Context()
+    try:
+        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False)
+        with counted(once, ctx) as (addr, _):
+            got = rx.receive([addr], 1, None)
+        assert same(got, model(1)) and rx.stats.fallbacks["corrupt bucket"] == 1
+        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False)
+        with counted(always, ctx) as (relay, _), counted(clean, ctx) as (trainer, _):
+            got = rx.receive([relay, trainer], 1, None)
+    finally:
+        ctx.term()
+    assert same(got, model(1)) and rx.passed_over == [relay]
+    assert rx.stats.fallbacks["corrupt bucket"] == MAX_CORRUPT

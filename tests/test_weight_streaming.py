@@ -187,8 +187,12 @@ def test_an_image_leaves_out_a_tied_tensor_and_keeps_every_empty_one() -> None:
 
 
 def _forged(frames: list, **fields) -> list:
-    header = msgpack.unpackb(bytes(frames[0])[8:])
-    return seal(msgpack.packb(dict(header, **fields), use_bin_type=True), [frames[1]])
+    """The bucket's frames with other header fields, sealed as the encoders seal them."""
+    header = dict(msgpack.unpackb(bytes(frames[0])[8:]), **fields)
+    packed = msgpack.packb(header, use_bin_type=True)
+    if header["base"] == FULL_COPY:  # the frame checksum covers a full copy's header alone
+        return [*seal(packed), frames[1]]
+    return seal(packed, [frames[1]])
 
 
 def test_a_bucket_whose_parts_do_not_tile_its_payload_is_refused() -> None:
@@ -216,14 +220,18 @@ def test_a_full_copy_bucket_is_its_tensors_and_nothing_else() -> None:
         decode_bucket(_forged(frames, tensors=[entry]), 64 * MB)
     with pytest.raises(FrameError, match="lists no tensors"):
         decode_bucket(_forged(frames, base=0), 64 * MB)
+    # The frame checksum covers a full copy's header (a flipped bit in it is refused on
+    # decoding); its payload, the manifest's bucket checksum, checked once, where it is staged.
+    changed = msgpack.packb(dict(msgpack.unpackb(bytes(frames[0])[8:]), index=1))
+    with pytest.raises(FrameError, match="checksum"):
+        decode_bucket([bytes(frames[0])[:8] + changed, frames[1]], 64 * MB)
     staging = Staging(image.manifest)
-    short = seal(bytes(frames[0])[8:], [bytes(frames[1])[:-4]])
     with pytest.raises(ApplyError, match="holds .* bytes"):
-        staging.apply(decode_bucket(short, 64 * MB), None)
+        staging.apply(decode_bucket([frames[0], bytes(frames[1])[:-4]], 64 * MB), None)
     flipped = bytearray(frames[1])
     flipped[0] ^= 1
     with pytest.raises(ApplyError, match="checksum"):
-        staging.apply(decode_bucket(seal(bytes(frames[0])[8:], [flipped]), 64 * MB), None)
+        staging.apply(decode_bucket([frames[0], flipped], 64 * MB), None)
     assert staging.arrays == {} and staging.missing() == list(range(len(image.manifest.buckets)))
 
 

@@ -36,7 +36,7 @@ def _store(*images: Image) -> VersionStore:
 def _forged(version: int) -> Image:
     """A self-consistent version `version` of other weights: every checksum matches its bytes."""
     other = synthetic(version + 1000, QUICK)
-    return replace(other, manifest=replace(other.manifest, version=version))
+    return Image(replace(other.manifest, version=version), other.arrays, other.flats)
 
 
 def _receive(fake: VersionStore, trainer: VersionStore, announced: dict[int, str], **kw):
@@ -257,7 +257,7 @@ class Hostile(Forger):
 REFUSALS = {
     "forged": "is not the one the trainer announced",
     "future": f"version {Hostile.FUTURE}",
-    "corrupt": "fails its checksum",
+    "corrupt": "does not match its checksum",
     "stalled": "nothing for",
     "unresolvable": "cannot connect",
 }

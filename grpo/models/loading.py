@@ -91,6 +91,24 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in found[1]}
 
 
+def pack_adapter(model: torch.nn.Module) -> None:
+    """Moves a peft model's LoRA parameters into one buffer, back to back in adapter_state's
+    order (the order a version lists them in), each parameter a view of it: a version of the
+    adapter is then loaded with one copy (grpo.weights.stream.torch_bits.LoadPlan), not 240
+    small ones. For a model that is only sampled with (the sampler's policy): an optimizer
+    holding the parameters would keep the old tensors. Nothing is moved when they differ in
+    dtype or device."""
+    adapter_state(model)  # finds the parameters
+    params = [p for _, p in _ADAPTERS[model][1]]
+    if not params or len({(p.dtype, p.device) for p in params}) != 1:
+        return
+    with torch.no_grad():
+        flat = torch._utils._flatten_dense_tensors([p.data for p in params])
+        views = torch._utils._unflatten_dense_tensors(flat, [p.data for p in params])
+        for p, view in zip(params, views, strict=True):
+            p.data = view
+
+
 def require_same_tensors(
     expected: Mapping[str, tuple[int, ...]],
     state: Mapping[str, torch.Tensor],
@@ -99,10 +117,20 @@ def require_same_tensors(
 ) -> None:
     """RuntimeError unless `state` holds exactly the tensors `expected` names, each of its
     shape. `tied`: names that may be missing (they share another tensor's memory)."""
-    missing = sorted(set(expected) - set(state) - tied)
-    unexpected = sorted(set(state) - set(expected))
-    shapes = sorted(n for n in set(state) & set(expected)
-                    if tuple(state[n].shape) != tuple(expected[n]))  # fmt: skip
+    require_same_shapes(expected, {n: tuple(t.shape) for n, t in state.items()}, tied, what)
+
+
+def require_same_shapes(
+    expected: Mapping[str, tuple[int, ...]],
+    given: Mapping[str, tuple[int, ...]],
+    tied: set[str],
+    what: str,
+) -> None:
+    """require_same_tensors, of tensors known by their shapes (a version's manifest)."""
+    missing = sorted(set(expected) - set(given) - tied)
+    unexpected = sorted(set(given) - set(expected))
+    shapes = sorted(n for n in set(given) & set(expected)
+                    if tuple(given[n]) != tuple(expected[n]))  # fmt: skip
     if missing or unexpected or shapes:
         raise RuntimeError(
             f"{what} does not match the policy: missing {missing[:3]}, unexpected "

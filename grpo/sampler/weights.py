@@ -12,12 +12,18 @@ import torch
 
 from grpo.config import Config
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
-from grpo.models.loading import adapter_state, apply_lora, copy_state, load_causal_lm
+from grpo.models.loading import (
+    adapter_state,
+    apply_lora,
+    copy_state,
+    load_causal_lm,
+    pack_adapter,
+)
 from grpo.rollout.slots import SlotEngine
 from grpo.runtime.placement import sampler_memory_fraction
 from grpo.weights.modes import mode_of
 from grpo.weights.modes.base import Receiver, SamplerLink, Unavailable
-from grpo.weights.stream.torch_bits import image_from_state
+from grpo.weights.stream.torch_bits import LoadPlan, image_from_state
 from grpo.weights.version import Version
 from grpo.wire.channels import PeerError
 
@@ -75,6 +81,7 @@ class Weights:
         self.mode = mode_of(cfg)
         self.receiver: Receiver | None = None  # the mode's, once connected
         self._targets: dict[str, torch.Tensor] | None = None  # the policy's tensors, to load into
+        self._plan: LoadPlan | None = None  # where a version in memory goes in them
 
     def hf_policy(self) -> torch.nn.Module:
         """The HF policy (loaded on first use), which the sampler keeps at its version."""
@@ -85,6 +92,8 @@ class Weights:
             if cfg.model.lora.enabled:
                 policy = apply_lora(policy, cfg.model.lora).eval()
             self.policy = policy.to(self.device)
+            if cfg.model.lora.enabled:
+                pack_adapter(self.policy)  # each version of it loaded with one copy
         return self.policy
 
     def connect(self, endpoint: SamplerEndpoint, engine: SlotEngine) -> None:
@@ -152,8 +161,17 @@ class Weights:
         return self.receiver.stats() if self.receiver is not None else {}
 
     def load_into_policy(self, version: Version) -> None:
-        """`version` into the HF policy (also the evaluation CLI's, with no trainer)."""
-        self.load_state(version.tensors(), version.adapter, str(version))
+        """`version` into the HF policy (also the evaluation CLI's, with no trainer): one copy
+        per bucket for a version in memory (its plan made once for the versions of this
+        model), else tensor by tensor."""
+        image, targets = version.image, self.policy_tensors(version.adapter)
+        tied = self._tied(version.adapter)
+        if image is None:  # all or nothing: a mismatch is refused before any copy
+            copy_state(targets, version.tensors(), tied, str(version))
+            return
+        if self._plan is None or not self._plan.fits(image.manifest):
+            self._plan = LoadPlan(targets, image.manifest, tied, str(version))
+        self._plan.load(image)
 
     def policy_tensors(self, adapter: bool) -> dict[str, torch.Tensor]:
         """The HF policy's tensors (the adapter's alone with LoRA) by their published names,
@@ -163,12 +181,12 @@ class Weights:
             self._targets = adapter_state(policy) if adapter else policy.state_dict()
         return self._targets
 
-    def load_state(self, state: dict[str, torch.Tensor], adapter: bool, what: str) -> None:
-        """Full weights or a LoRA adapter's into the HF policy, copied into its tensors in
-        place, all or nothing (a mismatch is refused before any copy)."""
+    def _tied(self, adapter: bool) -> set[str]:
+        """The policy's tensors a version may leave out: those sharing another's memory."""
         assert self.policy is not None
-        tied = set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
-        copy_state(self.policy_tensors(adapter), state, set() if adapter else tied, what)
+        if adapter:
+            return set()
+        return set(getattr(self.policy, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
 
     def wait_for_version(self, needed: Callable[[], int]) -> None:
         """Wait until the trainer published `needed()` (the staleness bound, which moves as

@@ -12,6 +12,7 @@ GROUP = "tests/test_weight_collective.py"
 CHAOS = "tests/test_chaos.py"
 MODES = "tests/test_weight_modes.py"
 RECEIVER = "tests/test_weight_receiver.py"
+LOADING = "tests/test_weight_loading.py"
 FLAT = (
     "tests/test_weight_streaming.py::test_a_full_copy_bucket_is_its_tensors_back_to_back_in_a_"
     "buffer_of_its_own"
@@ -312,16 +313,16 @@ MUTATIONS = (
         name="staging_copies_the_socket_s_buffer",
         item="42.7: a received bucket's tensors are views of the socket's buffer, not a copy",
         path="grpo/weights/stream/image.py",
-        old="            whole = whole if whole.flags.writeable else whole.copy()\n",
-        new="            whole = whole.copy()\n",
+        old="            self.flats[index] = whole if whole.flags.writeable else whole.copy()\n",
+        new="            self.flats[index] = whole.copy()\n",
         tests=(f"{FLAT}[one bucket]",),
     ),
     Mutation(
         name="staging_keeps_a_read_only_payload",
         item="42.7: a read-only payload (a relay's bytes) is copied: a staged tensor is writable",
         path="grpo/weights/stream/image.py",
-        old="            whole = whole if whole.flags.writeable else whole.copy()\n",
-        new="",
+        old="            self.flats[index] = whole if whole.flags.writeable else whole.copy()\n",
+        new="            self.flats[index] = whole\n",
         tests=(f"{FLAT}[one each]",),
     ),
     Mutation(
@@ -428,11 +429,77 @@ MUTATIONS = (
         name="image_key_only_for_non_empty_tensors",
         item="42.7: a state whose first tensor is empty still makes a version image",
         path="grpo/weights/stream/torch_bits.py",
-        old="        key = (t.data_ptr(), shape)\n        if t.numel() and key in seen:\n",
+        old="        key = (t.data_ptr(), shape)\n        if key in seen and t.numel():\n",
         new="        if t.numel() and (key := (t.data_ptr(), shape)) in seen:\n",
         tests=(
             "tests/test_weight_streaming.py::test_an_image_leaves_out_a_tied_tensor_and_keeps_"
             "every_empty_one",
+        ),
+    ),
+    Mutation(
+        name="full_copy_header_unchecked",
+        item="42.7: a full copy's frame checksum still covers its header",
+        path="grpo/weights/stream/frames.py",
+        old='    require(checksum(covered) == expected, "a bucket\'s checksum does not match")',
+        new="    require(base == FULL_COPY or checksum(covered) == expected, 'unchecked')",
+        tests=(
+            "tests/test_weight_streaming.py::test_a_full_copy_bucket_is_its_tensors_and_nothing_"
+            "else",
+        ),
+    ),
+    Mutation(
+        name="corrupt_full_copy_fails_its_source_at_once",
+        item="42.3/42.7: a full copy failing its checksum is asked again before its source fails",
+        path="grpo/weights/stream/client.py",
+        old="                if bucket is not None and bucket.base != FULL_COPY:",
+        new="                if bucket is not None and bucket.base == FULL_COPY:\n"
+        '                    raise SourceFailed(f"a full copy: {e}") from None\n'
+        "                if bucket is not None:",
+        tests=(
+            f"{RECEIVER}::test_a_full_copy_that_fails_its_checksum_is_asked_again_then_its_source_"
+            "passed_over",
+        ),
+    ),
+    Mutation(
+        name="load_plan_checks_nothing",
+        item="42.1/42.7: a version in memory goes into the policy whole or not at all",
+        path="grpo/weights/stream/torch_bits.py",
+        old="        require_same_shapes({n: tuple(t.shape) for n, t in targets.items()}, given, "
+        "tied, what)\n",
+        new="",
+        tests=(f"{LOADING}::test_a_version_of_another_model_is_refused_before_anything_is_copied",),
+    ),
+    Mutation(
+        name="adapter_left_scattered",
+        item="42.7: the sampler holds its adapter in one buffer, loaded with one copy a bucket",
+        path="grpo/models/loading.py",
+        old="    if not params or len({(p.dtype, p.device) for p in params}) != 1:",
+        new="    if True:",
+        tests=(
+            f"{LOADING}::test_a_streamed_adapter_goes_into_the_sampler_s_packed_policy_one_copy_"
+            "a_bucket",
+            f"{LOADING}::test_pack_adapter_keeps_the_model_as_it_was",
+        ),
+    ),
+    Mutation(
+        name="bucket_copied_past_the_policy",
+        item="42.7: one copy a bucket writes the policy's own tensors",
+        path="grpo/weights/stream/torch_bits.py",
+        old="    return first.as_strided((sum(t.numel() for t in targets),), (1,))",
+        new="    return first.as_strided((sum(t.numel() for t in targets),), (1,)).clone()",
+        tests=(
+            f"{LOADING}::test_a_streamed_adapter_goes_into_the_sampler_s_packed_policy_one_copy_"
+            "a_bucket",
+        ),
+    ),
+    Mutation(
+        name="forgotten_failure_tried_again_at_once",
+        item="42.4: a sampler whose version a restarted trainer lost waits for it to be out again",
+        path="grpo/weights/stream/follower.py",
+        old="            if self._target == version:",
+        new="            if False:",
+        tests=(
+            f"{LIVE}::test_a_forgotten_failure_is_not_tried_again_before_the_version_is_wanted",
         ),
     ),
 )

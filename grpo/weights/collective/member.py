@@ -22,7 +22,7 @@ from grpo.config import Config
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.membership import GroupInfo
 from grpo.weights.stream.frames import Manifest, bucket_sum
-from grpo.weights.stream.image import Image, split_bucket
+from grpo.weights.stream.image import Image
 from grpo.wire.codec import FrameError
 from grpo.wire.unpack import unpack_bounded
 
@@ -55,6 +55,7 @@ class GroupMember:
         self.received_bytes = 0
         self._first: int | None = None  # in a group: the oldest version it will be sent
         self._last = -1  # the newest version broadcast to it, taken or not
+        self._known: Manifest | None = None  # the last version taken whole
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
         self._thread.start()
@@ -112,14 +113,14 @@ class GroupMember:
         raw = np.empty(size, np.uint8)
         wire.broadcast(group, raw)
         try:
-            manifest = Manifest.from_body(unpack_bounded(memoryview(raw)), self.max_version_bytes)
+            body = unpack_bounded(memoryview(raw))
+            manifest = Manifest.from_body(body, self.max_version_bytes, self._known)
         except (FrameError, ValueError) as e:
             raise LeftGroup(f"version {version}'s manifest: {e}") from None
         if manifest.version != version:
             raise LeftGroup(f"a manifest of version {manifest.version} under {version}")
-        arrays, flats, wrong = {}, {}, []
+        flats, wrong = {}, []
         for index in range(len(manifest.buckets)):
-            specs = manifest.bucket_specs(index)
             data = np.empty(manifest.bucket_nbytes[index], np.uint8)
             if data.size:
                 wire.broadcast(group, data)
@@ -127,7 +128,6 @@ class GroupMember:
             self.received_bytes += data.size
             if bucket_sum([data]) != manifest.sums[index]:
                 wrong.append(index)
-            arrays.update(split_bucket(data, specs))
             flats[index] = data
         if wrong:
             self._last = version
@@ -136,7 +136,8 @@ class GroupMember:
             return
         log.info("weights: version %d from the collective group (%d bytes)", version,
                  manifest.nbytes)  # fmt: skip
-        self.offer(Image(manifest, arrays, flats))
+        self._known = manifest  # the next version's lists the same tensors: taken as checked
+        self.offer(Image(manifest, flats=flats))
         self._last = version  # after the offer: the follower sees it coming or in, never neither
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ and logged:
 
     a delta the source cannot make (base not kept) -> that bucket as full copies
     a delta whose result fails its checksum        -> that bucket as full copies
-    a corrupt bucket (frame checksum)              -> asked again as full copies, 3 times at most
+    a corrupt bucket (frame or full-copy checksum) -> asked again as full copies, 3 times at most
     a source silent for timeout_s, or refusing     -> the next source, keeping the buckets in
 
 The root of trust is the trainer (`trusted`: the identity of each version it announced over
@@ -269,24 +269,24 @@ class Receiver:
             if tag[:1] != BUCKET_TAG:
                 self._refused(frames, index, full, todo)
                 continue
+            bucket = None
             try:
                 bucket = decode_bucket(frames[1:], self.max_bytes)
                 if bucket.base not in (wanted, FULL_COPY):  # never what was asked: give up on it
                     raise SourceFailed(f"bucket {index} came as a delta from version "
                                        f"{bucket.base}, asked from {wanted}")  # fmt: skip
                 staging.apply(bucket, base if bucket.base != FULL_COPY else None)
-            except FrameError as e:
-                corrupt += 1
-                if corrupt > MAX_CORRUPT:
-                    raise SourceFailed(f"{corrupt} corrupt buckets, the last: {e}") from None
-                self.stats.fell_back("corrupt bucket", f"{addr}, bucket {index}: {e}")
-                full.add(index)
-                todo.append(index)
-                continue
-            except ApplyError as e:
-                if bucket.base == FULL_COPY:
-                    raise SourceFailed(f"a full copy that fails its checksum: {e}") from None
-                self.stats.fell_back("delta mismatch", f"{addr}: {e}")
+            except (FrameError, ApplyError) as e:
+                # a delta not decoding to its checksum: a wrong base, asked as full copies;
+                # frames or full copies failing theirs: asked again, MAX_CORRUPT times at most
+                if bucket is not None and bucket.base != FULL_COPY:
+                    self.stats.fell_back("delta mismatch", f"{addr}: {e}")
+                else:
+                    corrupt += 1
+                    if corrupt > MAX_CORRUPT:
+                        raise SourceFailed(f"{corrupt} buckets fail their checksums, the last: "
+                                           f"{e}") from None  # fmt: skip
+                    self.stats.fell_back("corrupt bucket", f"{addr}, bucket {index}: {e}")
                 full.add(index)
                 todo.append(index)
                 continue

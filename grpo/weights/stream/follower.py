@@ -156,6 +156,8 @@ class VersionFollower:
         (the trainer restarted from an older state and will publish it again)."""
         with self._cond:
             self.failed.pop(version, None)
+            if self._target == version:  # asked again when wanted, not before it is out again:
+                self._target = -1  # a failure of an early attempt would stand for the next
             self._cond.notify_all()
 
     def offer(self, image: Image) -> None:

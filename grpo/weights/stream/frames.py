@@ -6,8 +6,8 @@ checksum: XXH3-64 of its tensors' bit patterns back to back, so that a bucket is
 one call whatever its tensors (a LoRA adapter is 240 small ones; a checksum each was a tenth of
 its sync). A bucket travels as one message of two frames:
 
-    frame 0   XXH3-64 of everything after it, then a msgpack header: {"version", "base",
-              "index", "tensors"}
+    frame 0   a checksum (below), then a msgpack header: {"version", "base", "index",
+              "tensors"}
     frame 1   the payload
 
 A bucket of full copies (base -1) lists no tensors: its payload is its tensors' bit patterns
@@ -17,9 +17,12 @@ tensor, and its payload is every tensor's encoded parts (grpo.weights.stream.del
 to back in the header's order. One payload frame, not a frame per part: ZeroMQ pays about 30 us
 a frame on each side.
 
-The frame checksum catches a corrupted transfer; the bucket checksums catch what a checksum of
-the frames cannot: a delta applied to the wrong base. Decoding checks every field and raises
-only FrameError, like the episode codec.
+Frame 0's checksum is XXH3-64 of the header, and of a delta bucket's payload after it: it
+catches a corrupted transfer before a delta is decoded. A full copy's payload is covered by the
+manifest's checksum of its bucket alone, checked once where it is staged: the same bytes summed
+twice on each side cost a LoRA sync a tenth of its budget. The bucket checksums also catch what
+a checksum of the frames cannot: a delta applied to the wrong base. Decoding checks every field
+and raises only FrameError, like the episode codec.
 """
 
 from __future__ import annotations
@@ -216,9 +219,10 @@ class Bucket:
 
 def encode_full_bucket(version: int, index: int, payload: Any) -> list[Any]:
     """Frames (for send_multipart(copy=False)) of a bucket of full copies: `payload` its
-    tensors' bit patterns back to back, sent as it is."""
+    tensors' bit patterns back to back, sent as it is (the frame checksum covers the header;
+    the manifest's bucket checksum, the payload)."""
     header = {"version": version, "base": FULL_COPY, "index": index, "tensors": []}
-    return seal(msgpack.packb(header, use_bin_type=True), [payload])
+    return [*seal(msgpack.packb(header, use_bin_type=True)), payload]
 
 
 def encode_delta_bucket(
@@ -238,7 +242,8 @@ def encode_delta_bucket(
 
 
 def decode_bucket(frames: Sequence[Any], max_bytes: int) -> Bucket:
-    """A bucket's frames checked: checksum, header, part lengths. Raises only FrameError."""
+    """A bucket's frames checked: checksum, header, part lengths (a full copy's payload is
+    checked against the manifest where it is staged). Raises only FrameError."""
     try:
         return _decode_bucket(frames, max_bytes)
     except FrameError:
@@ -254,10 +259,11 @@ def _decode_bucket(frames: Sequence[Any], max_bytes: int) -> Bucket:
     require(views[0].nbytes > _SUM.size, "a bucket's frame 0 is too short")
     (expected,) = _SUM.unpack(views[0][: _SUM.size])
     header_view, payload = views[0][_SUM.size :], views[1]
-    require(checksum([header_view, payload]) == expected, "a bucket's checksum does not match")
-    header = unpack_bounded(header_view)
+    header = unpack_bounded(header_view)  # bounded: safe to read before it is checked
     require(isinstance(header, dict), "a bucket's header must be a map")
     version, base, index = header.get("version"), header.get("base"), header.get("index")
+    covered = [header_view] if base == FULL_COPY else [header_view, payload]
+    require(checksum(covered) == expected, "a bucket's checksum does not match")
     require(type(version) is int and version >= 0, "a bucket's version")
     require(type(base) is int and base >= -1, "a bucket's base")
     require(type(index) is int and index >= 0, "a bucket's index")

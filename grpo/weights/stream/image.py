@@ -35,13 +35,33 @@ class ApplyError(ValueError):
     """A bucket that cannot go into the staging copy (it is left as it was)."""
 
 
-@dataclass
 class Image:
-    manifest: Manifest
-    arrays: dict[str, np.ndarray]  # name -> flat bit pattern
-    # bucket index -> its tensors' bytes back to back, where `arrays` are views of one buffer
-    # (built or received so): sent as a full-copy bucket's payload without joining the parts
-    flats: dict[int, np.ndarray] = field(default_factory=dict)
+    """A version's tensors as flat arrays of their bit patterns (`arrays`: name -> array), and
+    (`flats`: bucket index -> buffer) each bucket held as one buffer, built or received so: sent
+    as a full-copy bucket's payload as it is, loaded with one split. The arrays of a bucket
+    held as one buffer are views of it, made when first asked for (a delta to encode or
+    decode, a file to write): a sync of full copies never needs them."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        arrays: dict[str, np.ndarray] | None = None,
+        flats: dict[int, np.ndarray] | None = None,
+    ):
+        self.manifest = manifest
+        self.flats = dict(flats or {})
+        self._arrays = dict(arrays or {})
+        self._split = not self.flats
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        if not self._split:  # idempotent: two threads asking at once make the same views
+            for index, flat in self.flats.items():
+                specs = self.manifest.bucket_specs(index)
+                if specs[0].name not in self._arrays:
+                    self._arrays.update(split_bucket(flat, specs))
+            self._split = True
+        return self._arrays
 
     @property
     def version(self) -> int:
@@ -73,12 +93,9 @@ class Image:
         flats: dict[int, np.ndarray],
         adapter: bool,
     ) -> Image:
-        """From each bucket's buffer (uint8, its tensors back to back): the arrays view them."""
-        arrays = {}
-        for index, (start, end) in enumerate(buckets):
-            arrays.update(split_bucket(flats[index], specs[start:end]))
+        """From each bucket's buffer (uint8, its tensors back to back)."""
         sums = tuple(bucket_sum([flats[i]]) for i in range(len(buckets)))
-        return cls(Manifest(version, specs, buckets, adapter, sums), arrays, flats)
+        return cls(Manifest(version, specs, buckets, adapter, sums), flats=flats)
 
     def bucket_bytes(self, index: int) -> np.ndarray:
         """Bucket `index`'s tensors back to back, as uint8: its buffer where the image has one,
@@ -150,11 +167,9 @@ class Staging:
             # the tensors view the payload: the socket's buffer, the receiver's own once
             # received (a read-only one, a relay's or a test's bytes, is copied)
             whole = np.frombuffer(bucket.payload, np.uint8)
-            whole = whole if whole.flags.writeable else whole.copy()
             if bucket_sum([whole]) != m.sums[index]:
                 raise ApplyError(f"bucket {index} does not match its checksum")
-            self.arrays.update(split_bucket(whole, specs))
-            self.flats[index] = whole
+            self.flats[index] = whole if whole.flags.writeable else whole.copy()
             self.done.add(index)
             return
         if [t[0] for t in bucket.tensors] != [s.name for s in specs]:
@@ -185,7 +200,7 @@ class Staging:
         if self.missing():
             raise ApplyError(f"buckets {self.missing()[:5]} of version "
                              f"{self.manifest.version} never arrived")  # fmt: skip
-        return Image(self.manifest, dict(self.arrays), dict(self.flats))
+        return Image(self.manifest, self.arrays, self.flats)
 
 
 def save_image(image: Image, path: Path) -> None:
