@@ -185,6 +185,7 @@ class _Trainer:
 
         from grpo.config import load_config
         from grpo.models.loading import load_tokenizer
+        from grpo.weights.stream.buffers import BufferPool
         from grpo.weights.stream.server import StreamServer, VersionStore
         from grpo.weights.stream.torch_bits import image_from_state
 
@@ -197,6 +198,7 @@ class _Trainer:
         self.batch = load_tokenizer(path)([question] * 2, return_tensors="pt")
         self.batch["labels"] = self.batch["input_ids"].clone()
         self.store = VersionStore(keep=2, budget_bytes=1 << 34, delta=True)
+        self.pool = BufferPool()  # the versions' host memory, as grpo.weights.publisher's
         self.store.add(image_from_state(0, _state(self.model, lora), self.bucket_bytes, lora))
         router = ctx.socket(zmq.ROUTER)
         self.addr = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
@@ -238,9 +240,8 @@ class _Trainer:
         self.step()
         self.version += 1
         t0 = time.perf_counter()
-        image = image_from_state(
-            self.version, _state(self.model, self.lora), self.bucket_bytes, self.lora
-        )
+        state = _state(self.model, self.lora)
+        image = image_from_state(self.version, state, self.bucket_bytes, self.lora, self.pool)
         self.store.add(image)
         return t0, image
 

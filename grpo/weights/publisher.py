@@ -20,6 +20,7 @@ from grpo.models.loading import adapter_state
 from grpo.weights.dirs import publish_version
 from grpo.weights.modes import mode_of
 from grpo.weights.modes.base import TrainerLink
+from grpo.weights.stream.buffers import BufferPool
 from grpo.weights.stream.image import Image, load_image, save_image
 from grpo.weights.stream.server import VersionStore
 from grpo.weights.stream.torch_bits import image_from_state
@@ -110,9 +111,11 @@ def versions_samplers_may_ask(cfg: Config) -> int:
     return (t.max_staleness or 0) // t.sync_interval + 2
 
 
-def stream_image(cfg: Config, version: int, state: dict[str, Any]) -> Image:
+def stream_image(
+    cfg: Config, version: int, state: dict[str, Any], pool: BufferPool | None = None
+) -> Image:
     bucket_bytes = int(cfg.weights.bucket_mb * 2**20)
-    return image_from_state(version, state, bucket_bytes, cfg.model.lora.enabled)
+    return image_from_state(version, state, bucket_bytes, cfg.model.lora.enabled, pool)
 
 
 def durable_due(cfg: Config, step: int) -> bool:
@@ -132,6 +135,8 @@ class Publisher:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.store = new_store(cfg)
         self.end = mode_of(cfg).trainer_end(cfg, self.store)
+        # the versions' host memory, reused once the store and the samplers are done with it
+        self.pool = BufferPool() if self.store is not None else None
 
     def start(self, link: TrainerLink) -> None:
         """The samplers can be told of versions from now on."""
@@ -145,7 +150,7 @@ class Publisher:
     def publish(self, weights: Published, step: int) -> None:
         cfg = self.cfg
         if self.store is not None:  # in memory first: the samplers wait for it
-            self.store.add(stream_image(cfg, step, weights.state()))
+            self.store.add(stream_image(cfg, step, weights.state(), self.pool))
         self.end.published(step)
         if self.store is None or durable_due(cfg, step):
 

@@ -502,4 +502,17 @@ MUTATIONS = (
             f"{LIVE}::test_a_forgotten_failure_is_not_tried_again_before_the_version_is_wanted",
         ),
     ),
+    Mutation(
+        name="pool_hands_out_a_buffer_still_held",
+        item="42.7: a version's host memory is reused only once nothing holds it",
+        path="grpo/weights/stream/buffers.py",
+        old="_HELD_BY_THE_POOL_ALONE = 2\n",
+        new="_HELD_BY_THE_POOL_ALONE = 99\n",
+        tests=(
+            "tests/test_weight_buffers.py::test_a_buffer_is_handed_out_again_only_once_nothing_"
+            "holds_it",
+            "tests/test_weight_buffers.py::test_a_version_built_from_the_pool_never_writes_a_"
+            "version_still_held",
+        ),
+    ),
 )

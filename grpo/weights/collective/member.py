@@ -21,6 +21,7 @@ import numpy as np
 from grpo.config import Config
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.membership import GroupInfo
+from grpo.weights.stream.buffers import BufferPool
 from grpo.weights.stream.frames import Manifest, bucket_sum
 from grpo.weights.stream.image import Image
 from grpo.wire.codec import FrameError
@@ -56,6 +57,7 @@ class GroupMember:
         self._first: int | None = None  # in a group: the oldest version it will be sent
         self._last = -1  # the newest version broadcast to it, taken or not
         self._known: Manifest | None = None  # the last version taken whole
+        self.pool = BufferPool()  # the buckets' host memory
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
         self._thread.start()
@@ -121,7 +123,9 @@ class GroupMember:
             raise LeftGroup(f"a manifest of version {manifest.version} under {version}")
         flats, wrong = {}, []
         for index in range(len(manifest.buckets)):
-            data = np.empty(manifest.bucket_nbytes[index], np.uint8)
+            # memory an older version no longer holds: gloo took up to 3 times as long to
+            # write a fresh 64 MiB buffer, faulting its pages in mid-receive
+            data = self.pool.take(manifest.bucket_nbytes[index])
             if data.size:
                 wire.broadcast(group, data)
             self.progress += 1
@@ -129,6 +133,7 @@ class GroupMember:
             if bucket_sum([data]) != manifest.sums[index]:
                 wrong.append(index)
             flats[index] = data
+        self.pool.keep_spare(manifest.nbytes)
         if wrong:
             self._last = version
             log.warning("weights: version %d from the group fails the checksums of buckets %s: "

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from grpo.models.loading import require_same_shapes
+from grpo.weights.stream.buffers import BufferPool
 from grpo.weights.stream.frames import BITS, Manifest, TensorSpec, plan_buckets
 from grpo.weights.stream.image import Image
 
@@ -22,12 +23,16 @@ _spec = lru_cache(maxsize=1 << 16)(TensorSpec)
 
 
 def image_from_state(
-    version: int, state: Mapping[str, torch.Tensor], bucket_bytes: int, adapter: bool
+    version: int,
+    state: Mapping[str, torch.Tensor],
+    bucket_bytes: int,
+    adapter: bool,
+    pool: BufferPool | None = None,
 ) -> Image:
     """A host copy of `state` (the trainer steps on while it is served), each bucket's tensors
-    copied back to back into one buffer (one copy for the bucket, sent as it is). A tensor
-    sharing its storage with one before it (tied embeddings) is left out, as save_pretrained
-    leaves it."""
+    copied back to back into one buffer (one copy for the bucket, sent as it is; from `pool`
+    where there is one: memory an older version no longer holds). A tensor sharing its
+    storage with one before it (tied embeddings) is left out, as save_pretrained leaves it."""
     seen, kept, specs = set(), [], []
     for name, t in state.items():
         shape = tuple(t.shape)
@@ -41,18 +46,32 @@ def image_from_state(
     flats = {}
     with torch.no_grad():
         for index, (start, end) in enumerate(buckets):
-            flats[index] = _joined(kept[start:end])
-    return Image.of_buckets(version, tuple(specs), buckets, flats, adapter)
+            flats[index] = _joined(kept[start:end], pool)
+    image = Image.of_buckets(version, tuple(specs), buckets, flats, adapter)
+    if pool is not None:
+        pool.keep_spare(image.manifest.nbytes)
+    return image
 
 
-def _joined(tensors: list[torch.Tensor]) -> np.ndarray:
+def _joined(tensors: list[torch.Tensor], pool: BufferPool | None) -> np.ndarray:
     """A host copy of the tensors' bytes back to back: joined in their dtype when they share
     one, with torch's own flattening (what DeepSpeed buckets gradients with: a third faster
     than a view of each joined with torch.cat, for a LoRA adapter's 240 tensors), else as
-    bytes; a copy of its own for one tensor (torch.cat of one would copy it as well)."""
+    bytes; a copy of its own for one tensor (torch.cat of one would copy it as well). Into a
+    buffer of `pool`, when given and the bucket is one it pools."""
+    one, nbytes = len({t.dtype for t in tensors}) == 1, sum(t.nbytes for t in tensors)
+    if pool is not None and pool.pooled(nbytes):
+        out = torch.from_numpy(buf := pool.take(nbytes))
+        parts = [t.reshape(-1) if one else t.reshape(-1).view(torch.uint8) for t in tensors]
+        out = out.view(tensors[0].dtype) if one and tensors else out
+        if all(t.device.type == "cpu" for t in parts):
+            torch.cat(parts, out=out)
+        else:  # joined where the tensors are, then one transfer into the host buffer
+            out.copy_(torch.cat(parts))
+        return buf
     if len(tensors) == 1:
         return _own(tensors[0].reshape(-1).view(torch.uint8))
-    if len({t.dtype for t in tensors}) == 1:
+    if one:
         joined = torch._utils._flatten_dense_tensors(tensors).view(torch.uint8)
     else:
         joined = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
