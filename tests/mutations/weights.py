@@ -366,7 +366,7 @@ MUTATIONS = (
         name="buckets_asked_ahead_read_in_any_tiling",
         item="42.3/42.7: buckets asked ahead are read only when the manifest tiles them so",
         path="grpo/weights/stream/client.py",
-        old="                if asked and not _tiled_alike(manifest, held):",
+        old="                if asked and not manifest.cut_like(held.manifest):",
         new="                if False:",
         tests=(f"{RECEIVER}::test_buckets_asked_ahead_in_another_tiling_are_not_read",),
     ),

@@ -79,15 +79,6 @@ def check_announced(
         )
 
 
-def _tiled_alike(manifest: Manifest, held: Image | None) -> bool:
-    """Whether `manifest` lists the held version's tensors in its buckets (a version of the
-    same model, cut the same way)."""
-    return held is not None and (manifest.specs, manifest.buckets) == (
-        held.manifest.specs,
-        held.manifest.buckets,
-    )
-
-
 @dataclass
 class SyncStats:
     """One receiver's counts over a run: bytes in, versions, and every fallback by its cause."""
@@ -158,7 +149,7 @@ class Receiver:
                     ahead = largest_frame(held.manifest)
                     asked = self._ask_ahead(attempt.socket(ahead), version, held)
                 manifest = self._manifest(sock, addr, version, newer, known)
-                if asked and not _tiled_alike(manifest, held):
+                if asked and not manifest.cut_like(held.manifest):
                     attempt.drop(ahead)  # other buckets: the answers on their way are not ours
                     asked = {}
                 # the buckets' socket takes no frame larger than they can hold

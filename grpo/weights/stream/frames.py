@@ -124,6 +124,12 @@ class Manifest:
         """Each bucket's tensors' bytes."""
         return tuple(sum(s.nbytes for s in self.specs[a:b]) for a, b in self.buckets)
 
+    def cut_like(self, other: Manifest) -> bool:
+        """Whether this manifest lists `other`'s tensors in the same buckets (a version of the
+        same model, cut the same way). Versions of one model share their specs' tuple."""
+        same_specs = self.specs is other.specs or self.specs == other.specs
+        return same_specs and self.buckets == other.buckets
+
     def bucket_specs(self, index: int) -> tuple[TensorSpec, ...]:
         start, end = self.buckets[index]
         return self.specs[start:end]

@@ -63,7 +63,7 @@ def _joined(tensors: list[torch.Tensor], pool: BufferPool | None) -> np.ndarray:
     if pool is not None and pool.pooled(nbytes):
         out = torch.from_numpy(buf := pool.take(nbytes))
         parts = [t.reshape(-1) if one else t.reshape(-1).view(torch.uint8) for t in tensors]
-        out = out.view(tensors[0].dtype) if one and tensors else out
+        out = out.view(tensors[0].dtype) if one else out
         if all(t.device.type == "cpu" for t in parts):
             torch.cat(parts, out=out)
         else:  # joined where the tensors are, then one transfer into the host buffer
@@ -139,7 +139,7 @@ class LoadPlan:
     ):
         given = {s.name: s.shape for s in manifest.specs}
         require_same_shapes({n: tuple(t.shape) for n, t in targets.items()}, given, tied, what)
-        self.layout = (manifest.specs, manifest.buckets)
+        self.manifest = manifest  # the versions it was made for are cut as this one
         self.device = next(iter(targets.values())).device if targets else None
         # each bucket's targets: the one tensor they make up (else None), and each of them,
         # flat where every one can be viewed so (copied in as the bucket is split), else shaped
@@ -152,8 +152,7 @@ class LoadPlan:
 
     def fits(self, manifest: Manifest) -> bool:
         """Whether `manifest` cuts its version as the one this plan was made for."""
-        specs, buckets = self.layout
-        return (manifest.specs is specs or manifest.specs == specs) and manifest.buckets == buckets
+        return manifest.cut_like(self.manifest)
 
     def load(self, image: Image) -> None:
         """`image` (a version this plan fits) into the targets, in place."""
