@@ -2,12 +2,13 @@
 the new version in its model, against the limit of the same bytes measured in the same run.
 
 Two processes, as the roles run: the trainer (this process) takes an AdamW step at the demo's
-learning rate, copies its weights into a version image (grpo.weights.stream), adds it to its
-VersionStore and tells the sampler, which receives it over a real ZeroMQ socket on loopback TCP
-from the trainer's StreamServer thread (manifest, then checksummed buckets, a window in
-flight), checks every bucket, and copies it into its HF model's tensors as the sampler's
-Weights does (a LoRA adapter packed into one buffer, a version copied in through a plan made
-once: one copy per bucket). The clock stops when the sampler's model holds it.
+learning rate on parameters held as DeepSpeed ZeRO-2 holds them (one flat buffer), copies its
+weights into a version image (grpo.weights.stream), adds it to its VersionStore and tells the
+sampler, which receives it over a real ZeroMQ socket on loopback TCP from the trainer's
+StreamServer thread (manifest, then checksummed buckets, a window in flight), checks every
+bucket, and copies it into its HF model's tensors as the sampler's Weights does (a LoRA
+adapter packed into one buffer, a version copied in through a plan made once: one copy per
+bucket). The clock stops when the sampler's model holds it.
 
 The limit: the same bytes copied once in memory (the trainer's host copy), sent once over the
 same loopback in frames of the same bucket size (ZeroMQ PUSH to PULL, zero-copy, between the
@@ -66,6 +67,21 @@ def _state(model: Any, lora: bool) -> dict[str, Any]:
     from grpo.models.loading import adapter_state
 
     return adapter_state(model) if lora else model.state_dict()
+
+
+def _flat_group(params: list[Any]) -> list[Any]:
+    """`params` moved into one buffer, back to back in their order, each a view of it: how a
+    DeepSpeed ZeRO-1/2 rank holds what it trains (its flat parameter group), the trainer's
+    engine (grpo.trainer.engines), whose image copies a bucket of them with one call."""
+    import torch
+
+    with torch.no_grad():
+        flat = torch._utils._flatten_dense_tensors([p.data for p in params])
+        for p, view in zip(
+            params, torch._utils._unflatten_dense_tensors(flat, params), strict=True
+        ):
+            p.data = view
+    return params
 
 
 def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
@@ -192,7 +208,7 @@ class _Trainer:
         cfg = load_config(_demo_config())
         self.lora, self.bucket_bytes = lora, int(cfg.weights.bucket_mb * 2**20)
         self.model = _model(path, lora).train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = _flat_group([p for p in self.model.parameters() if p.requires_grad])
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
         question = "Natalia sold clips to 48 of her friends in April. How many clips? #### 72"
         self.batch = load_tokenizer(path)([question] * 2, return_tensors="pt")

@@ -14,8 +14,9 @@ import pytest
 
 from bench.common import free_port
 from grpo.config import Config, ConfigError, load_config
+from grpo.weights.collective import group as wire
 from grpo.weights.collective.broadcaster import Broadcaster
-from grpo.weights.collective.member import GroupMember
+from grpo.weights.collective.member import GroupMember, LeftGroup
 from grpo.weights.collective.membership import GroupInfo, invited
 from grpo.weights.stream.follower import VersionFollower
 from grpo.weights.stream.image import Image
@@ -120,6 +121,39 @@ def test_every_version_reaches_every_member_bit_for_bit(run) -> None:
     # The broadcaster notes a version's time once its broadcast returned, which can be just
     # after the members took it (seen once in a full suite run).
     wait_until(lambda: set(trainer.broadcaster.seconds) == {1, 2, 3}, "the broadcast times")
+
+
+def test_a_version_cut_like_the_one_before_is_sent_without_its_manifest(run, monkeypatch) -> None:
+    """A generation's first version goes with its manifest; each after it, cut the same way,
+    as a header carrying its buckets' checksums, then its buckets (two operations for a LoRA
+    adapter, not three). Every version still reaches the member bit for bit."""
+    sent: list[int] = []  # the sizes the broadcaster sent, headers and buckets left out
+    header, broadcast = wire.HEADER_LEN * 8, wire.broadcast
+
+    def spy(group, data: np.ndarray) -> None:
+        if threading.current_thread().name == "broadcaster" and data.size != header:
+            sent.append(data.size)
+        broadcast(group, data)
+
+    monkeypatch.setattr(wire, "broadcast", spy)
+    trainer, samplers = run(1)
+    wait_until(lambda: samplers[0].member.expects(1), "the group")
+    images = [version(v) for v in (1, 2, 3)]
+    for image in images:
+        trainer.publish(image)
+    wait_until(lambda: len(samplers[0].got) == 3, "three versions")
+    assert all(same(samplers[0].got[image.version], image) for image in images)
+    buckets = list(images[0].manifest.bucket_nbytes)
+    manifest = sent[0]
+    assert sent == [manifest, *buckets, *buckets, *buckets] and manifest not in buckets
+
+
+def test_a_header_cut_like_a_version_never_sent_ends_the_membership(run) -> None:
+    trainer, samplers = run(1)
+    member = samplers[0].member
+    wait_until(lambda: member.expects(1), "the group")
+    with pytest.raises(LeftGroup, match="version 7 said to be cut like a version not sent"):
+        member._manifest(None, 7, 0, (1, 2))
 
 
 def test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again(run) -> None:

@@ -120,3 +120,40 @@ def test_pack_adapter_keeps_the_model_as_it_was(tiny_model_dir) -> None:
     state = adapter_state(model)
     flat = next(iter(state.values())).untyped_storage()
     assert all(t.untyped_storage().data_ptr() == flat.data_ptr() for t in state.values())
+
+
+def _flat_groups(params: list[torch.nn.Parameter], gap_at: int, pad: int) -> None:
+    """The parameters moved into one buffer as a DeepSpeed ZeRO-1/2 rank holds them: back to
+    back in their order, each a view of it, two groups with `pad` elements of padding between
+    them (before parameter `gap_at`)."""
+    buffer = torch.zeros(sum(p.numel() for p in params) + pad)
+    at = 0
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            at += pad if i == gap_at else 0
+            view = buffer[at : at + p.numel()].view(p.shape)
+            view.copy_(p.data)
+            p.data, at = view, at + p.numel()
+
+
+def test_a_flat_parameter_group_is_copied_whole_never_across_padding(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """Where a bucket's tensors sit back to back in one buffer (the trainer's parameters under
+    DeepSpeed ZeRO-1/2) the image copies the bucket with one call; a bucket across the padding
+    between two groups is joined tensor by tensor. The image is the same either way."""
+    model = _trained(tiny_model_dir, load_config(None, ["model.lora.enabled=true"]), 3)
+    scattered = {k: t.clone() for k, t in adapter_state(model).items()}
+    expected = image_from_state(1, scattered, BUCKET_BYTES, True)
+    start, end = next(b for b in expected.manifest.buckets if b[1] - b[0] >= 2)
+    joins: list[int] = []
+    flatten = torch._utils._flatten_dense_tensors
+    monkeypatch.setattr(torch._utils, "_flatten_dense_tensors",
+                        lambda ts: joins.append(len(ts)) or flatten(ts))  # fmt: skip
+    image_from_state(1, scattered, BUCKET_BYTES, True)
+    assert len(joins) == sum(b - a > 1 for a, b in expected.manifest.buckets) > 1
+    joins.clear()
+    _flat_groups([p for p in model.parameters() if p.requires_grad], start + 1, pad=16)
+    image = image_from_state(1, adapter_state(model), BUCKET_BYTES, True)
+    assert joins == [end - start]  # the bucket across the padding, and no other
+    assert image.manifest.identity == expected.manifest.identity  # every bucket's checksum

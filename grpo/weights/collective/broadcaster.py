@@ -28,6 +28,7 @@ import numpy as np
 from grpo.config import Config
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.membership import GroupInfo, invited
+from grpo.weights.stream.frames import Manifest
 from grpo.weights.stream.server import VersionStore
 
 log = logging.getLogger("grpo.trainer")
@@ -56,6 +57,7 @@ class Broadcaster:
         self.epoch = uuid.uuid4().hex[:12]
         self.generation, self.members = 0, ()
         self.group = None
+        self._sent: Manifest | None = None  # the last version's, in this generation
         # (sampler, incarnation) -> the generation it was in when that failed
         self.failed_in: dict[tuple[str, str], int] = {}
         self._incarnations: dict[str, str] = {}  # the members' at the group's forming
@@ -105,6 +107,7 @@ class Broadcaster:
         size = len(members) + 1
         self.group = wire.form(self.meeting, self.generation, 0, size, self.interface,
                                self.timeout_s)  # fmt: skip
+        self._sent = None
         self.first = version if version is not None else self.last_queued + 1
         wire.exchange_header(self.group, [wire.KEEPALIVE, self.first])
         log.info("weights: collective group %d formed with %s (versions from %d on)",
@@ -117,9 +120,15 @@ class Broadcaster:
             wire.exchange_header(self.group, [wire.KEEPALIVE, self.first])
             return
         t0 = time.monotonic()
-        body = np.frombuffer(msgpack.packb(image.manifest.to_body()), np.uint8).copy()
-        wire.exchange_header(self.group, [wire.VERSION, image.version, body.size])
-        wire.broadcast(self.group, body)
+        manifest, sent = image.manifest, self._sent
+        if sent is not None and _same_layout(manifest, sent):
+            wire.exchange_header(self.group, [wire.VERSION, image.version, 0, len(manifest.sums)],
+                                 manifest.sums)  # fmt: skip
+        else:
+            body = np.frombuffer(msgpack.packb(manifest.to_body()), np.uint8).copy()
+            wire.exchange_header(self.group, [wire.VERSION, image.version, body.size])
+            wire.broadcast(self.group, body)
+        self._sent = manifest
         for index in range(len(image.manifest.buckets)):
             data = image.bucket_bytes(index)
             if data.size:
@@ -141,3 +150,13 @@ class Broadcaster:
         """Stop after the operation under way (each is bounded by the timeout)."""
         self._queue.put(CLOSE)
         self._thread.join(timeout=self.timeout_s + 5)
+
+
+def _same_layout(manifest: Manifest, previous: Manifest) -> bool:
+    """Whether a member can take `manifest` as `previous` with other checksums (what a header
+    carries in place of a manifest)."""
+    return (
+        manifest.cut_like(previous)
+        and manifest.adapter == previous.adapter
+        and len(manifest.sums) <= wire.MAX_INLINE_SUMS
+    )

@@ -11,6 +11,7 @@ follower streams whatever the group will not bring (`expects`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -56,7 +57,7 @@ class GroupMember:
         self.received_bytes = 0
         self._first: int | None = None  # in a group: the oldest version it will be sent
         self._last = -1  # the newest version broadcast to it, taken or not
-        self._known: Manifest | None = None  # the last version taken whole
+        self._previous: Manifest | None = None  # the last version this generation sent
         self.pool = BufferPool()  # the buckets' host memory
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
@@ -95,33 +96,46 @@ class GroupMember:
         group = wire.form(meeting, info.generation, rank, len(info.members) + 1, interface,
                           self.timeout_s)  # fmt: skip
         self.state = f"member:{info.generation}"
+        self._previous = None
         log.info("weights: joined collective group %d as rank %d", info.generation, rank)
         while not self._closing.is_set():
-            kind, value, size, _ = wire.exchange_header(group, None)
+            (kind, value, size, _), sums = wire.exchange_header(group, None)
             if kind == wire.KEEPALIVE:
                 self._first = value
             elif kind == wire.VERSION:
-                self._take(group, value, size)
+                self._take(group, self._manifest(group, value, size, sums))
             elif kind == wire.REFORM:
                 return
             else:
                 raise LeftGroup(f"a header of unknown kind {kind}")
 
-    def _take(self, group: object, version: int, size: int) -> None:
-        """One version: its manifest, then its buckets. A bucket that fails its checksum loses
-        the version (the follower streams it) but not the group: every bucket is still read."""
-        if not 0 < size <= wire.MAX_MANIFEST_BYTES:
+    def _manifest(self, group: object, version: int, size: int, sums: tuple[int, ...]) -> Manifest:
+        """Version `version`'s manifest: broadcast after the header (`size` bytes), or, with
+        no size, the previous version's with the header's bucket checksums."""
+        previous = self._previous
+        if size == 0:
+            if previous is None or len(sums) != len(previous.sums):
+                raise LeftGroup(f"version {version} said to be cut like a version not sent")
+            manifest = dataclasses.replace(previous, version=version, sums=sums)
+        elif 0 < size <= wire.MAX_MANIFEST_BYTES:
+            raw = np.empty(size, np.uint8)
+            wire.broadcast(group, raw)
+            try:
+                body = unpack_bounded(memoryview(raw))
+                manifest = Manifest.from_body(body, self.max_version_bytes, previous)
+            except (FrameError, ValueError) as e:
+                raise LeftGroup(f"version {version}'s manifest: {e}") from None
+            if manifest.version != version:
+                raise LeftGroup(f"a manifest of version {manifest.version} under {version}")
+        else:
             raise LeftGroup(f"version {version}'s manifest of {size} bytes")
-        raw = np.empty(size, np.uint8)
-        wire.broadcast(group, raw)
-        try:
-            body = unpack_bounded(memoryview(raw))
-            manifest = Manifest.from_body(body, self.max_version_bytes, self._known)
-        except (FrameError, ValueError) as e:
-            raise LeftGroup(f"version {version}'s manifest: {e}") from None
-        if manifest.version != version:
-            raise LeftGroup(f"a manifest of version {manifest.version} under {version}")
-        flats, wrong = {}, []
+        self._previous = manifest
+        return manifest
+
+    def _take(self, group: object, manifest: Manifest) -> None:
+        """One version's buckets. A bucket that fails its checksum loses the version (the
+        follower streams it) but not the group: every bucket is still read."""
+        version, flats, wrong = manifest.version, {}, []
         for index in range(len(manifest.buckets)):
             # memory an older version no longer holds: gloo took up to 3 times as long to
             # write a fresh 64 MiB buffer, faulting its pages in mid-receive
@@ -141,7 +155,6 @@ class GroupMember:
             return
         log.info("weights: version %d from the collective group (%d bytes)", version,
                  manifest.nbytes)  # fmt: skip
-        self._known = manifest  # the next version's lists the same tensors: taken as checked
         self.offer(Image(manifest, flats=flats))
         self._last = version  # after the offer: the follower sees it coming or in, never neither
 

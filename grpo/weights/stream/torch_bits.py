@@ -58,7 +58,10 @@ def _joined(tensors: list[torch.Tensor], pool: BufferPool | None) -> np.ndarray:
     one, with torch's own flattening (what DeepSpeed buckets gradients with: a third faster
     than a view of each joined with torch.cat, for a LoRA adapter's 240 tensors), else as
     bytes; a copy of its own for one tensor (torch.cat of one would copy it as well). Into a
-    buffer of `pool`, when given and the bucket is one it pools."""
+    buffer of `pool`, when given and the bucket is one it pools. Tensors back to back in one
+    buffer (a DeepSpeed ZeRO-1/2 rank's parameters, views of its flat group) are copied whole."""
+    span = _span(tensors)
+    tensors = [span] if span is not None else tensors
     one, nbytes = len({t.dtype for t in tensors}) == 1, sum(t.nbytes for t in tensors)
     if pool is not None and pool.pooled(nbytes):
         out = torch.from_numpy(buf := pool.take(nbytes))
@@ -113,8 +116,8 @@ def _bucket_tensors(image: Image, index: int, whole: torch.Tensor | None) -> lis
 
 def _span(targets: list[torch.Tensor]) -> torch.Tensor | None:
     """The one 1-D tensor `targets` make up when they sit back to back in one buffer, in
-    order, of one dtype (a LoRA adapter the sampler packed, grpo.models.loading.pack_adapter),
-    else None."""
+    order, of one dtype (a LoRA adapter the sampler packed, grpo.models.loading.pack_adapter;
+    the trainer's parameters in a DeepSpeed ZeRO-1/2 flat group), else None."""
     first, at = targets[0], targets[0].data_ptr()
     storage = first.untyped_storage().data_ptr()
     for t in targets:
