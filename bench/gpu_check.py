@@ -5,8 +5,10 @@ a user starts it, on whatever GPUs this node has, and prints one table:
     config | exit | steps | s/step | generation tokens/s | trainer tokens/s | peak GiB trainer
     | peak GiB sampler | eval format / accuracy (first -> last)
 
-The table also goes to bench/results/gpu_check.md with the date and the device. Peak memory is
-what each role's process allocated on its GPU at most (on a CPU node: its peak resident set).
+then one line: the seconds per GB to broadcast the recipe's model from one rank to another
+(bench.broadcast: NCCL between two GPUs where the node has two, else gloo). The table also
+goes to bench/results/gpu_check.md with the date and the device. Peak memory is what each
+role's process allocated on its GPU at most (on a CPU node: its peak resident set).
 
     python -m bench.gpu_check                     # all of it (about 15 minutes on one H100)
     python -m bench.gpu_check --steps 2 --no-recipe
@@ -195,8 +197,16 @@ def main(argv: list[str]) -> int:
         out = Path(args.out or tmp)
         rows = run(configs, args.steps, not args.no_recipe, overrides, out)
     text = table(rows)
+    from bench import broadcast  # imports torch: after the runs, as device_name does
+
+    try:  # the weights.mode collective transport between GPUs (issue 42)
+        weights = broadcast.line(broadcast.model_numbers())
+    except Exception as e:  # a failed measure is a line of the report, and a failed check
+        weights, failed = f"weights broadcast failed: {str(e).splitlines()[-1]}", True
+    else:
+        failed = False
     stamp = datetime.date.today().isoformat()
-    report = f"GPU check, {stamp}, {device}\n\n{text}\n"
+    report = f"GPU check, {stamp}, {device}\n\n{text}\n\n{weights}\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS / "gpu_check.md.tmp"
     tmp.write_text(report)
@@ -205,7 +215,7 @@ def main(argv: list[str]) -> int:
     for r in rows:
         if r.exit_code:
             print(f"--- {r.config} exited {r.exit_code}:\n{r.log_tail}", file=sys.stderr)
-    return 1 if any(r.exit_code for r in rows) else 0
+    return 1 if failed or any(r.exit_code for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -175,6 +175,7 @@ def sync_numbers(smoke: bool) -> dict[str, str]:
     Median of 3 after a warm-up."""
     import torch
 
+    from bench import broadcast
     from bench.gpu import SMOLLM2_135M, TINY, _model
     from grpo.weights.modes import MODES
 
@@ -190,6 +191,11 @@ def sync_numbers(smoke: bool) -> dict[str, str]:
         publish_s, deliver_s = _sync_mode(name, state, sampler_model.state_dict())
         result[f"{name}: publish s/GB"] = f"{publish_s / gb:.2f}"
         result[f"{name}: deliver + load s/GB"] = f"{deliver_s / gb:.2f}"
+    if broadcast.backend_here() == "nccl":  # the collective's GPU transport (bench.broadcast)
+        nccl = broadcast.broadcast_numbers(broadcast.buckets_of([t.nbytes for t in state.values()]))
+        result["nccl broadcast s/GB"] = f"{nccl['s/GB']} ({nccl['spread s/GB']})"
+    else:
+        result["nccl broadcast s/GB"] = f"- (needs 2 GPUs, {torch.cuda.device_count()} here)"
     return result
 
 
@@ -239,6 +245,8 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
             for v in range(1, 5):
                 for tensor in state.values():  # every element of every version new
                     tensor.neg_()
+                if name == "collective" and v > 1:  # timed once the group brings versions
+                    _wait(lambda v=v: receiver.member.expects(v), "the collective group")
                 t0 = time.perf_counter()
                 publisher.publish(Published(lambda where, shard: _save(state, where),
                                             lambda: state), v)  # fmt: skip
@@ -251,6 +259,10 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
                 if v > 1:  # the first is the warm-up (a group forming, buffers allocated)
                     publish_s.append(t1 - t0)
                     deliver_s.append(time.perf_counter() - t1)
+            if name == "collective" and receiver.stats()["weights_broadcast_mb"] * 2**20 < 3 * (
+                sum(t.nbytes for t in state.values())
+            ):
+                raise RuntimeError("collective: the versions timed came by stream, not broadcast")
         finally:
             receiver.close()
             ctx.term()

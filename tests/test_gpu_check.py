@@ -125,3 +125,22 @@ def test_unknown_config_is_refused():
     done = subprocess.run([PYTHON, "-m", "bench.gpu_check", "--only", "gsm8k_nope"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "no configs/gsm8k_nope.yaml" in done.stderr
+
+
+def test_the_weights_broadcast_is_timed_and_every_byte_checked() -> None:
+    """bench.broadcast on CPU (gloo between two processes; NCCL where a node has two GPUs):
+    buckets sent from rank 0 arrive at rank 1 bit for bit in every repetition, each timed."""
+    import torch
+
+    from bench import broadcast
+    from bench.gpu import TINY, _model
+    from grpo.weights.stream.torch_bits import image_from_state
+
+    sizes = broadcast.model_sizes(TINY, torch.float32)  # as the trainer's image lists them
+    image = image_from_state(0, _model(TINY, torch.float32, torch.device("cpu")).state_dict(),
+                             1 << 26, False)  # fmt: skip
+    assert sizes == [s.nbytes for s in image.manifest.specs]
+    assert sum(broadcast.buckets_of(sizes)) == sum(sizes)
+    numbers = broadcast.broadcast_numbers([3 << 20, 12_345], reps=2, backend="gloo")
+    assert numbers["backend"] == "gloo (2 host processes, 2 buckets)"
+    assert numbers["GB"] == f"{((3 << 20) + 12_345) / 1e9:.3f}" and float(numbers["s/GB"]) > 0

@@ -557,4 +557,14 @@ MUTATIONS = (
         new="            if False:",
         tests=(f"{GROUP}::test_a_header_cut_like_a_version_never_sent_ends_the_membership",),
     ),
+    Mutation(
+        name="broadcast_bench_sends_nothing",
+        item="42.7: bench.broadcast times buckets that arrive, checked byte for byte",
+        path="bench/broadcast.py",
+        old="                dist.broadcast(b, src=0)",
+        new="                pass",
+        tests=(
+            "tests/test_gpu_check.py::test_the_weights_broadcast_is_timed_and_every_byte_checked",
+        ),
+    ),
 )
