@@ -121,10 +121,15 @@ def test_a_sampler_joins_mid_run_and_one_leaves_and_every_step_is_trained(tmp_pa
     trainer, s0 = start("trainer", config, overrides, logs["trainer"]), sampler(0)
     try:
         wait_for(lambda: len(rows_of(run_dir)) >= 3, "step 3", [trainer, s0])
+        # ROLE=sampler execs: s0 is the sampler itself. Frozen while sampler-1 starts (up to
+        # 20 s on a loaded machine), sampler-0 cannot carry the run to its end before it
+        # leaves; it leaves as soon as it is let go again (the SIGTERM waits for the SIGCONT).
+        s0.send_signal(signal.SIGSTOP)
         s1 = sampler(1)
         wait_for(lambda: any(r["sampler_id"] == "sampler-1" for r in rows_of(run_dir)),
                  "a batch of sampler-1", [trainer, s0, s1])  # fmt: skip
-        s0.send_signal(signal.SIGTERM)  # ROLE=sampler execs: this is the sampler itself
+        s0.send_signal(signal.SIGTERM)
+        s0.send_signal(signal.SIGCONT)
         finish([trainer, s0, s1], timeout=400)
     finally:
         finish([trainer, s0, *([s1] if "s1" in locals() else [])], timeout=1)
