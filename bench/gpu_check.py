@@ -202,7 +202,8 @@ def main(argv: list[str]) -> int:
     try:  # the weights.mode collective transport between GPUs (issue 42)
         weights = broadcast.line(broadcast.model_numbers())
     except Exception as e:  # a failed measure is a line of the report, and a failed check
-        weights, failed = f"weights broadcast failed: {str(e).splitlines()[-1]}", True
+        why = (str(e) or type(e).__name__).splitlines()[-1]
+        weights, failed = f"weights broadcast failed: {why}", True
     else:
         failed = False
     stamp = datetime.date.today().isoformat()

@@ -6,6 +6,7 @@ ending with the straight run's weights bit for bit: tests/test_chaos.py.)"""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -202,6 +203,22 @@ def test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on(run) -> N
     wait_until(lambda: 2 in samplers[0].got, "version 2")
     assert 1 not in samplers[0].got and not member.expects(1)  # the follower streams it
     assert member.expects(3) and member.state.startswith("member:")
+
+
+def test_closing_while_a_group_forms_says_what_it_waits_for(caplog) -> None:
+    """A sampler said it was ready and went away before joining: the trainer's close waits for
+    the group's forming to fail, says so, and is done within the bound."""
+    store = VersionStore(keep=2, budget_bytes=1 << 20, delta=False)
+    broadcaster = Broadcaster(collective_config(), store, lambda: {"gone": ("i", "ready:0")})
+    wait_until(lambda: broadcaster.announced is not None, "the group forming")
+    with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+        began = time.monotonic()
+        broadcaster.close()
+        took = time.monotonic() - began
+    assert "closing once the collective group's operation under way ends, within 2 s" in (
+        caplog.text
+    )
+    assert took < TIMEOUT_S + 1.5 and not broadcaster._thread.is_alive(), took
 
 
 def test_who_the_next_group_holds() -> None:

@@ -567,4 +567,12 @@ MUTATIONS = (
             "tests/test_gpu_check.py::test_the_weights_broadcast_is_timed_and_every_byte_checked",
         ),
     ),
+    Mutation(
+        name="close_waits_in_silence",
+        item="42.3: a close that waits out a group's forming says so",
+        path="grpo/weights/collective/broadcaster.py",
+        old='            log.info("weights: closing once the collective group',
+        new='            log.debug("weights: closing once the collective group',
+        tests=(f"{GROUP}::test_closing_while_a_group_forms_says_what_it_waits_for",),
+    ),
 )

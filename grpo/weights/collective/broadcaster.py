@@ -147,9 +147,14 @@ class Broadcaster:
         self.announced = None
 
     def close(self) -> None:
-        """Stop after the operation under way (each is bounded by the timeout)."""
+        """Stop after the operation under way (each is bounded by the timeout), saying so when
+        it lasts: a group forming with a sampler that went away waits the bound out."""
         self._queue.put(CLOSE)
-        self._thread.join(timeout=self.timeout_s + 5)
+        self._thread.join(timeout=1)
+        if self._thread.is_alive():
+            log.info("weights: closing once the collective group's operation under way ends, "
+                     "within %.0f s (weights.collective_timeout_s)", self.timeout_s)  # fmt: skip
+            self._thread.join(timeout=self.timeout_s + 5)
 
 
 def _same_layout(manifest: Manifest, previous: Manifest) -> bool:
