@@ -69,8 +69,8 @@ def _joined(tensors: list[torch.Tensor], pool: BufferPool | None) -> np.ndarray:
         out = out.view(tensors[0].dtype) if one else out
         if all(t.device.type == "cpu" for t in parts):
             torch.cat(parts, out=out)
-        else:  # joined where the tensors are, then one transfer into the host buffer
-            out.copy_(torch.cat(parts))
+        else:  # joined where the tensors are (unless one already), then one transfer
+            out.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
         return buf
     if len(tensors) == 1:
         return _own(tensors[0].reshape(-1).view(torch.uint8))
