@@ -238,6 +238,7 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
             secure=lambda sock: None, announced=lambda: 0, relays=dict,
             manifests=lambda: announced_manifests(publisher.announced()) or {},
             group=lambda: publisher.announced().get("collective"), wait=_wait,
+            wake=lambda: None,  # _wait looks every 2 ms
         )  # fmt: skip
         receiver = MODES[name].receiver(cfg, link)
         publish_s, deliver_s = [], []

@@ -268,7 +268,7 @@ def _follower(announced: dict[int, str]) -> VersionFollower:
     follower.failed, follower.announced, follower.node = {}, None, None
     follower.seed, follower.held, follower.broadcast = None, None, {}
     follower.trusted, follower._target = (lambda: announced), -1
-    follower.expected = lambda v: False
+    follower.expected, follower.changed = (lambda v: False), (lambda: None)
     return follower
 
 

@@ -4,6 +4,7 @@ Publisher to a sampler's receiver whole, over real sockets where the mode has th
 
 from __future__ import annotations
 
+import threading
 import time
 import typing
 from collections.abc import Callable
@@ -39,21 +40,34 @@ def _state(version: int) -> dict[str, torch.Tensor]:
     return {f"layer.{i}.weight": torch.randn(64, 32, generator=g) for i in range(3)}
 
 
-def _wait(ready: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not ready():
-        assert time.monotonic() < deadline, f"no {what} within 20 s"
-        time.sleep(0.01)
+class Waiter:
+    """A sampler's wait as its endpoint's (SamplerEndpoint.wait_until): it looks again only
+    when woken. The endpoint's also wakes on each message of the trainer; here nothing else
+    wakes it, so a receiver that does not wake it when a version came in is waited out."""
+
+    def __init__(self) -> None:
+        self.news = threading.Event()
+
+    def wait(self, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not ready():
+            woken = self.news.wait(max(0.0, deadline - time.monotonic()))
+            assert woken, f"no {what} within 20 s: nothing woke the wait"
+            self.news.clear()
+
+    def wake(self) -> None:
+        self.news.set()
 
 
 def _link(publisher: Publisher, run_dir: Path, ctx: zmq.Context) -> SamplerLink:
     """A sampler's link as Weights.connect makes it, the trainer's heartbeats read straight
     from its publisher (what grpo.delivery.trainer_endpoint sends in every one)."""
+    waiter = Waiter()
     return SamplerLink(
         run_dir=run_dir, sampler_id="sampler-0", ctx=ctx, keys=None,
         limits=SocketLimits(1 << 30, 4), secure=lambda sock: None, announced=lambda: 1, relays=dict,
         manifests=lambda: announced_manifests(publisher.announced()) or {},
-        group=lambda: None, wait=_wait,
+        group=lambda: None, wait=waiter.wait, wake=waiter.wake,
     )  # fmt: skip
 
 
@@ -75,7 +89,7 @@ def test_each_mode_hands_the_sampler_the_version_the_trainer_published(tmp_path,
     receiver = MODES[mode].receiver(cfg, _link(publisher, run_dir, ctx))
     try:
         publisher.publish(weights, 1)
-        version = receiver.get(1)
+        version = receiver.get(1)  # stream: the follower wakes the wait once it holds it
         assert version is not None and version.number == 1 and not version.adapter
         assert version.tensors().keys() == state.keys()
         assert all(torch.equal(version.tensors()[k], v) for k, v in state.items())

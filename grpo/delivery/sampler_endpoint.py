@@ -161,6 +161,11 @@ class SamplerEndpoint:
         self.stopped.set()
         self._news.set()
 
+    def wake(self) -> None:
+        """Have a wait_until look again now: what it waits for changed outside the trainer's
+        messages (a weights version came in)."""
+        self._news.set()
+
     def interrupt(self, reason: str) -> None:
         """A signal: stop for `reason`, whatever stopped the sampler before (the signal is
         what its exit code and its stop to the trainer report)."""

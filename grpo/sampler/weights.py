@@ -117,6 +117,7 @@ class Weights:
             manifests=lambda: status.manifests,
             group=lambda: status.group,
             wait=receiving_wait(endpoint),
+            wake=endpoint.wake,
             seed=seed,
         )
         self.receiver = receiver = self.mode.receiver(self.cfg, link)

@@ -575,4 +575,15 @@ MUTATIONS = (
         new='            log.debug("weights: closing once the collective group',
         tests=(f"{GROUP}::test_closing_while_a_group_forms_says_what_it_waits_for",),
     ),
+    Mutation(
+        name="version_in_and_nobody_told",
+        item="42.3: a sampler loads a streamed version as soon as it is in, not at the next "
+        "heartbeat",
+        path="grpo/weights/modes/stream.py",
+        old="            changed=link.wake,\n",
+        new="",
+        tests=(
+            f"{MODES}::test_each_mode_hands_the_sampler_the_version_the_trainer_published[stream]",
+        ),
+    ),
 )

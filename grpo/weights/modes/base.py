@@ -94,6 +94,9 @@ class SamplerLink:
     group: Callable[[], dict[str, Any] | None]  # the collective group it formed
     # Sleep until the predicate holds or the sampler stops, named (a stall with its name).
     wait: Callable[[Callable[[], bool], str], None]
+    # Have `wait` look again at once: a version came in, or failed (else it looks again only
+    # when the trainer next says something, a heartbeat up to transport.heartbeat_s away).
+    wake: Callable[[], None]
     seed: Image | None = None  # version 0 as the sampler holds it (the first delta's base)
 
 

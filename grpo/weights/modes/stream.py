@@ -55,6 +55,7 @@ class StreamReceiver(Receiver):
             announced=link.announced if several else None,
             seed=link.seed,
             trusted=link.manifests,
+            changed=link.wake,
         )
         self.relay_address = self.follower.address
         self.wait = link.wait

@@ -80,6 +80,7 @@ class VersionFollower:
         announced: Callable[[], int] | None,
         seed: Image | None = None,
         trusted: Callable[[], Mapping[int, str]] | None = None,
+        changed: Callable[[], None] = lambda: None,
     ):
         """`relays()`: the live samplers' relay addresses (from the trainer's heartbeats);
         `announced()`: the newest version out, with relays on (None: a lone sampler); `seed`:
@@ -88,7 +89,9 @@ class VersionFollower:
         full copies). `keys`: this sampler's CURVE keys (transport.curve_dir), which it
         connects to the trainer and to relays with, and serves its own relay with.
         `trusted()`: the identity of each version the trainer announced (its heartbeats), the
-        only manifests taken from any source (grpo.weights.stream.client.Receiver)."""
+        only manifests taken from any source (grpo.weights.stream.client.Receiver).
+        `changed()`: called once a version came in or failed, for a waiter that sleeps until
+        told (the sampler's wait_until wakes on the trainer's messages, not on this thread)."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
@@ -105,7 +108,7 @@ class VersionFollower:
             reuse=True,  # closed when this follower's thread ends (_run)
         )
         self.held: Image | None = seed
-        self.seed, self.trusted = seed, trusted
+        self.seed, self.trusted, self.changed = seed, trusted, changed
         # weights.mode collective: the versions the group brought (the newest few), and
         # whether it will bring a version (grpo.weights.collective.member.GroupMember.expects)
         self.broadcast: dict[int, Image] = {}
@@ -172,6 +175,7 @@ class VersionFollower:
                 if self.node is not None:  # the samplers below it take it from here
                     self.node.source.finished(image)
             self._cond.notify_all()
+        self.changed()
 
     def image(self, version: int) -> Image | None:
         """The held version if it is `version` (or, with relays, newer); raises ValueError if
@@ -233,6 +237,7 @@ class VersionFollower:
                 with self._cond:
                     self.failed[version] = str(e) if isinstance(e, ValueError) else repr(e)
                     self._cond.notify_all()
+                self.changed()
                 continue
             finally:
                 now = time.monotonic()
@@ -245,6 +250,7 @@ class VersionFollower:
                 self.held = image
                 self.failed.pop(version, None)
                 self._cond.notify_all()
+            self.changed()
 
     def _sources(self) -> list[str]:
         """The relays up the tree, nearest first, then the trainer; a relay that failed a
