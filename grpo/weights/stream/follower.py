@@ -90,8 +90,7 @@ class VersionFollower:
         connects to the trainer and to relays with, and serves its own relay with.
         `trusted()`: the identity of each version the trainer announced (its heartbeats), the
         only manifests taken from any source (grpo.weights.stream.client.Receiver).
-        `changed()`: called once a version came in or failed, for a waiter that sleeps until
-        told (the sampler's wait_until wakes on the trainer's messages, not on this thread)."""
+        `changed()`: a version came in or failed (the sampler's wait looks again at once)."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
