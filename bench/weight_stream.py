@@ -69,21 +69,6 @@ def _state(model: Any, lora: bool) -> dict[str, Any]:
     return adapter_state(model) if lora else model.state_dict()
 
 
-def _flat_group(params: list[Any]) -> list[Any]:
-    """`params` moved into one buffer, back to back in their order, each a view of it: how a
-    DeepSpeed ZeRO-1/2 rank holds what it trains (its flat parameter group), the trainer's
-    engine (grpo.trainer.engines), whose image copies a bucket of them with one call."""
-    import torch
-
-    with torch.no_grad():
-        flat = torch._utils._flatten_dense_tensors([p.data for p in params])
-        for p, view in zip(
-            params, torch._utils._unflatten_dense_tensors(flat, params), strict=True
-        ):
-            p.data = view
-    return params
-
-
 def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
     """The sampler's side: receives what the trainer says, answers with the clock at the end."""
     import torch
@@ -200,7 +185,7 @@ class _Trainer:
         import zmq
 
         from grpo.config import load_config
-        from grpo.models.loading import load_tokenizer
+        from grpo.models.loading import load_tokenizer, pack_parameters
         from grpo.weights.stream.buffers import BufferPool
         from grpo.weights.stream.server import StreamServer, VersionStore
         from grpo.weights.stream.torch_bits import image_from_state
@@ -208,7 +193,10 @@ class _Trainer:
         cfg = load_config(_demo_config())
         self.lora, self.bucket_bytes = lora, int(cfg.weights.bucket_mb * 2**20)
         self.model = _model(path, lora).train()
-        params = _flat_group([p for p in self.model.parameters() if p.requires_grad])
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # held as the trainer's DeepSpeed ZeRO-2 engine holds them: its image copies a bucket
+        # of them with one call
+        pack_parameters(params)
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
         question = "Natalia sold clips to 48 of her friends in April. How many clips? #### 72"
         self.batch = load_tokenizer(path)([question] * 2, return_tensors="pt")

@@ -99,7 +99,13 @@ def pack_adapter(model: torch.nn.Module) -> None:
     holding the parameters would keep the old tensors. Nothing is moved when they differ in
     dtype or device."""
     adapter_state(model)  # finds the parameters
-    params = [p for _, p in _ADAPTERS[model][1]]
+    pack_parameters([p for _, p in _ADAPTERS[model][1]])
+
+
+def pack_parameters(params: list[torch.nn.Parameter]) -> None:
+    """Moves `params` into one buffer, back to back in their order, each a view of it (as a
+    DeepSpeed ZeRO-1/2 rank holds what it trains: its flat group). Nothing is moved when they
+    differ in dtype or device."""
     if not params or len({(p.dtype, p.device) for p in params}) != 1:
         return
     with torch.no_grad():

@@ -129,7 +129,7 @@ class Broadcaster:
             wire.exchange_header(self.group, [wire.VERSION, image.version, body.size])
             wire.broadcast(self.group, body)
         self._sent = manifest
-        for index in range(len(image.manifest.buckets)):
+        for index in range(len(manifest.buckets)):
             data = image.bucket_bytes(index)
             if data.size:
                 wire.broadcast(self.group, np.ascontiguousarray(data))
