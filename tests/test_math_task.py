@@ -143,24 +143,47 @@ def test_extract_boxed_is_linear(make):
 RIGHT = {"reward/format": 0.1, "reward/answer": 0.9}
 FORMATTED = {"reward/format": 0.1, "reward/answer": 0.0}
 NEITHER = {"reward/format": 0.0, "reward/answer": 0.0}
+# Working enough for the worked-answer rules (grpo.tasks.answer_form.MIN_WORKING_WORDS).
+WORK = "Halve the whole, since two equal parts make it up, and simplify.\n"
 
 
 def test_reward_values_and_info():
     row = {"problem": "p", "answer": r"\frac{1}{2}"}
-    assert reward(r"so \boxed{0.5}", row) == (
+    assert reward(WORK + r"so \boxed{0.5}", row) == (
         1.0,
-        {"formatted": True, "correct": True, "pred": "0.5", "gold": r"\frac{1}{2}", **RIGHT},
+        {
+            "formatted": True,
+            "correct": True,
+            "pred": "0.5",
+            "gold": r"\frac{1}{2}",
+            "markers": 1,
+            **RIGHT,
+        },  # fmt: skip
     )
-    assert reward(r"\boxed{3}", row) == (
+    assert reward(WORK + r"\boxed{3}", row) == (
         FORMAT_REWARD,
-        {"formatted": True, "correct": False, "pred": "3", "gold": r"\frac{1}{2}", **FORMATTED},
+        {
+            "formatted": True,
+            "correct": False,
+            "pred": "3",
+            "gold": r"\frac{1}{2}",
+            "markers": 1,
+            **FORMATTED,
+        },  # fmt: skip
     )
     assert FORMAT_REWARD == 0.1  # the GSM8K value, for the same reason
     assert reward("it is 1/2", row) == (
         0.0,
-        {"formatted": False, "correct": False, "pred": None, "gold": r"\frac{1}{2}", **NEITHER},
+        {
+            "formatted": False,
+            "correct": False,
+            "pred": None,
+            "gold": r"\frac{1}{2}",
+            "markers": 0,
+            **NEITHER,
+        },  # fmt: skip
     )
-    value, info = reward("\\boxed{" + "1+" * 200 + "1}", row)
+    value, info = reward(WORK + "\\boxed{" + "+".join(map(str, range(100))) + "}", row)
     assert value == FORMAT_REWARD and len(info["pred"]) == math500.PRED_CHARS + 3
 
 
@@ -169,7 +192,24 @@ def test_unboxed_answer_never_reaches_the_checker(monkeypatch):
         raise AssertionError("checker called")
 
     monkeypatch.setattr(math500._CHECKER, "check", fail)
-    assert reward(r"\boxed{} 0.5", {"answer": "0.5"})[0] == 0.0
+    assert reward(WORK + r"\boxed{} 0.5", {"answer": "0.5"})[0] == 0.0
+    # nor does answer spam: it is refused before math-verify reads it
+    assert reward(WORK + r"\boxed{0.5}\boxed{0.5}", {"answer": "0.5"})[0] == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        (r"\boxed{0.5}", "no working before the answer"),
+        (WORK + r"\boxed{0.5} \boxed{0.5}", "2 answer markers"),
+        (WORK + r"\boxed{0.5}" + "\nSo the answer is one half, as shown.", "text after the answer"),
+        (WORK * 3 + r"\boxed{0.5}", "repeats itself"),
+    ],
+)
+def test_math_spam_earns_nothing(text, why):
+    value, info = reward(text, {"answer": "0.5"})
+    assert (value, info["formatted"], info["refused"]) == (0.0, False, why)
+    assert reward(WORK + r"$\boxed{0.5}$.", {"answer": "0.5"})[0] == 1.0
 
 
 def test_every_gold_answer_verifies_against_itself():
@@ -178,7 +218,7 @@ def test_every_gold_answer_verifies_against_itself():
     wrong = [
         (r["unique_id"], r["answer"])
         for r in rows
-        if score(reward, f"Answer: \\boxed{{{r['answer']}}}", r)[0] != 1.0
+        if score(reward, WORK + f"Answer: \\boxed{{{r['answer']}}}", r)[0] != 1.0
     ]
     assert wrong == []
 
@@ -193,7 +233,7 @@ def test_checker_error_scores_zero_with_reward_error(monkeypatch, caplog):
         raise CheckerError("math-verify: ValueError: boom")
 
     monkeypatch.setattr(math500._CHECKER, "check", broken)
-    value, info = score(reward, r"\boxed{1}", {"answer": "1"})
+    value, info = score(reward, WORK + r"\boxed{1}", {"answer": "1"})
     assert (value, info) == (0.0, {"reward_error": "CheckerError: math-verify: ValueError: boom"})
     assert "math500:reward failed" in caplog.text
 
@@ -201,28 +241,28 @@ def test_checker_error_scores_zero_with_reward_error(monkeypatch, caplog):
 def test_hang_times_out_scores_zero_and_the_checker_restarts(monkeypatch):
     """SymPy evaluating 10^(10^(10^10)) never returns to Python; the child is killed."""
     row = {"answer": "3"}
-    assert score(reward, r"\boxed{3}", row)[0] == 1.0  # the child is up
+    assert score(reward, WORK + r"\boxed{3}", row)[0] == 1.0  # the child is up
     monkeypatch.setattr(math500, "CHECK_TIMEOUT_S", 0.5)
     start = time.monotonic()
-    value, info = score(reward, r"\boxed{10^{10^{10^{10}}}}", row)
+    value, info = score(reward, WORK + r"\boxed{10^{10^{10^{10}}}}", row)
     assert time.monotonic() - start < 5
     assert value == 0.0
     assert info == {
         "reward_error": "TimeoutError: math-verify did not check the answer within 0.5 s"
     }
     monkeypatch.setattr(math500, "CHECK_TIMEOUT_S", 30.0)  # slack for a loaded CPU
-    assert score(reward, r"\boxed{3.0}", row) == (
+    assert score(reward, WORK + r"\boxed{3.0}", row) == (
         1.0,
-        {"formatted": True, "correct": True, "pred": "3.0", "gold": "3", **RIGHT},
+        {"formatted": True, "correct": True, "pred": "3.0", "gold": "3", "markers": 1, **RIGHT},
     )
 
 
 def test_checker_survives_its_process_dying():
     row = {"answer": "7"}
-    assert reward(r"\boxed{7}", row)[0] == 1.0
+    assert reward(WORK + r"\boxed{7}", row)[0] == 1.0
     math500._CHECKER._proc.kill()
     math500._CHECKER._proc.wait()
-    assert reward(r"\boxed{7}", row)[0] == 1.0
+    assert reward(WORK + r"\boxed{7}", row)[0] == 1.0
 
 
 def test_checker_dying_mid_check_scores_zero_with_reward_error(monkeypatch):
@@ -235,11 +275,11 @@ def test_checker_dying_mid_check_scores_zero_with_reward_error(monkeypatch):
         return proc
 
     monkeypatch.setattr(math500._Checker, "_running", running_then_killed)
-    value, info = score(reward, r"\boxed{7}", {"answer": "7"})
+    value, info = score(reward, WORK + r"\boxed{7}", {"answer": "7"})
     assert value == 0.0
     assert info["reward_error"].startswith(("CheckerError: ", "BrokenPipeError: "))
     monkeypatch.undo()
-    assert reward(r"\boxed{7}", {"answer": "7"})[0] == 1.0
+    assert reward(WORK + r"\boxed{7}", {"answer": "7"})[0] == 1.0
 
 
 _HUNG_PARENT = """
@@ -277,7 +317,7 @@ def test_reward_from_other_threads():
     results: dict[int, tuple[float, dict]] = {}
 
     def run(i: int) -> None:
-        results[i] = score(reward, f"\\boxed{{{i}/2}}", {"answer": str(i / 2)})
+        results[i] = score(reward, WORK + f"\\boxed{{{i}/2}}", {"answer": str(i / 2)})
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:

@@ -207,37 +207,83 @@ def test_parse_gold_all_train_rows():
     assert all(g and g.lstrip("-").replace(".", "").isdigit() for g in golds)
 
 
+# Working enough for the built-in rewards' rules (grpo.tasks.answer_form.MIN_WORKING_WORDS).
+WORK = "She sold 48 in April and half as many in May, so 48 + 24 = 72 in all.\n"
+
+
 def test_is_correct_with_raw_gold_and_plain_number():
-    assert is_correct("... #### 1072", RAW_GOLD)
-    assert is_correct("<answer>$1,072.00</answer>", RAW_GOLD)
-    assert not is_correct("#### 1071", RAW_GOLD)
-    assert not is_correct("The answer is 1072", RAW_GOLD)  # unformatted
-    assert is_correct(r"\boxed{2.5}", "2.50")
-    assert is_correct("#### 18", "18")
-    assert not is_correct("#### 18", "19")
+    assert is_correct(WORK + "#### 1072", RAW_GOLD)
+    assert is_correct(WORK + "<answer>$1,072.00</answer>", RAW_GOLD)
+    assert not is_correct(WORK + "#### 1071", RAW_GOLD)
+    assert not is_correct(WORK + "The answer is 1072", RAW_GOLD)  # unformatted
+    assert is_correct(WORK + r"\boxed{2.5}", "2.50")
+    assert is_correct(WORK + "#### 18", "18")
+    assert not is_correct(WORK + "#### 18", "19")
+    assert not is_correct("#### 18", "18")  # no working: no credit, right number or not
 
 
 def test_reward_values_and_info():
     row = {"question": "q", "answer": RAW_GOLD}
 
-    value, info = reward("work...\n#### 1072", row)
+    value, info = reward(WORK + "#### 1072", row)
     assert value == 1.0
     assert info == {"formatted": True, "correct": True, "pred": "1072", "gold": "1072",
-                    "reward/format": 0.1, "reward/answer": 0.9}  # fmt: skip
+                    "markers": 1, "reward/format": 0.1, "reward/answer": 0.9}  # fmt: skip
 
-    value, info = reward("#### 7", row)
+    value, info = reward(WORK + "#### 7", row)
     assert value == FORMAT_REWARD == 0.1
     assert info == {"formatted": True, "correct": False, "pred": "7", "gold": "1072",
-                    "reward/format": 0.1, "reward/answer": 0.0}  # fmt: skip
+                    "markers": 1, "reward/format": 0.1, "reward/answer": 0.0}  # fmt: skip
 
     value, info = reward("I think it is 1072", row)
     assert value == 0.0
     assert info == {"formatted": False, "correct": False, "pred": None, "gold": "1072",
-                    "reward/format": 0.0, "reward/answer": 0.0}  # fmt: skip
+                    "markers": 0, "reward/format": 0.0, "reward/answer": 0.0}  # fmt: skip
+
+
+# What the CPU demo learned under "0.1 for any parseable #### N" (issue 58): each holds a
+# parseable answer, and none is a worked one.
+SPAM = {
+    "the answer twenty times": ("#### 2\n" * 20, "20 answer markers"),
+    "markers glued to the number": ("#### 22.####.####.####...", "4 answer markers"),
+    "markers doubled": ("######## 7\n##### 11\n##### 11", "4 answer markers"),
+    "a tail of hashes": (WORK + "#### 6#####", "2 answer markers"),
+    "the answer quoted again": (WORK + '#### 50\nThe answer is "#### 50".', "2 answer markers"),
+    "the answer alone": ("#### 1072", "no working before the answer"),
+    "no working, a phrase": ("The answer is\n#### 1072", "no working before the answer"),
+    "more after the answer": (WORK + "#### 1072\nSo she sold 1072 clips.", "text after the answer"),
+    "a long tail on its line": (WORK + "#### 1072 as 48 + 24 is 72 clips", "text after the answer"),
+    "a looping working": ((WORK * 3) + "#### 1072", "repeats itself"),
+    "a boxed answer twice": (WORK + r"\boxed{1072} \boxed{1072}", "2 answer markers"),
+}
+
+
+@pytest.mark.parametrize("case", list(SPAM))
+def test_answer_spam_earns_nothing_and_says_why(case):
+    text, why = SPAM[case]
+    value, info = reward(text, {"question": "q", "answer": RAW_GOLD})
+    assert (value, info["formatted"], info["correct"]) == (0.0, False, False)
+    assert info["pred"] is not None and info["refused"] == why
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        WORK + "#### 1072",
+        WORK + "#### $1,072.00",
+        WORK + "#### 1072 clips",
+        "#### Step 1\n" + WORK + "#### Step 2\nAdd them up.\n#### 1072",  # headings are no marker
+        WORK + r"So she sold $\boxed{1072}$.",
+        WORK + "\\[\n\\boxed{1072}\n\\]",
+        WORK + "<answer>1072</answer>\n",
+    ],
+)
+def test_a_worked_answer_earns_full_credit(text):
+    assert reward(text, {"question": "q", "answer": RAW_GOLD})[0] == 1.0
 
 
 def test_reward_through_score_is_msgpack_friendly():
-    value, info = score(reward, "#### 3", {"question": "q", "answer": "#### 3"})
+    value, info = score(reward, WORK + "#### 3", {"question": "q", "answer": "#### 3"})
     assert value == 1.0
     assert all(isinstance(v, str | int | float | bool | type(None)) for v in info.values())
 
@@ -272,7 +318,7 @@ def test_unknown_task_lists_names_and_suggests():
     with pytest.raises(ValueError) as err:
         get_task("gsm8kk")
     msg = str(err.value)
-    assert "unknown task 'gsm8kk'" in msg and "valid: gsm8k" in msg
+    assert "unknown task 'gsm8kk'" in msg and "valid: arithmetic, gsm8k, math" in msg
     assert "did you mean 'gsm8k'" in msg and "'package.module:name'" in msg
 
 
@@ -302,7 +348,7 @@ def test_register_new_task(monkeypatch):
     task = Task("toy", load_rows, build_messages, lambda c, r: 1.0, "a.jsonl", "b.jsonl")
     assert register_task(task) is task
     assert get_task("toy") is task
-    assert task_names() == sorted(["gsm8k", "math", "prompts", "toy"])
+    assert task_names() == sorted(["arithmetic", "gsm8k", "math", "prompts", "toy"])
 
 
 def test_tasks_are_frozen():
@@ -523,3 +569,18 @@ def test_gsm8k_loader_validates_keys(tmp_path):
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({"question": "q"}) + "\n")
     with pytest.raises(ValueError, match="row 1 has no 'answer'"):
         get_task("gsm8k").load(str(path))
+
+
+def test_arithmetic_rows_are_generated_alike_every_time_and_test_is_held_out():
+    from grpo.tasks import arithmetic
+
+    task = get_task("arithmetic")
+    test, train = task.load("test"), task.load("train:5000")
+    assert test == task.load("test") and len(test) == arithmetic.SIZES["test"]
+    assert not {r["question"] for r in test} & {r["question"] for r in train}
+    assert task.load("train:3") == train[:3]  # a prefix of the split, not another draw
+    for row in test[:50]:  # every gold answer is a worked one the GSM8K reward pays in full
+        assert reward(row["answer"], row)[0] == 1.0
+    for bad in ("valid", "test:0", "test:x", "train:20001"):
+        with pytest.raises(ValueError, match="arithmetic"):
+            task.load(bad)

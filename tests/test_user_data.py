@@ -25,12 +25,13 @@ GSM8K_TRAIN = REPO / "data/gsm8k/train.jsonl"
 VERL_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 VERL_COLUMNS = ["question=extra_info.question", "answer=reward_model.ground_truth"]
 # Answers of every kind the GSM8K reward tells apart, for the first rows' gold answers.
-ANSWERS = (
-    "So the total is {gold}.\n#### {gold}",  # right: 1.0
-    "#### {wrong}",  # formatted, wrong: 0.1
+ANSWERS = (  # worked answers (grpo.tasks.answer_form) where they hold a marker
+    "Add what she bought on both days, so the total is {gold}.\n#### {gold}",  # right: 1.0
+    "Each of the pens costs one dollar more, so it is\n#### {wrong}",  # worked, wrong: 0.1
     "The answer is {gold}",  # no marker: 0.0
-    "<answer>{gold}</answer>",  # right, another marker
-    "\\boxed{{{wrong}}}",  # formatted, wrong
+    "Add what she bought on both days to get <answer>{gold}</answer>",  # right, another marker
+    "Double the apples and take three away to get \\boxed{{{wrong}}}",  # worked, wrong
+    "#### {gold}",  # no working: 0.0
 )
 
 

@@ -24,10 +24,8 @@ TRL = "tests.test_user_rewards:trl_gsm8k_reward"
 def verl_compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """GSM8K's reward, verl-style: a dict with the score and what else it found."""
     assert data_source == "openai/gsm8k" and extra_info["split"] == "train"
-    pred = gsm8k.extract_answer(solution_str)
-    correct = pred is not None and gsm8k.is_correct(solution_str, ground_truth)
-    value = 1.0 if correct else gsm8k.FORMAT_REWARD if pred is not None else 0.0
-    return {"score": value, "pred": pred, "acc": correct, "skipped": [1, 2]}
+    value, info = gsm8k.reward(solution_str, {"answer": ground_truth})
+    return {"score": value, "pred": info["pred"], "acc": info["correct"], "skipped": [1, 2]}
 
 
 def trl_gsm8k_reward(prompts, completions, answer, **kwargs):
@@ -35,8 +33,7 @@ def trl_gsm8k_reward(prompts, completions, answer, **kwargs):
     out = []
     for completion, gold in zip(completions, answer, strict=True):
         text = completion[0]["content"] if isinstance(completion, list) else completion
-        formatted = gsm8k.extract_answer(text) is not None
-        out.append(1.0 if gsm8k.is_correct(text, gold) else 0.1 if formatted else 0.0)
+        out.append(gsm8k.reward(text, {"answer": gold})[0])
     return out
 
 

@@ -6,6 +6,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
+from . import answer_form
+from .answer_form import Span
 from .base import Row, Task, load_rows_with, question_messages, register_task
 
 # Partial credit for an explicit, parseable answer marker: the early format signal that
@@ -87,9 +89,6 @@ def normalize_number(s: str) -> str | None:
     return _format_decimal(value)
 
 
-Span = tuple[int, int, int]  # (where the marker starts, where its content starts, ends)
-
-
 def hash_spans(text: str) -> list[Span]:
     """Every ``#### N`` line: its content runs from the number to the end of the line. Linear:
     the blanks after a ``####`` are read once, for that ``####`` only (they hold no ``#``)."""
@@ -147,18 +146,42 @@ def boxed_spans(text: str) -> list[Span]:
     return found
 
 
+def answer_spans(text: str) -> list[Span]:
+    """Every answer marker's span (`#### N`, `<answer>`, `\\boxed{}`), in the text's order."""
+    return sorted(hash_spans(text) + tag_spans(text) + boxed_spans(text))
+
+
+def final_answer(text: str) -> tuple[str, Span] | None:
+    """The last marker holding a number: that number, normalised, and its span. A `#### N`
+    span ends where its number does (the rest of its line is not the answer, and a worked answer
+    has little there); a tag's or box's ends at its close. The markers' contents do not overlap
+    (see `boxed_spans`), so reading them all is linear too."""
+    for start, content, end in reversed(answer_spans(text)):
+        number = normalize_number(text[content:end])
+        if number is None:
+            continue
+        if text.startswith(_HASH, start):
+            at = _LEADERS_RE.match(text, content).end()  # type: ignore[union-attr]
+            found = _NUMBER_RE.match(text, at, end)
+            end = end if found is None else found.end()
+        return number, (start, content, end)
+    return None
+
+
+def count_markers(text: str) -> int:
+    """Answer markers the text holds: every `####` but headings (`answer_form.count_hash_markers`:
+    `#### 6#####` is two), every `<answer>` and every innermost `\\boxed{}`."""
+    return answer_form.count_hash_markers(text) + len(tag_spans(text)) + len(boxed_spans(text))
+
+
 def extract_answer(text: str) -> str | None:
     """The model's final answer from the last ``#### N``, ``<answer>N</answer>`` or ``\\boxed{N}``.
 
-    No "last number in the text" fallback: an explicit marker is the format signal. The
-    markers' contents do not overlap (see `boxed_spans`), so reading them all is linear too.
+    No "last number in the text" fallback: an explicit marker is the format signal. Whether the
+    answer is a worked one is `reward`'s question (grpo.tasks.answer_form).
     """
-    spans = hash_spans(text) + tag_spans(text) + boxed_spans(text)
-    for _, content, end in sorted(spans, reverse=True):
-        number = normalize_number(text[content:end])
-        if number is not None:
-            return number
-    return None
+    found = final_answer(text)
+    return None if found is None else found[0]
 
 
 def parse_gold(answer_field: str) -> str:
@@ -186,18 +209,27 @@ def _same_number(a: str, b: str) -> bool:
 
 
 def is_correct(completion: str, gold_answer: str) -> bool:
-    pred = extract_answer(completion)
-    return pred is not None and _same_number(pred, _gold_number(gold_answer))
+    """Whether the completion is a worked answer (`reward`'s rules) whose number is the gold's."""
+    return bool(reward(completion, {"answer": gold_answer})[1]["correct"])
 
 
 def reward(completion: str, row: Row) -> tuple[float, dict]:
-    """1.0 if correct, FORMAT_REWARD for a parseable but wrong answer, else 0.0; the info
-    also gives the format and answer parts of that value (reward/format, reward/answer)."""
+    """1.0 for a worked answer with the right number, FORMAT_REWARD for a worked answer with
+    another, else 0.0; a worked answer has one marker, on its last line, after some working,
+    and does not repeat itself (grpo.tasks.answer_form: answer spam earns nothing). The info
+    gives the format and answer parts of the value (reward/format, reward/answer), the number
+    read, how many markers the answer holds, and why a parseable answer was refused."""
     gold = _gold_number(row["answer"])
-    pred = extract_answer(completion)
-    formatted = pred is not None
-    correct = formatted and _same_number(pred, gold)
-    return format_and_answer(formatted, correct, {"pred": pred, "gold": gold})
+    found = final_answer(completion)
+    pred, last = found if found is not None else (None, None)
+    markers = count_markers(completion)
+    refused = answer_form.refusal(completion, last, markers)
+    formatted = refused is None
+    correct = formatted and pred is not None and _same_number(pred, gold)
+    info = {"pred": pred, "gold": gold, "markers": markers}
+    if refused is not None and pred is not None:
+        info["refused"] = refused
+    return format_and_answer(formatted, correct, info)
 
 
 def format_and_answer(formatted: bool, correct: bool, info: dict) -> tuple[float, dict]:
@@ -227,7 +259,9 @@ TASK = register_task(
         load=load,
         build_messages=build_messages,
         reward=reward,
+        instruction=ANSWER_INSTRUCTION,
         default_train="data/gsm8k/train.jsonl",
+        count_markers=count_markers,
         default_test="data/gsm8k/test.jsonl",
     )
 )

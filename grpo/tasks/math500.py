@@ -32,7 +32,7 @@ from typing import Any
 
 from grpo.runtime.lifetime import die_with_parent
 
-from . import children
+from . import answer_form, children
 from .base import Row, Task, load_rows_with, question_messages, register_task
 from .gsm8k import FORMAT_REWARD, boxed_spans, format_and_answer
 
@@ -216,17 +216,31 @@ atexit.register(_CHECKER.close)
 
 
 def reward(completion: str, row: Row) -> tuple[float, dict]:
-    """1.0 if math-verify finds the last ``\\boxed{}`` equal to the answer, FORMAT_REWARD for a
-    parseable but wrong one, else 0.0, with its two parts for GDPO (reward/format,
-    reward/answer, as GSM8K's). A checker error or timeout raises (see module doc)."""
+    """1.0 if math-verify finds the answer's ``\\boxed{}`` equal to the gold one, FORMAT_REWARD
+    for a wrong one, else 0.0, with its two parts for GDPO (reward/format, reward/answer, as
+    GSM8K's). Only a worked answer is checked: one box, on its last line, after some working,
+    no repetition (grpo.tasks.answer_form); the info says why another was refused. A checker
+    error or timeout raises (see module doc)."""
     gold = str(row["answer"])
-    pred = extract_boxed(completion)
+    boxes = boxed_spans(completion)
+    filled = [box for box in boxes if completion[box[1] : box[2]].strip()]
+    last = filled[-1] if filled else None
+    pred = completion[last[1] : last[2]].strip() if last is not None else None
+    refused = answer_form.refusal(completion, last, len(boxes))
     formatted = correct = False
-    if pred is not None:
+    if pred is not None and refused is None:
         formatted, correct = _CHECKER.check(gold, pred, CHECK_TIMEOUT_S)
     if pred is not None and len(pred) > PRED_CHARS:
         pred = pred[:PRED_CHARS] + "..."
-    return format_and_answer(formatted, correct, {"pred": pred, "gold": gold})
+    info: dict[str, Any] = {"pred": pred, "gold": gold, "markers": len(boxes)}
+    if refused is not None and pred is not None:
+        info["refused"] = refused
+    return format_and_answer(formatted, correct, info)
+
+
+def count_boxes(text: str) -> int:
+    """Answer markers an answer holds: its innermost ``\\boxed{}``s."""
+    return len(boxed_spans(text))
 
 
 def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:
@@ -244,7 +258,9 @@ TASK = register_task(
         load=load,
         build_messages=build_messages,
         reward=reward,
+        instruction=ANSWER_INSTRUCTION,
         default_train="data/math500/train.jsonl",
+        count_markers=count_boxes,
         default_test="data/math500/test.jsonl",
     )
 )
