@@ -14,6 +14,7 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -22,11 +23,12 @@ from torch import Tensor
 from grpo.algos import KlControl, overlong_penalty
 from grpo.algos.registry import Estimator, get_estimator, get_policy_loss
 from grpo.config import Config, ConfigError, load_config
+from grpo.config.data import parse_variants
 from grpo.config.passes import scored_by
 from grpo.preflight import preflight
 from grpo.rollout.registry import check_engine_name
 from grpo.scoring.kernels import Truncation
-from grpo.tasks import get_task
+from grpo.tasks import get_task, phrasing
 from grpo.tasks.mixture import mixture_task
 from grpo.tools import Toolbox
 
@@ -186,6 +188,8 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     _looked_up("data.task", get_task, cfg.data.task)
     if cfg.data.mixture:  # each entry's task and reward, looked up (ConfigError naming it)
         mixture_task(cfg)
+    else:
+        _check_phrasings(cfg)
     if cfg.rollout.tools:
         _looked_up("rollout.tools", Toolbox.named,
                    cfg.rollout.tools)  # fmt: skip
@@ -277,6 +281,19 @@ def check_names(cfg: Config) -> None:
     """Every name in `cfg` that picks an implementation resolves, and the loss takes the options
     the config sets; else ConfigError naming the key and the valid names."""
     plan_run(cfg)
+
+
+def _check_phrasings(cfg: Config) -> None:
+    """data.instructions and eval.prompt_variants can be asked of the task, and no variant is a
+    phrasing training uses (ConfigError naming the key)."""
+    task = get_task(cfg.data.task)
+    _looked_up("data.instructions", partial(phrasing.varied, task), cfg.data.instructions)
+    variants = parse_variants(cfg.eval.prompt_variants)
+    asked = list(cfg.data.instructions) or [task.instruction]
+    for variant in variants:
+        _looked_up("eval.prompt_variants", partial(phrasing.rephrased, task), variant)
+    unseen = partial(phrasing.unseen, variants, asked)
+    _looked_up("eval.prompt_variants", unseen, cfg.data.system_prompt)
 
 
 def _looked_up(key: str, lookup: Callable[[Any], Any], value: Any) -> Any:

@@ -366,7 +366,9 @@ def test_an_evaluation_of_a_reward_that_reports_no_parts_has_no_accuracy_or_form
     spec = EvalSpec.from_config(load_config(None, ["eval.samples=2"]))
     bare = [QuestionResult(i, None, None, 0) for i in range(3)]
     row = summarise(bare, spec, version=2, seconds=1.0)
-    assert set(row) == {"version", "n", "samples", "seconds"}, row
+    # and the answers' own measures, which need no reward info (grpo.observe.degeneration)
+    measured = {"response_len_mean", "degenerate_frac", "degen_repeat_frac"}
+    assert set(row) == {"version", "n", "samples", "seconds", *measured}, row
     formatted_only = [QuestionResult(i, None, i > 0, 0) for i in range(3)]
     row = summarise(formatted_only, spec, version=2, seconds=1.0)
     assert row["format_rate"] == pytest.approx(2 / 3) and "accuracy" not in row

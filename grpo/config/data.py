@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,3 +131,45 @@ def check_mixture(mixture: list[Any], task: str, train: str, test: str, reward: 
     if len(entries) < 2:
         raise ConfigError("data.mixture has one entry: a mixture needs two or more datasets "
                           "(one dataset is data.task / data.train)")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
+# Prompt variants (eval.prompt_variants): phrasings evaluation asks that training never used
+# ---------------------------------------------------------------------------
+
+VARIANT_KEYS = ("name", "instruction", "system_prompt")
+
+
+@dataclass(frozen=True)
+class Phrasing:
+    """An evaluation's prompt variant: its name (in metric keys, `accuracy@<name>`), and the
+    instruction and system prompt it puts in place of the run's (None: the run's own)."""
+
+    name: str
+    instruction: str | None = None
+    system_prompt: str | None = None
+
+
+def parse_variants(entries: Sequence[Any]) -> tuple[Phrasing, ...]:
+    """`eval.prompt_variants`' entries, checked; ValueError 'entry i: why' for a bad one."""
+    out: list[Phrasing] = []
+    for i, raw in enumerate(entries):
+        if not isinstance(raw, dict):
+            raise ValueError(f"entry {i}: expected a mapping like {{name: a, instruction: ...}}")
+        unknown = sorted(set(map(str, raw)) - set(VARIANT_KEYS))
+        if unknown:
+            keys = ", ".join(VARIANT_KEYS)
+            raise ValueError(f"entry {i}: unknown key {unknown[0]!r} (keys: {keys})")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"entry {i}: name must be a word (letters, digits, _): {name!r:.40}")
+        if name in {p.name for p in out}:
+            raise ValueError(f"entry {i}: a second variant named {name!r}")
+        texts = {k: raw.get(k) for k in ("instruction", "system_prompt")}
+        for key, value in texts.items():
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"entry {i}: {key} must be a string, got {value!r:.40}")
+        if texts["instruction"] is None and texts["system_prompt"] is None:
+            raise ValueError(f"entry {i}: set instruction, system_prompt or both")
+        out.append(Phrasing(name, texts["instruction"], texts["system_prompt"]))
+    return tuple(out)

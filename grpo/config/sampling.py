@@ -29,6 +29,12 @@ class DataConfig:
         "system message put before every question ('' for none)",
     )
     reward: str = knob("", "'package.module:function' replacing the task's reward; '' = task's")
+    instructions: list[str] = knob(
+        [],
+        "answer instructions asked in place of the task's, one per question (the same one each "
+        "time it is drawn), so what is learned is not tied to one phrasing; list the task's own "
+        "to keep it among them; [] = the task's alone (grpo.tasks.phrasing)",
+    )
     max_prompt_tokens: int = knob(
         512, "prompts longer than this (in tokens) are skipped when drawn (logged)"
     )

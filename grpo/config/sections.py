@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from grpo.config.algo import AlgoConfig
-from grpo.config.data import RowsConfig
+from grpo.config.data import RowsConfig, parse_variants
 from grpo.config.errors import ConfigError
 from grpo.config.fields import knob, require_signs, section
 from grpo.config.sampling import DataConfig, RewardConfig, RewardServerConfig, RolloutConfig
@@ -69,6 +69,13 @@ class EvalConfig:
         "pass@1 and format rate only",
     )
     k: list[int] = knob([], "the k of each pass@k reported (each <= eval.samples); [] = 1 and n")
+    prompt_variants: list[dict] = knob(
+        [],
+        "the same questions asked again under phrasings training never used, each "
+        "{name, instruction, system_prompt} (either may be left out: the run's own), "
+        "reported beside the main numbers as accuracy@<name>, format_rate@<name>, ... "
+        "(grpo.tasks.phrasing)",
+    )
 
 
 def check_eval(e: EvalConfig) -> None:
@@ -78,6 +85,10 @@ def check_eval(e: EvalConfig) -> None:
     bad = [k for k in e.k if not 1 <= k <= e.samples]
     if bad:
         raise ConfigError(f"eval.k must be between 1 and eval.samples ({e.samples}), got {bad}")
+    try:
+        parse_variants(e.prompt_variants)
+    except ValueError as err:
+        raise ConfigError(f"eval.prompt_variants: {err}") from None
 
 
 @dataclass

@@ -18,6 +18,7 @@ only: nothing is written into its directory.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -53,7 +54,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, help="default: the run's eval.max_new_tokens")
     p.add_argument("--samples", type=int, help="answers sampled per question for pass@k")
     p.add_argument("--k", type=_ints, help="the k of each pass@k, e.g. 1,4,8 (<= --samples)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=INSTRUCTION",
+        help="ask the questions again with this answer instruction in place of the task's "
+        "(repeatable; added to the run's eval.prompt_variants)",
+    )
     return p.parse_args(argv)
+
+
+def _variants(entries: list[str]) -> list[dict]:
+    """--variant's NAME=INSTRUCTION entries as eval.prompt_variants entries."""
+    out = []
+    for entry in entries:
+        name, sep, instruction = entry.partition("=")
+        if not sep or not instruction.strip():
+            raise EvalCliError(f"--variant {entry!r}: expected NAME=INSTRUCTION")
+        out.append({"name": name.strip(), "instruction": instruction})
+    return out
 
 
 def run_and_versions(path: Path) -> tuple[Path, list[int]]:
@@ -94,6 +114,8 @@ def eval_config(run_dir: Path, args: argparse.Namespace, model: str = "") -> Con
         overrides += ["data.mixture=[]", "data.train="]
     if args.samples is not None and args.k is None:  # the run's k may not fit the new n
         overrides.append("eval.k=[]")
+    if args.variant:
+        overrides.append(f"eval.prompt_variants={json.dumps(_variants(args.variant))}")
     for key, value in (
         ("data.test", args.test),
         ("eval.num_questions", args.num_questions),
@@ -112,14 +134,18 @@ def table(rows: list[dict]) -> str:
     passes = sorted((k for k in keys if k.startswith("pass@") and "/" not in k),
                     key=lambda k: int(k[5:]))  # fmt: skip
     sources = sorted(k.removeprefix("accuracy/") for k in keys if k.startswith("accuracy/"))
-    head = ["version", "pass@1 (greedy)", "format", *passes]
-    head += [f"{name} pass@1" for name in sources] + ["questions", "seconds"]
+    variants = sorted({k.partition("@")[2] for k in keys if k.startswith("format_rate@")})
+    head = ["version", "pass@1 (greedy)", "format", "degenerate", *passes]
+    head += [f"{name} pass@1" for name in sources]
+    head += [f"{part} @{name}" for name in variants for part in ("pass@1", "format")]
+    head += ["questions", "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r["version"])]
-        cells += [f"{r[k]:.3f}" if k in r else "-" for k in ("accuracy", "format_rate")]
-        cells += [f"{r[k]:.3f}" if k in r else "-" for k in passes]
-        cells += [f"{r[f'accuracy/{s}']:.3f}" if f"accuracy/{s}" in r else "-" for s in sources]
+        numbers = ["accuracy", "format_rate", "degenerate_frac", *passes]
+        numbers += [f"accuracy/{s}" for s in sources]
+        numbers += [f"{k}@{name}" for name in variants for k in ("accuracy", "format_rate")]
+        cells += [f"{r[k]:.3f}" if k in r else "-" for k in numbers]
         cells += [str(r["n"]), f"{r['seconds']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -129,7 +155,7 @@ def evaluate_versions(
     cfg: Config, versions: list[int], progress: bool = True, out: Path | None = None
 ) -> list[dict]:
     """Each version in turn, with the HF policy (a LoRA run's adapter on its base model)."""
-    from grpo.eval.questions import EvalSpec, eval_prompts, evaluate
+    from grpo.eval.questions import EvalSpec, eval_prompts, evaluate, variant_prompts, variant_row
     from grpo.models.loading import load_tokenizer, resolve_model_path
     from grpo.plan import check_names
     from grpo.rollout.hf import HFRollout
@@ -145,6 +171,7 @@ def evaluate_versions(
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     prompts = eval_prompts(cfg, task, tokenizer)
+    variants = variant_prompts(cfg, task, tokenizer)
     spec = EvalSpec.from_config(cfg)
     weights = Weights(cfg, model_path)
     policy = weights.hf_policy()
@@ -156,7 +183,11 @@ def evaluate_versions(
         for v in versions:
             if v:
                 weights.load_into_policy(Version.from_dir(version_dir(cfg.run_dir, v), v))
-            row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress)
+            markers = task.count_markers
+            row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress, markers)
+            for name, asked in variants.items():
+                other = evaluate(engine, asked, tokenizer, rewards, spec, v, progress, markers)
+                row |= variant_row(other, name)
             log.info("v%d: %s", v, table([row]).splitlines()[-1])
             if out is not None:
                 append_jsonl(out, row)

@@ -14,15 +14,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from grpo.config import Config
-from grpo.eval.questions import EvalSpec, eval_prompts, question_results, summarise
+from grpo.eval.questions import (
+    EvalSpec,
+    eval_prompts,
+    question_results,
+    summarise,
+    variant_prompts,
+    variant_row,
+)
 from grpo.models.loading import params_partitioned
-from grpo.observe.samples import SAMPLES_KEY, eval_rows
+from grpo.observe.samples import ANSWERS_KEY, SAMPLES_KEY, eval_rows
 from grpo.rollout.hf import HFRollout
 from grpo.rollout.multi_turn import with_tools
 from grpo.tasks import RewardRunner, run_reward, task_for
@@ -35,62 +43,91 @@ class VersionEvaluator:
         self.cfg, self.tokenizer, self.rank, self.world = cfg, tokenizer, rank, world
         self.spec = EvalSpec.from_config(cfg)
         self.prompts = []
+        self.variants: dict[str, list] = {}  # eval.prompt_variants' prompts, by name
         self.reward_fn: Callable | None = None
+        self.count_markers = None
         if cfg.eval.interval and cfg.eval.num_questions:
             task = task_for(cfg)
             self.reward_fn = run_reward(task, cfg.data.reward)
+            self.count_markers = task.count_markers
             self.prompts = eval_prompts(cfg, task, tokenizer)
+            self.variants = variant_prompts(cfg, task, tokenizer)
 
     def due(self, version: int, last: bool) -> bool:
         interval = self.cfg.eval.interval
         return bool(self.prompts) and (version % interval == 0 or last)
 
     def evaluate(self, model: torch.nn.Module, version: int) -> dict | None:
-        """Every rank: evaluate `model` (version `version`); rank 0 returns the row."""
+        """Every rank: evaluate `model` (version `version`) under the run's prompt and each
+        prompt variant; rank 0 returns the row."""
         t0 = time.monotonic()
-        mine = list(range(self.rank, len(self.prompts), self.world))
-        own = len(mine)
-        lockstep = params_partitioned(model)
-        if lockstep:  # the same calls on every rank: pad with repeats, dropped below
-            each = -(-len(self.prompts) // self.world)
-            mine += [mine[0] if mine else 0] * (each - own)
         kept_config, was_training = model.generation_config, model.training
         model.eval()
-        r = self.cfg.reward
+        sets = {"": self.prompts, **self.variants}  # the run's phrasing, then each variant's
         try:  # HFRollout strips the generation config, which versions save: put it back after
-            # with the run's tools, as the sampler answers (eval.max_new_tokens bounds it all)
-            engine = with_tools(
-                HFRollout(model, self.tokenizer, synced=lockstep), self.cfg.rollout, self.tokenizer
-            )
-            # Threads for this evaluation only: closing does not wait for a hung reward call.
-            with RewardRunner(self.reward_fn, r.workers, r.timeout_s) as rewards:
-                results = question_results(
-                    engine, self.prompts, mine, self.tokenizer, rewards, self.spec, version,
-                    progress=self.rank == 0,
-                )  # fmt: skip
-            results = results[:own]
+            # All sets in one pass: a generate() call costs about as much for 96 answers as for
+            # 32 on a CPU, where each decoding step's fixed cost dominates.
+            answered = self._answered(model, [p for ps in sets.values() for p in ps], version)
         finally:
             model.generation_config = kept_config
             model.train(was_training)
-        gathered: list = [None] * self.world
-        dist.all_gather_object(gathered, results)
         if self.rank != 0:
             return None
-        everyone = sorted((r for part in gathered for r in part), key=lambda r: r.index)
-        row = summarise(everyone, self.spec, version, time.monotonic() - t0)
+        seconds = time.monotonic() - t0
+        by_set, start = {}, 0
+        for name, prompts in sets.items():  # each set's results, indexed within the set
+            mine = answered[start : start + len(prompts)]
+            by_set[name] = [replace(r, index=r.index - start) for r in mine]
+            start += len(prompts)
+        everyone = by_set.pop("")
+        row = summarise(everyone, self.spec, version, seconds, self.count_markers)
+        for name, results in by_set.items():
+            shown = summarise(results, self.spec, version, seconds, self.count_markers)
+            row.update(variant_row(shown, name))
+        row["seconds"] = row.pop("seconds")  # after the variants' keys: the row's last, as before
         decode = partial(self.tokenizer.decode, skip_special_tokens=True)
         shown = everyone[: self.cfg.logging.samples_per_step]
         row[SAMPLES_KEY] = eval_rows(shown, version, self.prompts, decode)  # RunLog takes them
-        passes = " ".join(
-            f"{k} {v:.3f}"
-            for k, v in row.items()
-            if k.startswith("pass@") or k.startswith("accuracy/")  # with a mixture's entries'
-        )
-        said = (("accuracy", "accuracy"), ("format", "format_rate"))  # as the reward reports
-        rates = ", ".join(f"{name} {row[key]:.3f}" for name, key in said if key in row)
-        log.info(
-            "eval v%d: %s %d questions%s (%.0f s)",
-            version, f"{rates} on" if rates else "on", row["n"],
-            f", {passes}" if passes else "", row["seconds"],
-        )  # fmt: skip
+        row[ANSWERS_KEY] = [r.answer for r in everyone]  # RunLog's Watch reads them
+        log.info("eval v%d: %s (%.0f s)", version, said(row), row["seconds"])
         return row
+
+    def _answered(self, model: torch.nn.Module, prompts: list, version: int) -> list:
+        """Every rank: its share of `prompts` answered and scored; rank 0 returns all of them,
+        in order, the others []."""
+        mine = list(range(self.rank, len(prompts), self.world))
+        own = len(mine)
+        lockstep = params_partitioned(model)
+        if lockstep:  # the same calls on every rank: pad with repeats, dropped below
+            each = -(-len(prompts) // self.world)
+            mine += [mine[0] if mine else 0] * (each - own)
+        # with the run's tools, as the sampler answers (eval.max_new_tokens bounds it all)
+        engine = with_tools(
+            HFRollout(model, self.tokenizer, synced=lockstep), self.cfg.rollout, self.tokenizer
+        )
+        r = self.cfg.reward
+        # Threads for this evaluation only: closing does not wait for a hung reward call.
+        with RewardRunner(self.reward_fn, r.workers, r.timeout_s) as rewards:
+            results = question_results(
+                engine, prompts, mine, self.tokenizer, rewards, self.spec, version,
+                progress=self.rank == 0,
+            )  # fmt: skip
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, results[:own])
+        if self.rank != 0:
+            return []
+        return sorted((r for part in gathered for r in part), key=lambda r: r.index)
+
+
+def said(row: dict) -> str:
+    """An eval row in one line: accuracy and format (as the reward reports them), pass@k, the
+    degenerate share, and each prompt variant's format."""
+    rates = [f"{name} {row[key]:.3f}" for name, key in
+             (("accuracy", "accuracy"), ("format", "format_rate")) if key in row]  # fmt: skip
+    passes = [f"{k} {v:.3f}" for k, v in row.items() if k.startswith(("pass@", "accuracy/"))]
+    out = ", ".join(rates) + f"{' on' if rates else 'on'} {row['n']} questions"
+    if "degenerate_frac" in row:
+        passes.append(f"degenerate {row['degenerate_frac']:.3f}")
+    passes += [f"{k.replace('format_rate', 'format')} {v:.3f}" for k, v in row.items()
+               if k.startswith("format_rate@")]  # fmt: skip
+    return out + (", " + ", ".join(passes) if passes else "")

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from grpo.config import Config
+from grpo.config.data import Phrasing, parse_variants
+from grpo.observe.degeneration import CountMarkers, measures
 from grpo.rollout.base import RolloutEngine, Sampling
-from grpo.tasks import RewardRunner, Task, mixture
+from grpo.tasks import RewardRunner, Task, mixture, phrasing
 from grpo.tasks.encoding import Prompt, encode_prompts
 
 
@@ -70,6 +72,8 @@ class QuestionResult:
     answer: str = ""
     reward: float = 0.0
     finish_reason: str = ""
+    length: int = 0  # the greedy answer's tokens
+    refused: bool = False  # the reward's info says it refused the answer (answer spam)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -83,21 +87,37 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def eval_prompts(cfg: Config, task: Task, tokenizer) -> list[Prompt]:
+def eval_prompts(
+    cfg: Config, task: Task, tokenizer, variant: Phrasing | None = None
+) -> list[Prompt]:
     """The first `eval.num_questions` test questions (of each entry of a mixture), encoded as
-    the sampler encodes them."""
+    the sampler encodes them, or as prompt variant `variant` asks them."""
     n = cfg.eval.num_questions
     if cfg.data.mixture:
         rows = mixture.test_rows(cfg, n)
     else:
         rows = task.load(cfg.data.test or task.default_test)[:n]
+    asked = phrasing.varied(task, cfg.data.instructions)
+    if variant is not None:
+        asked = phrasing.rephrased(task, variant)
     return encode_prompts(
-        task,
-        rows,
-        tokenizer,
-        cfg.data.system_prompt,
-        cfg.data.max_prompt_tokens,
+        asked, rows, tokenizer, cfg.data.system_prompt, cfg.data.max_prompt_tokens
     )
+
+
+def variant_prompts(cfg: Config, task: Task, tokenizer) -> dict[str, list[Prompt]]:
+    """Each of `eval.prompt_variants`' questions, by variant name (a mixture's: none)."""
+    if cfg.data.mixture:
+        return {}
+    variants = parse_variants(cfg.eval.prompt_variants)
+    return {v.name: eval_prompts(cfg, task, tokenizer, v) for v in variants}
+
+
+def variant_row(row: dict, name: str) -> dict:
+    """A variant's eval row as keys of the main row: `accuracy@<name>`, `format_rate@<name>`..."""
+    kept = ("accuracy", "format_rate", "n", "response_len_mean", "degenerate_frac",
+            "degen_repeat_frac", "degen_multi_marker_frac")  # fmt: skip
+    return {f"{k}@{name}": row[k] for k in kept if k in row}
 
 
 def question_results(
@@ -146,6 +166,8 @@ def question_results(
                     answer=greedy_texts[j],
                     reward=float(reward),
                     finish_reason=greedy[j].finish_reason,
+                    length=len(greedy[j].completion_ids),
+                    refused="refused" in info,
                 )
             )
         bar.update(len(mine))
@@ -169,11 +191,16 @@ def _scored(
 
 
 def summarise(
-    results: Sequence[QuestionResult], spec: EvalSpec, version: int, seconds: float
+    results: Sequence[QuestionResult],
+    spec: EvalSpec,
+    version: int,
+    seconds: float,
+    count_markers: CountMarkers | None = None,
 ) -> dict:
     """The eval.jsonl row: pass@1 greedy ("accuracy"), format rate, and each pass@k as the
     mean over questions of the unbiased estimate; for a mixture, each of them per entry too
-    (``accuracy/<name>``, ``n/<name>``...)."""
+    (``accuracy/<name>``, ``n/<name>``...); the greedy answers' mean length and degeneration
+    measures (grpo.observe.degeneration; `count_markers`: the task's)."""
     overall = _rates(results, spec, "")
     row: dict = {
         "version": version,
@@ -182,6 +209,10 @@ def summarise(
     if spec.samples and results:  # before the pass@k, as eval.jsonl has always had it
         row["samples"] = spec.samples
     row.update(overall)
+    if results:
+        row["response_len_mean"] = sum(r.length for r in results) / len(results)
+        texts, rewards = [r.answer for r in results], [r.reward for r in results]
+        row.update(measures(texts, rewards, [r.refused for r in results], count_markers))
     for name in sorted({r.source for r in results if r.source}):
         row.update(_rates([r for r in results if r.source == name], spec, f"/{name}"))
     row["seconds"] = round(seconds, 2)
@@ -213,10 +244,11 @@ def evaluate(
     spec: EvalSpec,
     version: int,
     progress: bool = False,
+    count_markers: CountMarkers | None = None,
 ) -> dict:
     """All of `prompts` in this process: the eval.jsonl row of `version`."""
     t0 = time.monotonic()
     results = question_results(
         engine, prompts, range(len(prompts)), tokenizer, rewards, spec, version, progress
     )
-    return summarise(results, spec, version, time.monotonic() - t0)
+    return summarise(results, spec, version, time.monotonic() - t0, count_markers)

@@ -113,13 +113,40 @@ def series(rows: list[dict[str, Any]], key: str, x: str = "step") -> tuple[list,
     return [r[x] for r in kept], [r[key] for r in kept]
 
 
+# The degeneration measures drawn (grpo.observe.degeneration), and their labels.
+_DEGENERATION = (
+    ("degenerate_frac", "degenerate"),
+    ("degen_repeat_frac", "repeats"),
+    ("degen_multi_marker_frac", "several markers"),
+    ("degen_length_ratio", "length / first steps"),
+    ("degen_entropy_ratio", "entropy / first steps"),
+)
+
+
+def _plot_degeneration(ax: Any, rows: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
+    """Is the run being gamed: the train batch's measures, eval's degenerate share, and a red
+    cross over every step or evaluation with an alarm (degen_alarms)."""
+    for key, label in _DEGENERATION:
+        if any(key in r for r in rows):
+            ax.plot(*series(rows, key), marker=".", label=label)
+    if any("degenerate_frac" in e for e in evals):
+        ax.plot(*series(evals, "degenerate_frac", "version"), marker="s", label="eval degenerate")
+    alarms = [r["step"] for r in rows if r.get("degen_alarms")]
+    alarms += [e["version"] for e in evals if e.get("degen_alarms")]
+    if alarms:
+        ax.plot(alarms, [0.0] * len(alarms), "rx", ms=10, label="alarm (log says which)")
+    ax.set_title("degeneration (reward hacking?)")
+    if ax.get_legend_handles_labels()[0]:  # a run whose rows carry no measure draws none
+        ax.legend(fontsize=7)
+
+
 def _k_of(key: str) -> int:
     return int(key.removeprefix("pass@"))
 
 
 def plot_run(run_dir: Path) -> Path | None:
     """Reward, accuracy and KL (or entropy) against step (plus eval pass@1, format rate and
-    pass@k), written atomically as PNG."""
+    pass@k), and the degeneration measures with their alarms, written atomically as PNG."""
     rows = read_jsonl(run_dir / METRICS_FILE)
     if not rows:
         return None
@@ -129,7 +156,7 @@ def plot_run(run_dir: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     evals = read_jsonl(run_dir / EVAL_FILE)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
     axes[0].plot(*series(rows, "reward_mean"), marker="o")
     axes[0].set_title("mean reward (train batch)")
     axes[1].plot(*series(rows, "accuracy"), marker="o", label="train accuracy")
@@ -147,6 +174,7 @@ def plot_run(run_dir: Path) -> Path | None:
     third = "kl" if any("kl" in r for r in rows) else "entropy"
     axes[2].plot(*series(rows, third), marker="o")
     axes[2].set_title({"kl": "KL to reference", "entropy": "entropy (train batch)"}[third])
+    _plot_degeneration(axes[3], rows, evals)
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

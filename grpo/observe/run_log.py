@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
-from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, append_jsonl
-from grpo.observe.samples import SAMPLES_FILE, SAMPLES_KEY, as_markdown, sample_rows
+from grpo.observe.degeneration import BASELINE_STEPS, Watch, flags
+from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, append_jsonl, read_jsonl
+from grpo.observe.samples import ANSWERS_KEY, SAMPLES_FILE, SAMPLES_KEY, as_markdown, sample_rows
 from grpo.runtime.progress import terminal_bar
 
 log = logging.getLogger("grpo.trainer")
@@ -129,6 +130,14 @@ class RunLog:
         self.run_dir = cfg.run_dir
         self.decode = partial(tokenizer.decode, skip_special_tokens=True) if tokenizer else None
         self.samples_per_step = cfg.logging.samples_per_step
+        from grpo.tasks import task_for  # lazy: the tasks' registry is the trainer's to import
+
+        # A resumed run's baselines are its first rows, already written.
+        self.watch = Watch(
+            task_for(cfg).count_markers,
+            read_jsonl(self.run_dir / METRICS_FILE)[:BASELINE_STEPS] if resumed_step else (),
+            read_jsonl(self.run_dir / EVAL_FILE)[:1] if resumed_step else (),
+        )
         self.sinks: list[Sink] = []
         if cfg.logging.tensorboard:
             self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))
@@ -138,7 +147,13 @@ class RunLog:
         self.bar = terminal_bar(total=cfg.train.total_steps, initial=resumed_step, desc="train")
 
     def step(self, row: dict[str, Any], batch: EpisodeBatch | None = None) -> None:
-        """The step's metrics `row`; and a few of its `batch`'s answers as text."""
+        """The step's metrics `row`, with the degeneration measures of its `batch`'s answers; and
+        a few of those answers as text."""
+        if batch is not None and self.decode is not None:
+            c = batch.columns
+            texts = [self.decode(e.completion_ids.tolist()) for e in batch.episodes]
+            refused = ["refused" in i for i in c.reward_info]
+            self.watch.step(row, texts, c.reward.tolist(), refused)
         append_jsonl(self.run_dir / METRICS_FILE, row)
         self._track(row["step"], scalars_of(row, "train"))
         if batch is not None and self.samples_per_step and self.decode is not None:
@@ -153,14 +168,17 @@ class RunLog:
         self.bar.update()
 
     def eval(self, row: dict[str, Any]) -> None:
-        """An evaluation's row; its answers (SAMPLES_KEY, if any) go to samples.jsonl."""
+        """An evaluation's row, watched for degeneration (its greedy answers: ANSWERS_KEY); the
+        answers to show (SAMPLES_KEY, if any) go to samples.jsonl."""
         answers = row.pop(SAMPLES_KEY, [])
+        self.watch.eval(row, row.pop(ANSWERS_KEY, []))
         append_jsonl(self.run_dir / EVAL_FILE, row)
         self._track(row["version"], scalars_of(row, "eval"))
         self._samples(row["version"], answers, "eval_samples")
 
     def _samples(self, step: int, answers: list[dict[str, Any]], tag: str) -> None:
         for answer in answers:
+            answer["flags"] = flags(answer["answer"], self.watch.count_markers)
             append_jsonl(self.run_dir / SAMPLES_FILE, answer)
         if answers:
             for sink in self.sinks:

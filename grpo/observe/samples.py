@@ -23,6 +23,7 @@ from grpo.observe.metrics import read_jsonl
 SAMPLES_FILE = "samples.jsonl"
 EVAL = "eval"  # the sampler_id of an evaluation's answers
 SAMPLES_KEY = "_samples"  # an eval row's answers: RunLog.eval writes them here, not to eval.jsonl
+ANSWERS_KEY = "_answers"  # an eval row's greedy answers, all of them: for RunLog's Watch
 
 
 def by_reward(rewards: np.ndarray, n: int) -> list[int]:
@@ -73,8 +74,13 @@ def eval_rows(results: list[Any], version: int, prompts: list[Any], decode: Any)
 
 def _heading(row: dict[str, Any]) -> str:
     parts = ", ".join(f"{k}={v}" for k, v in row["reward_info"].items()) or "no parts"
-    return (f"step {row['step']}: reward {row['reward']:.3f} ({parts}; {row['finish_reason']}, "
-            f"version {row['version']}, {row['sampler_id']}, group {row['group_id']})")  # fmt: skip
+    # What the degeneration measures saw in it (grpo.observe.degeneration.flags).
+    flagged = "".join(f" [{f}]" for f in row.get("flags", []))
+    return (
+        f"step {row['step']}: reward {row['reward']:.3f}{flagged} ({parts}; "
+        f"{row['finish_reason']}, version {row['version']}, {row['sampler_id']}, group "
+        f"{row['group_id']})"
+    )
 
 
 def as_markdown(rows: list[dict[str, Any]]) -> str:
@@ -111,5 +117,17 @@ def main(argv: list[str]) -> int:
     rows = read_jsonl(path)
     if args.step is not None:
         rows = [r for r in rows if r.get("step") == args.step]
-    print(show(rows[-args.n :] if args.n > 0 else rows))
+    print(alarms(args.run_dir) + show(rows[-args.n :] if args.n > 0 else rows))
     return 0
+
+
+def alarms(run_dir: Path, last: int = 5) -> str:
+    """The newest steps and evaluations whose answers set off the degeneration alarm
+    (grpo.observe.degeneration), a line each, as a heading; '' when none did."""
+    steps = [(f"step {r['step']}", r) for r in read_jsonl(run_dir / "metrics.jsonl")]
+    evals = [(f"eval v{r['version']}", r) for r in read_jsonl(run_dir / "eval.jsonl")]
+    said = [f"  {where}: {', '.join(r['degen_alarms'])}"
+            for where, r in steps + evals if r.get("degen_alarms")]  # fmt: skip
+    if not said:
+        return ""
+    return "degeneration alarms (reward hacking?), newest:\n" + "\n".join(said[-last:]) + "\n\n"

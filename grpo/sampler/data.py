@@ -15,7 +15,7 @@ from grpo.config import Config
 from grpo.core.resume import require_same
 from grpo.delivery.spool import Spool
 from grpo.runtime.refusals import note
-from grpo.tasks import Row, Task, mixture
+from grpo.tasks import Row, Task, mixture, phrasing
 from grpo.tasks.encoding import Prompt, encode_prompt
 
 log = logging.getLogger("grpo.sampler")
@@ -120,8 +120,10 @@ class Shard:
         self.cfg = cfg
         self.parts = shard_parts(cfg, task)
         self.size = sum(len(p.rows) for p in self.parts)
-        self.encode = partial(encode_prompt, task, tokenizer=tokenizer,
-                              system_prompt=cfg.data.system_prompt)  # fmt: skip
+        asked = phrasing.varied(task, cfg.data.instructions)  # one instruction per question
+        self.encode = partial(
+            encode_prompt, asked, tokenizer=tokenizer, system_prompt=cfg.data.system_prompt
+        )
         self.position = 0
         self.skipped = 0  # drawn rows too long for data.max_prompt_tokens
         self._order: Iterator[int] | None = None

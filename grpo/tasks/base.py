@@ -41,6 +41,12 @@ class Task:
     reward: RewardFn
     default_train: str
     default_test: str
+    # How many answer markers an answer holds (`#### N`, `\\boxed{}`...), for the degeneration
+    # measures (grpo.observe.degeneration); None: the task has no markers to count.
+    count_markers: Callable[[str], int] | None = None
+    # The answer instruction its questions end with, which data.instructions and
+    # eval.prompt_variants may replace (grpo.tasks.phrasing); '' = none declared.
+    instruction: str = ""
 
 
 # ---------------------------------------------------------------------------
