@@ -1,7 +1,7 @@
 """Tasks: datasets, prompts and rewards, looked up by name (``get_task("gsm8k")``, ``"math"``)."""
 
 # Importing a task module registers it with the registry in .base.
-from . import gsm8k, math500, prompts
+from . import arithmetic, gsm8k, math500, prompts
 from .base import (
     REPO_ROOT,
     RewardFn,
@@ -21,6 +21,7 @@ from .runner import RewardHangError, RewardRunner, RewardWorkerError, RunnerCoun
 
 __all__ = [
     "REPO_ROOT",
+    "arithmetic",
     "RewardFn",
     "RewardHangError",
     "RewardRunner",
