@@ -402,7 +402,12 @@ def test_a_batch_that_never_comes_does_not_stop_the_run(caplog) -> None:
     for seq in (1, 2, 3):  # 0 never comes; more held than a spool holds
         too_many.hold(_numbered(seq=seq, sampler_id="s0"))
     assert too_many.pop_ready().seq == 1
-    assert "training batch 1 from s0 out of order: batches [0] never came" in caplog.text
+    assert "training batch 1 from s0 out of order: batches 0 to 0 never came" in caplog.text
+    # A seq of 2**40 is one short line, not a list of a trillion numbers (issue 62, finding 5).
+    huge = InOrder(Ledger(), max_held=0, patience_s=60)
+    huge.hold(_numbered(seq=2**40, sampler_id="s1"))
+    assert huge.pop_ready().seq == 2**40
+    assert f"batches 0 to {2**40 - 1} never came" in caplog.text and len(caplog.text) < 2000
     too_long = InOrder(Ledger(), max_held=10, patience_s=0.0)
     too_long.hold(_numbered(seq=5, sampler_id="s0"))
     time.sleep(0.01)

@@ -115,6 +115,21 @@ def test_a_stopped_sampler_comes_back_only_as_a_new_process():
     assert pool.alive() == ["s0"] and pool.none_left() is None
 
 
+@pytest.mark.parametrize(
+    "sid", ["!", "['s0']", "", "x" * 300], ids=["bang", "list", "empty", "long"]
+)
+def test_a_stop_in_a_name_no_sampler_has_is_ignored_not_a_crash(sid, caplog):
+    """Issue 62, finding 4: a stop whose sampler_id is no sampler id raised KeyError in the
+    trainer; now it is refused as any message in such a name, and a real stop's reason is
+    logged cut to a bound."""
+    pool, _ = make_pool()
+    pool.heard("s0", beat(GENERATING, 1))
+    pool.stopped(sid, "forged")
+    assert pool.alive() == ["s0"] and pool.refused == 1  # refused once, as any message
+    pool.stopped("s0", "y" * 4_000_000)
+    assert pool.alive() == [] and max(len(r.getMessage()) for r in caplog.records) < 400
+
+
 def test_no_sampler_heard_yet_is_not_none_left():
     pool, _ = make_pool()
     assert pool.none_left() is None

@@ -53,10 +53,10 @@ class InOrder:
             first = min(mine)
             overdue = len(mine) > self.max_held or now - mine[first][1] > self.patience_s
             if first == self.next_seq(sid) or overdue:
-                if first != self.next_seq(sid):
-                    missing = list(range(self.next_seq(sid), first))
-                    log.warning("training batch %d from %s out of order: batches %s never "
-                                "came", first, sid, missing)  # fmt: skip
+                if first != self.next_seq(sid):  # a range: a peer's seq can be any size
+                    gap = (self.next_seq(sid), first - 1)
+                    log.warning("training batch %d from %s out of order: batches %d to %d "
+                                "never came", first, sid, *gap)  # fmt: skip
                 batch, _ = mine.pop(first)
                 if not mine:
                     del self.held[sid]

@@ -34,6 +34,7 @@ log = logging.getLogger("grpo.trainer")
 
 STOPPED, SILENT, STALLED = "stopped", "silent", "stalled"
 MAX_MEMBERS = 1024  # samplers the trainer keeps track of
+STOP_REASON_CHARS = 200  # of a stop's reason in the log line: a peer's text, bounded
 
 
 @dataclass
@@ -119,9 +120,12 @@ class SamplerPool:
             self.collective = self._collective_states()
 
     def stopped(self, sid: str, reason: str) -> None:
-        """`sid` said it stops: dropped until a restart of it is heard."""
+        """`sid` said it stops: dropped until a restart of it is heard. A stop in a name the
+        pool does not take (no sampler id: "!", a list's text) is ignored, as `heard` ignores
+        its other messages; one such stop once ended the run with a KeyError."""
         self.heard(sid)
-        self._drop(sid, STOPPED, f"sampler {sid} stopped: {reason}")
+        if sid in self.members:
+            self._drop(sid, STOPPED, f"sampler {sid} stopped: {reason[:STOP_REASON_CHARS]}")
 
     def check(self) -> None:
         """Drop the samplers silent or stalled for too long."""
