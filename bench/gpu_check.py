@@ -3,7 +3,7 @@ and the GPU recipe (configs/gpu_smollm2.yaml) in full, each through `bash launch
 a user starts it, on whatever GPUs this node has, and prints one table:
 
     config | exit | steps | s/step | generation tokens/s | trainer tokens/s | peak GiB trainer
-    | peak GiB sampler | eval format / accuracy (first -> last)
+    | peak GiB sampler | eval format / accuracy / degenerate (first -> last)
 
 then one line: the seconds per GB to broadcast the recipe's model from one rank to another
 (bench.broadcast: NCCL between two GPUs where the node has two, else gloo). The table also
@@ -49,7 +49,8 @@ class CheckRow:
     trainer_tokens_per_s: float | None
     trainer_peak_gib: float | None
     sampler_peak_gib: float | None
-    eval_first: dict | None  # {"version", "format_rate", "accuracy"} of the first eval
+    # {"version", "format_rate", "accuracy", "degenerate_frac", "degen_alarms"} of the first eval
+    eval_first: dict | None
     eval_last: dict | None
     log_tail: str = ""
 
@@ -73,7 +74,7 @@ def summarise(config: str, exit_code: int, wall_s: float, run_dir: Path, tail: s
         s_per_step = wall_s / len(rows) if rows else None
     peaks = {key: [r[key] for r in rows if key in r]
              for key in ("trainer_peak_mem_gib", "sampler_peak_mem_gib")}  # fmt: skip
-    keep = ("version", "format_rate", "accuracy")
+    keep = ("version", "format_rate", "accuracy", "degenerate_frac", "degen_alarms")
     return CheckRow(
         config=config,
         exit_code=exit_code,
@@ -83,8 +84,8 @@ def summarise(config: str, exit_code: int, wall_s: float, run_dir: Path, tail: s
         trainer_tokens_per_s=_mean([r["trainer_tokens_per_s"] for r in rows]),
         trainer_peak_gib=max(peaks["trainer_peak_mem_gib"], default=None),
         sampler_peak_gib=max(peaks["sampler_peak_mem_gib"], default=None),
-        eval_first={k: evals[0][k] for k in keep} if evals else None,
-        eval_last={k: evals[-1][k] for k in keep} if evals else None,
+        eval_first={k: evals[0][k] for k in keep if k in evals[0]} if evals else None,
+        eval_last={k: evals[-1][k] for k in keep if k in evals[-1]} if evals else None,
         log_tail="" if exit_code == 0 else tail,
     )
 
@@ -124,13 +125,15 @@ def _num(value: float | None, fmt: str) -> str:
 def _eval(e: dict | None) -> str:
     if e is None:
         return "-"
-    return f"v{e['version']} {e['format_rate']:.2f} / {e['accuracy']:.3f}"
+    degenerate = _num(e.get("degenerate_frac"), ".2f")
+    return f"v{e['version']} {e['format_rate']:.2f} / {e['accuracy']:.3f} / {degenerate}"
 
 
 def table(rows: list[CheckRow]) -> str:
     lines = [
         "| config | exit | steps | s/step | generation tokens/s | trainer tokens/s "
-        "| peak GiB trainer | peak GiB sampler | eval format / accuracy (first -> last) |",
+        "| peak GiB trainer | peak GiB sampler "
+        "| eval format / accuracy / degenerate (first -> last) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

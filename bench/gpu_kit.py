@@ -140,10 +140,13 @@ def _from_check(name: str, what: str, c: CheckRow, seconds: float) -> Row:
         "peak GiB sampler": num(c.sampler_peak_gib, ".2f"),
     }
     for when, e in (("before", c.eval_first), ("after", c.eval_last)):
-        if e is not None:
-            result[f"format / accuracy {when}"] = (
-                f"v{e['version']} {e['format_rate']:.2f} / {e['accuracy']:.3f}"
+        if e is not None:  # and the answers' degeneration (grpo.observe.degeneration)
+            result[f"format / accuracy / degenerate {when}"] = (
+                f"v{e['version']} {e['format_rate']:.2f} / {e['accuracy']:.3f} / "
+                f"{num(e.get('degenerate_frac'), '.2f')}"
             )
+            if e.get("degen_alarms"):
+                result[f"alarms {when}"] = ", ".join(e["degen_alarms"])
     status = {0: "ok", 124: "timed out"}.get(c.exit_code, f"failed (exit {c.exit_code})")
     return Row(name, what, status, seconds, result, c.log_tail)
 

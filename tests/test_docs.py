@@ -21,7 +21,7 @@ CONFIGURATION = DOCS / "configuration.md"
 
 # CI (.ci/run) and users run exactly these; the README opens with them.
 COMMANDS = [
-    "bash scripts/setup.sh && bash launch.sh configs/cpu_demo.yaml",
+    "bash scripts/setup.sh --vllm && bash launch.sh configs/cpu_demo.yaml",
     "bash scripts/setup.sh --dev && .venv/bin/python -m pytest -q",
 ]
 MAX_README_LINES = 200
@@ -193,7 +193,7 @@ def test_the_readme_s_cpu_shrink_applies_to_every_gsm8k_config():
     assert len(configs) >= 8
     for path in configs:
         cfg = load_config(path, shrink.group(1).split())
-        assert cfg.rollout.questions_per_step == 4 and cfg.train.num_ranks == 2
+        assert cfg.rollout.questions_per_step == 4 and cfg.train.num_ranks == 1
 
 
 def test_every_key_the_trl_and_verl_mapping_names_is_ours():

@@ -116,7 +116,7 @@ def test_summary_and_table_from_a_run_dir(tmp_path):
     assert (r.steps, r.s_per_step, r.gen_tokens_per_s, r.trainer_peak_gib) == (3, 10.0, 200.0, 4.0)
     line = gpu_check.table([r]).splitlines()[-1]
     assert line == ("| gpu_smollm2 | 0 | 3 | 10.0 | 200 | 1,000 | 4.00 | 0.50 "
-                    "| v0 0.39 / 0.000 -> v25 0.95 / 0.040 |")  # fmt: skip
+                    "| v0 0.39 / 0.000 / - -> v25 0.95 / 0.040 / - |")  # fmt: skip
     failed = gpu_check.summarise("gsm8k_grpo", 1, 5.0, tmp_path / "none", "boom")
     assert gpu_check.table([failed]).splitlines()[-1].startswith("| gsm8k_grpo | 1 | 0 | - |")
 

@@ -162,3 +162,17 @@ def test_the_config_s_paths_are_the_user_s_where_the_user_has_them(tmp_path, mon
     assert cfg.train.deepspeed_config == str(tmp_path / "my_ds.json")
     assert cfg.transport.curve_dir == str(tmp_path / "keys")
     assert (cfg.model.path, cfg.data.train) == ("someone/model", "not_mine.jsonl")
+
+
+def test_a_vllm_backend_without_vllm_is_named_before_any_model_loads(tiny_model_dir, monkeypatch):
+    """The demo's sampler runs vLLM: a venv set up without --vllm gets the command that adds it,
+    in one line, where it once failed after the trainer had started."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))  # fmt: skip
+    cfg = config(tiny_model_dir, "rollout.backend=vllm")
+    with pytest.raises(ConfigError, match=r"vllm is not installed: bash scripts/setup.sh --vllm"):
+        preflight(cfg, "sampler")
+    preflight(config(tiny_model_dir), "sampler")  # HF needs nothing more

@@ -55,8 +55,9 @@ def main(argv: list[str]) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     die_with_parent()
-    # One OpenMP thread per rank unless set: ranks sharing a node's cores would oversubscribe.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The node's cores split between its ranks unless set: more threads would oversubscribe.
+    threads = max(1, (os.cpu_count() or 1) // cfg.train.num_ranks)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     if (env := single_rank_env(cfg)) is not None:
         os.environ.update(env)
         os.execv(sys.executable, [sys.executable, "-u", WORKER, *argv])
