@@ -183,7 +183,7 @@ def _check_evaluations(run_dir: Path, log: str) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "| version | pass@1 (greedy) | format | pass@1 | pass@2 | questions | seconds |" in (
+    assert "| version | pass@1 (greedy) | format | degenerate | pass@1 | pass@2 | questions |" in (
         done.stdout
     )
     cli = [json.loads(x) for x in (run_dir / "eval_versions.jsonl").read_text().splitlines()]

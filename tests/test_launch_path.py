@@ -24,7 +24,7 @@ def test_trainer_command_is_the_same_on_cpu_and_gpu():
     config alone."""
     script = (REPO / "launch.sh").read_text()
     assert script.count("grpo.trainer.launch") == 1 and "deepspeed.launcher" not in script
-    args = [DEMO, "train.lr=1e-5", "--resume"]
+    args = [DEMO, "train.lr=1e-5", "train.num_ranks=2", "--resume"]
     argv = torchrun_argv(load_config(DEMO, args[1:]), args)
     assert argv == ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "2",
                     "--master_addr", "127.0.0.1", "--master_port", "29500",
@@ -39,7 +39,8 @@ def test_trainer_command_is_the_same_on_cpu_and_gpu():
 
 
 def test_trainer_over_nodes_in_the_command_line():
-    cfg = load_config(DEMO, ["train.nnodes=2", "train.node_rank=1", "train.master_addr=10.0.0.1"])
+    cfg = load_config(DEMO, ["train.nnodes=2", "train.node_rank=1", "train.master_addr=10.0.0.1",
+                             "train.num_ranks=2"])  # fmt: skip
     argv = torchrun_argv(cfg, [DEMO])
     assert argv[:8] == ["--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2",
                         "--master_addr", "10.0.0.1"]  # fmt: skip
@@ -126,8 +127,8 @@ def test_placement_command_for_launch_sh(monkeypatch, capsys):
     shell = subprocess.run(["bash", "-c", odd + 'printf %s "$RUN_DIR"'],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert shell.stdout == "checkpoints/a b's run"  # quoted for launch.sh's eval
-    assert launch_env([DEMO, "train.gpus=[0]"]) == 2
-    assert "train.gpus lists 1 GPUs" in capsys.readouterr().err
+    assert launch_env([DEMO, "train.gpus=[0, 1]"]) == 2
+    assert "train.gpus lists 2 GPUs" in capsys.readouterr().err
 
 
 def test_a_world_of_one_needs_no_free_port():

@@ -25,7 +25,7 @@ from grpo.tools import RESULT_CLOSE, RESULT_OPEN
 from grpo.weights.version import Version
 
 CALLS = ("<calc>12*7</calc>", "<calc>12/0</calc>", None)  # 84, an error, no call
-FINAL = "So the answer is\n#### {}"
+FINAL = "Twelve times seven is the total we want, so the answer is\n#### {}"  # worked: 11 words
 LOGP = -0.5
 
 
