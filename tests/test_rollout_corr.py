@@ -236,7 +236,9 @@ def test_config_bands_reach_the_weights():
     with pytest.raises(ConfigError, match="algo.rollout_correction: unknown"):
         load_config("configs/cpu_demo.yaml", ["rollout.backend=vllm", "algo.rollout_correction=x"])
     with pytest.raises(ConfigError, match="rollout.backend=vllm"):
-        load_config("configs/cpu_demo.yaml", ["rollout.backend=hf", "algo.rollout_correction=geo_rs"])
+        load_config(
+            "configs/cpu_demo.yaml", ["rollout.backend=hf", "algo.rollout_correction=geo_rs"]
+        )
 
 
 def test_the_trainer_applies_the_configured_corrections():
