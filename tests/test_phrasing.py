@@ -75,6 +75,10 @@ def test_variant_entries_are_checked_in_one_line():
          "task 'prompts' declares no answer instruction to vary"),
         (["data.task=prompts", "data.train=x.jsonl", "data.instructions=[x]"],
          "data.instructions: task 'prompts' declares no answer instruction"),
+        # A mixture's entries are several tasks: no one instruction to replace.
+        (["data.mixture=[{train: a, task: gsm8k}, {train: b, task: math}]",
+          "eval.prompt_variants=[{name: w, instruction: x}]"],
+         "eval.prompt_variants is not offered with data.mixture"),
     ],
 )  # fmt: skip
 def test_a_variant_training_uses_or_a_task_cannot_ask_is_refused_before_the_run(overrides, why):
