@@ -188,9 +188,8 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     _looked_up("data.task", get_task, cfg.data.task)
     if cfg.data.mixture:  # each entry's task and reward, looked up (ConfigError naming it)
         mixture_task(cfg)
-        phrasings = {"data.instructions": cfg.data.instructions,
-                     "eval.prompt_variants": cfg.eval.prompt_variants}  # fmt: skip
-        for key in (k for k, v in phrasings.items() if v):  # a task's words, not a mixture's
+        if cfg.data.instructions or cfg.eval.prompt_variants:  # a task's words, not a mixture's
+            key = "data.instructions" if cfg.data.instructions else "eval.prompt_variants"
             raise ConfigError(f"{key} is not offered with data.mixture (several tasks' words)")
     else:
         _check_phrasings(cfg)

@@ -175,6 +175,7 @@ def evaluate_versions(
     spec = EvalSpec.from_config(cfg)
     weights = Weights(cfg, model_path)
     policy = weights.hf_policy()
+    markers = task.count_markers
     for v in versions:  # all present before the first (minutes of) generation
         if v:
             verify_version(version_dir(cfg.run_dir, v))
@@ -183,7 +184,6 @@ def evaluate_versions(
         for v in versions:
             if v:
                 weights.load_into_policy(Version.from_dir(version_dir(cfg.run_dir, v), v))
-            markers = task.count_markers
             row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress, markers)
             for name, asked in variants.items():
                 other = evaluate(engine, asked, tokenizer, rewards, spec, v, progress, markers)

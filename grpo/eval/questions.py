@@ -97,8 +97,9 @@ def eval_prompts(
         rows = mixture.test_rows(cfg, n)
     else:
         rows = task.load(cfg.data.test or task.default_test)[:n]
-    asked = phrasing.varied(task, cfg.data.instructions)
-    if variant is not None:
+    if variant is None:  # as training asks: one of data.instructions per question
+        asked = phrasing.varied(task, cfg.data.instructions)
+    else:
         asked = phrasing.rephrased(task, variant)
     return encode_prompts(
         asked, rows, tokenizer, cfg.data.system_prompt, cfg.data.max_prompt_tokens
@@ -106,9 +107,8 @@ def eval_prompts(
 
 
 def variant_prompts(cfg: Config, task: Task, tokenizer) -> dict[str, list[Prompt]]:
-    """Each of `eval.prompt_variants`' questions, by variant name (a mixture's: none)."""
-    if cfg.data.mixture:
-        return {}
+    """Each of `eval.prompt_variants`' questions, by variant name (a mixture has none: the run
+    plan refuses them)."""
     variants = parse_variants(cfg.eval.prompt_variants)
     return {v.name: eval_prompts(cfg, task, tokenizer, v) for v in variants}
 

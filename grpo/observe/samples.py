@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from grpo.core.episode import EpisodeBatch
-from grpo.observe.metrics import read_jsonl
+from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, read_jsonl
 
 SAMPLES_FILE = "samples.jsonl"
 EVAL = "eval"  # the sampler_id of an evaluation's answers
@@ -124,8 +124,8 @@ def main(argv: list[str]) -> int:
 def alarms(run_dir: Path, last: int = 5) -> str:
     """The newest steps and evaluations whose answers set off the degeneration alarm
     (grpo.observe.degeneration), a line each, as a heading; '' when none did."""
-    steps = [(f"step {r['step']}", r) for r in read_jsonl(run_dir / "metrics.jsonl")]
-    evals = [(f"eval v{r['version']}", r) for r in read_jsonl(run_dir / "eval.jsonl")]
+    steps = [(f"step {r['step']}", r) for r in read_jsonl(run_dir / METRICS_FILE)]
+    evals = [(f"eval v{r['version']}", r) for r in read_jsonl(run_dir / EVAL_FILE)]
     said = [f"  {where}: {', '.join(r['degen_alarms'])}"
             for where, r in steps + evals if r.get("degen_alarms")]  # fmt: skip
     if not said:

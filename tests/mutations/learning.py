@@ -96,7 +96,7 @@ MUTATIONS = (
         item="58.4: a prompt variant is evaluated with the training prompt",
         path="grpo/eval/questions.py",
         old="        asked = phrasing.rephrased(task, variant)\n",
-        new="        asked = asked\n",
+        new="        asked = phrasing.varied(task, cfg.data.instructions)\n",
         tests=(VARIANTS,),
     ),
     Mutation(
