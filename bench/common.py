@@ -297,3 +297,40 @@ def kill_tree(proc: subprocess.Popen) -> None:
 def steps_per_hour(rows: list[dict]) -> float:
     """From the first step's end to the last one's: start-up is not counted."""
     return (len(rows) - 1) * 3600 / (rows[-1]["time"] - rows[0]["time"])
+
+
+def memory_of_tree(pid: int) -> int:
+    """Bytes of memory held by process `pid` and its descendants: the sum of their PSS
+    (proportional set size), in which a page shared by several of them (a library, a file
+    mapping) counts once in all, not once in each as a sum of RSS would."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            text = Path(f"/proc/{p}/smaps_rollup").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        for line in text.splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) * 1024
+                break
+    return total
+
+
+def run_watched(cmd: list[str], env: dict, log: Path, timeout_s: float, every_s: float = 0.5
+                ) -> int:  # fmt: skip
+    """Run `cmd` (output to `log`), sampling its process tree's memory every `every_s`; the
+    peak in bytes. RuntimeError with the log's tail if it exits non-zero or runs too long."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        deadline, peak = time.monotonic() + timeout_s, 0
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                kill_tree(proc)
+                raise RuntimeError(f"{cmd[:4]} ran past {timeout_s:.0f} s; its log: {log}")
+            peak = max(peak, memory_of_tree(proc.pid))
+            time.sleep(every_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} exited {proc.returncode}:\n"
+                           f"{log.read_text()[-3000:]}")  # fmt: skip
+    return peak

@@ -8,6 +8,7 @@ import argparse
 from bench import (
     continuous,
     e2e,
+    e2e_vs_trl,
     hostile,
     logprobs,
     overlap,
@@ -33,6 +34,7 @@ BENCHMARKS = {
     "weight_fanout": weight_fanout,
     "overlap": overlap,
     "e2e": e2e,
+    "e2e_vs_trl": e2e_vs_trl,
     "continuous": continuous,
     "recovery": recovery,
     "hostile": hostile,

@@ -19,8 +19,8 @@ from tests.conftest import REPO
 
 # The rows each benchmark writes; each runs as its own test, so that pytest-xdist spreads them.
 ROWS = {"transport": 4, "logprobs": 2, "padding": 3, "weight_sync": 1, "weight_stream": 4,
-        "weight_delta": 1, "weight_fanout": 1, "overlap": 1, "e2e": 1, "continuous": 2,
-        "recovery": 1,
+        "weight_delta": 1, "weight_fanout": 1, "overlap": 1, "e2e": 1, "e2e_vs_trl": 4,
+        "continuous": 2, "recovery": 1,
         "hostile": 1, "vllm": 2}  # fmt: skip
 HAS_VLLM = importlib.util.find_spec("vllm") is not None  # without it the vllm benchmark writes none
 COMMITTED = sorted((REPO / "bench" / "results").glob("*.json"))
@@ -129,7 +129,8 @@ def test_result_refuses_an_unknown_direction_a_missing_scenario_or_a_median_off_
 
 # Benchmarks whose quick run takes seconds: CI runs them; the others (each starts launch.sh or
 # an engine, some of them several times) are in the extended tier (tests/conftest.py).
-QUICK_IN_CI = {"transport", "logprobs", "weight_fanout"}
+# e2e_vs_trl's quick run (40 s) is the test that TRL is handed the same work as ours.
+QUICK_IN_CI = {"transport", "logprobs", "weight_fanout", "e2e_vs_trl"}
 
 
 def quick_marks(name: str) -> list[pytest.MarkDecorator]:

@@ -126,6 +126,17 @@ def test_rollout_logprobs_match_hf_on_the_same_tokens(engine, hf_base, base_mode
     assert mean < MEAN_TOL and worst < MAX_TOL
 
 
+def test_ignore_eos_answers_run_to_the_cap(engine, base_model_dir):
+    """rollout.ignore_eos (fixed-length benchmarks): no answer ends before max_new_tokens."""
+    tok = load_tokenizer(base_model_dir)
+    prompt = prompts(tok, ["Reply with the single word yes."])
+    sampling = Sampling(n=4, max_new_tokens=24, temperature=0.7)
+    assert min(len(g.completion_ids) for g in engine.generate(prompt, sampling)) < 24
+    fixed = engine.generate(prompt, replace(sampling, ignore_eos=True))
+    assert [len(g.completion_ids) for g in fixed] == [24] * 4
+    assert {g.finish_reason for g in fixed} == {"length"}
+
+
 def test_top_p_ratios_centre_on_one_after_renormalising(engine, hf_base, base_model_dir):
     """The engine reports log-probs over the kept tokens; the trainer's are over the whole
     vocabulary. Adding the kept mass makes them comparable; without it they are not."""

@@ -182,6 +182,11 @@ class RolloutConfig:
         "longest answer, every turn and tool result included; longer ones end with "
         "finish_reason 'length'",
     )
+    ignore_eos: bool = knob(
+        False,
+        "benchmarks at fixed work: every answer runs to max_new_tokens, EOS and stop strings "
+        "ignored (lockstep, single-turn; what it samples is not meant to be learned from)",
+    )
     max_turns: int = knob(
         1,
         "model turns per answer; above 1, a turn that ends in a tool call (rollout.tools) gets "
@@ -257,6 +262,11 @@ def check_rollout(r: RolloutConfig) -> None:
     if v.tensor_parallel_size < 1 or not 0 < v.gpu_memory_utilization <= 1:
         raise ConfigError(
             "rollout.vllm.tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]"
+        )
+    if r.ignore_eos and (r.mode != "lockstep" or r.max_turns != 1):
+        raise ConfigError(
+            "rollout.ignore_eos needs rollout.mode lockstep and max_turns 1 (fixed-length "
+            f"answers from one generate call), got mode {r.mode}, max_turns {r.max_turns}"
         )
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")

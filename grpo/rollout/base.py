@@ -63,6 +63,9 @@ class Sampling:
     top_k: int = 0  # 0: off
     stop: tuple[str, ...] = ()  # an answer ends once its text holds one (kept in the answer)
     greedy: bool = False  # argmax at every step: temperature, top_p and top_k do not apply
+    # Every answer exactly max_new_tokens long, EOS and stop strings ignored (rollout.ignore_eos:
+    # benchmarks at fixed work).
+    ignore_eos: bool = False
     # Seeds the call's sampling where the engine can (HF: torch's RNG); vLLM is seeded once,
     # by rollout.seed, when it starts (grpo.rollout.vllm).
     seed: int = 0
@@ -85,7 +88,8 @@ class Sampling:
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
-            stop=tuple(r.stop),
+            stop=() if r.ignore_eos else tuple(r.stop),
+            ignore_eos=r.ignore_eos,
             seed=r.seed,
             batch_size=r.generation_batch_size,
         )

@@ -110,6 +110,7 @@ class HFRollout:
             top_k=sampling.top_k if not greedy else None,
             stop_strings=list(stop) or None,
             max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens if sampling.ignore_eos else None,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.eos,
             cache_implementation=None if self.cache == "dynamic" else self.cache,

@@ -145,6 +145,7 @@ class VllmRollout:
             top_p=1.0 if greedy else sampling.top_p,
             top_k=0 if greedy else sampling.top_k,
             max_tokens=sampling.max_new_tokens,
+            ignore_eos=sampling.ignore_eos,
             stop=list(sampling.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
         )

@@ -108,3 +108,41 @@ MUTATIONS = (
         tests=(f"{TESTS}::test_docs_table_is_generated_from_the_committed_results",),
     ),
 )
+
+# Issue 59: the comparison with TRL hands both sides one workload, checked from what each side
+# recorded (bench.workload.same_work) in the quick run both sides make in CI.
+TRL_QUICK = f"{TESTS}::test_benchmark_runs_quick[e2e_vs_trl]"
+MUTATIONS += (
+    Mutation(
+        name="trl_given_fewer_answers",
+        item="59: TRL samples half the answers per question (a smaller workload)",
+        path="bench/workload.py",
+        old="        num_generations=w.group,\n",
+        new="        num_generations=w.group // 2,\n",
+        tests=(TRL_QUICK,),
+    ),
+    Mutation(
+        name="trl_given_shorter_answers",
+        item="59: TRL's answers are cut at half the workload's length",
+        path="bench/workload.py",
+        old="        max_completion_length=w.new_tokens,\n",
+        new="        max_completion_length=w.new_tokens // 2,\n",
+        tests=(TRL_QUICK,),
+    ),
+    Mutation(
+        name="hf_stops_at_eos_under_ignore_eos",
+        item="59: rollout.ignore_eos does not reach HF generate: answers end at EOS",
+        path="grpo/rollout/hf.py",
+        old="            min_new_tokens=max_new_tokens if sampling.ignore_eos else None,\n",
+        new="            min_new_tokens=None,\n",
+        tests=("tests/test_fixed_length.py::test_hf_answers_run_to_the_cap_past_eos",),
+    ),
+    Mutation(
+        name="vllm_stops_at_eos_under_ignore_eos",
+        item="59: rollout.ignore_eos does not reach vLLM: answers end at EOS",
+        path="grpo/rollout/vllm.py",
+        old="            ignore_eos=sampling.ignore_eos,\n",
+        new="            ignore_eos=False,\n",
+        tests=("tests/test_vllm.py::test_ignore_eos_answers_run_to_the_cap",),
+    ),
+)
