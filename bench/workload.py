@@ -21,9 +21,12 @@ class Workload:
     lr: float = 4e-5  # constant, no warm-up
     micro_batch: int = 8  # answers per forward/backward
     max_grad_norm: float = 1.0
-    # TRL's precision: "fp32", or "bf16" (float32 weights under bfloat16 autocast); the
-    # project's is its config's model.dtype (bfloat16 weights, float32 master weights).
-    trl_precision: str = "fp32"
+    # TRL's precision: "bf16" (float32 weights under bfloat16 autocast: 53-56 s a demo-sized
+    # step here, against 71-77 in "fp32"); the project's is its config's model.dtype (bfloat16
+    # weights, float32 master weights).
+    trl_precision: str = "bf16"
+    # TRL's generation: "hf" (generate) or "vllm" (use_vllm, colocate: the engine in TRL's process)
+    trl_engine: str = "hf"
 
     @property
     def answers(self) -> int:
@@ -71,7 +74,8 @@ def trl_arguments(w: Workload, output_dir: Path, seed: int):
         raise ValueError(f"{w.answers} answers a step do not split into micro-batches of "
                          f"{w.micro_batch}")  # fmt: skip
     accumulation = w.answers // w.micro_batch
-    bf16 = w.trl_precision == "bf16"
+    bf16, vllm = w.trl_precision == "bf16", w.trl_engine == "vllm"
+    fixed = {"min_tokens": w.new_tokens} if vllm else {"min_new_tokens": w.new_tokens}
     return GRPOConfig(
         output_dir=str(output_dir),
         use_cpu=not torch.cuda.is_available(),
@@ -82,8 +86,10 @@ def trl_arguments(w: Workload, output_dir: Path, seed: int):
         steps_per_generation=accumulation,  # one generation per optimizer step
         num_generations=w.group,
         max_completion_length=w.new_tokens,
-        # HF generate suppresses EOS until min_new_tokens: every answer exactly new_tokens
-        generation_kwargs={"min_new_tokens": w.new_tokens} if w.fixed_length else None,
+        use_vllm=vllm,
+        vllm_mode="colocate",
+        # EOS suppressed until the full length (HF generate's and vLLM's words for it)
+        generation_kwargs=fixed if w.fixed_length else None,
         temperature=w.temperature,
         top_p=1.0,
         top_k=0,
@@ -109,8 +115,8 @@ class DifferentWork(AssertionError):
 
 def step_work(questions: list[int], prompt_lens: list[int], completion_lens: list[int]) -> tuple:
     """One step's work, order-free: the questions asked and the (prompt, completion) lengths."""
-    return (tuple(sorted(set(questions))),
-            tuple(sorted(Counter(zip(prompt_lens, completion_lens, strict=True)).items())))  # fmt: skip
+    lengths = Counter(zip(prompt_lens, completion_lens, strict=True))
+    return tuple(sorted(set(questions))), tuple(sorted(lengths.items()))
 
 
 def same_work(w: Workload, ours: list[tuple], trl: list[tuple]) -> None:

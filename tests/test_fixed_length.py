@@ -24,7 +24,7 @@ def chat_prompt(tokenizer, text: str) -> np.ndarray:
 
 
 def test_the_config_carries_ignore_eos_into_sampling_without_stop_strings():
-    cfg = load_config(None, ["rollout.ignore_eos=true", "rollout.stop=[\"####\"]"])
+    cfg = load_config(None, ["rollout.ignore_eos=true", 'rollout.stop=["####"]'])
     sampling = Sampling.from_config(cfg)
     assert sampling.ignore_eos and sampling.stop == ()
     assert Sampling.from_config(load_config(None, [])).ignore_eos is False

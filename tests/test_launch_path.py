@@ -4,7 +4,9 @@ arguments. The integration tests run this same path end to end on CPU."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -188,6 +190,50 @@ def test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times(tmp_path, cod
     assert started == [f"start {n} left {2 - n}" for n in range(starts)], started
     why = "its 2 restarts used up" if code == 1 else "a usage or config error"
     assert f"launch.sh: the sampler exited with code {code} ({why}); stopping" in proc.stderr
+
+
+def fake_roles(tmp_path: Path, code: int, **env: str) -> tuple[list[str], dict[str, str]]:
+    """launch.sh's command and environment with FAKE_PYTHON's stand-in roles."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    (tmp_path / "model").mkdir(exist_ok=True)
+    for name in ("config.json", "chat_template.jinja"):  # what launch.sh's check looks for
+        (tmp_path / "model" / name).write_text("{}")
+    env = {**os.environ, "PYTHON": str(fake), "REAL_PYTHON": PYTHON,
+           "STARTS": str(tmp_path / "s"), "FAKE_SAMPLER_CODE": str(code), **env}  # fmt: skip
+    return ["bash", str(REPO / "launch.sh"), DEMO, f"model.path={tmp_path}/model"], env
+
+
+@pytest.mark.parametrize("knob, value", [("GRPO_RESTART_DELAY_S", "5s"),
+                                         ("GRPO_MAX_RESTARTS", "-1")])  # fmt: skip
+def test_launch_sh_refuses_a_restart_setting_that_is_not_a_number(tmp_path, knob, value):
+    """Issue 62: GRPO_RESTART_DELAY_S=5s was bash arithmetic's 0 and a "run complete" exit 0;
+    now one line and exit 2, before any role starts."""
+    command, env = fake_roles(tmp_path, 1, **{knob: value})
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"launch.sh: {knob} must be a whole number (0 to 999999), " \
+        f"got '{value}'"  # fmt: skip
+    assert not (tmp_path / "s").exists()  # nothing started
+
+
+def test_sigterm_ends_a_restart_backoff_at_once(tmp_path):
+    """Issue 62: a SIGTERM while launch.sh waits out a restart's backoff (here 60 s) stops the
+    run at once, not once the backoff is over."""
+    command, env = fake_roles(tmp_path, 1, GRPO_RESTART_DELAY_S="60")
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        while not seen or "restarting it in 60 s" not in seen[-1]:
+            seen.append(proc.stderr.readline())
+            assert seen[-1], seen  # launch.sh ended, or closed its stderr, first
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 130
+        assert time.monotonic() - began < 40  # stop_all's bound is 30 s; the backoff is 60
+    finally:
+        proc.kill()
 
 
 def test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from grpo.weights.collective.membership import GroupInfo, invited
 from grpo.weights.stream.follower import VersionFollower
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.server import VersionStore
+from tests.xxh3_forgery import forged_image
 
 TIMEOUT_S = 2.0
 
@@ -205,6 +207,19 @@ def test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on(run) -> N
     assert member.expects(3) and member.state.startswith("member:")
 
 
+def test_xxh3_equal_buckets_from_the_group_are_refused(run) -> None:
+    """Issue 62, finding 1: a broadcast of version 1's manifest with its buckets' bytes forged to
+    the same XXH3-64 (what a group impostor would send): the digests refuse it, nothing is
+    offered, and the trainer's real version 2 still comes."""
+    trainer, samplers = run(1)
+    member = samplers[0].member
+    wait_until(lambda: member.expects(1), "the group")
+    trainer.publish(forged_image(version(1)))
+    trainer.publish(version(2))
+    wait_until(lambda: 2 in samplers[0].got, "version 2")
+    assert 1 not in samplers[0].got and not member.expects(1)
+
+
 def test_closing_while_a_group_forms_says_what_it_waits_for(caplog) -> None:
     """A sampler said it was ready and went away before joining: the trainer's close waits for
     the group's forming to fail, says so, and is done within the bound."""
@@ -234,12 +249,55 @@ def test_who_the_next_group_holds() -> None:
 
 
 def test_a_group_announcement_is_taken_only_when_well_formed() -> None:
-    good = GroupInfo("e", 2, ("s0", "s1"))
+    good = GroupInfo("e", 2, ("s0", "s1"), "ab" * 16)
     assert GroupInfo.from_json(good.to_json()) == good and good.rank("s1") == 2
     body = good.to_json()
     for bad in (None, 3, {**body, "generation": 0}, {**body, "members": []},
-                {**body, "members": ["s0", "s0"]}, {**body, "epoch": 7}):  # fmt: skip
+                {**body, "members": ["s0", "s0"]}, {**body, "epoch": 7},
+                {**body, "key": ""}, {**body, "key": "AB" * 16}, {**body, "key": "ab" * 15},
+                {k: v for k, v in body.items() if k != "key"}):  # fmt: skip
         assert GroupInfo.from_json(bad) is None, bad
+
+
+def listeners(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net shows them) of every TCP socket listening on
+    `port`, IPv4 and IPv6."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_the_rendezvous_listens_on_the_configured_address_alone() -> None:
+    """Issue 62, finding 3: TCPStore binds every interface ("::") whatever host it is given;
+    the trainer's listens on weights.collective_addr's host only."""
+    port = free_port()
+    meeting = wire.meeting_point(f"tcp://127.0.0.1:{port}", True, TIMEOUT_S)
+    try:
+        assert listeners(port) == {"0100007F"}  # 127.0.0.1, and nothing on IPv6
+    finally:
+        del meeting
+
+
+def test_a_peer_without_the_generation_s_key_gets_no_seat() -> None:
+    """Issue 62, finding 3: the trainer waits for sampler-0 in generation 1; an impostor that
+    reaches the store and knows the generation and rank, but not the key the trainer announced
+    over the control channel, meets nobody (the seats' keys used to be guessable)."""
+    cfg = collective_config()
+    store = VersionStore(keep=2, budget_bytes=1 << 20, delta=False)
+    broadcaster = Broadcaster(cfg, store, lambda: {"sampler-0": ("i", "ready:0")})
+    try:
+        wait_until(lambda: broadcaster.announced is not None, "the group forming")
+        addr = cfg.weights.collective_addr
+        meeting = wire.meeting_point(addr, False, TIMEOUT_S)
+        with pytest.raises(RuntimeError):
+            wire.form(meeting, 1, "0" * 32, 1, 2, wire.local_interface(addr), TIMEOUT_S)
+    finally:
+        broadcaster.close()
 
 
 @pytest.mark.parametrize(
@@ -284,6 +342,26 @@ def test_a_broadcast_version_is_taken_only_under_the_identity_the_trainer_announ
     assert follower.image(4) is None
     announced[4] = sent.manifest.identity
     assert follower.image(4) is sent
+
+
+def test_an_unannounced_broadcast_does_not_replace_the_version_held() -> None:
+    """Issue 62 (read in the code): the version held is the base of the sampler's next delta
+    and what its relay serves; a broadcast replaces it only under an announced identity."""
+    announced: dict[int, str] = {3: version(3).manifest.identity}
+    follower = _follower(announced)
+    follower.offer(held := version(3))
+    follower.offer(version(4))  # the trainer announced no version 4
+    assert follower.held is held
+    announced[4] = version(5).manifest.identity  # nor this one as version 4
+    follower.offer(version(4))
+    assert follower.held is held
+    announced[4] = version(4).manifest.identity
+    follower.offer(real := version(4))
+    assert follower.held is real
+    follower.offer(later := version(6))  # came before its announcement ...
+    assert follower.held is real
+    announced[6] = later.manifest.identity
+    assert follower.image(6) is later and follower.held is later  # ... held once announced
 
 
 def test_a_version_the_group_will_bring_is_not_also_streamed() -> None:

@@ -24,6 +24,7 @@ from grpo.weights.stream.relay import announced_manifests
 from grpo.weights.stream.server import VersionStore
 from grpo.wire.codec import Message
 from tests.test_weight_streaming import serving
+from tests.xxh3_forgery import forged_image
 
 
 def _store(*images: Image) -> VersionStore:
@@ -57,7 +58,7 @@ def test_identity_covers_every_field_of_the_manifest() -> None:
     others = [
         replace(m, version=2),
         replace(m, adapter=True),
-        replace(m, sums=(m.sums[0] ^ 1, *m.sums[1:])),
+        replace(m, sums=(("1" if m.sums[0][0] == "0" else "0") + m.sums[0][1:], *m.sums[1:])),
         replace(m, specs=(replace(spec, name="other"), *m.specs[1:])),
         replace(m, specs=(replace(spec, dtype="int32"), *m.specs[1:])),
         replace(m, specs=(replace(spec, shape=(1, spec.size)), *m.specs[1:])),
@@ -79,6 +80,17 @@ def test_a_forged_version_from_a_relay_is_refused_and_the_trainer_s_taken() -> N
     assert got.manifest == real.manifest
     assert all(np.array_equal(got.arrays[k], real.arrays[k]) for k in real.arrays)
     assert rx.stats.fallbacks["source failed"] == 1 and rx.source != rx.passed_over[0]
+
+
+def test_a_relay_s_xxh3_equal_buckets_under_the_trainer_s_identity_are_refused() -> None:
+    """Issue 62, finding 1: the trainer's own manifest (the announced identity), its buckets'
+    bytes forged to the same XXH3-64 (most floats 1e4). The bucket digests are SHA-256: refused,
+    and the trainer's version taken."""
+    real = synthetic(1, QUICK)
+    got, rx, _ = _receive(_store(forged_image(real)), _store(real), {1: real.manifest.identity})
+    assert got.manifest == real.manifest
+    assert all(np.array_equal(got.arrays[k], real.arrays[k]) for k in real.arrays)
+    assert rx.stats.fallbacks["source failed"] == 1
 
 
 def test_a_version_the_trainer_never_announced_is_refused() -> None:

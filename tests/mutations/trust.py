@@ -1,12 +1,72 @@
-"""Mutations of the trainer's defences against a single bad message (issue 62, findings 4 and
-5): each puts back what let one message end the run, and names the CI-tier test that must then
-fail."""
+"""Mutations of the defences of issue 62: findings 4 and 5 (a single bad message ended the run)
+and finding 1 (a version's bucket sums were XXH3, forgeable under the trainer's identity). Each
+puts back what the finding exploited and names the CI-tier tests that must then fail."""
 
 from __future__ import annotations
 
 from tests.mutations import Mutation
 
+COLLECTIVE = "tests/test_weight_collective.py"
+LAUNCH = "tests/test_launch_path.py"
 MUTATIONS = (
+    Mutation(
+        name="restart_knobs_unchecked",
+        item="62 (medium): GRPO_RESTART_DELAY_S=5s is read as 0 again",
+        path="launch.sh",
+        old="  [[ -z ${!knob:-} || ${!knob} =~ ^[0-9]{1,6}$ ]] || {\n",
+        new="  true || {\n",
+        tests=(f"{LAUNCH}::test_launch_sh_refuses_a_restart_setting_that_is_not_a_number",),
+    ),
+    Mutation(
+        name="backoff_slept_in_the_foreground",
+        item="62 (low): SIGTERM waits out a restart's backoff again",
+        path="launch.sh",
+        old='      sleep "$delay" & backoff=$!\n',
+        new='      sleep "$delay"; backoff=$!\n',
+        tests=(f"{LAUNCH}::test_sigterm_ends_a_restart_backoff_at_once",),
+    ),
+    Mutation(
+        name="unannounced_broadcast_held",
+        item="62 (read-only finding): a broadcast replaces the held version unannounced",
+        path="grpo/weights/stream/follower.py",
+        old="        if newer and self._current(image):\n",
+        new="        if newer:\n",
+        tests=(f"{COLLECTIVE}::test_an_unannounced_broadcast_does_not_replace_the_version_held",),
+    ),
+    Mutation(
+        name="rendezvous_on_every_interface",
+        item="62.3: the collective group's store listens on every interface again",
+        path="grpo/weights/collective/group.py",
+        old=(
+            "        listener = socket.create_server((hostname, port), family=family, "
+            "backlog=128)\n"
+            "        return dist.TCPStore(hostname, port, None, True, timeout=timeout, "
+            "wait_for_workers=False,\n"
+            "                             master_listen_fd=listener.detach())  # fmt: skip\n"
+        ),
+        new="        return dist.TCPStore(hostname, port, None, True, timeout=timeout)\n",
+        tests=(f"{COLLECTIVE}::test_the_rendezvous_listens_on_the_configured_address_alone",),
+    ),
+    Mutation(
+        name="rendezvous_keys_guessable",
+        item="62.3: a generation's keys in the store are generation-G/... again, for anyone",
+        path="grpo/weights/collective/group.py",
+        old='    prefixed = dist.PrefixStore(f"generation-{generation}-{key}", store)',
+        new='    prefixed = dist.PrefixStore(f"generation-{generation}", store)',
+        tests=(f"{COLLECTIVE}::test_a_peer_without_the_generation_s_key_gets_no_seat",),
+    ),
+    Mutation(
+        name="bucket_sums_back_to_xxh3",
+        item="62.1: a version's bucket sums are XXH3-64 again, which a forger matches",
+        path="grpo/weights/stream/frames.py",
+        old="    return digest(parts)\n",
+        new='    return format(checksum(parts), "064x")\n',
+        tests=(
+            "tests/test_weight_trust.py::"
+            "test_a_relay_s_xxh3_equal_buckets_under_the_trainer_s_identity_are_refused",
+            "tests/test_weight_collective.py::test_xxh3_equal_buckets_from_the_group_are_refused",
+        ),
+    ),
     Mutation(
         name="stop_of_an_unknown_id_dropped",
         item="62.4: a stop with a malformed sampler_id is a KeyError again",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ import numpy as np
 
 from grpo.config import Config
 from grpo.weights.collective import group as wire
-from grpo.weights.collective.membership import GroupInfo, invited
+from grpo.weights.collective.membership import KEY_CHARS, GroupInfo, invited
 from grpo.weights.stream.frames import Manifest
 from grpo.weights.stream.server import VersionStore
 
@@ -103,9 +104,10 @@ class Broadcaster:
         self.generation += 1
         self.members = members
         self._incarnations = {sid: states[sid][0] for sid in members if sid in states}
-        self.announced = GroupInfo(self.epoch, self.generation, members).to_json()
+        key = secrets.token_hex(KEY_CHARS // 2)
+        self.announced = GroupInfo(self.epoch, self.generation, members, key).to_json()
         size = len(members) + 1
-        self.group = wire.form(self.meeting, self.generation, 0, size, self.interface,
+        self.group = wire.form(self.meeting, self.generation, key, 0, size, self.interface,
                                self.timeout_s)  # fmt: skip
         self._sent = None
         self.first = version if version is not None else self.last_queued + 1

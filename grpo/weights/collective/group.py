@@ -12,7 +12,7 @@ Each message opens with a header of HEADER_LEN uint64s from the trainer (a versi
 or nothing: a keepalive, or "move to the next generation"), then, for a version, its manifest
 (msgpack, as the stream mode's) and each bucket's tensors, back to back, as one uint8
 broadcast. A version cut like the one before it in the same generation (every version of a
-run after the first) sends no manifest: the header carries its buckets' checksums, the rest is
+run after the first) sends no manifest: the header carries its buckets' digests, the rest is
 the previous manifest's. A LoRA adapter's broadcast is then two operations, not three, and
 neither side encodes or decodes 240 tensors' specs.
 
@@ -34,8 +34,9 @@ import torch.distributed as dist
 from grpo.config.weights import host_port
 
 FIELDS = 4  # kind, then up to three values
-MAX_INLINE_SUMS = 60  # bucket checksums a header carries after its fields
-HEADER_LEN = FIELDS + MAX_INLINE_SUMS
+SUM_WORDS = 4  # a bucket digest (SHA-256) is four uint64s
+MAX_INLINE_SUMS = 15  # bucket digests a header carries after its fields
+HEADER_LEN = FIELDS + MAX_INLINE_SUMS * SUM_WORDS
 KEEPALIVE = 1  # [KEEPALIVE, first, 0, 0]: nothing to receive; versions >= first will come
 # [VERSION, version, manifest bytes, 0]: the manifest and the buckets follow;
 # [VERSION, version, 0, n, sum 1 .. sum n]: cut like the previous version, the buckets follow
@@ -45,11 +46,16 @@ MAX_MANIFEST_BYTES = 64 << 20
 
 
 def meeting_point(addr: str, host: bool, timeout_s: float) -> dist.TCPStore:
-    """The TCPStore at `addr`: served here (the trainer) or connected to (a sampler)."""
+    """The TCPStore at `addr`: served here (the trainer) or connected to (a sampler). The
+    trainer's listens on `addr`'s host alone: given a host, TCPStore still binds every
+    interface ("::"), so it is handed a socket bound here (it owns and closes it)."""
     hostname, port = host_port(addr)
     timeout = datetime.timedelta(seconds=timeout_s)
     if host:
-        return dist.TCPStore(hostname, port, None, True, timeout=timeout, wait_for_workers=False)
+        family = socket.AF_INET6 if ":" in hostname else socket.AF_INET
+        listener = socket.create_server((hostname, port), family=family, backlog=128)
+        return dist.TCPStore(hostname, port, None, True, timeout=timeout, wait_for_workers=False,
+                             master_listen_fd=listener.detach())  # fmt: skip
     return dist.TCPStore(hostname, port, None, False, timeout=timeout)
 
 
@@ -63,12 +69,15 @@ def local_interface(addr: str) -> str:
 
 
 def form(
-    store: dist.Store, generation: int, rank: int, size: int, interface: str, timeout_s: float
-) -> dist.ProcessGroup:
+    store: dist.Store, generation: int, key: str, rank: int, size: int, interface: str,
+    timeout_s: float,
+) -> dist.ProcessGroup:  # fmt: skip
     """Generation `generation`'s group, once all `size` ranks joined (within `timeout_s`,
-    else RuntimeError). Its keys in the store are its own: a stale member of an older
-    generation cannot take a seat in this one."""
-    prefixed = dist.PrefixStore(f"generation-{generation}", store)
+    else RuntimeError). Its keys in the store are its own, under `key`, the generation's
+    secret the trainer announces over the control channel: a stale member of an older
+    generation, or a peer that reaches the store but never heard the announcement, cannot
+    take a seat in this one (the seats' keys were "generation-G/..." for anyone to guess)."""
+    prefixed = dist.PrefixStore(f"generation-{generation}-{key}", store)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = datetime.timedelta(seconds=timeout_s)
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=interface)]
@@ -76,17 +85,20 @@ def form(
 
 
 def exchange_header(
-    group: dist.ProcessGroup, header: Sequence[int] | None, sums: Sequence[int] = ()
-) -> tuple[list[int], tuple[int, ...]]:
-    """The trainer's `header` (None on a member) and the bucket checksums after it, as every
-    member receives them: (fields, checksums), as many checksums as the fourth field says."""
+    group: dist.ProcessGroup, header: Sequence[int] | None, sums: Sequence[str] = ()
+) -> tuple[list[int], tuple[str, ...]]:
+    """The trainer's `header` (None on a member) and the bucket digests (hex) after it, as
+    every member receives them: (fields, digests), as many digests as the fourth field says."""
     values = np.zeros(HEADER_LEN, np.uint64)
     if header is not None:
         values[: len(header)] = header
-        values[FIELDS : FIELDS + len(sums)] = sums
+        inline = np.frombuffer(bytes.fromhex("".join(sums)), np.uint64)
+        values[FIELDS : FIELDS + inline.size] = inline
     broadcast(group, values.view(np.uint8))
     fields = [int(v) for v in values[:FIELDS]]
-    return fields, tuple(int(v) for v in values[FIELDS : FIELDS + min(fields[3], MAX_INLINE_SUMS)])
+    raw = values[FIELDS : FIELDS + min(fields[3], MAX_INLINE_SUMS) * SUM_WORDS].tobytes()
+    step = SUM_WORDS * 8
+    return fields, tuple(raw[k : k + step].hex() for k in range(0, len(raw), step))
 
 
 def broadcast(group: dist.ProcessGroup, data: np.ndarray) -> None:

@@ -93,8 +93,8 @@ class GroupMember:
         """Join generation `info.generation` and take what it sends until it ends."""
         meeting = wire.meeting_point(self.addr, False, self.timeout_s)
         interface = wire.local_interface(self.addr)
-        group = wire.form(meeting, info.generation, rank, len(info.members) + 1, interface,
-                          self.timeout_s)  # fmt: skip
+        group = wire.form(meeting, info.generation, info.key, rank, len(info.members) + 1,
+                          interface, self.timeout_s)  # fmt: skip
         self.state = f"member:{info.generation}"
         self._previous = None
         log.info("weights: joined collective group %d as rank %d", info.generation, rank)
@@ -109,7 +109,7 @@ class GroupMember:
             else:
                 raise LeftGroup(f"a header of unknown kind {kind}")
 
-    def _manifest(self, group: object, version: int, size: int, sums: tuple[int, ...]) -> Manifest:
+    def _manifest(self, group: object, version: int, size: int, sums: tuple[str, ...]) -> Manifest:
         """Version `version`'s manifest: broadcast after the header (`size` bytes), or, with
         no size, the previous version's with the header's bucket checksums."""
         previous = self._previous

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_MEMBERS = 1024
+KEY_CHARS = 32  # a generation's secret: 128 random bits in hex (secrets.token_hex(16))
 
 
 @dataclass(frozen=True)
@@ -17,9 +18,12 @@ class GroupInfo:
     epoch: str  # this trainer process's: a restarted one counts generations anew
     generation: int
     members: tuple[str, ...]  # sampler ids, in rank order from 1
+    # The generation's secret (KEY_CHARS random hex digits): its keys in the store are under it
+    key: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "generation": self.generation, "members": list(self.members)}
+        return {"epoch": self.epoch, "generation": self.generation,
+                "members": list(self.members), "key": self.key}  # fmt: skip
 
     @classmethod
     def from_json(cls, body: Any) -> GroupInfo | None:
@@ -27,8 +31,12 @@ class GroupInfo:
         if not isinstance(body, dict):
             return None
         epoch, generation, members = body.get("epoch"), body.get("generation"), body.get("members")
+        key = body.get("key")
         if not (
-            isinstance(epoch, str)
+            isinstance(key, str)
+            and len(key) == KEY_CHARS
+            and all(c in "0123456789abcdef" for c in key)
+            and isinstance(epoch, str)
             and 0 < len(epoch) <= 64
             and type(generation) is int
             and generation > 0
@@ -38,7 +46,7 @@ class GroupInfo:
             and len(set(members)) == len(members)
         ):
             return None
-        return cls(epoch, generation, tuple(members))
+        return cls(epoch, generation, tuple(members), key)
 
     def rank(self, sampler_id: str) -> int | None:
         """`sampler_id`'s rank in the group, None if it is not a member."""

@@ -164,17 +164,25 @@ class VersionFollower:
 
     def offer(self, image: Image) -> None:
         """A version the collective group brought (each tensor checked against its manifest):
-        used once the trainer announced that manifest's identity, like any source's."""
+        used once the trainer announced that manifest's identity, like any source's. Only then
+        does it replace the version held (the base of the next delta, what the samplers below
+        are served): an unannounced one waits in `broadcast` for the announcement."""
         with self._cond:
             self.broadcast[image.version] = image
             for old in sorted(self.broadcast)[:-KEPT_BROADCASTS]:
                 del self.broadcast[old]
-            if self.held is None or image.version > self.held.version:
-                self.held = image
-                if self.node is not None:  # the samplers below it take it from here
-                    self.node.source.finished(image)
+            self._hold(image)
             self._cond.notify_all()
         self.changed()
+
+    def _hold(self, image: Image) -> None:
+        """`image` (from the group) as the version held, if it is newer and announced; the
+        caller holds the lock."""
+        newer = self.held is None or image.version > self.held.version
+        if newer and self._current(image):
+            self.held = image
+            if self.node is not None:  # the samplers below it take it from here
+                self.node.source.finished(image)
 
     def image(self, version: int) -> Image | None:
         """The held version if it is `version` (or, with relays, newer); raises ValueError if
@@ -182,6 +190,7 @@ class VersionFollower:
         sources may have moved past a version while a dead relay was waited out)."""
         with self._cond:
             if self._current(sent := self.broadcast.get(version)):
+                self._hold(sent)  # announced after it came
                 return sent
             held = self.held if self._current(self.held) else None
             if held is not None and (

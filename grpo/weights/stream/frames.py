@@ -2,9 +2,11 @@
 
 A version is an ordered list of tensors, each named with its dtype and shape (`TensorSpec`); the
 manifest cuts the list into buckets of about weights.bucket_mb and carries each bucket's
-checksum: XXH3-64 of its tensors' bit patterns back to back, so that a bucket is checked with
+digest: SHA-256 of its tensors' bit patterns back to back, so that a bucket is checked with
 one call whatever its tensors (a LoRA adapter is 240 small ones; a checksum each was a tenth of
-its sync). A bucket travels as one message of two frames:
+its sync). The digest, not a fast checksum: an XXH3-equal bucket is a few lines of arithmetic
+away (tests/xxh3_forgery.py), and the sampler loads whatever matches. A bucket travels as one
+message of two frames:
 
     frame 0   a checksum (below), then a msgpack header: {"version", "base", "index",
               "tensors"}
@@ -18,8 +20,9 @@ to back in the header's order. One payload frame, not a frame per part: ZeroMQ p
 a frame on each side.
 
 Frame 0's checksum is XXH3-64 of the header, and of a delta bucket's payload after it: it
-catches a corrupted transfer before a delta is decoded. A full copy's payload is covered by the
-manifest's checksum of its bucket alone, checked once where it is staged: the same bytes summed
+catches a corrupted transfer before a delta is decoded (corruption only: the bucket digests are
+what a forger cannot match). A full copy's payload is covered by the manifest's digest of its
+bucket alone, checked once where it is staged: the same bytes summed
 twice on each side cost a LoRA sync a tenth of its budget. The bucket checksums also catch what
 a checksum of the frames cannot: a delta applied to the wrong base. Decoding checks every field
 and raises only FrameError, like the episode codec.
@@ -38,7 +41,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from grpo.core.checksum import checksum
+from grpo.core.checksum import checksum, digest
 from grpo.weights.stream.deltas import ENCODINGS
 from grpo.wire.codec import FrameError, as_bytes, require, seal
 from grpo.wire.unpack import unpack_bounded
@@ -90,12 +93,7 @@ class Manifest:
     specs: tuple[TensorSpec, ...]
     buckets: tuple[tuple[int, int], ...]
     adapter: bool  # a LoRA adapter's tensors, not the whole model's
-    sums: tuple[int, ...]  # each bucket's checksum (bucket_sum)
-
-    @cached_property
-    def digest(self) -> int:
-        """The checksum of the buckets' checksums, in order."""
-        return checksum([np.array(self.sums, np.uint64)])
+    sums: tuple[str, ...]  # each bucket's SHA-256, hex (bucket_sum)
 
     @cached_property
     def spec_list(self) -> list[list[Any]]:
@@ -105,10 +103,10 @@ class Manifest:
     @cached_property
     def identity(self) -> str:
         """SHA-256 (hex) of everything the manifest says: version, adapter, every tensor's
-        name, dtype and shape, the bucket tiling and each bucket's checksum. The trainer
+        name, dtype and shape, the bucket tiling and each bucket's digest. The trainer
         announces it with each version over the channel the samplers authenticate; a sampler
         takes a manifest from any source (a relay included) only when it has this identity,
-        and then each bucket only when it matches the manifest's checksum."""
+        and then each bucket only when it matches the manifest's digest."""
         body = [self.version, self.adapter, self.spec_list, self._bucket_list()]
         return hashlib.sha256(msgpack.packb(body)).hexdigest()
 
@@ -160,14 +158,14 @@ class Manifest:
         require(isinstance(buckets, list) and bool(buckets) == bool(specs), "manifest buckets")
         triples = [b for b in buckets if isinstance(b, list) and len(b) == 3]
         require(len(triples) == len(buckets), "a manifest's buckets must be [start, end, sum]")
-        require(all(type(x) is int for b in triples for x in b), "a manifest's bucket fields")
+        require(all(type(x) is int for b in triples for x in b[:2]), "a manifest's bucket fields")
         ends = [0] + [end for _, end, _ in triples]
         require(
             all(start == ends[i] and end > start for i, (start, end, _) in enumerate(triples))
             and ends[-1] == len(specs),
             "a manifest's buckets do not tile its tensors",
         )
-        require(all(0 <= s < 1 << 64 for *_, s in triples), "a manifest's bucket checksums")
+        require(all(is_digest(s) for *_, s in triples), "a manifest's bucket digests")
         bounds = tuple((start, end) for start, end, _ in triples)
         sums = tuple(s for *_, s in triples)
         manifest = cls(version, specs, bounds, body.get("adapter") is True, sums)
@@ -190,10 +188,19 @@ def _spec(item: Any) -> TensorSpec:
     return TensorSpec(name, dtype, tuple(shape))
 
 
-def bucket_sum(parts: Sequence[Any]) -> int:
-    """A bucket's checksum: XXH3-64 of its tensors' bit patterns back to back (one buffer
+def bucket_sum(parts: Sequence[Any]) -> str:
+    """A bucket's digest: SHA-256 (hex) of its tensors' bit patterns back to back (one buffer
     holding them all sums the same as the tensors one after another)."""
-    return checksum(parts)
+    return digest(parts)
+
+
+DIGEST_CHARS = 64  # a SHA-256 in hex
+
+
+def is_digest(value: Any) -> bool:
+    """Whether `value` is a bucket digest as bucket_sum writes it: 64 lowercase hex digits."""
+    return (isinstance(value, str) and len(value) == DIGEST_CHARS
+            and all(c in "0123456789abcdef" for c in value))  # fmt: skip
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[tuple[int, int], ...]:
