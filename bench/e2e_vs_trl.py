@@ -37,8 +37,8 @@ from bench.workload import Workload, ours_overrides, same_work, step_work
 
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
 REPEATS = 3
-SIZES = {  # name -> workload; "large": twice the answers, twice as long (8 x 8 x 256 would take
-    # TRL about 6 min a step here: 3 repetitions of both would not fit a session)
+SIZES = {  # name -> workload; "large": twice the answers, twice as long (TRL: about 8 min a
+    # step here; 8 x 8 x 256 would be twice that)
     "demo": Workload(questions=4, group=4, new_tokens=128, steps=4),
     "large": Workload(questions=8, group=4, new_tokens=256, steps=2),
 }
@@ -222,9 +222,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.e2e_vs_trl")
     parser.add_argument("--learning", action="store_true", help="the learning table instead")
     parser.add_argument("--only", choices=sorted(SIZES), help="one size's throughput rows")
+    parser.add_argument("--repeats", type=int, default=REPEATS,
+                        help=f"repetitions (default {REPEATS}; fewer: not met)")  # fmt: skip
     args = parser.parse_args()
     if args.learning:
         print(learning(REPO / "bench" / "results" / "e2e_vs_trl_learning.md"))
     else:
         for size in [args.only] if args.only else SIZES:
-            throughput(size, SIZES[size], REPEATS, [], OURS_NOTE, quick=False)
+            throughput(size, SIZES[size], args.repeats, [], OURS_NOTE, quick=False)

@@ -80,7 +80,7 @@ def test_exponent_without_dot_is_a_float_in_yaml_and_overrides(tmp_path):
         ("algo.overlong_factor=-1", "algo.overlong_factor must be >= 0"),
         ("transport.heartbeat_s=100", "must be at least twice transport.heartbeat_s"),
         ("transport.control_addr=tcp://127.0.0.1:5555", "must differ"),
-        ("transport.max_frame_bytes=10", "must be >= 1 MiB"),
+        ("transport.max_frame_bytes=10", "must be in [1 MiB, 1 TiB]"),
         ("train.max_staleness=4", "train.keep_versions must be >= 6"),
         ("eval.max_new_tokens=0", "eval.max_new_tokens must be > 0"),
         ("algo.rollout_correction=token_truncate", "needs the rollout engine's log-probs"),
@@ -333,3 +333,26 @@ def test_continuous_mode_is_checked():
     with pytest.raises(ConfigError, match="without dynamic_sampling"):
         load_config(DEMO, ["rollout.mode=continuous", "train.max_staleness=0",
                            "rollout.dynamic_sampling=true"])  # fmt: skip
+
+
+@pytest.mark.parametrize("name, says", [
+    ("base", "reserved"), ("spool", "reserved"), ("base.lock", "reserved"),
+    ("../x", "one path component"), ("a/b", "one path component"), (".", "one path component"),
+    ("", "one path component"), ("x" * 201, "one path component"),
+])  # fmt: skip
+def test_a_run_name_that_is_not_one_fresh_path_component_is_refused(name, says):
+    """Issue 62: the name is the run's dir, which a new run moves aside: name=base moved the
+    embedded model, name=spool every run's spools, name=../x any directory."""
+    with pytest.raises(ConfigError, match=says):
+        load_config(None, [f"name={name}"])
+    assert load_config(None, ["name=a b's run (2)"]).name == "a b's run (2)"
+
+
+@pytest.mark.parametrize("override, says", [
+    ("train.master_port=99999", "train.master_port must be a TCP port"),
+    (f"transport.max_frame_bytes={2**70}", "transport.max_frame_bytes must be in"),
+    (f"rollout.slots={10**12}", "rollout.slots must be at most"),
+])  # fmt: skip
+def test_absurd_integers_are_refused_before_the_run(override, says):
+    with pytest.raises(ConfigError, match=says):
+        load_config(None, [override])

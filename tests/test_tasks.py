@@ -584,3 +584,17 @@ def test_arithmetic_rows_are_generated_alike_every_time_and_test_is_held_out():
     for bad in ("valid", "test:0", "test:x", "train:20001"):
         with pytest.raises(ValueError, match="arithmetic"):
             task.load(bad)
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", [], [{"role": "system", "content": "be brief"}]])
+def test_the_prompts_task_refuses_a_row_with_nothing_to_answer(tmp_path, prompt):
+    """Issue 62: an empty prompt or chat (no user message) would have the model answer the
+    chat template alone."""
+    from grpo.tasks.prompts import load
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "What is 2 + 2?"}) + "\n" + json.dumps({"prompt": prompt})
+    )
+    with pytest.raises(ValueError, match="row 1: 'prompt' must be a non-empty string"):
+        load(str(path))

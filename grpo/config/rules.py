@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 def check_values(cfg: Config) -> None:
     """Refuse values that are well-typed but unusable, saying how to fix them (types and
     unknown keys are grpo.config.loading's job): each section's own, then the rules across."""
+    check_name(cfg.name)
     check_data(cfg.data)
     check_rows(cfg.rows)
     check_reward(cfg.reward)
@@ -45,6 +46,23 @@ def check_values(cfg: Config) -> None:
     check_correction(cfg.algo, engine_logprobs=logprobs)
     check_weights(cfg)
     check_teacher(cfg)
+
+
+# What output_dir holds beside the runs: the embedded model's conversion, and every run's spools.
+RESERVED_NAMES = ("base", "base.lock", "spool")
+
+
+def check_name(name: str) -> None:
+    """The run's name is its dir under output_dir, which a new run moves aside: one path
+    component, and none of output_dir's own entries (name=base moved the embedded model aside,
+    name=../x any directory)."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name or len(name) > 200:
+        raise ConfigError("name must be one path component (no '/', not '.' or '..', 1-200 "
+                          "characters): outputs go to output_dir/<name>; got "
+                          f"{name!r:.80}")  # fmt: skip
+    if name in RESERVED_NAMES:
+        raise ConfigError(f"name {name!r} is output_dir's own ({', '.join(RESERVED_NAMES)} are "
+                          "reserved): pick another run name")  # fmt: skip
 
 
 def _check_batch(cfg: Config) -> None:

@@ -12,6 +12,9 @@ from grpo.config.errors import ConfigError
 from grpo.config.fields import knob, require_gpu_list, require_signs, section
 from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
 
+# Answers an engine decodes at once: each holds a KV cache, so far fewer fit any machine.
+MAX_SLOTS = 1 << 16
+
 
 @dataclass
 class DataConfig:
@@ -270,6 +273,9 @@ def check_rollout(r: RolloutConfig) -> None:
         )
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
+    if r.slots > MAX_SLOTS:
+        raise ConfigError(f"rollout.slots must be at most {MAX_SLOTS} answers at once, got "
+                          f"{r.slots}")  # fmt: skip
     if r.slots < 0 or r.slots % r.group_size:  # whole groups go into an engine's slots
         raise ConfigError(
             f"rollout.slots={r.slots} must be a multiple of group_size={r.group_size}"

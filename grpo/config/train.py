@@ -122,6 +122,8 @@ def check_train(t: TrainConfig) -> None:
                    "weight_decay"))  # fmt: skip
     if t.max_grad_norm <= 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {t.max_grad_norm!r}")
+    if not 0 <= t.master_port <= 65535:  # 0: any free port
+        raise ConfigError(f"train.master_port must be a TCP port (0-65535), got {t.master_port}")
     if t.lr_warmup_steps < 0 or not 0.0 <= t.lr_min_ratio <= 1.0:
         raise ConfigError(
             "train.lr_warmup_steps must be >= 0 and train.lr_min_ratio in [0, 1], got "

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from grpo.config.errors import ConfigError
 from grpo.config.fields import knob, require_signs
 
+# A message part ZeroMQ is told to take at most (ZMQ_MAXMSGSIZE is an int64; past memory,
+# any limit is none).
+MAX_FRAME_BYTES = 1 << 40
+
 
 @dataclass
 class TransportConfig:
@@ -75,8 +79,9 @@ def check_transport(t: TransportConfig) -> None:
     addrs = [a for a in (t.episodes_addr, t.control_addr, t.weights_addr) if a]
     if len(set(addrs)) < len(addrs):
         raise ConfigError("transport.episodes_addr, control_addr and weights_addr must differ")
-    if t.max_frame_bytes < 1 << 20:
-        raise ConfigError(f"transport.max_frame_bytes must be >= 1 MiB, got {t.max_frame_bytes}")
+    if not 1 << 20 <= t.max_frame_bytes <= MAX_FRAME_BYTES:
+        raise ConfigError(f"transport.max_frame_bytes must be in [1 MiB, 1 TiB], got "
+                          f"{t.max_frame_bytes}")  # fmt: skip
     if t.receive_hwm < 0:
         raise ConfigError(f"transport.receive_hwm must be >= 0 (0 = derived), got {t.receive_hwm}")
     if t.max_version_bytes < 1:

@@ -51,14 +51,16 @@ def load(source: str) -> list[Row]:
     rows = load_rows_with(source, ("prompt",))
     for i, row in enumerate(rows):
         prompt = row["prompt"]
-        ok = isinstance(prompt, str) or (
+        # An empty prompt (or chat) would have the model answer nothing but the template
+        ok = (isinstance(prompt, str) and prompt.strip() != "") or (
             isinstance(prompt, list)
+            and any(isinstance(m, dict) and m.get("role") == "user" for m in prompt)
             and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
         )
         if not ok:
             raise ValueError(
-                f"{source}: row {i}: 'prompt' must be a string or a list of "
-                f"{{role, content}} messages, got {prompt!r:.120}"
+                f"{source}: row {i}: 'prompt' must be a non-empty string or a list of "
+                f"{{role, content}} messages with a user message, got {prompt!r:.120}"
             )
     return rows
 

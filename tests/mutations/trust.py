@@ -10,6 +10,32 @@ COLLECTIVE = "tests/test_weight_collective.py"
 LAUNCH = "tests/test_launch_path.py"
 MUTATIONS = (
     Mutation(
+        name="run_name_unchecked",
+        item="62 (medium): name=base, name=spool or name=../x is a run dir again",
+        path="grpo/config/rules.py",
+        old="    check_name(cfg.name)\n",
+        new="",
+        tests=(
+            "tests/test_config.py::test_a_run_name_that_is_not_one_fresh_path_component_is_refused",
+        ),  # fmt: skip
+    ),
+    Mutation(
+        name="slots_uncapped",
+        item="62 (low): rollout.slots=10^12 is accepted again",
+        path="grpo/config/sampling.py",
+        old="    if r.slots > MAX_SLOTS:\n",
+        new="    if False:\n",
+        tests=("tests/test_config.py::test_absurd_integers_are_refused_before_the_run",),
+    ),
+    Mutation(
+        name="empty_prompt_taken",
+        item="62 (low): the prompts task takes an empty prompt again",
+        path="grpo/tasks/prompts.py",
+        old='        ok = (isinstance(prompt, str) and prompt.strip() != "") or (\n',
+        new="        ok = isinstance(prompt, str) or (\n",
+        tests=("tests/test_tasks.py::test_the_prompts_task_refuses_a_row_with_nothing_to_answer",),
+    ),
+    Mutation(
         name="restart_knobs_unchecked",
         item="62 (medium): GRPO_RESTART_DELAY_S=5s is read as 0 again",
         path="launch.sh",
