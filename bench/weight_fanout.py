@@ -122,7 +122,7 @@ def _fetch(out: _Out, me: str, node: RelayNode, cmd: dict[str, Any]) -> None:
     except zmq.ContextTerminated:
         return  # the bench ended this process mid-version
     stats = node.receiver.stats
-    out.say(done=me, version=version, t=time.monotonic(), digest=image.manifest.digest,
+    out.say(done=me, version=version, t=time.monotonic(), digest=image.manifest.identity,
             fallbacks=dict(stats.fallbacks), bytes=stats.bytes)  # fmt: skip
 
 
@@ -290,7 +290,7 @@ def announce(trainer: Trainer, rx: Receivers, ids: list[str], image: Image,
 def held(rx: Receivers, ids: list[str], image: Image, timeout_s: float = 120) -> list[dict]:
     """The 'done' events of `ids`, each checked to hold the trainer's version whole."""
     done = rx.wait("done", len(ids), timeout_s, ids)
-    wrong = [e["done"] for e in done if e["digest"] != image.manifest.digest]
+    wrong = [e["done"] for e in done if e["digest"] != image.manifest.identity]
     if wrong:
         raise RuntimeError(f"{wrong} hold another version {image.version} than the trainer's")
     return done

@@ -25,6 +25,7 @@ from grpo.weights.stream.frames import (
     Manifest,
     TensorSpec,
     bucket_sum,
+    bucket_sums,
     encode_delta_bucket,
     encode_full_bucket,
     plan_buckets,
@@ -81,7 +82,7 @@ class Image:
             specs.append(TensorSpec(name, dtype, tuple(shape)))
             arrays[name] = bits
         buckets = plan_buckets([s.nbytes for s in specs], bucket_bytes)
-        sums = tuple(bucket_sum([arrays[s.name] for s in specs[a:b]]) for a, b in buckets)
+        sums = bucket_sums([[arrays[s.name] for s in specs[a:b]] for a, b in buckets])
         return cls(Manifest(version, tuple(specs), buckets, adapter, sums), arrays)
 
     @classmethod
@@ -94,7 +95,7 @@ class Image:
         adapter: bool,
     ) -> Image:
         """From each bucket's buffer (uint8, its tensors back to back)."""
-        sums = tuple(bucket_sum([flats[i]]) for i in range(len(buckets)))
+        sums = bucket_sums([[flats[i]] for i in range(len(buckets))])
         return cls(Manifest(version, specs, buckets, adapter, sums), flats=flats)
 
     def bucket_bytes(self, index: int) -> np.ndarray:
