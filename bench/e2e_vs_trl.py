@@ -1,8 +1,9 @@
 """End to end against TRL: the project's two processes (`bash launch.sh configs/cpu_demo.yaml`)
 against TRL's one-process `GRPOTrainer`, on the same model, questions, reward and settings.
 
-    python -m bench.e2e_vs_trl              the throughput rows (both sizes, 3 repetitions)
-    python -m bench.e2e_vs_trl --learning   the learning table at equal steps (one run each)
+    python -m bench.e2e_vs_trl              the throughput rows (the demo's size, 3 repetitions)
+    python -m bench.e2e_vs_trl --learning DIR   the learning table at equal steps (one run
+                                                each, kept in DIR)
 
 Throughput: every answer is generated to exactly the workload's length (EOS ignored on both
 sides), so what either side learns cannot change its work; `bench.workload.same_work` checks
@@ -37,11 +38,12 @@ from bench.workload import Workload, ours_overrides, same_work, step_work
 
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
 REPEATS = 3
-SIZES = {  # name -> workload; "large": twice the answers, twice as long (TRL: about 8 min a
-    # step here; 8 x 8 x 256 would be twice that)
+SIZES = {  # name -> workload: what a full run measures and bench/results holds
     "demo": Workload(questions=4, group=4, new_tokens=128, steps=4),
-    "large": Workload(questions=8, group=4, new_tokens=256, steps=2),
 }
+# Twice the answers, twice as long: `--only large`. Not in a full run: TRL took 8-9 min for its
+# first step of it here, so 3 repetitions of both sides would take over an hour.
+LARGER = {"large": Workload(questions=8, group=4, new_tokens=256, steps=2)}
 QUICK = Workload(questions=2, group=4, new_tokens=8, steps=3, micro_batch=4)
 LEARNING_STEPS = 12  # the demo's train.total_steps
 GIB = 1 << 30
@@ -197,21 +199,22 @@ def learning_table(initial: dict, ours: dict, trl: dict, ours_steps: list[dict],
     return "\n".join(lines) + "\n"
 
 
-def learning(out_file: Path) -> str:
+def learning(out_file: Path, work_dir: Path) -> str:
     """The demo as shipped on both sides (EOS kept), LEARNING_STEPS steps, then each final model
-    through the same evaluator."""
+    through the same evaluator. Both runs stay in `work_dir` (their answers are to be read)."""
+    from grpo.observe.metrics import EVAL_FILE
+
     demo = SIZES["demo"]
     w = replace(demo, fixed_length=False, steps=LEARNING_STEPS)
-    with tempfile.TemporaryDirectory() as tmp_dir:
-        tmp = Path(tmp_dir)
-        trl_rows, _ = run_trl(w, tmp, [])
-        trl_eval = evaluate_model(tmp / "trl" / "model", tmp / "trl_eval")
-        # The demo's evaluation before and after training, as a user's run makes it.
-        ours_rows, _ = run_ours(w, tmp, [f"eval.interval={LEARNING_STEPS}"])
-        same_work(w, ours_work(ours_rows), trl_work(trl_rows))
-        evals = [json.loads(line) for line in
-                 (tmp / "ours" / "eval_versions.jsonl").read_text().splitlines()]  # fmt: skip
-    initial, final = evals[0], evals[-1]
+    work_dir.mkdir(parents=True, exist_ok=True)
+    trl_rows, _ = run_trl(w, work_dir, [])
+    trl_eval = evaluate_model(work_dir / "trl" / "model", work_dir / "trl_eval")
+    (work_dir / "trl_eval.json").write_text(json.dumps(trl_eval) + "\n")
+    # The demo's evaluation before and after training, as a user's run makes it.
+    ours_rows, _ = run_ours(w, work_dir, [f"eval.interval={LEARNING_STEPS}"])
+    same_work(w, ours_work(ours_rows), trl_work(trl_rows))
+    lines = (work_dir / "ours" / EVAL_FILE).read_text().splitlines()
+    initial, final = json.loads(lines[0]), json.loads(lines[-1])
     text = learning_table(initial, final, trl_eval, per_step(ours_rows), per_step(trl_rows))
     out_file.write_text(f"Learning at equal steps: {w.text()} (bench/e2e_vs_trl.py --learning)"
                         f"\n\n{text}")  # fmt: skip
@@ -220,13 +223,15 @@ def learning(out_file: Path) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.e2e_vs_trl")
-    parser.add_argument("--learning", action="store_true", help="the learning table instead")
-    parser.add_argument("--only", choices=sorted(SIZES), help="one size's throughput rows")
+    parser.add_argument("--learning", type=Path, metavar="WORK_DIR",
+                        help="the learning table instead, both runs kept in WORK_DIR")  # fmt: skip
+    parser.add_argument("--only", choices=sorted(SIZES | LARGER), help="one size's rows")
     parser.add_argument("--repeats", type=int, default=REPEATS,
                         help=f"repetitions (default {REPEATS}; fewer: not met)")  # fmt: skip
     args = parser.parse_args()
     if args.learning:
-        print(learning(REPO / "bench" / "results" / "e2e_vs_trl_learning.md"))
+        print(learning(REPO / "bench" / "results" / "e2e_vs_trl_learning.md", args.learning))
     else:
+        sizes = SIZES | LARGER
         for size in [args.only] if args.only else SIZES:
-            throughput(size, SIZES[size], args.repeats, [], OURS_NOTE, quick=False)
+            throughput(size, sizes[size], args.repeats, [], OURS_NOTE, quick=False)

@@ -166,10 +166,6 @@ def test_committed_result_is_consistent_and_full_size(path):
     assert row["quick"] is False, f"{path.name} is from a --quick run: not a result"
 
 
-# A full run writes each size's rows where the quick run has one size (e2e_vs_trl: demo, large).
-FULL_ROWS = {**ROWS, "e2e_vs_trl": 2 * ROWS["e2e_vs_trl"]}
-
-
 def benchmark_of(stem: str) -> str:
     """The benchmark that writes row `stem`: the longest name it starts with (e2e_vs_trl_...
     is not e2e's)."""
@@ -178,10 +174,10 @@ def benchmark_of(stem: str) -> str:
 
 def test_committed_results_are_the_rows_the_benchmarks_write():
     """One file per row, no stale rows of a benchmark that writes others now."""
-    for name, count in FULL_ROWS.items():
+    for name, count in ROWS.items():
         written = [p.name for p in COMMITTED if benchmark_of(p.stem) == name]
         assert len(written) == count, (name, written)
-    assert len(COMMITTED) == sum(FULL_ROWS.values())
+    assert len(COMMITTED) == sum(ROWS.values())
 
 
 def test_e2e_busy_share_counts_generation_and_training():
