@@ -55,8 +55,8 @@ MUTATIONS = (
         name="unannounced_broadcast_held",
         item="62 (read-only finding): a broadcast replaces the held version unannounced",
         path="grpo/weights/stream/follower.py",
-        old="        if newer and self._current(image):\n",
-        new="        if newer:\n",
+        old="image.version > self.held.version) and self._current(image):\n",
+        new="image.version > self.held.version):\n",
         tests=(f"{COLLECTIVE}::test_an_unannounced_broadcast_does_not_replace_the_version_held",),
     ),
     Mutation(

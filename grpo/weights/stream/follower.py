@@ -82,14 +82,12 @@ class VersionFollower:
         trusted: Callable[[], Mapping[int, str]] | None = None,
         changed: Callable[[], None] = lambda: None,
     ):
-        """`relays()`: the live samplers' relay addresses (from the trainer's heartbeats);
+        """`relays()`: the live samplers' relay addresses (the trainer's heartbeats);
         `announced()`: the newest version out, with relays on (None: a lone sampler); `seed`:
-        the weights this sampler starts with, the base of its first delta and of its
-        children's (if the trainer's version 0 has other bits, that delta fails its checksums:
-        full copies). `keys`: this sampler's CURVE keys (transport.curve_dir), which it
-        connects to the trainer and to relays with, and serves its own relay with.
-        `trusted()`: the identity of each version the trainer announced (its heartbeats), the
-        only manifests taken from any source (grpo.weights.stream.client.Receiver).
+        the weights it starts with, the base of its and its children's first delta (other bits
+        than the trainer's version 0: full copies). `keys`: its CURVE keys (transport.curve_dir)
+        for the trainer, relays and its own relay. `trusted()`: the identity of each version the
+        trainer announced, the only manifests taken from any source (stream.client.Receiver).
         `changed()`: a version came in or failed (the sampler's wait looks again at once)."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
@@ -133,11 +131,10 @@ class VersionFollower:
         w, t = cfg.weights, cfg.transport
         check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
         if is_loopback(w.relay_addr) and not is_loopback(t.weights_addr):
-            log.warning("weights.relay_addr %s binds loopback but the trainer is at %s: samplers "
-                        "on other nodes cannot reach this relay (each tries it for "
-                        "weights.transfer_timeout_s); set weights.relay_addr=tcp://0.0.0.0:* and "
-                        "weights.relay_host, or weights.fanout=0",
-                        w.relay_addr, t.weights_addr)  # fmt: skip
+            log.warning("weights.relay_addr %s binds loopback but the trainer is at %s: other "
+                        "nodes' samplers cannot reach this relay; set weights.relay_addr=tcp://"
+                        "0.0.0.0:* and weights.relay_host, or weights.fanout=0", w.relay_addr,
+                        t.weights_addr)  # fmt: skip
         router = new_socket(ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(1 << 16, 64))
         if self.keys is not None:  # its own pair; it accepts the keys the trainer accepts
             self._auth = secure_server(ctx, [router], self.curve_dir, owner=self.sampler_id)
@@ -164,9 +161,7 @@ class VersionFollower:
 
     def offer(self, image: Image) -> None:
         """A version the collective group brought (each tensor checked against its manifest):
-        used once the trainer announced that manifest's identity, like any source's. Only then
-        does it replace the version held (the base of the next delta, what the samplers below
-        are served): an unannounced one waits in `broadcast` for the announcement."""
+        used, and held, once the trainer announced its manifest's identity (`_hold`)."""
         with self._cond:
             self.broadcast[image.version] = image
             for old in sorted(self.broadcast)[:-KEPT_BROADCASTS]:
@@ -176,12 +171,11 @@ class VersionFollower:
         self.changed()
 
     def _hold(self, image: Image) -> None:
-        """`image` (from the group) as the version held, if it is newer and announced; the
-        caller holds the lock."""
-        newer = self.held is None or image.version > self.held.version
-        if newer and self._current(image):
+        """Hold `image` (the next delta's base, served to the samplers below) if it is newer
+        and announced: never an unannounced broadcast. The caller holds the lock."""
+        if (self.held is None or image.version > self.held.version) and self._current(image):
             self.held = image
-            if self.node is not None:  # the samplers below it take it from here
+            if self.node is not None:
                 self.node.source.finished(image)
 
     def image(self, version: int) -> Image | None:
@@ -217,13 +211,10 @@ class VersionFollower:
         return None
 
     def _current(self, image: Image | None) -> bool:
-        """Whether `image` is a version of the trainer as it is now: the one it announced under
-        that number (a resumed trainer's version 8 is not the crashed one's), or this sampler's
-        own starting weights."""
-        if image is None:
-            return False
-        if self.trusted is None or image is self.seed:
-            return True
+        """Whether `image` is the trainer's version as it is now: announced under that number
+        (a resumed trainer's version 8 is not the crashed one's), or this sampler's own start."""
+        if image is None or self.trusted is None or image is self.seed:
+            return image is not None
         return self.trusted().get(image.version) == image.manifest.identity
 
     def _run(self) -> None:
