@@ -59,3 +59,15 @@ def test_trl_is_configured_with_the_workload(tmp_path):
     assert args.lr_scheduler_type == "constant" and not args.shuffle_dataset
     with pytest.raises(ValueError, match="micro-batches"):
         trl_arguments(Workload(questions=3, group=2, new_tokens=8, steps=1), tmp_path, 0)
+
+
+def test_the_learning_table_gives_each_evaluation_and_each_step():
+    from bench.e2e_vs_trl import LEARNING_STEPS, learning_table, per_step
+
+    ours = [{"reward_mean": 0.1 * k, "completion_lens": [10, 20]} for k in range(2)]
+    trl = [{"rewards": [0.0, 0.5], "completion_lens": [4, 6]} for _ in range(2)]
+    evals = [{"accuracy": 0.0, "format_rate": f} for f in (0.25, 0.75, 0.5)]
+    text = learning_table(*evals, per_step(ours), per_step(trl))
+    assert f"| ours v{LEARNING_STEPS} | 0 | 0.75 | nan |" in text
+    assert f"| TRL step {LEARNING_STEPS} | 0 | 0.5 |" in text
+    assert "| 2 | 0.100 | 0.250 | 15.0 | 5.0 |" in text
