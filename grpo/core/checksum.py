@@ -30,6 +30,13 @@ def file_digest(path: Path) -> dict[str, int]:
     return {"bytes": path.stat().st_size, "xxh3_64": h.intdigest()}
 
 
+def is_hex(value: Any, chars: int) -> bool:
+    """Whether `value` is exactly `chars` lowercase hex digits, as hexdigest() and
+    secrets.token_hex write them (a digest or a secret a peer sends back)."""
+    return (isinstance(value, str) and len(value) == chars
+            and all(c in "0123456789abcdef" for c in value))  # fmt: skip
+
+
 def digest(buffers: Iterable[Any]) -> str:
     """SHA-256 (hex) of the buffers back to back: collision resistant, and with the CPU's SHA
     extensions about 1-2 GB/s a core (hashlib lets go of the GIL while it hashes)."""

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.core.checksum import is_hex
+
 MAX_MEMBERS = 1024
 KEY_CHARS = 32  # a generation's secret: 128 random bits in hex (secrets.token_hex(16))
 
@@ -33,9 +35,7 @@ class GroupInfo:
         epoch, generation, members = body.get("epoch"), body.get("generation"), body.get("members")
         key = body.get("key")
         if not (
-            isinstance(key, str)
-            and len(key) == KEY_CHARS
-            and all(c in "0123456789abcdef" for c in key)
+            is_hex(key, KEY_CHARS)
             and isinstance(epoch, str)
             and 0 < len(epoch) <= 64
             and type(generation) is int

@@ -43,7 +43,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from grpo.core.checksum import checksum, digest
+from grpo.core.checksum import checksum, digest, is_hex
 from grpo.weights.stream.deltas import ENCODINGS
 from grpo.wire.codec import FrameError, as_bytes, require, seal
 from grpo.wire.unpack import unpack_bounded
@@ -167,7 +167,7 @@ class Manifest:
             and ends[-1] == len(specs),
             "a manifest's buckets do not tile its tensors",
         )
-        require(all(is_digest(s) for *_, s in triples), "a manifest's bucket digests")
+        require(all(is_hex(s, DIGEST_CHARS) for *_, s in triples), "a manifest's bucket digests")
         bounds = tuple((start, end) for start, end, _ in triples)
         sums = tuple(s for *_, s in triples)
         manifest = cls(version, specs, bounds, body.get("adapter") is True, sums)
@@ -206,12 +206,6 @@ def bucket_sums(buckets: Sequence[Sequence[Any]]) -> tuple[str, ...]:
 
 
 DIGEST_CHARS = 64  # a SHA-256 in hex
-
-
-def is_digest(value: Any) -> bool:
-    """Whether `value` is a bucket digest as bucket_sum writes it: 64 lowercase hex digits."""
-    return (isinstance(value, str) and len(value) == DIGEST_CHARS
-            and all(c in "0123456789abcdef" for c in value))  # fmt: skip
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[tuple[int, int], ...]:
