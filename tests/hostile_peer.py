@@ -6,9 +6,11 @@ truncated and over-long frames, a header of empty msgpack maps (small on the wir
 unpacked), batches under the real sampler's id and sequence numbers whose content is refused
 (a negative or out-of-vocabulary token id, a reward or log-prob that is not a finite float32,
 an empty prompt, a wrong shape), control messages with bodies of the wrong types, and
-malformed requests to the weight server. Nothing it sends is well-formed enough to be trained
-or obeyed: impersonating a sampler with well-formed messages is what CURVE keys prevent
-(docs/reliability.md), not validation.
+malformed requests to the weight server; and well-formed messages that a peer knowing only the
+sampler's id can send: stops in its name and in made-up ones, a batch numbered 2**40, a flood of
+heartbeats under made-up ids. Nothing it sends may be trained or obeyed: impersonating a
+sampler with everything it says is what CURVE keys prevent (docs/reliability.md), not
+validation.
 """
 
 from __future__ import annotations
@@ -108,6 +110,16 @@ def episode_attacks(rng: np.random.Generator, max_frame_bytes: int, seqs: int) -
             "heartbeat", {"sampler_id": "sampler-0", "acked": "x", "version": [1]}
         ),
         "stop without a sampler": lambda: _message("stop", {"reason": 7}),
+        # Issue 62: well-formed messages a peer that knows the sampler's id can send.
+        "stop of a made-up id": lambda: _message("stop", {"sampler_id": "x-1", "reason": "x"}),
+        "stop in a malformed name": lambda: _message("stop", {"sampler_id": "!", "reason": "x"}),
+        "stop as the sampler from another process": lambda: _message(
+            "stop", {"sampler_id": "sampler-0", "incarnation": "forged", "reason": "forged"}
+        ),
+        "batch of seq 2**40": lambda: _bad_batch(1 << 40, _no_spoil),
+        "heartbeat of a made-up id": lambda: _message(
+            "heartbeat", {"sampler_id": f"fake-{seq()}-{rng.integers(1 << 30)}", "incarnation": "f"}
+        ),
         "message body not a map": lambda: _message("bye", [1, 2, 3]),
     }
 

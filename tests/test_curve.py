@@ -185,8 +185,9 @@ def test_without_curve_a_stop_counts_only_from_this_host(caplog):
             sock = ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(f"tcp://{host}:{port}")
-            stop = Message("stop", {"sampler_id": "sampler-0", "reason": reason})
-            sock.send_multipart(encode_message(stop))
+            said = {"sampler_id": "sampler-0", "incarnation": "i"}  # a sampler's own stop
+            for kind, body in (("heartbeat", said), ("stop", {**said, "reason": reason})):
+                sock.send_multipart(encode_message(Message(kind, body)))
             if host == ip:
                 assert trainer.receive_batch(wait_s=2) is None
                 assert f"a stop from {ip}, not this host, on a port without CURVE" in caplog.text

@@ -412,3 +412,28 @@ def test_a_batch_that_never_comes_does_not_stop_the_run(caplog) -> None:
     too_long.hold(_numbered(seq=5, sampler_id="s0"))
     time.sleep(0.01)
     assert too_long.pop_ready().seq == 5
+
+
+def test_a_seq_no_sampler_can_hold_unacknowledged_is_refused_before_it_is_held() -> None:
+    """Issue 62, finding 5: a seq of 2**40 (or 3e7) was held, then trained out of order; its
+    gap once filled memory. A sampler's spool holds at most spool_max_batches (here 4) batches
+    unacknowledged, all from the first not trained, so any seq further ahead is refused: counted
+    over the seqs not yet trained, as batches trained out of order free spool slots."""
+    from grpo.delivery.ordering import InOrder
+
+    ledger = Ledger()
+    order = InOrder(ledger, max_held=4, patience_s=60)
+    for seq in (0, 1):
+        ledger.consume("s0", seq)
+    assert order.too_far(_numbered(seq=5, sampler_id="s0")) is None  # 2, 3, 4, 5: four
+    why = order.too_far(_numbered(seq=6, sampler_id="s0"))
+    assert why == (
+        "its seq 6 is further ahead of the first batch of s0 not yet trained (2) than the 4 a "
+        "sampler holds unacknowledged: start both roles with the same rollout.spool_max_batches"
+    )
+    assert order.too_far(_numbered(seq=2**40, sampler_id="s0")) is not None
+    for seq in (4, 5):  # trained while 2 and 3 were lost: their slots are free again
+        ledger.consume("s0", seq)
+    assert order.too_far(_numbered(seq=7, sampler_id="s0")) is None  # 2, 3, 6, 7
+    assert order.too_far(_numbered(seq=8, sampler_id="s0")) is not None
+    assert order.too_far(_numbered(seq=3, sampler_id="new")) is None  # 0 to 3 of another one

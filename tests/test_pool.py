@@ -3,6 +3,8 @@ sampler paces itself without a quota: pure logic on a fake clock."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from grpo.core.staleness import required_version
@@ -107,7 +109,7 @@ def test_a_stalled_sampler_is_dropped_by_phase_and_back_when_it_progresses():
 def test_a_stopped_sampler_comes_back_only_as_a_new_process():
     pool, _ = make_pool()
     pool.heard("s0", beat(GENERATING, 1, "first"))
-    pool.stopped("s0", "crashed: ValueError: x")
+    pool.stopped("s0", "crashed: ValueError: x", "first")
     pool.heard("s0", beat(GENERATING, 2, "first"))  # a heartbeat sent before its stop
     assert pool.alive() == []
     assert pool.none_left() == "no sampler left: sampler s0 stopped: crashed: ValueError: x"
@@ -126,7 +128,7 @@ def test_a_stop_in_a_name_no_sampler_has_is_ignored_not_a_crash(sid, caplog):
     pool.heard("s0", beat(GENERATING, 1))
     pool.stopped(sid, "forged")
     assert pool.alive() == ["s0"] and pool.refused == 1  # refused once, as any message
-    pool.stopped("s0", "y" * 4_000_000)
+    pool.stopped("s0", "y" * 4_000_000, "a")
     assert pool.alive() == [] and max(len(r.getMessage()) for r in caplog.records) < 400
 
 
@@ -163,11 +165,67 @@ def test_an_id_that_is_no_sampler_id_or_one_past_the_pool_s_bound_is_not_taken()
     for sid in ("x" * 600_000, "", "../spool", "a b", "-lead"):
         pool.heard(sid, {"relay": "tcp://127.0.0.1:1", "incarnation": "i"})
     assert pool.members == {} and pool.refused == 5
+    keyed = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, authenticated=True)
     for i in range(MAX_MEMBERS + 10):
-        pool.heard(f"s{i}")
-    assert len(pool.members) == MAX_MEMBERS and pool.refused == 15
-    pool.heard("s0", {"incarnation": "j"})  # a member already there is still heard
-    assert pool.members["s0"].incarnation == "j"
+        keyed.heard(f"s{i}")
+    assert len(keyed.members) == MAX_MEMBERS and keyed.refused == 10
+    keyed.heard("s0", {"incarnation": "j"})  # a member already there is still heard
+    assert keyed.members["s0"].incarnation == "j"
+
+
+def test_a_flood_of_made_up_ids_never_keeps_a_real_sampler_out_nor_decides_the_run(caplog):
+    """Issue 62, finding 6: 1,024 heartbeats under made-up ids filled the pool for the
+    trainer's life, so a real sampler heard after them was never counted; once the fakes went
+    silent the run ended with "no sampler left" while that sampler was still sending, and live
+    fakes kept a run whose samplers were gone from ever ending. Ids not vouched for now live in
+    a table of MAX_UNVOUCHED whose oldest is evicted, and do not count once one is vouched."""
+    from grpo.delivery.pool import MAX_UNVOUCHED
+
+    caplog.set_level(logging.INFO)
+    pool, clock = make_pool()
+    for i in range(1024):
+        pool.heard(f"fake-{i}", beat(GENERATING, i))
+    assert len(pool.members) == MAX_UNVOUCHED and pool.evicted == 1024 - MAX_UNVOUCHED
+    pool.heard("real", beat(GENERATING, 1, "r"))
+    pool.vouch("real")  # its first batch admitted
+    for i in range(1024, 2048):  # more fakes: never the vouched one evicted
+        pool.heard(f"fake-{i}", beat(GENERATING, i))
+    assert pool.counted() == ["real"] and len(pool.members) == MAX_UNVOUCHED + 1
+    clock.now = 11.0
+    pool.heard("real", beat(GENERATING, 2, "r"))
+    pool.check()  # the fakes go silent: the real sampler still sends, the run goes on
+    assert pool.alive() == ["real"] and pool.none_left() is None
+    for i in range(3000, 3010):  # live fakes again, and the real sampler stops
+        pool.heard(f"fake-{i}", beat(GENERATING, i))
+    pool.stopped("real", "done", "r")
+    assert pool.none_left() == "no sampler left: sampler real stopped: done"
+    # A few dozen lines for thousands of joins and drops, not one each.
+    assert len(caplog.records) < 100, len(caplog.records)
+
+
+def test_a_stop_is_taken_only_from_the_process_heard_under_its_id():
+    """Issue 62, item 4: a stop forged in a lone sampler's name (its id is no secret: batches
+    and the trainer's heartbeats carry it) ended the run. A stop carries the incarnation the
+    sampler's heartbeats do; one naming none, or another, is not taken: the other waits for a
+    heartbeat of that incarnation, which a sampler that stops at once sends by another socket
+    (either may arrive first)."""
+    pool, _ = make_pool()
+    pool.heard("s0", beat(GENERATING, 1, "real"))
+    for forged in (None, "guess", ["real"]):
+        pool.stopped("s0", "forged", forged)
+    pool.stopped("x-1", "forged", "x")  # a made-up id's stop: nothing of it in the pool
+    assert pool.alive() == ["s0"] and pool.none_left() is None and pool.refused == 2
+    assert pool.is_from("s0", "real") and not pool.is_from("s0", "guess")
+    pool.stopped("s0", "interrupted", "real")
+    assert pool.none_left() == "no sampler left: sampler s0 stopped: interrupted"
+    early, _ = make_pool()
+    early.stopped("s1", "config mismatch", "first")  # its stop before its first heartbeat
+    assert early.members == {} and early.none_left() is None
+    early.heard("s1", beat(WAITING, 0, "first"))
+    assert early.none_left() == "no sampler left: sampler s1 stopped: config mismatch"
+    for i in range(1000):  # stops waiting for heartbeats that never come: a bounded table
+        early.stopped(f"x-{i}", "forged", "x")
+    assert len(early.stops_waiting) <= 64
 
 
 def test_the_collective_snapshot_follows_each_sampler_s_state_and_drop():
@@ -200,9 +258,9 @@ def test_a_sampler_heard_of_counts_only_once_vouched_for():
     a resumed trainer's ledger names it, and every id under CURVE."""
     pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, trusted={"resumed"})
     beat = {"incarnation": "i", "relay": "tcp://10.0.0.9:5", "collective": "ready:0"}
-    for sid in ("real", "resumed", *(f"ghost-{i}" for i in range(100))):
+    for sid in ("real", "resumed", *(f"ghost-{i}" for i in range(40))):
         pool.heard(sid, beat)
-    assert len(pool.alive()) == 102 and pool.counted() == ["resumed"]
+    assert len(pool.alive()) == 42 and pool.counted() == ["resumed"]
     assert pool.relays() == {"resumed": beat["relay"]} and list(pool.collective) == ["resumed"]
     pool.vouch("real")  # its first batch admitted
     assert pool.counted() == ["real", "resumed"] and set(pool.collective) == {"real", "resumed"}

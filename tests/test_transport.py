@@ -116,6 +116,25 @@ def test_trainer_gives_up_on_a_silent_sampler():
         trainer.close()
 
 
+def test_made_up_ids_heartbeating_do_not_switch_off_the_startup_timeout():
+    """Issue 62, finding 6: heartbeats under made-up ids once stopped the start-up clock for
+    good. It now runs until a sampler the trainer trusts is there (its first batch admitted),
+    and the error names the ids heard meanwhile."""
+    cfg = _cfg(peer_timeout_s=30, startup_timeout_s=1.5)
+    trainer = trainer_endpoint(cfg)
+    fakes = [SamplerChannel(cfg, f"fake-{i}") for i in range(4)]
+    deadline = time.monotonic() + 10
+    try:
+        with pytest.raises(PeerError, match=r"no batch this trainer could take for \d s .*"
+                           r"though it heard from fake-0, fake-1, fake-2 and 1 more"):  # fmt: skip
+            while time.monotonic() < deadline:
+                trainer.receive_batch(wait_s=0.5)
+    finally:
+        for fake in fakes:
+            fake.close()
+        trainer.close()
+
+
 def test_sampler_notices_a_dead_trainer():
     with connected(peer_timeout_s=1, startup_timeout_s=30) as (trainer, sampler):
         deadline = time.monotonic() + 5

@@ -8,6 +8,12 @@ ledger.overtaken), so the sampler resends a predecessor that was lost on the way
 keep a batch that never comes from stopping the run: more than `max_held` batches held for one
 sampler, or one held for longer than `patience_s`, and the earliest held is trained anyway,
 with a warning naming the missing ones.
+
+A sampler holds at most `rollout.spool_max_batches` batches unacknowledged, every one of them
+from the first the trainer has not trained on, so no real batch lies further ahead than that
+(counting only the seqs not yet trained: out of order ones free their spool slots). A seq
+beyond it is refused before it is held: one of 2^40 once made a log line of a range's every
+number and ran the trainer out of memory.
 """
 
 from __future__ import annotations
@@ -41,6 +47,20 @@ class InOrder:
     def has(self, sampler_id: str, seq: int) -> bool:
         """Trained on, or held until its predecessors are: a resend after a restart."""
         return self.ledger.is_duplicate(sampler_id, seq) or seq in self.held.get(sampler_id, {})
+
+    def too_far(self, batch: EpisodeBatch) -> str | None:
+        """Why `batch` cannot be a batch its sampler holds (the module docstring), or None."""
+        sid, seq = batch.sampler_id, batch.seq
+        first = self.next_seq(sid)
+        consumed = self.ledger.consumed.get(sid)
+        trained_ahead = sum(s < seq for s in consumed.extra) if consumed is not None else 0
+        if seq - first + 1 - trained_ahead <= self.max_held:
+            return None
+        return (
+            f"its seq {seq} is further ahead of the first batch of {sid} not yet trained "
+            f"({first}) than the {self.max_held} a sampler holds unacknowledged: start both "
+            "roles with the same rollout.spool_max_batches"
+        )
 
     def hold(self, batch: EpisodeBatch) -> None:
         self.held.setdefault(batch.sampler_id, {})[batch.seq] = (batch, time.monotonic())

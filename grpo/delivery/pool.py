@@ -15,7 +15,18 @@ admitted (or it is in a resumed trainer's ledger), or at once under CURVE (the c
 message only from the key of the sampler it names). Only vouched samplers count in what the
 samplers are told and act on: how many are alive (they pace by it: a thousand made-up ids would
 make a lone sampler wait for a version that never comes), the relays they fetch versions from,
-the collective group, and whom the trainer waits for to say bye.
+the collective group, and whom the trainer waits for to say bye. Once one sampler is vouched
+for, only vouched ones decide whether any is left (none_left): made-up ids that keep talking
+cannot keep a run whose samplers are gone from ending, nor end one whose sampler is still
+sending by going silent. Ids not vouched for live in a small table (MAX_UNVOUCHED) whose oldest
+is evicted for a new one, so a flood of them never keeps a real sampler out, and what they
+cause in the log is rate-limited (grpo.runtime.refusals).
+
+A sampler's stop (and bye) must come from the process the trainer hears under its id: it
+carries the incarnation its heartbeats do, and one naming another is ignored, so nobody who
+merely knows a sampler's id can end a lone sampler's run by stopping it. (Who forges its
+heartbeats as well can claim it restarted, and then stop that: without CURVE a sampler's
+messages are its word, docs/reliability.md.)
 """
 
 from __future__ import annotations
@@ -33,7 +44,8 @@ from grpo.runtime.refusals import note
 log = logging.getLogger("grpo.trainer")
 
 STOPPED, SILENT, STALLED = "stopped", "silent", "stalled"
-MAX_MEMBERS = 1024  # samplers the trainer keeps track of
+MAX_MEMBERS = 1024  # samplers vouched for that the trainer keeps track of
+MAX_UNVOUCHED = 64  # ids heard of and not vouched for; the oldest evicted for a new one
 STOP_REASON_CHARS = 200  # of a stop's reason in the log line: a peer's text, bounded
 
 
@@ -66,6 +78,10 @@ class SamplerPool:
     # trainer's broadcaster; replaced whole at each change, as another thread reads it
     collective: dict[str, tuple[str, str]] = field(default_factory=dict)
     refused: int = 0  # messages whose id the pool did not take
+    evicted: int = 0  # ids not vouched for, evicted for newer ones
+    strangers_said: dict[str, int] = field(default_factory=dict)  # lines about them, by kind
+    # (id, incarnation) -> the reason of a stop heard before that incarnation (see stopped)
+    stops_waiting: dict[tuple[str, str], str] = field(default_factory=dict)
     # Ids vouched for before they are heard (a resumed trainer's ledger); with `authenticated`
     # (CURVE) every id heard is.
     trusted: set[str] = field(default_factory=set)
@@ -73,12 +89,13 @@ class SamplerPool:
 
     def heard(self, sid: str, body: dict[str, Any] | None = None) -> None:
         """Any message from `sid`; a heartbeat's `body` carries its incarnation and activity.
-        An id that is no sampler id, or one past MAX_MEMBERS, is not taken: every control
-        message carries the pool (grpo.core.names)."""
+        An id that is no sampler id is not taken (every control message carries the pool:
+        grpo.core.names), nor one past MAX_MEMBERS; an id not vouched for takes the place of
+        the oldest such one when there are MAX_UNVOUCHED (the module docstring)."""
         body = body or {}
         now, incarnation = self.clock(), body.get("incarnation")
         member = self.members.get(sid)
-        if member is None and (not is_sampler_id(sid) or len(self.members) >= MAX_MEMBERS):
+        if member is None and not self._make_room(sid):
             self.refused += 1
             note(log, self.refused, "ignored a message from %r (%d so far): not a sampler id, or "
                  "the pool holds %d", sid[:80], self.refused, MAX_MEMBERS)  # fmt: skip
@@ -87,7 +104,7 @@ class SamplerPool:
         if member is None:
             member = self.members[sid] = Member(now, StallClock(self.clock), incarnation)
             member.vouched = self.authenticated or sid in self.trusted
-            log.info("sampler %s joined (%d alive)", sid, len(self.alive()))
+            self._say(member, "joined", "sampler %s joined (%d alive)", sid, len(self.alive()))
         else:
             seen = (member.incarnation, member.collective, member.gone, member.vouched)
         restarted = incarnation is not None and incarnation != member.incarnation
@@ -101,15 +118,45 @@ class SamplerPool:
             or (member.gone == STALLED and member.stall.last != before)
         ):
             member.gone, member.why = None, ""
-            log.warning("sampler %s is back (%d alive)", sid, len(self.alive()))
-        if incarnation is not None:
+            self._say(member, "back", "sampler %s is back (%d alive)", sid, len(self.alive()),
+                      level=logging.WARNING)  # fmt: skip
+        if isinstance(incarnation, str) and len(incarnation) <= 64:
             member.incarnation = incarnation
         if isinstance(relay := body.get("relay"), str) and len(relay) <= 256:
             member.relay = relay
         if isinstance(state := body.get("collective"), str) and len(state) <= 32:
             member.collective = state
+        if (said := self.stops_waiting.pop((sid, member.incarnation), None)) is not None:
+            self._drop(sid, STOPPED, f"sampler {sid} stopped: {said}")
         if (member.incarnation, member.collective, member.gone, member.vouched) != seen:
             self.collective = self._collective_states()
+
+    def _make_room(self, sid: str) -> bool:
+        """Whether a new member `sid` may join: a sampler id, and room for it (an id not
+        vouched for evicts the oldest such one, gone ones first)."""
+        if not is_sampler_id(sid):
+            return False
+        if self.authenticated or sid in self.trusted:
+            return sum(m.vouched for m in self.members.values()) < MAX_MEMBERS
+        strangers = [s for s, m in self.members.items() if not m.vouched]
+        if len(strangers) >= MAX_UNVOUCHED:
+            oldest = min(strangers, key=lambda s: (self.members[s].gone is None,
+                                                   self.members[s].last_seen))  # fmt: skip
+            del self.members[oldest]
+            self.evicted += 1
+        return True
+
+    def _say(self, member: Member, kind: str, message: str, *args: Any,
+             level: int = logging.INFO) -> None:  # fmt: skip
+        """A line about `member`: always for one vouched for, at a bounded rate by `kind` for
+        the others (anyone can make up ids: grpo.runtime.refusals)."""
+        if member.vouched:
+            log.log(level, message, *args)
+            return
+        self.strangers_said[kind] = count = self.strangers_said.get(kind, 0) + 1
+        if count > 10:  # past the first lines, each says how many there were
+            message, args = message + " (%d such lines of ids not vouched for)", (*args, count)
+        note(log, count, message, *args, level=level)
 
     def vouch(self, sid: str) -> None:
         """A batch of `sid`'s own was admitted: a sampler of this run, alive."""
@@ -119,13 +166,33 @@ class SamplerPool:
             member.vouched = True
             self.collective = self._collective_states()
 
-    def stopped(self, sid: str, reason: str) -> None:
-        """`sid` said it stops: dropped until a restart of it is heard. A stop in a name the
-        pool does not take (no sampler id: "!", a list's text) is ignored, as `heard` ignores
-        its other messages; one such stop once ended the run with a KeyError."""
-        self.heard(sid)
-        if sid in self.members:
+    def stopped(self, sid: object, reason: str, incarnation: object = None) -> None:
+        """`sid` said it stops: dropped until a restart of it is heard. Taken only from the
+        process heard under that id (is_from); a stop that names an incarnation not heard yet
+        waits for that incarnation's heartbeat (a sampler that stops at once: its stop and its
+        first heartbeat go by two sockets, either first), in a table of MAX_UNVOUCHED. Others
+        are ignored: a stop in a name no sampler has ("!", a list) once ended the run with a
+        KeyError, and one in a real sampler's name ended a lone sampler's run."""
+        if isinstance(sid, str) and self.is_from(sid, incarnation):
             self._drop(sid, STOPPED, f"sampler {sid} stopped: {reason[:STOP_REASON_CHARS]}")
+        elif is_sampler_id(sid) and isinstance(incarnation, str) and len(incarnation) <= 64:
+            if len(self.stops_waiting) >= MAX_UNVOUCHED:
+                del self.stops_waiting[next(iter(self.stops_waiting))]
+            self.stops_waiting[(sid, incarnation)] = reason[:STOP_REASON_CHARS]
+        else:
+            self.refused += 1
+            note(log, self.refused, "ignored a stop for sampler %.80r (%d refused so far): not "
+                 "from a sampler heard under that id", sid, self.refused)  # fmt: skip
+
+    def is_from(self, sid: str, incarnation: object) -> bool:
+        """Whether a message naming `sid` and `incarnation` is from the sampler heard under that
+        id: it names the incarnation that sampler's heartbeats carry."""
+        member = self.members.get(sid)
+        return (
+            member is not None
+            and member.incarnation is not None
+            and incarnation == member.incarnation
+        )
 
     def check(self) -> None:
         """Drop the samplers silent or stalled for too long."""
@@ -151,7 +218,9 @@ class SamplerPool:
         member.gone, member.why = kind, why
         self.collective = self._collective_states()
         left = self.alive()
-        log.warning("%s (%d alive%s)", why, len(left), f": {', '.join(left)}" if left else "")
+        self._say(member, "dropped", "%s (%d alive%s)", why, len(left),
+                  f": {', '.join(left[:8])}{' ...' if len(left) > 8 else ''}" if left else "",
+                  level=logging.WARNING)  # fmt: skip
 
     def gone_silent(self, sids: set[str], when: str) -> set[str]:
         """Those of `sids` not heard from for the peer timeout, each logged (`when`: what they
@@ -177,8 +246,14 @@ class SamplerPool:
         return {sid: (m.incarnation or "", m.collective) for sid, m in self.members.items()
                 if m.gone is None and m.vouched and m.collective}  # fmt: skip
 
+    def any_vouched(self) -> bool:
+        """Whether any sampler was vouched for (alive or not)."""
+        return any(m.vouched for m in self.members.values())
+
     def none_left(self) -> str | None:
-        """Why the run cannot go on (every sampler heard of is gone), or None."""
-        if not self.members or self.alive():
+        """Why the run cannot go on, or None: every sampler vouched for is gone, or, before
+        any is, every one heard of."""
+        judged = [m for m in self.members.values() if m.vouched] or list(self.members.values())
+        if not judged or any(m.gone is None for m in judged):
             return None
-        return "no sampler left: " + "; ".join(m.why for m in self.members.values())
+        return "no sampler left: " + "; ".join(m.why for m in judged[:8])

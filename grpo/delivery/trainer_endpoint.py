@@ -50,14 +50,23 @@ class Endpoint(Protocol):
     def close(self) -> None: ...
 
 
-def _check_startup(waited: float, transport: TransportConfig) -> None:
-    """PeerError when no sampler has been heard of for transport.startup_timeout_s."""
-    if waited > (limit := transport.startup_timeout_s):
+def _check_startup(waited: float, transport: TransportConfig, heard: list[str]) -> None:
+    """PeerError when no sampler the trainer trusts (grpo.delivery.pool: its first batch
+    admitted, or under CURVE its first message) came within transport.startup_timeout_s;
+    `heard`: the ids heard of meanwhile, none vouched for."""
+    if waited <= (limit := transport.startup_timeout_s):
+        return
+    if not heard:
         raise PeerError(
             f"no message yet from any sampler on {transport.episodes_addr} for {waited:.0f} s "
             f"(limit {limit:.0f} s): is the sampler running and connecting to this address? "
             "Check its log."
         )
+    names = ", ".join(heard[:3]) + (f" and {len(heard) - 3} more" if len(heard) > 3 else "")
+    raise PeerError(
+        f"no batch this trainer could take for {waited:.0f} s (transport.startup_timeout_s "
+        f"{limit:.0f} s), though it heard from {names}: check the sampler's log"
+    )
 
 
 class TrainerEndpoint:
@@ -130,7 +139,7 @@ class TrainerEndpoint:
                 note(log, self.duplicates_dropped, "dropped batch %d from %s: already trained on "
                      "or held (%d so far)", batch.seq, batch.sampler_id, self.duplicates_dropped,
                      level=logging.INFO)  # fmt: skip
-            elif (why := misfit(batch, self.expected)) is not None:
+            elif (why := self.order.too_far(batch) or misfit(batch, self.expected)) is not None:
                 self._reject(batch, why)
             else:
                 # Only now does the batch count as its sampler's: a refused one is no sign of
@@ -152,8 +161,9 @@ class TrainerEndpoint:
             if isinstance(item, EpisodeBatch):
                 return item
             if isinstance(item, Message) and item.kind == messages.STOP:
-                reason = str(item.body.get("reason", "no reason given"))
-                self.pool.stopped(str(item.body.get("sampler_id")), reason)
+                body = item.body
+                reason = str(body.get("reason", "no reason given"))
+                self.pool.stopped(body.get("sampler_id"), reason, body.get("incarnation"))
                 self._raise_if_none_left()
             # Judge silence only once what is queued is read: after a long training step the
             # samplers' heartbeats (and next batches) are waiting here, not missing.
@@ -166,7 +176,7 @@ class TrainerEndpoint:
         """A message from a sampler shows it alive; its heartbeat also says what it is doing.
         A batch does not yet: only once admitted (next_batch), so that a refused one leaves no
         trace in the pool."""
-        if isinstance(item, EpisodeBatch):
+        if isinstance(item, EpisodeBatch) or item.kind == messages.STOP:  # a stop: pool.stopped
             return
         sampler_id = item.body.get("sampler_id")
         if isinstance(sampler_id, str):
@@ -176,13 +186,13 @@ class TrainerEndpoint:
     def _check_pool(self) -> None:
         """Drop the samplers gone silent or stalled; raise PeerError when none is left, or
         none came within transport.startup_timeout_s."""
-        if not self.pool.members:
-            # From the endpoint's opening, not this call's: the trainer calls again every
-            # KEEPALIVE_S, which would otherwise restart the clock for ever.
-            _check_startup(time.monotonic() - self.opened_at, self.transport)
-            return
         self.pool.check()
         self._raise_if_none_left()
+        if not self.pool.any_vouched():
+            # From the endpoint's opening, not this call's: the trainer calls again every
+            # KEEPALIVE_S, which would otherwise restart the clock for ever. Made-up ids
+            # heard of do not stop it (they once switched it off).
+            _check_startup(time.monotonic() - self.opened_at, self.transport, self.pool.alive())
 
     def _raise_if_none_left(self) -> None:
         told = (self._status["alive"], self._status["relays"])
@@ -236,7 +246,9 @@ class TrainerEndpoint:
             if item is not None:
                 self._heard(item)
             if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
-                waiting.discard(item.body.get("sampler_id"))
+                sid = item.body.get("sampler_id")
+                if isinstance(sid, str) and self.pool.is_from(sid, item.body.get("incarnation")):
+                    waiting.discard(sid)
             waiting -= self.pool.gone_silent(waiting, "before saying bye")
 
     def stop(self, reason: str) -> None:

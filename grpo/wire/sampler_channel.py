@@ -126,7 +126,8 @@ class SamplerChannel:
         thread is stuck where the stop flag does not reach."""
         log.error("sampler %s: %s", self.sampler_id, why)
         self._lost(why)
-        stop = Message(messages.STOP, {"sampler_id": self.sampler_id, "reason": why})
+        stop = Message(messages.STOP, {"sampler_id": self.sampler_id,
+                                       "incarnation": self.incarnation, "reason": why})  # fmt: skip
         with contextlib.suppress(zmq.Again):
             self._beat.send_multipart(encode_message(stop))
         if self._exit_on_stall:
@@ -176,7 +177,10 @@ class SamplerChannel:
         self._send_control(messages.BYE)
 
     def _send_control(self, kind: str, **body: Any) -> None:
-        message = Message(kind, {"sampler_id": self.sampler_id, **body})
+        # The incarnation: the trainer takes a stop or bye only from the process it hears
+        # under this id (grpo.delivery.pool).
+        message = Message(kind, {"sampler_id": self.sampler_id, "incarnation": self.incarnation,
+                                 **body})  # fmt: skip
         with contextlib.suppress(zmq.Again):
             self.push.send_multipart(encode_message(message))
 

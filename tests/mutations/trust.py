@@ -97,7 +97,7 @@ MUTATIONS = (
         name="stop_of_an_unknown_id_dropped",
         item="62.4: a stop with a malformed sampler_id is a KeyError again",
         path="grpo/delivery/pool.py",
-        old="        if sid in self.members:\n",
+        old="        if isinstance(sid, str) and self.is_from(sid, incarnation):\n",
         new="        if True:\n",
         tests=("tests/test_pool.py::test_a_stop_in_a_name_no_sampler_has_is_ignored_not_a_crash",),
     ),
@@ -116,5 +116,95 @@ MUTATIONS = (
         old="gap = (self.next_seq(sid), first - 1)",
         new="gap = (self.next_seq(sid), len(list(range(self.next_seq(sid), first))))",
         tests=("tests/test_delivery.py::test_a_batch_that_never_comes_does_not_stop_the_run",),
+    ),
+    Mutation(
+        name="stop_from_anyone",
+        item="62.4: a stop in a lone sampler's name, from another process, ends the run again",
+        path="grpo/delivery/pool.py",
+        old="            and member.incarnation is not None\n"
+        "            and incarnation == member.incarnation\n",
+        new="",
+        tests=(
+            "tests/test_pool.py::test_a_stop_is_taken_only_from_the_process_heard_under_its_id",
+            "tests/test_chaos.py::test_a_run_under_attack_ends_as_a_clean_run",
+        ),
+    ),
+    Mutation(
+        name="stop_before_heartbeat_lost",
+        item="62.4: a sampler's stop that overtakes its first heartbeat is lost (a 900 s wait)",
+        path="grpo/delivery/pool.py",
+        old="(said := self.stops_waiting.pop((sid, member.incarnation), None))",
+        new="(said := None)",
+        tests=(
+            "tests/test_pool.py::test_a_stop_is_taken_only_from_the_process_heard_under_its_id",
+            "tests/test_transport.py::test_the_last_samplers_stop_ends_the_trainer_with_its_reason",
+        ),
+    ),
+    Mutation(
+        name="strangers_never_evicted",
+        item="62.3/finding 6: made-up ids fill the pool for the trainer's life again",
+        path="grpo/delivery/pool.py",
+        old="        if len(strangers) >= MAX_UNVOUCHED:\n",
+        new="        if len(self.members) >= MAX_MEMBERS:\n"
+        "            return False\n"
+        "        if False:\n",
+        tests=(
+            "tests/test_pool.py::"
+            "test_a_flood_of_made_up_ids_never_keeps_a_real_sampler_out_nor_decides_the_run",
+        ),
+    ),
+    Mutation(
+        name="strangers_decide_none_left",
+        item="62.3/finding 6: ids not vouched for keep a run whose samplers are gone alive again",
+        path="grpo/delivery/pool.py",
+        old="        judged = [m for m in self.members.values() if m.vouched] or "
+        "list(self.members.values())\n",
+        new="        judged = list(self.members.values())\n",
+        tests=(
+            "tests/test_pool.py::"
+            "test_a_flood_of_made_up_ids_never_keeps_a_real_sampler_out_nor_decides_the_run",
+        ),
+    ),
+    Mutation(
+        name="strangers_stop_startup_clock",
+        item="62.3/finding 6: heartbeats under made-up ids switch the start-up timeout off again",
+        path="grpo/delivery/trainer_endpoint.py",
+        old="        if not self.pool.any_vouched():\n",
+        new="        if not self.pool.members:\n",
+        tests=(
+            "tests/test_transport.py::"
+            "test_made_up_ids_heartbeating_do_not_switch_off_the_startup_timeout",
+        ),
+    ),
+    Mutation(
+        name="strangers_logged_each_time",
+        item="62.5: every join and drop of a made-up id has its line again",
+        path="grpo/delivery/pool.py",
+        old="        if member.vouched:\n            log.log(level, message, *args)\n",
+        new="        if True:\n            log.log(level, message, *args)\n",
+        tests=(
+            "tests/test_pool.py::"
+            "test_a_flood_of_made_up_ids_never_keeps_a_real_sampler_out_nor_decides_the_run",
+        ),
+    ),
+    Mutation(
+        name="seq_window_off",
+        item="62.4/finding 5: a batch numbered 2**40 is held (and its gap reported) again",
+        path="grpo/delivery/trainer_endpoint.py",
+        old="            elif (why := self.order.too_far(batch) or misfit(batch, self.expected)) "
+        "is not None:\n",
+        new="            elif (why := misfit(batch, self.expected)) is not None:\n",
+        tests=("tests/test_chaos.py::test_a_run_under_attack_ends_as_a_clean_run",),
+    ),
+    Mutation(
+        name="seq_window_unbounded",
+        item="62.4/finding 5: any seq fits the window",
+        path="grpo/delivery/ordering.py",
+        old="        if seq - first + 1 - trained_ahead <= self.max_held:\n",
+        new="        if True:\n",
+        tests=(
+            "tests/test_delivery.py::"
+            "test_a_seq_no_sampler_can_hold_unacknowledged_is_refused_before_it_is_held",
+        ),
     ),
 )
