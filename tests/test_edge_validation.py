@@ -323,6 +323,32 @@ def test_a_refused_batch_leaves_no_trace_and_the_real_one_is_taken(tmp_path, cap
     assert any("from sampler-0" in m and "2 groups" in m for m in lines), lines
 
 
+def test_a_batch_numbered_past_any_spool_is_refused_not_held(tmp_path):
+    """Issue 62, finding 5: a well-formed batch under the real sampler's id numbered 2**40 was
+    held (then trained out of order, its gap once listed whole in a log line). No sampler can
+    hold it unacknowledged (grpo.delivery.ordering), so it is refused on arrival, and the real
+    sampler, whose batch it was not, goes on."""
+    trainer, sampler = _endpoints(tmp_path)
+    rogue = zmq.Context.instance().socket(zmq.PUSH)
+    rogue.setsockopt(zmq.LINGER, 0)
+    got: list[EpisodeBatch] = []
+    try:
+        sampler.wait_for_trainer()
+        rogue.connect(trainer.transport.episodes_addr)
+        rogue.send_multipart(encode_batch(_batch(2**40)))
+        taker = threading.Thread(target=lambda: got.append(trainer.next_batch(lambda: None)))
+        taker.start()
+        assert _wait(lambda: trainer.rejected_batches == 1)
+        assert trainer.order.held == {} and not sampler.stopped.is_set()
+        sampler.send(_batch(0), {"next_seq": 1})
+        taker.join(10)
+        assert [b.seq for b in got] == [0]
+    finally:
+        rogue.close()
+        sampler.close()
+        trainer.close()
+
+
 def test_a_rejected_batch_of_its_own_stops_the_sampler_and_stays_spooled(tmp_path):
     """finding 4: the sampler's own batch refused: it stops with the trainer's reason (every
     later batch would be refused too), instead of resending it; the batch stays in the spool
