@@ -33,6 +33,7 @@ from grpo.reward_service.protocol import parse_scores
 from grpo.runtime.progress import ACTIVITY
 from grpo.sampler.rewards import checked_rewards
 from grpo.trainer.experience import build_experience
+from grpo.wire import messages
 from grpo.wire.codec import FrameError, decode, encode_batch, seal
 from tests.conftest import free_port
 from tests.test_episode import make_batch
@@ -347,6 +348,27 @@ def test_a_batch_numbered_past_any_spool_is_refused_not_held(tmp_path):
         rogue.close()
         sampler.close()
         trainer.close()
+
+
+def test_rejections_of_batches_others_sent_in_its_name_cost_the_sampler_a_few_lines(
+    tmp_path, caplog
+):
+    """Issue 62, item 5: each rejection of a batch a peer sent in the sampler's name was a
+    warning line in the sampler's log, as many as the peer sent batches (379 in 8 s of the
+    flood in bench/hostile.py). They are counted, and logged at the refusals' rate."""
+    from grpo.wire.codec import Message
+
+    trainer, sampler = _endpoints(tmp_path)
+    try:
+        for seq in range(1000):
+            body = {"sampler_id": "sampler-0", "seq": seq, "reason": "r", "digest": 1}
+            sampler._heard(Message(messages.REJECTED, body))
+        assert sampler.others_rejected == 1000 and not sampler.stopped.is_set()
+    finally:
+        sampler.close()
+        trainer.close()
+    lines = [r for r in caplog.records if "ignored the trainer's rejection" in r.getMessage()]
+    assert 10 < len(lines) <= 20, len(lines)
 
 
 def test_a_rejected_batch_of_its_own_stops_the_sampler_and_stays_spooled(tmp_path):

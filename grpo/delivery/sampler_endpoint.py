@@ -26,6 +26,7 @@ from grpo.core.seqset import SeqSet
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
+from grpo.runtime.refusals import note
 from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.wire import messages
 from grpo.wire.codec import Message
@@ -132,6 +133,7 @@ class SamplerEndpoint:
         self._restarts_handled = 0
         self._resent_at: dict[int, float] = {}  # seq -> when last resent
         self._lost_resends: dict[int, int] = {}  # seq -> resends as passed over (see _sync)
+        self.others_rejected = 0  # the trainer's rejections of batches others sent in its name
         # Last: the channel's thread hands up what it hears at once.
         self.channel = SamplerChannel(transport, sampler_id, self._heard, self._stop, exit_on_stall)
 
@@ -146,12 +148,15 @@ class SamplerEndpoint:
             self.stopped.set()
         elif msg.kind == messages.STOP:
             self._stop(f"{messages.TRAINER_STOPPED}: {body.get('reason', 'no reason')}")
-        elif (
-            msg.kind == messages.REJECTED
-            and body.get("sampler_id") == self.sampler_id
-            and (reason := own_rejection(body, self.spool)) is not None
-        ):
-            self._stop(reason)
+        elif msg.kind == messages.REJECTED and body.get("sampler_id") == self.sampler_id:
+            if (reason := own_rejection(body, self.spool)) is not None:
+                self._stop(reason)
+            else:  # a peer sends in this sampler's name: as often as it likes, so counted
+                self.others_rejected += 1
+                note(log, self.others_rejected, "ignored the trainer's rejection of batch %s (%d "
+                     "so far): not the batch this sampler sent under that seq (another peer "
+                     "used its id): %.300s", body.get("seq"), self.others_rejected,
+                     body.get("reason"))  # fmt: skip
         self._news.set()
 
     def _stop(self, reason: str) -> None:
@@ -293,7 +298,7 @@ def _trainer_moved(before: Snapshot | None, now: Snapshot | None) -> bool:
 
 def own_rejection(body: dict[str, Any], spool: Spool) -> str | None:
     """The reason to stop for, when the trainer's rejection under this sampler's id is of its
-    own batch (the checksum it names is the spooled batch's); None, logged, when it is not.
+    own batch (the checksum it names is the spooled batch's); None when it is not.
 
     Stop, not drop the batch and go on: a batch this sampler builds has passed every check a
     batch can pass alone (grpo.core.columns), so the trainer refuses it only for what the two
@@ -304,11 +309,8 @@ def own_rejection(body: dict[str, Any], spool: Spool) -> str | None:
     ignored (this sampler's batch of that seq still counts). One without a checksum comes from
     a trainer that names none, and counts."""
     seq, digest = body.get("seq"), body.get("digest")
-    reason = f"the trainer rejected batch {seq}: {body.get('reason')}"
     if digest is None or (is_int(seq) and spool.digest(seq) == digest):
-        return reason
-    log.warning("ignored the trainer's rejection of batch %s: not the batch this sampler sent "
-                "under that seq (another peer used its id): %.300s", seq, reason)  # fmt: skip
+        return f"the trainer rejected batch {seq}: {body.get('reason')}"
     return None
 
 

@@ -209,4 +209,15 @@ MUTATIONS = (
             "test_a_seq_no_sampler_can_hold_unacknowledged_is_refused_before_it_is_held",
         ),
     ),
+    Mutation(
+        name="others_rejections_logged_each_time",
+        item="62.5: each rejection of a batch a peer sent in the sampler's name is a line again",
+        path="grpo/delivery/sampler_endpoint.py",
+        old="                note(log, self.others_rejected, ",
+        new="                note(log, 1, ",
+        tests=(
+            "tests/test_edge_validation.py::"
+            "test_rejections_of_batches_others_sent_in_its_name_cost_the_sampler_a_few_lines",
+        ),
+    ),
 )
