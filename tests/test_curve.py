@@ -102,6 +102,34 @@ def test_a_sampler_whose_key_is_added_during_the_run_joins_it(keys, tmp_path):
         trainer.close()
 
 
+def test_authorized_keys_are_read_again_on_any_change(keys, tmp_path):
+    """Issue 62 (medium): authorized/ was read again only when an unknown key appeared and the
+    directory's mtime had moved, so a deleted key was still accepted and one overwritten in
+    place never seen. Any change of the key files counts now, looked at once a second."""
+    import shutil
+
+    from grpo.wire.keys import AUTHORIZED, AuthorizedKeys
+
+    now = [0.0]
+    authorized = keys / AUTHORIZED
+    owners = AuthorizedKeys(authorized, clock=lambda: now[0])
+    (first,) = owners.owners
+    assert owners.owner(first) == "sampler-0"
+    other = tmp_path / "other"
+    generate(other, samplers=1)  # another pair under the same name
+    (authorized / "sampler-0.key").unlink()
+    assert owners.owner(first) == "sampler-0"  # within the second: not looked at yet
+    now[0] = 1.0
+    assert owners.owner(first) is None  # deleted: refused from now on
+    shutil.copy(other / AUTHORIZED / "sampler-0.key", authorized / "sampler-0.key")
+    now[0] = 2.0
+    (second,) = AuthorizedKeys(authorized).owners
+    assert second != first and owners.owner(second) == "sampler-0"
+    shutil.copy(keys / "sampler-0.key", authorized / "sampler-0.key")  # overwritten in place
+    now[0] = 3.0
+    assert owners.owner(first) == "sampler-0" and owners.owner(second) is None
+
+
 def test_missing_keys_are_a_clear_error(keys, tmp_path):
     cfg = _cfg(curve_dir=str(keys))
     with pytest.raises(ValueError, match="sampler sampler-7's secret key"):

@@ -23,6 +23,8 @@ import logging
 import os
 import shutil
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,44 +116,53 @@ def _make(directory: Path, names: list[str]) -> list[Path]:
 class AuthorizedKeys:
     """The public keys in authorized/ and the sampler id each was made for (its file name, as
     `python -m grpo keys` writes it), as a ZAP callback that accepts those keys only. Read
-    again when a key it does not hold shows up and the directory changed since (a file added):
-    a sampler whose key is added during a run joins it without a restart (the pool grows,
-    grpo.delivery.pool), and a flood of unknown keys costs a stat() each."""
+    again whenever the key files changed (one added, deleted or overwritten in place), looked
+    at for every unknown key and at most once every RECHECK_S for known ones: a sampler whose
+    key is added during a run joins it without a restart (the pool grows, grpo.delivery.pool),
+    one whose key is deleted is refused from then on, and a flood of unknown keys costs a
+    listing of the directory each."""
 
-    def __init__(self, directory: Path):
-        self.directory, self.refused = directory, 0
-        self.read_mtime: int | None = None  # the directory's, when last read
+    RECHECK_S = 1.0
+
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.monotonic):
+        self.directory, self.refused, self.clock = directory, 0, clock
+        self.read_files: tuple | None = None  # the key files' names, sizes and times, when read
+        self.checked_at = clock()
         self._read(strict=True)
         if not self.owners:
             raise ValueError(f"transport.curve_dir: no public keys in {directory}")
 
-    def _mtime(self) -> int | None:
+    def _files(self) -> tuple | None:
+        """What tells the key files apart from how they were: names, sizes, change times."""
         try:
-            return self.directory.stat().st_mtime_ns
+            stats = [(p.name, p.stat()) for p in self.directory.glob("*.key")]
         except OSError:
             return None
+        return tuple(sorted((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in stats))
 
     def _read(self, strict: bool = False) -> None:
-        mtime = self._mtime()
+        files = self._files()
         owners = {}
         for path in sorted(self.directory.glob("*.key")):
             try:
                 public, _ = _load(path, "an authorised key")
-            except ValueError as e:
+            except (ValueError, OSError) as e:
                 if strict:
                     raise
                 log.warning("%s: left out", e)  # one bad file added later refuses only itself
                 continue
             owners[public.decode()] = path.stem
         # Replaced whole: the authenticator's thread and the channel's read it.
-        self.owners, self.read_mtime = owners, mtime
+        self.owners, self.read_files = owners, files
 
     def owner(self, public: str | None) -> str | None:
         """The sampler id `public` (Z85, as ZeroMQ reports a peer's User-Id) was made for."""
         if public is None:
             return None
-        if public not in self.owners and self._mtime() != self.read_mtime:
-            self._read()
+        if public not in self.owners or self.clock() - self.checked_at >= self.RECHECK_S:
+            self.checked_at = self.clock()
+            if self._files() != self.read_files:
+                self._read()
         return self.owners.get(public)
 
     def callback(self, domain: str, key: bytes) -> bool:

@@ -221,9 +221,12 @@ MUTATIONS = (
         name="curve_keys_read_once",
         item="43.3: under CURVE a sampler whose key is added during the run joins it",
         path="grpo/wire/keys.py",
-        old="        if public not in self.owners and self._mtime() != self.read_mtime:",
-        new="        if False:",
-        tests=("tests/test_curve.py::test_a_sampler_whose_key_is_added_during_the_run_joins_it",),
+        old="            if self._files() != self.read_files:",
+        new="            if False:",
+        tests=(
+            "tests/test_curve.py::test_a_sampler_whose_key_is_added_during_the_run_joins_it",
+            "tests/test_curve.py::test_authorized_keys_are_read_again_on_any_change",
+        ),
     ),
     Mutation(
         name="newest_token_version_unchecked",
