@@ -203,6 +203,38 @@ def test_truncate_metrics_drops_rows_of_undone_steps(tmp_path: Path) -> None:
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
 
 
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.integers(0, 6), max_size=30).map(sorted), resume=st.integers(0, 6),
+       pads=st.lists(st.integers(0, 40), min_size=30, max_size=30), torn=st.booleans(),
+       block=st.integers(1, 64))  # fmt: skip
+def test_truncate_metrics_reads_only_the_tail_and_cuts_where_a_whole_read_would(
+    tmp_path_factory, steps, resume, pads, torn, block
+) -> None:
+    """Issue 62 (low): samples.jsonl was read whole on resume. The file is now read back from
+    its end, a block at a time, and cut after the last row at or before the resumed step:
+    the rows kept are those a whole read keeps, whatever the lengths and block size."""
+    from grpo.trainer import state
+
+    path = tmp_path_factory.mktemp("rows") / "samples.jsonl"
+    rows = [json.dumps({"step": s, "answer": "x" * p}) for s, p in zip(steps, pads, strict=False)]
+    path.write_text("".join(r + "\n" for r in rows) + ('{"step": 9, "ans' if torn else ""))
+    read: list[int] = []
+    real_read = state._lines_from_the_end
+
+    def counted(f, end):
+        for at, line in real_read(f, end):
+            read.append(len(line))
+            yield at, line
+
+    kept = [s for s in steps if s <= resume]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(state, "TAIL_BLOCK", block)
+        patch.setattr(state, "_lines_from_the_end", counted)
+        assert truncate_metrics(path, resume) == len(steps) - len(kept)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == kept
+    assert len(read) <= len(steps) - len(kept) + 1 + torn  # the tail, not the file
+
+
 # --------------------------------------------------------------------------- acknowledgements
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,6 @@ from grpo.config import Config
 from grpo.core.durable import TRAIN_STATE_MARKER, fsync_path, fsync_tree, write_atomic
 from grpo.core.resume import require_same
 from grpo.delivery.ledger import Ledger
-from grpo.observe.metrics import read_jsonl
 
 log = logging.getLogger("grpo.trainer")
 
@@ -153,13 +153,50 @@ def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) 
     )
 
 
+TAIL_BLOCK = 1 << 16  # bytes read at a time from a file's end (truncate_metrics)
+
+
 def truncate_metrics(path: Path, step: int, key: str = "step") -> int:
     """Drop the rows whose `key` (a step, or an eval's version) is after `step`: a crashed run
-    made them, the resumed one redoes them. Returns how many were dropped."""
+    made them, the resumed one redoes them. Returns how many were dropped. Rows are appended in
+    step order, so only the file's tail is read, back to the last row at or before `step`, and
+    the file is cut there, durably (a torn last line goes with it): samples.jsonl of a long run
+    is gigabytes, which were once read whole."""
     if not path.exists():
         return 0
-    rows = read_jsonl(path)
-    kept = [r for r in rows if r.get(key, 0) <= step]
-    if len(kept) < len(rows):
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-    return len(rows) - len(kept)
+    dropped = 0
+    with path.open("rb+") as f:
+        end = cut = f.seek(0, 2)
+        for start, line in _lines_from_the_end(f, end):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None  # a torn line from a killed process: dropped, not counted
+            if row is not None and not (isinstance(row, dict) and row.get(key, 0) > step):
+                break
+            dropped += row is not None
+            cut = start
+        if cut < end:
+            f.truncate(cut)
+            f.flush()
+            os.fsync(f.fileno())
+    if cut < end:
+        fsync_path(path.parent)
+    return dropped
+
+
+def _lines_from_the_end(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
+    """The non-empty lines of `f` before offset `end`, last first, each with its offset."""
+    pos, partial = end, b""  # partial: a line's end whose start lies before pos
+    while pos > 0:
+        start = max(0, pos - TAIL_BLOCK)
+        f.seek(start)
+        lines, offsets, at = (f.read(pos - start) + partial).split(b"\n"), [], start
+        for line in lines:
+            offsets.append(at)
+            at += len(line) + 1
+        whole = 1 if start > 0 else 0  # lines[0] may begin before `start`: read on for it
+        for line, at in zip(reversed(lines[whole:]), reversed(offsets[whole:]), strict=True):
+            if line.strip():
+                yield at, line
+        partial, pos = (lines[0] if whole else b""), start

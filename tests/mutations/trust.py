@@ -220,4 +220,15 @@ MUTATIONS = (
             "test_rejections_of_batches_others_sent_in_its_name_cost_the_sampler_a_few_lines",
         ),
     ),
+    Mutation(
+        name="resume_reads_samples_whole",
+        item="62 (low): a resume reads samples.jsonl to its start, not its tail",
+        path="grpo/trainer/state.py",
+        old="row.get(key, 0) > step):\n                break\n",
+        new="row.get(key, 0) > step):\n                continue\n",
+        tests=(
+            "tests/test_delivery.py::"
+            "test_truncate_metrics_reads_only_the_tail_and_cuts_where_a_whole_read_would",
+        ),
+    ),
 )
