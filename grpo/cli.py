@@ -16,6 +16,7 @@ from grpo.preflight import preflight
 from grpo.runtime.host_memory import keep_freed_memory
 from grpo.runtime.lifetime import die_with_parent
 from grpo.runtime.placement import placement_for, visible_gpus
+from grpo.runtime.progress import ACTIVITY, STARTING
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
   e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64
@@ -99,7 +100,16 @@ def main(role: str, argv: list[str]) -> int:
         # Bad data paths, reward specs, model dirs, a diverged loss: one line naming the culprit
         # (GRPO_DEBUG=1 shows it).
         log.error("%s: %s", type(e).__name__, e, exc_info=bool(os.environ.get("GRPO_DEBUG")))
-        return 2
+        return exit_code_for(ACTIVITY.snapshot().phase)
+
+
+def exit_code_for(phase: str) -> int:
+    """The exit code of a role that failed with one of the errors main names, in `phase` (its
+    activity, grpo.runtime.progress). 2, which launch.sh reads as a usage or config error and
+    does not heal, only while the role was still starting: its input (data, model, reward,
+    saved state) is wrong, and a restart would fail the same way. Once it worked, 1: a
+    failure of the run, which launch.sh heals by a restart from the last saved state."""
+    return 2 if phase == STARTING else 1
 
 
 def launch_env(argv: list[str]) -> int:

@@ -299,3 +299,30 @@ def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path, comman
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = (tmp_path / "s").read_text().splitlines()
     assert runs == [f"{REPO} {project}"] * 2, runs  # the roles run in the repository, told
+
+
+@pytest.mark.parametrize("worked, code", [(False, 2), (True, 1)], ids=["starting", "working"])
+def test_a_role_s_error_is_a_config_error_only_while_it_starts(
+    tmp_path, tiny_model_dir, monkeypatch, worked, code
+):
+    """Issue 62 (low): every ValueError a role raised exited 2, which launch.sh reads as a
+    usage or config error and never heals. Only one raised while the role is still starting
+    (bad data, model, reward: a restart fails the same way) is 2; once it worked, 1, which
+    launch.sh heals by a restart from the last saved state."""
+    import grpo.cli
+    import grpo.sampler.loop
+    from grpo.runtime.progress import ACTIVITY, GENERATING, STARTING
+    from tests.test_integration import tiny_config
+
+    def run_sampler(cfg) -> int:
+        if worked:
+            ACTIVITY.enter(GENERATING, "batch 3")
+        raise ValueError("a row the reward cannot read")
+
+    monkeypatch.setattr(grpo.cli, "setup_logging", lambda role: None)
+    monkeypatch.setattr(grpo.sampler.loop, "run_sampler", run_sampler)
+    config = tiny_config(tmp_path, tiny_model_dir)
+    try:
+        assert grpo.cli.main("sampler", [str(config)]) == code
+    finally:
+        ACTIVITY.enter(STARTING, "")

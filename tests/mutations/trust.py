@@ -231,4 +231,14 @@ MUTATIONS = (
             "test_truncate_metrics_reads_only_the_tail_and_cuts_where_a_whole_read_would",
         ),
     ),
+    Mutation(
+        name="runtime_error_is_a_config_error",
+        item="62 (low): every runtime ValueError exits 2 again, which launch.sh never heals",
+        path="grpo/cli.py",
+        old="    return 2 if phase == STARTING else 1\n",
+        new="    return 2\n",
+        tests=(
+            "tests/test_launch_path.py::test_a_role_s_error_is_a_config_error_only_while_it_starts",
+        ),
+    ),
 )
