@@ -378,7 +378,7 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
 
     cfg = Config(output_dir=str(tmp_path))
     weights = Weights(cfg, tmp_path / "model")
-    status = SimpleNamespace(version=3)
+    status = SimpleNamespace(version=3, restarts=0)
 
     def wait_until(ready, what: str) -> None:
         if not ready():
@@ -403,3 +403,37 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
     weights.wait_for_version(lambda: 3)
     assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
     assert forgotten == [3]
+
+
+def test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it(tmp_path):
+    """Issue 62 (low): a failure recorded while the trainer restarted stuck when the new
+    trainer came back at that very version (resumed from its state): the sampler stopped
+    with "version 3 could not be loaded" though the new trainer served it. A failure counts
+    only for the trainer incarnation it happened under."""
+    import threading
+    from types import SimpleNamespace
+
+    from grpo.config import Config
+    from grpo.sampler.weights import Weights
+
+    weights = Weights(Config(output_dir=str(tmp_path)), tmp_path / "model")
+    status = SimpleNamespace(version=3, restarts=0)
+    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
+        status=status, stopped=threading.Event(), wait_until=lambda ready, what: None
+    )
+    asked: list[int] = []
+
+    def reload(version: int) -> None:
+        asked.append(version)
+        if len(asked) == 1:  # the trainer died mid-fetch; its successor is at version 3 too
+            weights.failed_reloads[version] = "tcp://trainer: the weights server is gone"
+            weights.failed_under[version] = status.restarts
+            status.restarts = 1
+        else:
+            weights.version = version
+
+    forgotten: list[int] = []
+    weights.receiver = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
+    weights.reload = reload  # type: ignore[method-assign]
+    weights.wait_for_version(lambda: 3)
+    assert asked == [3, 3] and weights.version == 3 and forgotten == [3]

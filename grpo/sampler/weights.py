@@ -78,6 +78,7 @@ class Weights:
         self.reload_s = 0.0
         # Versions that could not be loaded (fetch failed, files failed their checksums), and why.
         self.failed_reloads: dict[int, str] = {}
+        self.failed_under: dict[int, int] = {}  # version -> trainer restarts seen when it failed
         self.mode = mode_of(cfg)
         self.receiver: Receiver | None = None  # the mode's, once connected
         self._targets: dict[str, torch.Tensor] | None = None  # the policy's tensors, to load into
@@ -137,6 +138,7 @@ class Weights:
             version = self.receiver.get(number)
         except Unavailable as e:
             self.failed_reloads[number] = str(e)
+            self.failed_under[number] = self.endpoint.status.restarts if self.endpoint else 0
             log.warning("keeping version %d, not loading version %d: %s", self.version, number, e)
             return
         if version is None:  # the sampler is stopping
@@ -208,11 +210,16 @@ class Weights:
                 return
             if target != self.version and target not in self.failed_reloads:
                 self.reload(target)
-            if target in self.failed_reloads and status.version < target:
+            if target in self.failed_reloads and (
+                status.version < target or status.restarts != self.failed_under.get(target)
+            ):
+                # The trainer restarted meanwhile (older, or from the state of that very
+                # version): it will publish it again, and an earlier failure says nothing of
+                # the new incarnation's.
                 del self.failed_reloads[target]
                 assert self.receiver is not None
                 self.receiver.forget_failure(target)
-                continue  # the trainer restarted older meanwhile: it will publish it again
+                continue
             break
         # Weights older than the bound would make a batch the trainer trains as if it were
         # fresher: a stall with its name, never a silent run on old weights.

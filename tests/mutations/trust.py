@@ -241,4 +241,15 @@ MUTATIONS = (
             "tests/test_launch_path.py::test_a_role_s_error_is_a_config_error_only_while_it_starts",
         ),
     ),
+    Mutation(
+        name="failure_outlives_a_trainer_restart",
+        item="62 (low): a version failure recorded while the trainer restarts sticks again",
+        path="grpo/sampler/weights.py",
+        old="status.version < target or status.restarts != self.failed_under.get(target)",
+        new="status.version < target",
+        tests=(
+            "tests/test_weight_stream.py::"
+            "test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it",
+        ),
+    ),
 )
