@@ -21,7 +21,7 @@ from tests.conftest import REPO
 ROWS = {"transport": 4, "logprobs": 2, "padding": 3, "weight_sync": 1, "weight_stream": 4,
         "weight_delta": 1, "weight_fanout": 1, "overlap": 1, "e2e": 1, "e2e_vs_trl": 4,
         "continuous": 2, "recovery": 1,
-        "hostile": 1, "vllm": 2}  # fmt: skip
+        "hostile": 2, "vllm": 2}  # fmt: skip
 HAS_VLLM = importlib.util.find_spec("vllm") is not None  # without it the vllm benchmark writes none
 COMMITTED = sorted((REPO / "bench" / "results").glob("*.json"))
 KEYS = {"name", "unit", "baseline", "ours", "direction", "ratio", "target", "met", "machine",
