@@ -322,6 +322,7 @@ def test_a_role_s_error_is_a_config_error_only_while_it_starts(
     monkeypatch.setattr(grpo.cli, "setup_logging", lambda role: None)
     monkeypatch.setattr(grpo.sampler.loop, "run_sampler", run_sampler)
     config = tiny_config(tmp_path, tiny_model_dir)
+    ACTIVITY.enter(STARTING, "")  # as in a new process (other tests in this one moved it)
     try:
         assert grpo.cli.main("sampler", [str(config)]) == code
     finally:

@@ -353,7 +353,7 @@ def test_a_sampler_that_cannot_get_the_version_it_needs_stops_naming_it(tmp_path
 
     cfg = Config(output_dir=str(tmp_path))
     weights = Weights(cfg, tmp_path / "model")
-    status = SimpleNamespace(version=2)
+    status = SimpleNamespace(version=2, restarts=0)
     weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
         status=status,
         stopped=threading.Event(),

@@ -23,9 +23,8 @@ MUTATIONS = (
         name="pool_takes_any_id",
         item="43.1 (begun): ids and the pool's size are bounded",
         path="grpo/delivery/pool.py",
-        old="        if member is None and (not is_sampler_id(sid) or len(self.members) >= "
-        "MAX_MEMBERS):",
-        new="        if member is None and len(self.members) >= MAX_MEMBERS:",
+        old="        if not is_sampler_id(sid):\n            return False\n",
+        new="",
         tests=(
             "tests/test_pool.py::test_an_id_that_is_no_sampler_id_or_one_past_the_pool_s_bound_is_"
             "not_taken",
