@@ -226,6 +226,11 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = {False: "SmolLM2-135M", True: "the tiny model"}  # by `quick`: what a scenario names
 
 
+# The engine a run of the tiny model (tests/tiny_model.py) on configs/cpu_demo.yaml uses: HF
+# generate, as vLLM's CPU attention has no kernel for its head size (16).
+TINY_ENGINE = "rollout.backend=hf"
+
+
 def loopback_overrides(timeout_s: float = 60) -> list[str]:
     """Fresh loopback ports per run, so no run meets a previous run's sockets."""
     return [
@@ -244,17 +249,23 @@ def launch_run(config: Path, out_dir: Path, name: str, overrides: list[str],
 
     `one_thread` gives every process (sampler and each trainer rank) one thread, so that on a
     small machine the roles do not fight over cores and overlap is measured, not contention."""
+    return launch_watched(config, out_dir, name, overrides, one_thread, timeout_s)[0]
+
+
+def launch_watched(config: Path, out_dir: Path, name: str, overrides: list[str],
+                   one_thread: bool = False, timeout_s: float = 1200
+                   ) -> tuple[list[dict], int]:  # fmt: skip
+    """launch_run's run, its output in OUT_DIR/NAME.log; its rows and the peak memory of all
+    its processes together (run_watched)."""
     cmd = ["bash", str(REPO / "launch.sh"), str(config), f"output_dir={out_dir}", f"name={name}",
            *loopback_overrides(), *overrides]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if one_thread:
         env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout_s)  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"launch.sh {name} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    peak = run_watched(cmd, env, out_dir / f"{name}.log", timeout_s)
     path = out_dir / name / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()], peak
 
 
 def start_role(

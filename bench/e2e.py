@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, Result, launch_run, machine, report
+from bench.common import REPO, TINY_ENGINE, Result, launch_run, machine, report
 
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
 
@@ -65,7 +65,8 @@ def run(quick: bool = False) -> list[Result]:
         overrides = ["eval.interval=0", f"train.total_steps={steps}"]
         if quick:
             tiny = build_tiny_model(tmp / "tiny", ensure_embedded_base())
-            overrides += [f"model.path={tiny}", "rollout.max_new_tokens=16", "train.num_ranks=1"]
+            overrides += [f"model.path={tiny}", TINY_ENGINE, "rollout.max_new_tokens=16",
+                          "train.num_ranks=1"]  # fmt: skip
         rows = launch_run(CONFIG, tmp, "e2e", overrides)
         overlapped = launch_run(CONFIG, tmp, "e2e_overlap", [*overrides, "train.max_staleness=1"])
     timed = rows[1:]  # the first step includes start-up

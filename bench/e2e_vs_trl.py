@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from bench.common import REPO, Result, loopback_overrides, machine, report, run_watched
+from bench.common import REPO, Result, launch_watched, machine, report, run_watched
 from bench.workload import Workload, ours_overrides, same_work, step_work
 
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
@@ -51,11 +51,7 @@ GIB = 1 << 30
 
 def run_ours(w: Workload, out: Path, overrides: list[str]) -> tuple[list[dict], int]:
     """launch.sh with both roles on this machine; its metrics rows and peak memory."""
-    cmd = ["bash", str(REPO / "launch.sh"), str(CONFIG), f"output_dir={out}", "name=ours",
-           *loopback_overrides(), *ours_overrides(w), *overrides]  # fmt: skip
-    peak = run_watched(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, out / "ours.log", 3600)
-    rows = [json.loads(line) for line in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
-    return rows, peak
+    return launch_watched(CONFIG, out, "ours", [*ours_overrides(w), *overrides], timeout_s=3600)
 
 
 def run_trl(w: Workload, out: Path, overrides: list[str]) -> tuple[list[dict], int]:

@@ -27,7 +27,16 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench.common import REPO, Result, free_port, loopback_overrides, machine, report, start_role
+from bench.common import (
+    REPO,
+    TINY_ENGINE,
+    Result,
+    free_port,
+    loopback_overrides,
+    machine,
+    report,
+    start_role,
+)
 
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
 HEADER_BYTES = 1 << 20
@@ -155,7 +164,8 @@ def run(quick: bool = False) -> list[Result]:
                   "train.num_ranks=1", f"transport.max_frame_bytes={2 * HEADER_BYTES}",
                   f"rollout.max_new_tokens={16 if quick else 32}"]  # fmt: skip
         if quick:
-            common.append(f"model.path={build_tiny_model(tmp / 'tiny', ensure_embedded_base())}")
+            common += [f"model.path={build_tiny_model(tmp / 'tiny', ensure_embedded_base())}",
+                       TINY_ENGINE]  # fmt: skip
         clean, attacked = [], []
         for rep in range(reps):
             clean.append(_peak_mib(tmp, f"clean{rep}", common, attacked=False))

@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, Result, launch_run, machine, report, steps_per_hour
+from bench.common import REPO, TINY_ENGINE, Result, launch_run, machine, report, steps_per_hour
 
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
 
@@ -36,7 +36,7 @@ def run(quick: bool = False) -> list[Result]:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         tiny = build_tiny_model(tmp / "tiny", ensure_embedded_base())
-        common = [f"model.path={tiny}", "train.num_ranks=1", "eval.interval=0",
+        common = [f"model.path={tiny}", TINY_ENGINE, "train.num_ranks=1", "eval.interval=0",
                   f"rollout.max_new_tokens={16 if quick else 64}",
                   "train.keep_versions=4"]  # fmt: skip
         if quick:  # the suite's smoke run: no calibration run, one epoch

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bench.common import (
     REPO,
+    TINY_ENGINE,
     Result,
     kill_tree,
     loopback_overrides,
@@ -80,7 +81,7 @@ def run(quick: bool = False) -> list[Result]:
                   f"rollout.max_new_tokens={16 if quick else 64}"]  # fmt: skip
         if quick:  # the suite's smoke run: a tiny model on one rank
             common += [f"model.path={build_tiny_model(tmp / 'tiny', ensure_embedded_base())}",
-                       "train.num_ranks=1"]  # fmt: skip
+                       "train.num_ranks=1", TINY_ENGINE]  # fmt: skip
 
         # ours: restart the trainer alone, with resume; the sampler lives on
         killed, run_dir, (sampler,) = _crash(tmp, "resumed", [*common, "train.resume=auto"],
