@@ -195,7 +195,8 @@ MUTATIONS = (
         "is not None:\n",
         new="            elif (why := misfit(batch, self.expected)) is not None:\n",
         tests=(
-            "tests/test_edge_validation.py::test_a_batch_numbered_past_any_spool_is_refused_not_held",
+            "tests/test_edge_validation.py::"
+            "test_a_refused_batch_leaves_no_trace_and_the_real_one_is_taken",
         ),
     ),
     Mutation(
