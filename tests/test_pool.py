@@ -218,6 +218,8 @@ def test_a_stop_is_taken_only_from_the_process_heard_under_its_id():
     assert pool.is_from("s0", "real") and not pool.is_from("s0", "guess")
     pool.stopped("s0", "interrupted", "real")
     assert pool.none_left() == "no sampler left: sampler s0 stopped: interrupted"
+    pool.heard("s0", {"incarnation": ["real"]})  # no incarnation, so no restart: still stopped
+    assert pool.none_left() is not None and pool.members["s0"].incarnation == "real"
     early, _ = make_pool()
     early.stopped("s1", "config mismatch", "first")  # its stop before its first heartbeat
     assert early.members == {} and early.none_left() is None

@@ -94,6 +94,8 @@ class SamplerPool:
         the oldest such one when there are MAX_UNVOUCHED (the module docstring)."""
         body = body or {}
         now, incarnation = self.clock(), body.get("incarnation")
+        if not (isinstance(incarnation, str) and len(incarnation) <= 64):
+            incarnation = None  # a peer's word: a list would read as a restart at every beat
         member = self.members.get(sid)
         if member is None and not self._make_room(sid):
             self.refused += 1
@@ -120,7 +122,7 @@ class SamplerPool:
             member.gone, member.why = None, ""
             self._say(member, "back", "sampler %s is back (%d alive)", sid, len(self.alive()),
                       level=logging.WARNING)  # fmt: skip
-        if isinstance(incarnation, str) and len(incarnation) <= 64:
+        if incarnation is not None:
             member.incarnation = incarnation
         if isinstance(relay := body.get("relay"), str) and len(relay) <= 256:
             member.relay = relay

@@ -253,4 +253,14 @@ MUTATIONS = (
             "test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it",
         ),
     ),
+    Mutation(
+        name="any_incarnation_claims_a_restart",
+        item="62.4: a heartbeat whose incarnation is no string (a list) brings a stopped one back",
+        path="grpo/delivery/pool.py",
+        old="        if not (isinstance(incarnation, str) and len(incarnation) <= 64):\n",
+        new="        if False:\n",
+        tests=(
+            "tests/test_pool.py::test_a_stop_is_taken_only_from_the_process_heard_under_its_id",
+        ),
+    ),
 )
