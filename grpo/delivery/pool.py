@@ -47,6 +47,13 @@ STOPPED, SILENT, STALLED = "stopped", "silent", "stalled"
 MAX_MEMBERS = 1024  # samplers vouched for that the trainer keeps track of
 MAX_UNVOUCHED = 64  # ids heard of and not vouched for; the oldest evicted for a new one
 STOP_REASON_CHARS = 200  # of a stop's reason in the log line: a peer's text, bounded
+INCARNATION_CHARS = 64  # a sampler's incarnation is 12 hex digits (grpo.wire.sampler_channel)
+
+
+def _incarnation(value: object) -> str | None:
+    """A peer's incarnation as the pool keeps it: a short string, or none at all (a list would
+    read as a restart at every heartbeat)."""
+    return value if isinstance(value, str) and len(value) <= INCARNATION_CHARS else None
 
 
 @dataclass
@@ -93,9 +100,7 @@ class SamplerPool:
         grpo.core.names), nor one past MAX_MEMBERS; an id not vouched for takes the place of
         the oldest such one when there are MAX_UNVOUCHED (the module docstring)."""
         body = body or {}
-        now, incarnation = self.clock(), body.get("incarnation")
-        if not (isinstance(incarnation, str) and len(incarnation) <= 64):
-            incarnation = None  # a peer's word: a list would read as a restart at every beat
+        now, incarnation = self.clock(), _incarnation(body.get("incarnation"))
         member = self.members.get(sid)
         if member is None and not self._make_room(sid):
             self.refused += 1
@@ -177,10 +182,10 @@ class SamplerPool:
         KeyError, and one in a real sampler's name ended a lone sampler's run."""
         if isinstance(sid, str) and self.is_from(sid, incarnation):
             self._drop(sid, STOPPED, f"sampler {sid} stopped: {reason[:STOP_REASON_CHARS]}")
-        elif is_sampler_id(sid) and isinstance(incarnation, str) and len(incarnation) <= 64:
+        elif is_sampler_id(sid) and (later := _incarnation(incarnation)) is not None:
             if len(self.stops_waiting) >= MAX_UNVOUCHED:
                 del self.stops_waiting[next(iter(self.stops_waiting))]
-            self.stops_waiting[(sid, incarnation)] = reason[:STOP_REASON_CHARS]
+            self.stops_waiting[(sid, later)] = reason[:STOP_REASON_CHARS]
         else:
             self.refused += 1
             note(log, self.refused, "ignored a stop for sampler %.80r (%d refused so far): not "

@@ -180,8 +180,7 @@ def truncate_metrics(path: Path, step: int, key: str = "step") -> int:
             f.truncate(cut)
             f.flush()
             os.fsync(f.fileno())
-    if cut < end:
-        fsync_path(path.parent)
+            fsync_path(path.parent)
     return dropped
 
 

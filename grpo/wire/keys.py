@@ -128,7 +128,7 @@ class AuthorizedKeys:
         self.directory, self.refused, self.clock = directory, 0, clock
         self.read_files: tuple | None = None  # the key files' names, sizes and times, when read
         self.checked_at = clock()
-        self._read(strict=True)
+        self._read(self._files(), strict=True)
         if not self.owners:
             raise ValueError(f"transport.curve_dir: no public keys in {directory}")
 
@@ -140,8 +140,8 @@ class AuthorizedKeys:
             return None
         return tuple(sorted((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in stats))
 
-    def _read(self, strict: bool = False) -> None:
-        files = self._files()
+    def _read(self, files: tuple | None, strict: bool = False) -> None:
+        """The keys again; `files`: the key files as _files() saw them just before."""
         owners = {}
         for path in sorted(self.directory.glob("*.key")):
             try:
@@ -161,8 +161,8 @@ class AuthorizedKeys:
             return None
         if public not in self.owners or self.clock() - self.checked_at >= self.RECHECK_S:
             self.checked_at = self.clock()
-            if self._files() != self.read_files:
-                self._read()
+            if (files := self._files()) != self.read_files:
+                self._read(files)
         return self.owners.get(public)
 
     def callback(self, domain: str, key: bytes) -> bool:

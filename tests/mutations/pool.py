@@ -220,7 +220,7 @@ MUTATIONS = (
         name="curve_keys_read_once",
         item="43.3: under CURVE a sampler whose key is added during the run joins it",
         path="grpo/wire/keys.py",
-        old="            if self._files() != self.read_files:",
+        old="            if (files := self._files()) != self.read_files:",
         new="            if False:",
         tests=(
             "tests/test_curve.py::test_a_sampler_whose_key_is_added_during_the_run_joins_it",

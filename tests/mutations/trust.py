@@ -257,8 +257,9 @@ MUTATIONS = (
         name="any_incarnation_claims_a_restart",
         item="62.4: a heartbeat whose incarnation is no string (a list) brings a stopped one back",
         path="grpo/delivery/pool.py",
-        old="        if not (isinstance(incarnation, str) and len(incarnation) <= 64):\n",
-        new="        if False:\n",
+        old="    return value if isinstance(value, str) and len(value) <= INCARNATION_CHARS else "
+        "None\n",
+        new="    return value  # type: ignore[return-value]\n",
         tests=(
             "tests/test_pool.py::test_a_stop_is_taken_only_from_the_process_heard_under_its_id",
         ),
