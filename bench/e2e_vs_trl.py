@@ -161,7 +161,7 @@ def evaluate_model(model_dir: Path, out: Path) -> dict:
     """The project's evaluation of a model dir under the demo's config (its questions, prompts
     and variants): one eval row."""
     from grpo.config import load_config
-    from grpo.eval.cli import evaluate_versions
+    from grpo.eval_cli import evaluate_versions
 
     cfg = load_config(CONFIG, [f"model.path={model_dir}", f"output_dir={out}", "name=eval"])
     return evaluate_versions(cfg, [0], progress=False)[0]

@@ -3,7 +3,7 @@ TOOL ...`: the package's command-line tools (the workers have their own).
 
 grpo launch CONFIG [k=v ...]     start a run: launch.sh with this Python (ROLE=... as there)
 grpo check CONFIG                check the config and what the run will open (grpo.plan)
-grpo eval RUN_DIR|MODEL          evaluate a run's saved versions, or any model (grpo.eval.cli)
+grpo eval RUN_DIR|MODEL          evaluate a run's saved versions, or any model (grpo.eval_cli)
 grpo samples RUN_DIR             print the newest answers a run wrote (grpo.observe.samples)
 grpo merge-lora ADAPTER OUT      fold a LoRA version into its base model (grpo.models.merge)
 grpo keys DIR                    CURVE keys for the transport (grpo.wire.keys)
@@ -23,7 +23,7 @@ from grpo.runtime.lifetime import exit_now
 # Imported only when chosen: `keys` should not pay for torch.
 TOOLS = {
     "keys": "grpo.wire.keys:main",
-    "eval": "grpo.eval.cli:main",
+    "eval": "grpo.eval_cli:main",
     "samples": "grpo.observe.samples:main",
     "merge-lora": "grpo.models.merge:main",
     "check": "grpo.plan:main",

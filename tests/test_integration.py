@@ -193,7 +193,7 @@ def _check_evaluations(run_dir: Path, log: str) -> None:
             theirs["accuracy"], theirs["format_rate"]
         ), (mine, theirs)  # fmt: skip
     # A version the run does not have: refused (in this process: a Python start-up less).
-    from grpo.eval.cli import main as eval_main
+    from grpo.eval_cli import main as eval_main
 
     with contextlib.redirect_stderr(io.StringIO()) as err:
         assert eval_main([str(run_dir), "--versions", "5"]) == 2

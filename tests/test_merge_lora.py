@@ -67,7 +67,7 @@ def test_a_bad_merge_is_one_line_and_writes_nothing(lora_run, tmp_path, tiny_mod
 def test_any_model_dir_is_evaluated_and_left_as_it_was(lora_run, tmp_path, capsys):
     """`python -m grpo eval` on a model outside a run (here the merged one): the defaults' task,
     a table printed, nothing written into the model's directory."""
-    from grpo.eval.cli import main as eval_main
+    from grpo.eval_cli import main as eval_main
 
     run, _ = lora_run
     out = tmp_path / "merged"

@@ -41,6 +41,7 @@ def check_values(cfg: Config) -> None:
     _check_batch(cfg)
     _check_delivery(cfg)
     check_continuous(cfg)
+    check_eval_engine(cfg)
     # Continuous generation records every token's log-prob, whichever engine samples it.
     logprobs = abilities(cfg.rollout.backend).reports_logprobs or cfg.rollout.mode == "continuous"
     check_correction(cfg.algo, engine_logprobs=logprobs)
@@ -136,6 +137,37 @@ def check_continuous(cfg: Config) -> None:
             "samples an answer with several versions: set algo.rollout_correction=decoupled "
             "(or another weight mode) so each token is weighted by its own behaviour log-prob"
         )
+
+
+def eval_engine(cfg: Config) -> str:
+    """Who generates the evaluation's answers: eval.engine, with auto resolved ("sampler" where
+    the sampler can answer, see `sampler_cannot_answer`, else "trainer")."""
+    e = cfg.eval
+    if e.engine == "auto":
+        return "trainer" if sampler_cannot_answer(cfg) else "sampler"
+    return e.engine
+
+
+def sampler_cannot_answer(cfg: Config) -> list[str]:
+    """Why the sampler cannot answer the evaluation ([] if it can): the one sampler answers
+    each due version when it loads it, which it does for every version, in order, only when it
+    samples lock-step, alone, on-policy, and each due version is published."""
+    e, r, t = cfg.eval, cfg.rollout, cfg.train
+    unmet = [f"{key}={value} (needs {want})" for key, value, want in (
+        ("rollout.mode", r.mode, "lockstep"),
+        ("rollout.num_samplers", r.num_samplers, 1),
+        ("train.max_staleness", t.max_staleness, 0),
+    ) if value != want]  # fmt: skip
+    if e.interval % t.sync_interval:
+        unmet.append(f"eval.interval={e.interval} (needs a multiple of train.sync_interval="
+                     f"{t.sync_interval}: only published versions reach the sampler)")  # fmt: skip
+    return unmet
+
+
+def check_eval_engine(cfg: Config) -> None:
+    """eval.engine: sampler's limits (ConfigError, one line); auto takes the trainer there."""
+    if cfg.eval.engine == "sampler" and (unmet := sampler_cannot_answer(cfg)):
+        raise ConfigError(f"eval.engine=sampler: {'; '.join(unmet)}; or set eval.engine=auto")
 
 
 def serves_teacher(cfg: Config) -> bool:

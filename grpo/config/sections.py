@@ -58,8 +58,14 @@ class ModelConfig:
 class EvalConfig:
     interval: int = knob(
         0,
-        "evaluate every N-th version (and the first and last) on the trainer's ranks between "
-        "steps; generation does not wait for it (0 = off)",
+        "evaluate every N-th version (and the first and last), where eval.engine says (0 = off)",
+    )
+    engine: Literal["trainer", "sampler", "auto"] = knob(
+        "trainer",
+        "who generates the evaluation's answers: the trainer's ranks between steps (HF "
+        "generate; generation does not wait), or the sampler's engine (vLLM's speed; lock-step, "
+        "one sampler, train.max_staleness 0: the trainer waits for the answers, then scores "
+        "them with its own reward); auto: the sampler where it can, else the trainer",
     )
     num_questions: int = knob(16, "test questions evaluated (the first N)")
     max_new_tokens: int = knob(256, "answer length during evaluation")

@@ -64,6 +64,7 @@ class TrainerStatus:
     # weights.mode collective: the group the trainer formed, as it said it (its reader,
     # grpo.weights.collective.membership.GroupInfo.from_json, checks it)
     group: Any = None
+    evaluate: int | None = None  # eval.engine: sampler: the version whose answers it waits for
 
     def take(self, body: dict[str, Any], sampler_id: str) -> None:
         """What one control message of the trainer says, each field checked (`sampler_id`:
@@ -89,6 +90,8 @@ class TrainerStatus:
             self.trained = trained
         if isinstance(alive, int):
             self.alive = alive
+        asked = body.get("evaluate")  # every message of the trainer's carries its whole status
+        self.evaluate = asked if is_int(asked) else None
         if (activity := Snapshot.from_json(body)) is not None:
             self.activity = activity
         if "relays" in body:
@@ -134,6 +137,9 @@ class SamplerEndpoint:
         self._resent_at: dict[int, float] = {}  # seq -> when last resent
         self._lost_resends: dict[int, int] = {}  # seq -> resends as passed over (see _sync)
         self.others_rejected = 0  # the trainer's rejections of batches others sent in its name
+        # Called at each turn of every wait (the sampler's thread): what the sampler does while
+        # it waits (eval.engine: sampler: answer the trainer's evaluation).
+        self.on_wait: Callable[[], None] | None = None
         # Last: the channel's thread hands up what it hears at once.
         self.channel = SamplerChannel(transport, sampler_id, self._heard, self._stop, exit_on_stall)
 
@@ -236,6 +242,8 @@ class SamplerEndpoint:
         seen = self.status.activity
         while True:
             self._sync()
+            if self.on_wait is not None and not self.stopped.is_set():
+                self.on_wait()
             if ready() or self.stopped.is_set():
                 return
             self._news.wait(timeout=5.0)
@@ -264,6 +272,13 @@ class SamplerEndpoint:
         stall after transport.stall_timeout_s without it: the sampler stops naming it, and the
         trainer drops it, instead of both waiting in silence."""
         self.wait_until(lambda: not self.spool.full(), "acknowledgements (spool full)", True)
+
+    def send_eval(self, version: int, answers: list[dict[str, Any]]) -> None:
+        """This sampler's answers to the evaluation of `version`, as the trainer now serving
+        it (its incarnation) published it."""
+        self.channel.send_control(
+            messages.EVAL, version=version, trainer=self.status.incarnation, answers=answers
+        )
 
     # ------------------------------------------------------------------ the end
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected, StalenessGate, misfit
+from grpo.delivery.eval_answers import AnswersAsked
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
@@ -41,6 +42,7 @@ class Endpoint(Protocol):
     """What the training loop asks of delivery, the same on every rank."""
 
     def next_batch(self, keepalive: Callable[[], None]) -> EpisodeBatch | None: ...
+    def evaluation(self, version: int, keepalive: Callable[[], None]) -> Any: ...
     def consumed(self) -> None: ...
     def saved(self) -> None: ...
     def published(self, version: int) -> None: ...
@@ -96,10 +98,12 @@ class TrainerEndpoint:
         self.rejected_batches = 0
         self.staleness = StalenessGate(expected)
         self.transport = transport
+        self.asked = AnswersAsked("", self.pool.is_from)  # its incarnation, once it has one
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
         status = lambda: {**self._status, **announced()}  # noqa: E731
         self.channel = TrainerChannel(transport, status, exit_on_stall)
+        self.asked.trainer = self.channel.incarnation
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
     def _current_status(self) -> dict[str, Any]:
@@ -112,6 +116,7 @@ class TrainerEndpoint:
             "trained": self.ledger.trained_counts(),
             "alive": len(self.pool.counted()),  # the samplers pace by it
             "relays": self.pool.relays(),
+            **self.asked.status(self.pool.any_vouched()),
         }
 
     def _refresh(self) -> None:
@@ -131,27 +136,37 @@ class TrainerEndpoint:
         """The next batch in its sampler's seq order: never one already trained or held, never
         one this trainer cannot train on (its sampler is told why)."""
         while (batch := self.order.pop_ready()) is None:
-            batch = self.receive_batch(wait_s=KEEPALIVE_S)
-            if batch is None:
-                keepalive()
-            elif self.order.has(batch.sampler_id, batch.seq):
-                self.duplicates_dropped += 1  # a resend of a batch already trained on
-                note(log, self.duplicates_dropped, "dropped batch %d from %s: already trained on "
-                     "or held (%d so far)", batch.seq, batch.sampler_id, self.duplicates_dropped,
-                     level=logging.INFO)  # fmt: skip
-            elif (why := self.order.too_far(batch) or misfit(batch, self.expected)) is not None:
-                self._reject(batch, why)
-            else:
-                # Only now does the batch count as its sampler's: a refused one is no sign of
-                # life, and vouches for no one (samplers pace by the pool: grpo.delivery.pool).
-                self.pool.vouch(batch.sampler_id)
-                self.order.hold(batch)  # and taken at once when it is the next one
-                self._refresh()
+            self._receive_and_hold(keepalive)
         return batch
 
+    def evaluation(self, version: int, keepalive: Callable[[], None]) -> Any:
+        """eval.engine: sampler: version `version`'s evaluation answers (grpo.delivery.
+        eval_answers), holding the batches that come meanwhile."""
+        return self.asked.wait(version, lambda: self._receive_and_hold(keepalive), self._refresh)
+
+    def _receive_and_hold(self, keepalive: Callable[[], None]) -> None:
+        """Receive for up to KEEPALIVE_S (`keepalive` after, unless answers asked for came):
+        a batch that came is held for its turn if this trainer can train on it."""
+        if (batch := self.receive_batch(wait_s=KEEPALIVE_S)) is None:
+            if self.asked.answers is None:
+                keepalive()
+        elif self.order.has(batch.sampler_id, batch.seq):
+            self.duplicates_dropped += 1  # a resend of a batch already trained on
+            note(log, self.duplicates_dropped, "dropped batch %d from %s: already trained on "
+                 "or held (%d so far)", batch.seq, batch.sampler_id, self.duplicates_dropped,
+                 level=logging.INFO)  # fmt: skip
+        elif (why := self.order.too_far(batch) or misfit(batch, self.expected)) is not None:
+            self._reject(batch, why)
+        else:
+            # Only now does the batch count as its sampler's: a refused one is no sign of
+            # life, and vouches for no one (samplers pace by the pool: grpo.delivery.pool).
+            self.pool.vouch(batch.sampler_id)
+            self.order.hold(batch)  # and taken at once when it is the next one
+            self._refresh()
+
     def receive_batch(self, wait_s: float | None = None) -> EpisodeBatch | None:
-        """The next batch to arrive, or None if `wait_s` passed without one, keeping the pool
-        up to date meanwhile.
+        """The next batch to arrive, or None if `wait_s` passed without one or the evaluation
+        answers asked for came, keeping the pool up to date meanwhile.
         Raises PeerError when the samplers stop or go silent."""
         started = time.monotonic()
         while True:
@@ -160,6 +175,12 @@ class TrainerEndpoint:
                 self._heard(item)
             if isinstance(item, EpisodeBatch):
                 return item
+            if (
+                isinstance(item, Message)
+                and item.kind == messages.EVAL
+                and self.asked.take(item.body)
+            ):
+                return None  # the answers `evaluation` waits for
             if isinstance(item, Message) and item.kind == messages.STOP:
                 body = item.body
                 reason = str(body.get("reason", "no reason given"))
@@ -210,13 +231,9 @@ class TrainerEndpoint:
         self.rejected_batches += 1
         note(log, self.rejected_batches, "dropped batch %d from %s (%d so far): %s", batch.seq,
              batch.sampler_id, self.rejected_batches, why)  # fmt: skip
-        self.channel.announce(
-            messages.REJECTED,
-            sampler_id=batch.sampler_id,
-            seq=batch.seq,
-            reason=why,
-            digest=frames_digest(encode_batch(batch)),
-        )
+        digest = frames_digest(encode_batch(batch))
+        self.channel.announce(messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq,
+                              reason=why, digest=digest)  # fmt: skip
 
     def consumed(self) -> None:
         """The ledger took a trained batch: the samplers learn it from the next heartbeat."""
@@ -235,21 +252,7 @@ class TrainerEndpoint:
         """The run is done: tell the samplers; serve weights until each has said bye."""
         self.channel.announce(messages.DONE)
         if self.transport.weights_addr:
-            self._wait_for_byes()
-
-    def _wait_for_byes(self) -> None:
-        """After done, with weights served from here: a sampler may still be fetching a
-        version, so serve until each has said bye or gone silent."""
-        waiting = set(self.pool.counted())
-        while waiting:
-            item = self.channel.receive(timeout_ms=500)
-            if item is not None:
-                self._heard(item)
-            if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
-                sid = item.body.get("sampler_id")
-                if isinstance(sid, str) and self.pool.is_from(sid, item.body.get("incarnation")):
-                    waiting.discard(sid)
-            waiting -= self.pool.gone_silent(waiting, "before saying bye")
+            wait_for_byes(self.channel, self.pool, self._heard)
 
     def stop(self, reason: str) -> None:
         self.channel.announce(messages.STOP, reason=reason)
@@ -260,6 +263,7 @@ class TrainerEndpoint:
             "rejected_frames": self.channel.rejected_frames,
             "refused_messages": self.channel.refused_messages,
             "rejected_batches": self.rejected_batches,
+            "refused_evals": self.asked.refused,
             "stale_batches": self.staleness.outside,
             "samplers_alive": len(self.pool.counted()),  # the pool over time
         }
@@ -268,10 +272,28 @@ class TrainerEndpoint:
         self.channel.close()
 
 
+def wait_for_byes(channel: TrainerChannel, pool: SamplerPool, heard: Callable[[Any], None]) -> None:
+    """After done, with weights served from here: a sampler may still be fetching a version,
+    so serve until each has said bye or gone silent (`heard`: the endpoint's, for each item)."""
+    waiting = set(pool.counted())
+    while waiting:
+        item = channel.receive(timeout_ms=500)
+        if item is not None:
+            heard(item)
+        if isinstance(item, Message) and item.kind in (messages.BYE, messages.STOP):
+            sid = item.body.get("sampler_id")
+            if isinstance(sid, str) and pool.is_from(sid, item.body.get("incarnation")):
+                waiting.discard(sid)
+        waiting -= pool.gone_silent(waiting, "before saying bye")
+
+
 class SilentEndpoint:
     """Every rank but 0: it receives batches by broadcast from rank 0 and talks to nobody."""
 
     def next_batch(self, keepalive: Callable[[], None]) -> None:
+        return None
+
+    def evaluation(self, version: int, keepalive: Callable[[], None]) -> None:
         return None
 
     def consumed(self) -> None:

@@ -1,7 +1,10 @@
-"""Evaluation on the trainer's ranks, between steps: the weights being trained are the version
-just published, so every `eval.interval`-th version (and the first and the last) is evaluated
-whichever versions the samplers load, and no sampler waits for it. Each rank answers every
-world-th question; rank 0 gathers the results and writes the row of eval.jsonl.
+"""Evaluation between steps: every `eval.interval`-th version (and the first and the last).
+
+eval.engine: trainer: on the trainer's ranks, on the weights being trained (the version just
+published), whichever versions the samplers load, and no sampler waits for it. Each rank
+answers every world-th question; rank 0 gathers the results and writes the row of eval.jsonl.
+eval.engine: sampler: the sampler's engine answers (grpo.eval.from_sampler), rank 0 scores the
+answers (`row_from_sampler`) with the same reward and writes the same row.
 
 Under ZeRO-3 every generated token's forward pass gathers the parameters from all ranks, so the
 ranks must generate in lockstep: each answers as many questions as the rank with the most (a
@@ -16,15 +19,18 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from grpo.config import Config
+from grpo.eval.from_sampler import answers_from_wire
 from grpo.eval.questions import (
     EvalSpec,
     eval_prompts,
     question_results,
+    score_answers,
     summarise,
     variant_prompts,
     variant_row,
@@ -63,19 +69,40 @@ class VersionEvaluator:
         t0 = time.monotonic()
         kept_config, was_training = model.generation_config, model.training
         model.eval()
-        sets = {"": self.prompts, **self.variants}  # the run's phrasing, then each variant's
         try:  # HFRollout strips the generation config, which versions save: put it back after
             # All sets in one pass: one engine, one reward runner, one gather across the ranks
             # (on this CPU no faster than a pass per set: 130 s either way for 96 answers).
-            answered = self._answered(model, [p for ps in sets.values() for p in ps], version)
+            answered = self._answered(model, self.all_prompts(), version)
         finally:
             model.generation_config = kept_config
             model.train(was_training)
         if self.rank != 0:
             return None
-        seconds = time.monotonic() - t0
+        return self._row(answered, version, time.monotonic() - t0)
+
+    def row_from_sampler(self, data: Any, version: int, seconds: float, vocab_size: int) -> dict:
+        """Rank 0, eval.engine: sampler: the row of the answers the sampler sent for `version`
+        (grpo.eval.from_sampler), scored here. ValueError when they are not answers to this
+        evaluation's questions."""
+        prompts = self.all_prompts()
+        answered = answers_from_wire(data, prompts, self.spec, vocab_size)
+        r, indices = self.cfg.reward, range(len(prompts))
+        with RewardRunner(self.reward_fn, r.workers, r.timeout_s) as rewards:
+            results = score_answers(answered, prompts, indices, self.tokenizer, rewards, self.spec)
+        return self._row(results, version, seconds)
+
+    def all_prompts(self) -> list:
+        """The run's questions, then each prompt variant's: the one list the sets are answered
+        in (by the trainer's ranks, or by the sampler)."""
+        return [p for ps in self._sets().values() for p in ps]
+
+    def _sets(self) -> dict[str, list]:
+        return {"": self.prompts, **self.variants}  # the run's phrasing, then each variant's
+
+    def _row(self, answered: list, version: int, seconds: float) -> dict:
+        """The eval.jsonl row of `answered` (all sets' results, in all_prompts' order)."""
         by_set, start = {}, 0
-        for name, prompts in sets.items():  # each set's results, indexed within the set
+        for name, prompts in self._sets().items():  # each set's results, indexed within it
             mine = answered[start : start + len(prompts)]
             by_set[name] = [replace(r, index=r.index - start) for r in mine]
             start += len(prompts)

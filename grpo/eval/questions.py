@@ -4,7 +4,7 @@
 The trainer's ranks run it between steps on the weights they hold (grpo.trainer.loop), so
 every `eval.interval`-th version is evaluated whichever versions the samplers load, and
 generation never waits for it; `python -m grpo eval` runs it on a finished run's versions
-(grpo.eval.cli). Each rank (or the one process) scores its share of the questions into
+(grpo.eval_cli). Each rank (or the one process) scores its share of the questions into
 `QuestionResult`s; `summarise` turns all of them into the row of eval.jsonl.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from grpo.config import Config
 from grpo.config.data import Phrasing, parse_variants
 from grpo.observe.degeneration import CountMarkers, measures
-from grpo.rollout.base import RolloutEngine, Sampling
+from grpo.rollout.base import Generation, RolloutEngine, Sampling
 from grpo.tasks import RewardRunner, Task, mixture, phrasing
 from grpo.tasks.encoding import Prompt, encode_prompts
 
@@ -120,6 +120,14 @@ def variant_row(row: dict, name: str) -> dict:
     return {f"{k}@{name}": row[k] for k in kept if k in row}
 
 
+@dataclass(frozen=True)
+class Answered:
+    """One question's answers as generated: the greedy one and `EvalSpec.samples` sampled."""
+
+    greedy: Generation
+    sampled: tuple[Generation, ...] = ()
+
+
 def question_results(
     engine: RolloutEngine,
     prompts: Sequence[Prompt],
@@ -130,11 +138,24 @@ def question_results(
     version: int,
     progress: bool = False,
 ) -> list[QuestionResult]:
-    """Greedy and sampled answers to `prompts[i]` for each i in `indices`, scored, a batch of
-    questions at a time (the progress bar counts questions)."""
+    """Greedy and sampled answers to `prompts[i]` for each i in `indices`, scored."""
+    answered = generate_answers(engine, prompts, indices, spec, version, progress)
+    return score_answers(answered, prompts, indices, tokenizer, rewards, spec)
+
+
+def generate_answers(
+    engine: RolloutEngine,
+    prompts: Sequence[Prompt],
+    indices: Sequence[int],
+    spec: EvalSpec,
+    version: int,
+    progress: bool = False,
+) -> list[Answered]:
+    """The answers to `prompts[i]` for each i in `indices`, a batch of questions at a time (the
+    progress bar counts questions); scored apart (score_answers), where the run's reward is."""
     from tqdm import tqdm
 
-    out: list[QuestionResult] = []
+    out: list[Answered] = []
     per_batch = max(1, spec.sampled.batch_size // max(1, spec.samples))
     # On a terminal only (disable=None): in a log file a bar is a line per update.
     bar = tqdm(
@@ -142,36 +163,52 @@ def question_results(
         leave=False,
     )  # fmt: skip
     for start in range(0, len(indices), per_batch):
-        mine = [prompts[i] for i in indices[start : start + per_batch]]
-        ids = [p.ids for p in mine]
+        ids = [prompts[i].ids for i in indices[start : start + per_batch]]
         greedy = engine.generate(ids, spec.greedy)
-        sampled = []
+        sampled: list[Generation] = []
         if spec.samples:
             seed = spec.sampled.seed + version * 100_003 + start
             sampled = engine.generate(ids, replace(spec.sampled, seed=seed))
-
-        greedy_texts, greedy_scored = _scored(greedy, [p.row for p in mine], tokenizer, rewards)
-        sampled_rows = [p.row for p in mine for _ in range(spec.samples)]
-        sampled_infos = [i for _, i in _scored(sampled, sampled_rows, tokenizer, rewards)[1]]
-        for j, index in enumerate(indices[start : start + per_batch]):
-            mine_sampled = sampled_infos[j * spec.samples : (j + 1) * spec.samples]
-            reward, info = greedy_scored[j]
-            out.append(
-                QuestionResult(
-                    index=index,
-                    greedy_correct=_said(info, "correct"),
-                    greedy_formatted=_said(info, "formatted"),
-                    correct_samples=sum(bool(i.get("correct")) for i in mine_sampled),
-                    source=str(prompts[index].row.get(mixture.SOURCE_KEY, "")),
-                    answer=greedy_texts[j],
-                    reward=float(reward),
-                    finish_reason=greedy[j].finish_reason,
-                    length=len(greedy[j].completion_ids),
-                    refused="refused" in info,
-                )
-            )
-        bar.update(len(mine))
+        n = spec.samples
+        out += [Answered(g, tuple(sampled[j * n : (j + 1) * n])) for j, g in enumerate(greedy)]
+        bar.update(len(ids))
     bar.close()
+    return out
+
+
+def score_answers(
+    answered: Sequence[Answered],
+    prompts: Sequence[Prompt],
+    indices: Sequence[int],
+    tokenizer,
+    rewards: RewardRunner,
+    spec: EvalSpec,
+) -> list[QuestionResult]:
+    """`answered[j]` (to `prompts[indices[j]]`) scored by the run's reward."""
+    rows = [prompts[i].row for i in indices]
+    greedy_texts, greedy_scored = _scored([a.greedy for a in answered], rows, tokenizer, rewards)
+    sampled_rows = [row for row in rows for _ in range(spec.samples)]
+    sampled = [g for a in answered for g in a.sampled]
+    sampled_infos = [i for _, i in _scored(sampled, sampled_rows, tokenizer, rewards)[1]]
+    out: list[QuestionResult] = []
+    for j, index in enumerate(indices):
+        mine_sampled = sampled_infos[j * spec.samples : (j + 1) * spec.samples]
+        reward, info = greedy_scored[j]
+        greedy = answered[j].greedy
+        out.append(
+            QuestionResult(
+                index=index,
+                greedy_correct=_said(info, "correct"),
+                greedy_formatted=_said(info, "formatted"),
+                correct_samples=sum(bool(i.get("correct")) for i in mine_sampled),
+                source=str(prompts[index].row.get(mixture.SOURCE_KEY, "")),
+                answer=greedy_texts[j],
+                reward=float(reward),
+                finish_reason=greedy.finish_reason,
+                length=len(greedy.completion_ids),
+                refused="refused" in info,
+            )
+        )
     return out
 
 

@@ -8,7 +8,8 @@ This module wires the parts together and runs them: the questions (grpo.sampler.
 weights (.weights), the engine (grpo.rollout.registry.build_engine), the generation loop and
 its pacing (.generation, .pacing), the batches (.episodes) and their delivery to the trainer
 (the endpoint of grpo.delivery.sampler_endpoint); and it turns Ctrl-C / SIGTERM into a clean
-stop. Evaluation is the trainer's (grpo.eval.in_training): a sampler only generates.
+stop. Evaluation is the trainer's (grpo.eval.in_training); with eval.engine: sampler this
+sampler generates its answers when asked (.evaluation).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import threading
 
 from grpo.config import Config
+from grpo.config.rules import eval_engine
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool
@@ -29,6 +31,7 @@ from grpo.rollout.slots import SlotEngine
 from grpo.runtime.progress import terminal_bar
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
+from grpo.sampler.evaluation import SamplerEvaluation, whole_batch_engine
 from grpo.sampler.generation import GenerationLoop, RunView
 from grpo.sampler.pacing import pacing_for
 from grpo.sampler.rewards import SamplerRewards
@@ -62,6 +65,9 @@ class Sampler:
         self.generation = GenerationLoop(cfg, self.shard, self.batches, self.weights, self.pacing)
         self.generation.seq = self.next_seq
         self.pacing.resume(self.generation, self.spool.dir)
+        e = cfg.eval
+        answers = eval_engine(cfg) == "sampler" and e.interval and e.num_questions
+        self.evaluation = SamplerEvaluation(cfg, task, tokenizer) if answers else None
 
     # ------------------------------------------------------------------ run
 
@@ -124,6 +130,11 @@ class Sampler:
         cfg, status, total = self.cfg, endpoint.status, self.cfg.train.total_steps
         Q = cfg.rollout.questions_per_step
         endpoint.wait_for_trainer()
+        if self.evaluation is not None:  # answered in any wait from now on, between batches
+            # Not before: a batch vouches for this sampler first (answers never do), or a long
+            # first evaluation would run out the trainer's transport.startup_timeout_s.
+            whole, evaluation = whole_batch_engine(engine), self.evaluation
+            endpoint.on_wait = lambda: evaluation.answer_if_asked(endpoint, self.weights, whole)
         # launch.sh turns it off (TQDM_DISABLE=1) when the trainer's bar shares the terminal.
         alone = cfg.rollout.num_samplers == 1
         bar = terminal_bar(total=total if alone else None, initial=self.next_seq, desc="sample")

@@ -11,12 +11,14 @@ ZeRO-3 every rank takes part in gathering them first: grpo.weights.publisher).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from grpo.config import Config
+from grpo.config.rules import eval_engine
 from grpo.core.durable import train_state_dir
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected
@@ -219,11 +221,15 @@ class Trainer:
 
     def evaluate(self, step: int) -> None:
         """Every rank: evaluate the weights after `step` (version `step`) when it is due."""
-        if self.evaluator.due(step, last=step == self.cfg.train.total_steps):
+        if not self.evaluator.due(step, last=step == self.cfg.train.total_steps):
+            return
+        if eval_engine(self.cfg) == "sampler":  # rank 0 asks; the rest wait in a broadcast
+            row = scored_answers(self, step) if self.rank == 0 else None
+        else:
             with ACTIVITY.during(EVALUATING, f"version {step}"):
                 row = self.evaluator.evaluate(self.models.policy.module, step)
-            if row is not None:
-                self.run_log.eval(row)
+        if row is not None:
+            self.run_log.eval(row)
 
     def run(self) -> None:
         cfg = self.cfg
@@ -269,3 +275,27 @@ class Trainer:
             self.run_log.close()
         if self.rank == 0:
             summarise_run(self.run_dir, cfg.train.total_steps, self.version)
+
+
+def scored_answers(trainer: Trainer, version: int) -> dict:
+    """Rank 0, eval.engine: sampler: the row of the sampler's answers for `version`, scored
+    here; the other ranks wait in the next batch's broadcast, kept alive meanwhile (and told to
+    stop if this fails)."""
+    t0 = time.monotonic()
+    ACTIVITY.enter(WAITING, f"for version {version}'s evaluation answers")
+    try:
+        keepalive = lambda: broadcast_size(KEEPALIVE)  # noqa: E731
+        data = trainer.endpoint.evaluation(version, keepalive)
+        with ACTIVITY.during(EVALUATING, f"version {version}"):
+            try:
+                seconds, vocab = time.monotonic() - t0, trainer.expected.vocab_size
+                return trainer.evaluator.row_from_sampler(data, version, seconds, vocab)
+            except ValueError as e:
+                raise PeerError(
+                    f"the sampler's answers to the evaluation of version {version} are not "
+                    f"answers to this trainer's questions ({e}): do both roles run the same "
+                    "config?"
+                ) from None
+    except BaseException:
+        broadcast_batch(None, 0, trainer.cfg.transport.max_frame_bytes)
+        raise

@@ -8,6 +8,8 @@ Control channel (trainer PUB -> samplers; samplers PUSH -> trainer):
     STOP       either way: the sender is stopping, with a reason
     REJECTED   trainer: a batch was dropped as unfit, with the reason (only its sampler stops)
     BYE        sampler: it has everything it needs (the trainer may stop serving weights)
+    EVAL       sampler: its answers to the evaluation of the version the trainer's heartbeats
+               ask for (eval.engine: sampler)
 Weight stream (sampler REQ -> trainer ROUTER): MANIFEST, CHUNK requests and their replies,
 MISSING when a version or file cannot be served.
 """
@@ -18,6 +20,7 @@ DONE = "done"
 STOP = "stop"
 REJECTED = "rejected"
 BYE = "bye"
+EVAL = "eval"
 
 MANIFEST = "manifest"
 CHUNK = "chunk"

@@ -170,13 +170,14 @@ class SamplerChannel:
             ) from None
 
     def send_stop(self, reason: str) -> None:
-        self._send_control(messages.STOP, reason=reason)
+        self.send_control(messages.STOP, reason=reason)
 
     def send_bye(self) -> None:
         """Done with the trainer: it may stop serving weights."""
-        self._send_control(messages.BYE)
+        self.send_control(messages.BYE)
 
-    def _send_control(self, kind: str, **body: Any) -> None:
+    def send_control(self, kind: str, **body: Any) -> None:
+        """A control message for the trainer (a stop, a bye, evaluation answers)."""
         # The incarnation: the trainer takes a stop or bye only from the process it hears
         # under this id (grpo.delivery.pool).
         message = Message(kind, {"sampler_id": self.sampler_id, "incarnation": self.incarnation,

@@ -142,7 +142,7 @@ MUTATIONS = (
     Mutation(
         name="eval_takes_runs_only",
         item="45.3: grpo eval takes any model dir",
-        path="grpo/eval/cli.py",
+        path="grpo/eval_cli.py",
         old="        if is_model(args.path):\n",
         new="        if False:\n",
         tests=(MERGE + "test_any_model_dir_is_evaluated_and_left_as_it_was",),

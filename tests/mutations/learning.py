@@ -15,6 +15,7 @@ ALARM = f"{DEGEN}::test_the_alarm_names_the_measure_with_an_example_once_and_aga
 RUN_LOG = f"{DEGEN}::test_a_run_log_writes_the_measures_and_each_answers_flags"
 VARIANTS = f"{PHRASING}::test_the_evaluation_asks_each_variant_in_its_own_words"
 
+FROM_SAMPLER = "tests/test_eval_from_sampler.py"
 MUTATIONS = (
     Mutation(
         name="spam_reward_back",
@@ -117,6 +118,47 @@ MUTATIONS = (
         new="        pick = 0\n",
         tests=(
             f"{PHRASING}::test_training_asks_each_question_with_one_instruction_the_same_every_time",
+        ),
+    ),
+    Mutation(
+        name="sampler_asks_only_the_run_prompt",
+        item="59: eval.engine sampler answers the run's questions without the prompt variants",
+        path="grpo/sampler/evaluation.py",
+        old="        variants = variant_prompts(cfg, task, tokenizer)\n",
+        new="        variants = {}\n",
+        tests=(
+            f"{FROM_SAMPLER}::test_the_sampler_asks_the_trainers_questions_in_the_trainers_order",
+        ),
+    ),
+    Mutation(
+        name="sampler_answers_again_at_every_wait",
+        item="59: eval.engine sampler generates the same version's answers at every wait",
+        path="grpo/sampler/evaluation.py",
+        old="        if key in self.answered:\n",
+        new="        if False:\n",
+        tests=(
+            f"{FROM_SAMPLER}::test_the_sampler_loads_the_asked_version_answers_once_and_resends_"
+            "while_still_asked",
+        ),
+    ),
+    Mutation(
+        name="sampler_eval_anywhere",
+        item="59: eval.engine sampler (or auto) is taken where the sampler skips versions",
+        path="grpo/config/rules.py",
+        old="    if e.interval % t.sync_interval:\n",
+        new="    if False:\n",
+        tests=(
+            f"{FROM_SAMPLER}::test_the_sampler_answers_only_where_it_loads_every_version_in_order",
+        ),
+    ),
+    Mutation(
+        name="auto_eval_on_the_trainer",
+        item="59: eval.engine auto leaves the demo's evaluation on the trainer's HF generate",
+        path="grpo/config/rules.py",
+        old='        return "trainer" if sampler_cannot_answer(cfg) else "sampler"\n',
+        new='        return "trainer"\n',
+        tests=(
+            f"{FROM_SAMPLER}::test_the_sampler_answers_only_where_it_loads_every_version_in_order",
         ),
     ),
 )

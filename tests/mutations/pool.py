@@ -164,8 +164,8 @@ MUTATIONS = (
         name="admitted_batch_vouches_for_no_one",
         item="43.1: an admitted batch vouches for its sampler",
         path="grpo/delivery/trainer_endpoint.py",
-        old="                self.pool.vouch(batch.sampler_id)",
-        new="                self.pool.heard(batch.sampler_id)",
+        old="            self.pool.vouch(batch.sampler_id)",
+        new="            self.pool.heard(batch.sampler_id)",
         tests=("tests/test_staleness.py::test_a_batch_admitted_vouches_for_its_sampler",),
     ),
     Mutation(

@@ -8,6 +8,7 @@ from tests.mutations import Mutation
 
 COLLECTIVE = "tests/test_weight_collective.py"
 LAUNCH = "tests/test_launch_path.py"
+FROM_SAMPLER = "tests/test_eval_from_sampler.py"
 MUTATIONS = (
     Mutation(
         name="run_name_unchecked",
@@ -191,9 +192,9 @@ MUTATIONS = (
         name="seq_window_off",
         item="62.4/finding 5: a batch numbered 2**40 is held (and its gap reported) again",
         path="grpo/delivery/trainer_endpoint.py",
-        old="            elif (why := self.order.too_far(batch) or misfit(batch, self.expected)) "
+        old="        elif (why := self.order.too_far(batch) or misfit(batch, self.expected)) "
         "is not None:\n",
-        new="            elif (why := misfit(batch, self.expected)) is not None:\n",
+        new="        elif (why := misfit(batch, self.expected)) is not None:\n",
         tests=(
             "tests/test_edge_validation.py::"
             "test_a_refused_batch_leaves_no_trace_and_the_real_one_is_taken",
@@ -263,5 +264,61 @@ MUTATIONS = (
         tests=(
             "tests/test_pool.py::test_a_stop_is_taken_only_from_the_process_heard_under_its_id",
         ),
+    ),
+    Mutation(
+        name="eval_answers_for_any_version",
+        item="59/62: the trainer takes evaluation answers for a version it did not ask for",
+        path="grpo/delivery/eval_answers.py",
+        old="        if self.version is None or version != self.version:\n",
+        new="        if self.version is None:\n",
+        tests=(
+            f"{FROM_SAMPLER}::test_the_trainer_takes_answers_only_for_the_version_it_asks_of_"
+            "the_process_heard",
+        ),  # fmt: skip
+    ),
+    Mutation(
+        name="eval_answers_of_another_trainer",
+        item="59/62: the trainer takes answers evaluated on another trainer process's version",
+        path="grpo/delivery/eval_answers.py",
+        old='        elif body.get("trainer") != self.trainer:\n',
+        new="        elif False:\n",
+        tests=(
+            f"{FROM_SAMPLER}::test_the_trainer_takes_answers_only_for_the_version_it_asks_of_"
+            "the_process_heard",
+        ),  # fmt: skip
+    ),
+    Mutation(
+        name="eval_answers_from_anyone",
+        item="59/62: the trainer takes answers in the sampler's name from any process",
+        path="grpo/delivery/eval_answers.py",
+        old="        elif not (isinstance(sid, str)"
+        ' and self.is_from(sid, body.get("incarnation"))):\n',
+        new="        elif False:\n",
+        tests=(
+            f"{FROM_SAMPLER}::test_the_trainer_takes_answers_only_for_the_version_it_asks_of_"
+            "the_process_heard",
+        ),  # fmt: skip
+    ),
+    Mutation(
+        name="eval_answers_out_of_vocabulary",
+        item="59/62: a sampler's evaluation answer may hold token ids outside the vocabulary",
+        path="grpo/eval/from_sampler.py",
+        old="        if len(tokens) and not (tokens.min() >= 0 and tokens.max() < vocab_size):\n",
+        new="        if False:\n",
+        tests=(
+            f"{FROM_SAMPLER}::test_answers_that_are_not_answers_to_the_trainers_questions_are_"
+            "refused_by_name",
+        ),  # fmt: skip
+    ),
+    Mutation(
+        name="eval_asked_before_vouched",
+        item="59: the trainer asks for evaluation answers before any batch vouched for a sampler",
+        path="grpo/delivery/eval_answers.py",
+        old="if self.version is not None and vouched else",
+        new="if self.version is not None else",
+        tests=(
+            f"{FROM_SAMPLER}::test_the_trainer_takes_answers_only_for_the_version_it_asks_of_"
+            "the_process_heard",
+        ),  # fmt: skip
     ),
 )
