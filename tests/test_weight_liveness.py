@@ -113,7 +113,7 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     phases: list[str] = []
     endpoint = SamplerEndpoint.__new__(SamplerEndpoint)  # only what wait_until reads
     endpoint.status, endpoint.stopped = TrainerStatus(), threading.Event()
-    endpoint._news, endpoint._sync = threading.Event(), lambda: None
+    endpoint._news, endpoint._sync, endpoint.on_wait = threading.Event(), lambda: None, None
     endpoint._news.set()  # no 5 s waits between the checks
     weights = Weights.__new__(Weights)
     receiver = StreamReceiver.__new__(StreamReceiver)  # as connect makes it, but this follower

@@ -273,7 +273,7 @@ class SamplerEndpoint:
         trainer drops it, instead of both waiting in silence."""
         self.wait_until(lambda: not self.spool.full(), "acknowledgements (spool full)", True)
 
-    def send_eval(self, version: int, answers: list[dict[str, Any]]) -> None:
+    def send_eval(self, version: int, answers: dict[str, list]) -> None:
         """This sampler's answers to the evaluation of `version`, as the trainer now serving
         it (its incarnation) published it."""
         self.channel.send_control(

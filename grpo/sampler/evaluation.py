@@ -53,10 +53,12 @@ class SamplerEvaluation:
         self.prompts = [*eval_prompts(cfg, task, tokenizer), *(p for ps in variants.values()
                                                                 for p in ps)]  # fmt: skip
         # (trainer incarnation, version) -> the answers sent, and when
-        self.answered: dict[tuple[str | None, int], tuple[list, float]] = {}
+        self.answered: dict[tuple[str | None, int], tuple[dict[str, list], float]] = {}
         self._busy = False  # loading a version waits too: no answering inside an answer
 
-    def answer_if_asked(self, endpoint: SamplerEndpoint, weights: Weights, engine: RolloutEngine):
+    def answer_if_asked(
+        self, endpoint: SamplerEndpoint, weights: Weights, engine: RolloutEngine
+    ) -> None:
         """Answer the evaluation the trainer asks for, once per trainer process and version.
         A version older than the sampler's is not asked by a trainer this sampler follows: it
         is left to the trainer's next word."""

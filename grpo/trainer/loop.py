@@ -43,6 +43,7 @@ from grpo.trainer.critic import Critic
 from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
 from grpo.trainer.outputs import open_run_dir, step_row, summarise_run
 from grpo.trainer.ranks import (
+    GO_ON,
     KEEPALIVE,
     broadcast_batch,
     broadcast_size,
@@ -50,6 +51,7 @@ from grpo.trainer.ranks import (
     collective_timeout_s,
     gather_group_ids,
     max_across_ranks,
+    wait_for_rank0,
 )
 from grpo.trainer.step import Models, Shard, StepResult, train_step
 from grpo.weights.modes.base import TrainerLink
@@ -223,8 +225,8 @@ class Trainer:
         """Every rank: evaluate the weights after `step` (version `step`) when it is due."""
         if not self.evaluator.due(step, last=step == self.cfg.train.total_steps):
             return
-        if eval_engine(self.cfg) == "sampler":  # rank 0 asks; the rest wait in a broadcast
-            row = scored_answers(self, step) if self.rank == 0 else None
+        if eval_engine(self.cfg) == "sampler":
+            row = scored_answers(self, step)
         else:
             with ACTIVITY.during(EVALUATING, f"version {step}"):
                 row = self.evaluator.evaluate(self.models.policy.module, step)
@@ -277,10 +279,13 @@ class Trainer:
             summarise_run(self.run_dir, cfg.train.total_steps, self.version)
 
 
-def scored_answers(trainer: Trainer, version: int) -> dict:
-    """Rank 0, eval.engine: sampler: the row of the sampler's answers for `version`, scored
-    here; the other ranks wait in the next batch's broadcast, kept alive meanwhile (and told to
-    stop if this fails)."""
+def scored_answers(trainer: Trainer, version: int) -> dict | None:
+    """Every rank, eval.engine: sampler: rank 0 returns the row of the sampler's answers for
+    `version`, scored there; the other ranks wait for it, kept alive meanwhile (and told to
+    stop if it fails), as they would not otherwise after the last step (they save the state)."""
+    if trainer.rank != 0:
+        wait_for_rank0()
+        return None
     t0 = time.monotonic()
     ACTIVITY.enter(WAITING, f"for version {version}'s evaluation answers")
     try:
@@ -289,7 +294,7 @@ def scored_answers(trainer: Trainer, version: int) -> dict:
         with ACTIVITY.during(EVALUATING, f"version {version}"):
             try:
                 seconds, vocab = time.monotonic() - t0, trainer.expected.vocab_size
-                return trainer.evaluator.row_from_sampler(data, version, seconds, vocab)
+                row = trainer.evaluator.row_from_sampler(data, version, seconds, vocab)
             except ValueError as e:
                 raise PeerError(
                     f"the sampler's answers to the evaluation of version {version} are not "
@@ -299,3 +304,5 @@ def scored_answers(trainer: Trainer, version: int) -> dict:
     except BaseException:
         broadcast_batch(None, 0, trainer.cfg.transport.max_frame_bytes)
         raise
+    broadcast_size(GO_ON)
+    return row

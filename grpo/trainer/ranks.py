@@ -12,6 +12,7 @@ from grpo.config import TransportConfig
 from grpo.core.batching import length_order, micro_batch_ranges, split_to_count
 from grpo.core.episode import EpisodeBatch
 from grpo.wire.blobs import bytes_to_frames, frames_to_bytes
+from grpo.wire.channels import PeerError
 from grpo.wire.codec import decode, encode_batch
 
 # How gloo reports a peer rank that hung past the timeout or went away; nccl raises
@@ -89,7 +90,17 @@ def accumulate_backward(engine, loss: torch.Tensor, last: bool) -> None:
 
 
 # Broadcast in place of a blob length: rank 0 is ending the run / is still waiting.
-STOP, KEEPALIVE = -1, -2
+STOP, KEEPALIVE, GO_ON = -1, -2, -3
+
+
+def wait_for_rank0() -> None:
+    """Every rank but 0: wait while rank 0 alone waits for a peer (the sampler's evaluation
+    answers), kept alive by its KEEPALIVEs, until it sends GO_ON; PeerError on its STOP."""
+    size = KEEPALIVE
+    while size == KEEPALIVE:
+        size = broadcast_size(0)
+    if size == STOP:
+        raise PeerError("rank 0 ended the run")
 
 
 def broadcast_size(value: int) -> int:
