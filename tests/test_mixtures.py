@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from grpo.config import ConfigError, load_config
-from grpo.eval_cli import table
 from grpo.eval.questions import EvalSpec, QuestionResult, summarise
+from grpo.eval_cli import table
 from grpo.observe.metrics import info_rates
 from grpo.sampler.data import PICK_BLOCK, Shard, mixture_order, question_order
 from grpo.tasks import get_task, score, task_for
