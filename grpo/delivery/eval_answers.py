@@ -15,10 +15,10 @@ log = logging.getLogger("grpo.trainer")
 
 
 class AnswersAsked:
-    def __init__(self, trainer_incarnation: str, is_from: Callable[[str, object], bool]):
+    def __init__(self, is_from: Callable[[str, object], bool]):
         """`is_from(sid, incarnation)`: whether a message is from the process heard under
         `sid` (grpo.delivery.pool)."""
-        self.trainer, self.is_from = trainer_incarnation, is_from
+        self.is_from = is_from
         self.version: int | None = None  # the version whose answers are waited for
         self.answers: Any = None  # ... once they came
         self.refused = 0  # answers not asked for, counted
@@ -46,13 +46,14 @@ class AnswersAsked:
         which answers do not stop)."""
         return {"evaluate": self.version} if self.version is not None and vouched else {}
 
-    def take(self, body: dict[str, Any]) -> bool:
-        """A sampler's answers: whether they are the ones asked for (then in `answers`)."""
+    def take(self, body: dict[str, Any], trainer: str) -> bool:
+        """A sampler's answers: whether they are the ones asked for (then in `answers`) of
+        this trainer process (its incarnation `trainer`)."""
         sid, version = body.get("sampler_id"), body.get("version")
         why = None
         if self.version is None or version != self.version:
             why = f"answers for version {str(version)[:20]}, not asked for"
-        elif body.get("trainer") != self.trainer:
+        elif body.get("trainer") != trainer:
             why = f"answers for version {version} of another trainer process"
         elif not (isinstance(sid, str) and self.is_from(sid, body.get("incarnation"))):
             why = f"answers in the name of {str(sid)[:80]!r} from a process not heard under it"

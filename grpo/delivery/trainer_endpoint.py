@@ -98,12 +98,11 @@ class TrainerEndpoint:
         self.rejected_batches = 0
         self.staleness = StalenessGate(expected)
         self.transport = transport
-        self.asked = AnswersAsked("", self.pool.is_from)  # its incarnation, once it has one
+        self.asked = AnswersAsked(self.pool.is_from)
         self._status = self._current_status()
         # Last: the channel's heartbeat thread starts reading the status at once.
         status = lambda: {**self._status, **announced()}  # noqa: E731
         self.channel = TrainerChannel(transport, status, exit_on_stall)
-        self.asked.trainer = self.channel.incarnation
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
     def _current_status(self) -> dict[str, Any]:
@@ -178,7 +177,7 @@ class TrainerEndpoint:
             if (
                 isinstance(item, Message)
                 and item.kind == messages.EVAL
-                and self.asked.take(item.body)
+                and self.asked.take(item.body, self.channel.incarnation)
             ):
                 return None  # the answers `evaluation` waits for
             if isinstance(item, Message) and item.kind == messages.STOP:

@@ -28,11 +28,10 @@ from grpo.config import Config
 from grpo.eval.from_sampler import answers_from_wire
 from grpo.eval.questions import (
     EvalSpec,
-    eval_prompts,
+    evaluation_sets,
     question_results,
     score_answers,
     summarise,
-    variant_prompts,
     variant_row,
 )
 from grpo.models.loading import params_partitioned
@@ -48,16 +47,16 @@ class VersionEvaluator:
     def __init__(self, cfg: Config, tokenizer, rank: int, world: int):
         self.cfg, self.tokenizer, self.rank, self.world = cfg, tokenizer, rank, world
         self.spec = EvalSpec.from_config(cfg)
-        self.prompts = []
-        self.variants: dict[str, list] = {}  # eval.prompt_variants' prompts, by name
+        # The run's questions (''), then each of eval.prompt_variants', by name
+        self.sets: dict[str, list] = {"": []}
         self.reward_fn: Callable | None = None
         self.count_markers = None
         if cfg.eval.interval and cfg.eval.num_questions:
             task = task_for(cfg)
             self.reward_fn = run_reward(task, cfg.data.reward)
             self.count_markers = task.count_markers
-            self.prompts = eval_prompts(cfg, task, tokenizer)
-            self.variants = variant_prompts(cfg, task, tokenizer)
+            self.sets = evaluation_sets(cfg, task, tokenizer)
+        self.prompts = self.sets[""]
 
     def due(self, version: int, last: bool) -> bool:
         interval = self.cfg.eval.interval
@@ -94,15 +93,12 @@ class VersionEvaluator:
     def all_prompts(self) -> list:
         """The run's questions, then each prompt variant's: the one list the sets are answered
         in (by the trainer's ranks, or by the sampler)."""
-        return [p for ps in self._sets().values() for p in ps]
-
-    def _sets(self) -> dict[str, list]:
-        return {"": self.prompts, **self.variants}  # the run's phrasing, then each variant's
+        return [p for ps in self.sets.values() for p in ps]
 
     def _row(self, answered: list, version: int, seconds: float) -> dict:
         """The eval.jsonl row of `answered` (all sets' results, in all_prompts' order)."""
         by_set, start = {}, 0
-        for name, prompts in self._sets().items():  # each set's results, indexed within it
+        for name, prompts in self.sets.items():  # each set's results, indexed within it
             mine = answered[start : start + len(prompts)]
             by_set[name] = [replace(r, index=r.index - start) for r in mine]
             start += len(prompts)

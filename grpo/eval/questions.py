@@ -113,6 +113,13 @@ def variant_prompts(cfg: Config, task: Task, tokenizer) -> dict[str, list[Prompt
     return {v.name: eval_prompts(cfg, task, tokenizer, v) for v in variants}
 
 
+def evaluation_sets(cfg: Config, task: Task, tokenizer) -> dict[str, list[Prompt]]:
+    """The questions of an evaluation by set: the run's phrasing ('') first, then each prompt
+    variant's; flattened in this order wherever one list answers them all (the trainer's ranks,
+    the sampler's engine)."""
+    return {"": eval_prompts(cfg, task, tokenizer), **variant_prompts(cfg, task, tokenizer)}
+
+
 def variant_row(row: dict, name: str) -> dict:
     """A variant's eval row as keys of the main row: `accuracy@<name>`, `format_rate@<name>`..."""
     kept = ("accuracy", "format_rate", "n", "response_len_mean", "degenerate_frac",

@@ -19,7 +19,7 @@ import time
 from grpo.config import Config
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
 from grpo.eval.from_sampler import answers_to_wire
-from grpo.eval.questions import EvalSpec, eval_prompts, generate_answers, variant_prompts
+from grpo.eval.questions import EvalSpec, evaluation_sets, generate_answers
 from grpo.rollout.base import RolloutEngine
 from grpo.rollout.generate_slots import GenerateSlots
 from grpo.rollout.slots import SlotEngine
@@ -49,9 +49,8 @@ class SamplerEvaluation:
 
     def __init__(self, cfg: Config, task: Task, tokenizer):
         self.spec = EvalSpec.from_config(cfg)
-        variants = variant_prompts(cfg, task, tokenizer)
-        self.prompts = [*eval_prompts(cfg, task, tokenizer), *(p for ps in variants.values()
-                                                                for p in ps)]  # fmt: skip
+        sets = evaluation_sets(cfg, task, tokenizer)
+        self.prompts = [p for ps in sets.values() for p in ps]
         # (trainer incarnation, version) -> the answers sent, and when
         self.answered: dict[tuple[str | None, int], tuple[dict[str, list], float]] = {}
         self._busy = False  # loading a version waits too: no answering inside an answer

@@ -89,17 +89,23 @@ def accumulate_backward(engine, loss: torch.Tensor, last: bool) -> None:
     engine.step()
 
 
-# Broadcast in place of a blob length: rank 0 is ending the run / is still waiting.
+# Broadcast in place of a blob length: rank 0 is ending the run / is still waiting / is done
+# waiting alone (wait_for_rank0).
 STOP, KEEPALIVE, GO_ON = -1, -2, -3
+
+
+def size_from_rank0() -> int:
+    """Every rank but 0: the first size rank 0 broadcasts that is not a KEEPALIVE."""
+    size = KEEPALIVE
+    while size == KEEPALIVE:
+        size = broadcast_size(0)
+    return size
 
 
 def wait_for_rank0() -> None:
     """Every rank but 0: wait while rank 0 alone waits for a peer (the sampler's evaluation
     answers), kept alive by its KEEPALIVEs, until it sends GO_ON; PeerError on its STOP."""
-    size = KEEPALIVE
-    while size == KEEPALIVE:
-        size = broadcast_size(0)
-    if size == STOP:
+    if size_from_rank0() == STOP:
         raise PeerError("rank 0 ended the run")
 
 
@@ -118,10 +124,7 @@ def broadcast_batch(
     and then so that their collective does not time out during a long generation.
     """
     if rank != 0:
-        size = KEEPALIVE
-        while size == KEEPALIVE:
-            size = broadcast_size(0)
-        if size == STOP:
+        if (size := size_from_rank0()) == STOP:
             return None
         buf = torch.empty(size, dtype=torch.uint8, device=comm_device())
         dist.broadcast(buf, src=0)

@@ -124,8 +124,8 @@ MUTATIONS = (
         name="sampler_asks_only_the_run_prompt",
         item="59: eval.engine sampler answers the run's questions without the prompt variants",
         path="grpo/sampler/evaluation.py",
-        old="        variants = variant_prompts(cfg, task, tokenizer)\n",
-        new="        variants = {}\n",
+        old="        self.prompts = [p for ps in sets.values() for p in ps]\n",
+        new='        self.prompts = sets[""]\n',
         tests=(
             f"{FROM_SAMPLER}::test_the_sampler_asks_the_trainers_questions_in_the_trainers_order",
         ),

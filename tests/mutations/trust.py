@@ -280,7 +280,7 @@ MUTATIONS = (
         name="eval_answers_of_another_trainer",
         item="59/62: the trainer takes answers evaluated on another trainer process's version",
         path="grpo/delivery/eval_answers.py",
-        old='        elif body.get("trainer") != self.trainer:\n',
+        old='        elif body.get("trainer") != trainer:\n',
         new="        elif False:\n",
         tests=(
             f"{FROM_SAMPLER}::test_the_trainer_takes_answers_only_for_the_version_it_asks_of_"
