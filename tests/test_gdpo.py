@@ -113,8 +113,8 @@ def test_the_trainer_reads_gsm8k_parts():
     # [1, 0, 0, 0] and [0.1, 0, 0, 0], the same advantages; GDPO gives the first twice the
     # second's (both parts moved, not one)
     none = ["no idea"] * 3
-    work = "She had six boxes of seven pens each, so she had\n"  # a worked answer's working
-    batch = _gsm8k_batch([work + "#### 42", *none, work + "#### 7", *none], 4)
+    work = "She had 6 boxes of 7 pens each, so she had {} pens.\n#### {}"  # worked answers
+    batch = _gsm8k_batch([work.format(42, 42), *none, work.format(7, 7), *none], 4)
     exp, _ = build_experience(
         batch, plan_experience(load_config(None, ["algo.advantage=gdpo"])), 0.0
     )

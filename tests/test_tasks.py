@@ -30,6 +30,7 @@ from grpo.tasks.gsm8k import (
     normalize_number,
     parse_gold,
     reward,
+    working_result,
 )
 
 GSM8K_TRAIN = REPO_ROOT / "data" / "gsm8k" / "train.jsonl"
@@ -207,8 +208,13 @@ def test_parse_gold_all_train_rows():
     assert all(g and g.lstrip("-").replace(".", "").isdigit() for g in golds)
 
 
-# Working enough for the built-in rewards' rules (grpo.tasks.answer_form.MIN_WORKING_WORDS).
-WORK = "She sold 48 in April and half as many in May, so 48 + 24 = 72 in all.\n"
+def work(result: str = "1,072") -> str:
+    """Working enough for the built-in rewards' rules (grpo.tasks.answer_form.MIN_WORKING_WORDS)
+    that arrives at `result` (gsm8k.working_result)."""
+    return f"She sold 48 in April and 1,024 in May, so 48 + 1,024 = {result} in all.\n"
+
+
+WORK = work()
 
 
 def test_is_correct_with_raw_gold_and_plain_number():
@@ -216,9 +222,9 @@ def test_is_correct_with_raw_gold_and_plain_number():
     assert is_correct(WORK + "<answer>$1,072.00</answer>", RAW_GOLD)
     assert not is_correct(WORK + "#### 1071", RAW_GOLD)
     assert not is_correct(WORK + "The answer is 1072", RAW_GOLD)  # unformatted
-    assert is_correct(WORK + r"\boxed{2.5}", "2.50")
-    assert is_correct(WORK + "#### 18", "18")
-    assert not is_correct(WORK + "#### 18", "19")
+    assert is_correct(work("2.5") + r"\boxed{2.5}", "2.50")
+    assert is_correct(work("18") + "#### 18", "18")
+    assert not is_correct(work("18") + "#### 18", "19")
     assert not is_correct("#### 18", "18")  # no working: no credit, right number or not
 
 
@@ -230,7 +236,7 @@ def test_reward_values_and_info():
     assert info == {"formatted": True, "correct": True, "pred": "1072", "gold": "1072",
                     "markers": 1, "reward/format": 0.1, "reward/answer": 0.9}  # fmt: skip
 
-    value, info = reward(WORK + "#### 7", row)
+    value, info = reward(work("7") + "#### 7", row)
     assert value == FORMAT_REWARD == 0.1
     assert info == {"formatted": True, "correct": False, "pred": "7", "gold": "1072",
                     "markers": 1, "reward/format": 0.1, "reward/answer": 0.0}  # fmt: skip
@@ -256,6 +262,21 @@ SPAM = {
     "a looping working": ((WORK * 3) + "#### 1072", "repeats itself"),
     "a boxed answer twice": (WORK + r"\boxed{1072} \boxed{1072}", "2 answer markers"),
 }
+# What it learned once spam earned nothing: plausible working, then a number the working never
+# arrived at (the demo's last evaluation, 2026-12-02; the first two quoted whole).
+NOT_ARRIVED_AT = {
+    "another number": "James decides to run 3 sprints a week. He runs 60 meters each sprint. He "
+    "runs 3 * 60 = 180 meters.\n#### 11",
+    "a part of the result": "Josh bought a house for $80,000 and put it into a new home for "
+    "$50,000. The house now has a value of $80,000 + $50,000 = $150,000.\n#### 150",
+    "an operand of the last sum": "He runs 60 meters each sprint, so he runs 3 * 60 = 180 meters."
+    "\n#### 3",
+    "a result of an earlier sentence": "He runs 3 * 60 = 180 meters. He runs that on 2 days of the "
+    "week.\n#### 180",
+    "no number in the working": "She had six boxes of seven pens each, so she had\n#### 42",
+}
+SPAM |= {case: (text, "final number not in the working's last result")
+         for case, text in NOT_ARRIVED_AT.items()}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(SPAM))
@@ -272,7 +293,7 @@ def test_answer_spam_earns_nothing_and_says_why(case):
         WORK + "#### 1072",
         WORK + "#### $1,072.00",
         WORK + "#### 1072 clips",
-        "#### Step 1\n" + WORK + "#### Step 2\nAdd them up.\n#### 1072",  # headings are no marker
+        "#### Step 1\nAdd them up.\n#### Step 2\n" + WORK + "#### 1072",  # headings: no marker
         WORK + r"So she sold $\boxed{1072}$.",
         WORK + "\\[\n\\boxed{1072}\n\\]",
         WORK + "<answer>1072</answer>\n",
@@ -282,8 +303,43 @@ def test_a_worked_answer_earns_full_credit(text):
     assert reward(text, {"question": "q", "answer": RAW_GOLD})[0] == 1.0
 
 
+@pytest.mark.parametrize(
+    ("working", "result"),
+    [
+        ("He runs 3 * 60 = 180 meters.", {"180"}),
+        ("She makes 9 * 2 = $18 every day, 2.5 times more.", {"18", "2.5"}),
+        ("So 24/240 = $0.10 a wash.\nThat is all", {"0.1"}),
+        ("It took three days. That is 3 days!\n", {"3"}),
+        ("Nothing numbered here.", set()),
+    ],
+)
+def test_working_result_is_the_last_numbered_sentence_s_results(working, result):
+    assert working_result(working) == result
+
+
+def test_gsm8k_s_own_solutions_arrive_at_their_answers():
+    """The rules must not refuse answers written as GSM8K's solutions are (each train solution
+    as a completion, calculator annotations and all): 98.6 % earn full credit, and the rule
+    that the final number is the working's result refuses 0.75 % (a "$0.25" read as 25)."""
+    rows = [json.loads(line) for line in GSM8K_TRAIN.read_text().splitlines() if line.strip()]
+    infos = [reward(row["answer"], row)[1] for row in rows]
+    assert sum(info["correct"] for info in infos) / len(rows) >= 0.98
+    not_arrived = [info.get("refused") == SPAM["another number"][1] for info in infos]
+    assert sum(not_arrived) / len(rows) <= 0.01
+
+
+def test_working_result_is_linear():
+    from tests.growth import LINEAR_BOUND, time_growth
+
+    def make(n: int) -> str:
+        return "= 1 " * (n // 4)
+
+    assert working_result(make(8000)) == {"1"}
+    assert time_growth(working_result, make, 1000) < LINEAR_BOUND
+
+
 def test_reward_through_score_is_msgpack_friendly():
-    value, info = score(reward, WORK + "#### 3", {"question": "q", "answer": "#### 3"})
+    value, info = score(reward, work("3") + "#### 3", {"question": "q", "answer": "#### 3"})
     assert value == 1.0
     assert all(isinstance(v, str | int | float | bool | type(None)) for v in info.values())
 

@@ -36,6 +36,8 @@ _BOXED_START_RE = re.compile(r"\\boxed\s*\{")
 _BRACE_RE = re.compile(r"[{}]")
 _FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _GOLD_RE = re.compile(r"####[ \t]*([^\n]*)")
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])[ \t]+|\n")
+_RESULT_RE = re.compile(rf"=[ \t]*({_NUM})")
 
 # LaTeX / typographic noise removed before looking for the number.
 _REPLACEMENTS = (
@@ -69,12 +71,17 @@ def _fraction_to_decimal(frac: Fraction) -> Decimal:
     return Decimal(repr(float(frac)))  # 1/3 etc.: a canonical float repr on both sides
 
 
-def normalize_number(s: str) -> str | None:
-    """First number in ``s`` as a canonical string ("1,234.50 dollars" -> "1234.5")."""
-    text = _FRAC_RE.sub(r"\1/\2", s.strip())
+def _plain(text: str) -> str:
+    """`text` with LaTeX fractions as a/b and the typographic noise of `_REPLACEMENTS` removed."""
+    text = _FRAC_RE.sub(r"\1/\2", text)
     for old, new in _REPLACEMENTS:
         text = text.replace(old, new)
-    m = _NUMBER_RE.search(text)
+    return text
+
+
+def normalize_number(s: str) -> str | None:
+    """First number in ``s`` as a canonical string ("1,234.50 dollars" -> "1234.5")."""
+    m = _NUMBER_RE.search(_plain(s.strip()))
     if m is None:
         return None
     try:
@@ -223,13 +230,38 @@ def reward(completion: str, row: Row) -> tuple[float, dict]:
     found = final_answer(completion)
     pred, last = found if found is not None else (None, None)
     markers = count_markers(completion)
-    refused = answer_form.refusal(completion, last, markers)
+    refused = answer_form.refusal(completion, last, markers) or _not_arrived_at(
+        completion, last, pred
+    )
     formatted = refused is None
     correct = formatted and pred is not None and _same_number(pred, gold)
     info = {"pred": pred, "gold": gold, "markers": markers}
     if refused is not None and pred is not None:
         info["refused"] = refused
     return format_and_answer(formatted, correct, info)
+
+
+def working_result(working: str) -> set[str]:
+    """What the working arrives at, normalised: in its last sentence that holds a number, each
+    number right after an "=" and the sentence's last number ("so 3 * 60 = 180 meters" arrives
+    at 180, not at 3 or 60). Sentences end at a line's end or at ".", "!" or "?" before a blank
+    (2.5 is one number). Linear: the sentences are split once and each is read once."""
+    for sentence in reversed(_SENTENCE_END_RE.split(working)):
+        plain = _plain(sentence)
+        numbers = [m[0] for m in _NUMBER_RE.finditer(plain)]
+        if numbers:
+            results = [numbers[-1], *(m[1] for m in _RESULT_RE.finditer(plain))]
+            return {n for r in results if (n := normalize_number(r)) is not None}
+    return set()
+
+
+def _not_arrived_at(text: str, last: Span | None, pred: str | None) -> str | None:
+    """Why a worked answer's final number is not the working's result, or None: the CPU demo,
+    once spam earned nothing, learned to end plausible working with an unrelated number (issue
+    58). 99.2 % of GSM8K's own solutions (train and test) arrive at their answer so."""
+    if last is None or pred is None or pred in working_result(text[: last[0]]):
+        return None
+    return "final number not in the working's last result"
 
 
 def format_and_answer(formatted: bool, correct: bool, info: dict) -> tuple[float, dict]:

@@ -42,6 +42,22 @@ MUTATIONS = (
         tests=(SPAM,),
     ),
     Mutation(
+        name="final_number_unchecked",
+        item="58.1: a worked answer may end with a number its working never arrived at",
+        path="grpo/tasks/gsm8k.py",
+        old="    if last is None or pred is None or pred in working_result(text[: last[0]]):\n",
+        new="    if True:\n",
+        tests=(SPAM,),
+    ),
+    Mutation(
+        name="any_number_of_the_working",
+        item="58.1: an operand or an earlier sentence's number counts as the working's result",
+        path="grpo/tasks/gsm8k.py",
+        old="            results = [numbers[-1], *(m[1] for m in _RESULT_RE.finditer(plain))]\n",
+        new="            results = numbers\n",
+        tests=(SPAM, f"{TASKS}::test_working_result_is_the_last_numbered_sentence_s_results"),
+    ),
+    Mutation(
         name="math_boxes_any_number",
         item="58.1: the MATH reward checks an answer with several boxes",
         path="grpo/tasks/math500.py",
