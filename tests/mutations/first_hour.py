@@ -17,6 +17,8 @@ REFERENCE = "tests/test_integration.py::test_three_steps_two_ranks_with_reloads"
 BARE = "tests/test_evaluation.py::test_a_reward_that_reports_no_parts_shows_no_accuracy_or_format"
 MERGE = "tests/test_merge_lora.py::"
 NODE = TESTS + "test_the_attention_kernel_and_the_ranks_must_fit_the_node"
+LAUNCH = "tests/test_launch_path.py::"
+HELP = LAUNCH + "test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads"
 
 MUTATIONS = (
     Mutation(
