@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.mutations import in_ci_tier
-from tests.mutations.__main__ import apply
+from tests.mutations.__main__ import apply, run
 from tests.mutations.catalogue import ALL
 
 
@@ -39,3 +39,13 @@ def test_every_mutation_names_a_test_ci_runs(mutation) -> None:
 def test_the_tier_of_a_test_is_read_from_its_marks() -> None:
     assert in_ci_tier("tests/test_mutations.py::test_names_are_unique")
     assert not in_ci_tier("tests/test_mixtures.py::test_a_run_on_a_gsm8k_and_math500_mixture")
+
+
+def test_the_runner_tests_the_code_it_mutated_from_any_directory() -> None:
+    """The copy's processes import the copy, not the checkout, whatever their cwd and through
+    the installed `grpo` command: a mutation that only a `cwd="/"` test reaches turns red (with
+    a link to the checkout's venv, whose editable install maps `grpo` to the checkout, it
+    stayed green)."""
+    (mutation,) = [m for m in ALL if m.name == "help_fails_outside_the_checkout"]
+    tier, tail = run(mutation)
+    assert tier == "ci", tail

@@ -25,9 +25,10 @@ from tests.mutations import Mutation, in_ci_tier
 from tests.mutations.catalogue import ALL
 
 REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv"
 # Large or generated directories the copy links to instead of copying: the converted
-# embedded model is reused, the rest is not needed.
-LINKED = ("checkpoints", ".venv")
+# embedded model is reused, the rest is not needed. The venv gets an overlay (`overlay_venv`).
+LINKED = ("checkpoints",)
 SKIPPED = (".git", "runs", "__pycache__", ".pytest_cache", ".ruff_cache")
 
 
@@ -44,17 +45,65 @@ def apply(mutation: Mutation, root: Path) -> None:
 
 def copy_checkout(into: Path) -> Path:
     root = into / "repo"
-    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(*SKIPPED, *LINKED), symlinks=True)
+    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(*SKIPPED, *LINKED, ".venv"),
+                    symlinks=True)  # fmt: skip
     for name in LINKED:
         if (REPO / name).exists():
             (root / name).symlink_to(REPO / name)
+    if VENV.is_dir():
+        overlay_venv(VENV, root)
     return root
+
+
+def overlay_venv(source: Path, root: Path) -> None:
+    """A venv at `root`/.venv that imports the copy's own `grpo` whatever the cwd, and through
+    its installed commands, with every other package from `source`. A link to `source` would
+    not do: its editable install maps `grpo` to the checkout by an import finder, so any process
+    started outside the copy (a `cwd="/"` test, the `grpo` command) tested the unmutated code.
+    `source`'s site-packages is put on the path as a plain directory, so its .pth files (the
+    finder's among them) are never run."""
+    venv = root / ".venv"
+    subprocess.run([_base_python(source), "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (source_site,) = source.glob("lib/python*/site-packages")
+    (site / "_mutation_copy.pth").write_text(f"{root}\n{source_site}\n")
+    old, new = f"{source}/bin/python", f"{venv}/bin/python"
+    for command in (source / "bin").iterdir():
+        target = venv / "bin" / command.name
+        if target.exists() or target.is_symlink():
+            continue
+        text = _script_text(command)
+        if text is not None and old in text:
+            target.write_text(text.replace(old, new))
+            target.chmod(0o755)
+        else:
+            target.symlink_to(command)
+
+
+def _base_python(venv: Path) -> str:
+    """The interpreter `venv` was made from (its pyvenv.cfg's `home`)."""
+    for line in (venv / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return str(Path(value.strip()) / "python3")
+    return sys._base_executable  # type: ignore[attr-defined]
+
+
+def _script_text(path: Path) -> str | None:
+    """A command's text if it is a script (it starts with "#!"), else None."""
+    if path.is_symlink() or not path.is_file():
+        return None
+    with path.open("rb") as f:
+        head = f.read(2)
+    return path.read_text(errors="replace") if head == b"#!" else None
 
 
 def pytest_red(root: Path, tests: list[str], extended: bool) -> tuple[bool, str]:
     """(some test failed, the tail of pytest's output) for `tests` run in `root`."""
-    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-               "-x", *(["--extended"] if extended else []), *tests]  # fmt: skip
+    python = root / ".venv" / "bin" / "python"
+    command = [str(python) if python.exists() else sys.executable, "-m", "pytest", "-q",
+               "-n", "0", "-p", "no:cacheprovider", "-x", *(["--extended"] if extended else []),
+               *tests]  # fmt: skip
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     # pytest: 1 = tests failed (what we want); 0 = all passed; 5 = none collected (all

@@ -200,4 +200,20 @@ MUTATIONS = (
         new="        row = row",
         tests=(REFERENCE,),
     ),
+    Mutation(
+        name="auto_dtype_bfloat16_anywhere",
+        item="59: model.dtype auto takes bfloat16 on a CPU that only emulates it (45x a matmul)",
+        path="grpo/core/precision.py",
+        old='    return "bfloat16" if flags & BF16_CPU_FLAGS else "float32"\n',
+        new='    return "bfloat16"\n',
+        tests=("tests/test_config.py::test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it",),
+    ),
+    Mutation(
+        name="help_fails_outside_the_checkout",
+        item="63.1: `grpo --help` from another directory (only a cwd='/' test runs it so)",
+        path="grpo/__main__.py",
+        old="        print(__doc__)\n        return 0\n",
+        new="        print(__doc__)\n        return int(os.getcwd() == '/')\n",
+        tests=(HELP,),
+    ),
 )
