@@ -207,6 +207,35 @@ def test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on(run) -> N
     assert member.expects(3) and member.state.startswith("member:")
 
 
+def test_a_fault_of_the_broadcaster_s_own_is_named_and_the_group_comes_back(
+    run, monkeypatch, caplog
+) -> None:
+    """Issue 63, item 9: an exception other than gloo's RuntimeError inside the broadcaster's
+    thread (a slip of ours) used to end the thread quietly, every version after it by stream.
+    Now it is logged with its name, the group is dropped and formed again, and the next
+    version is broadcast."""
+    trainer, samplers = run(1)
+    member = samplers[0].member
+    wait_until(lambda: member.expects(1), "the group")
+    broadcast, raised = wire.broadcast, []
+
+    def fails_once(group, data: np.ndarray) -> None:
+        if threading.current_thread().name == "broadcaster" and not raised:
+            raised.append(1)
+            raise TypeError("a slip in the broadcaster")
+        broadcast(group, data)
+
+    monkeypatch.setattr(wire, "broadcast", fails_once)
+    with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+        trainer.publish(version(1))
+        wait_until(lambda: raised and trainer.broadcaster.generation >= 2, "a new generation")
+        trainer.publish(version(2))
+        wait_until(lambda: 2 in samplers[0].got, "version 2 by the new group")
+    assert trainer.broadcaster._thread.is_alive()
+    assert "collective broadcaster failed (TypeError: a slip in the broadcaster)" in caplog.text
+    assert "dropped: the broadcaster's own TypeError" in caplog.text
+
+
 def test_xxh3_equal_buckets_from_the_group_are_refused(run) -> None:
     """Issue 62, finding 1: a broadcast of version 1's manifest with its buckets' bytes forged to
     the same XXH3-64 (what a group impostor would send): the digests refuse it, nothing is

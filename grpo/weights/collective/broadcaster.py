@@ -6,7 +6,8 @@ having left generation G), and the members of the group as it is. A new membersh
 generation: the members of the old one are told to move (a REFORM header), the trainer
 announces the new one in its heartbeats (grpo.weights.collective.membership.GroupInfo) and
 waits for every member to join.
-When an operation fails (a member died, or stalled past weights.collective_timeout_s) the group
+When an operation fails (a member died, or stalled past weights.collective_timeout_s, or the
+broadcaster's own code raised: logged with its traceback, the thread lives on) the group
 is dropped at once, and each of its members is invited again only once it says it left that
 generation: a dead one never does. Until then, and for any version sent before a sampler
 joined, versions go by stream from the same store, which is also the catch-up path.
@@ -89,6 +90,10 @@ class Broadcaster:
                     self._send(version)
             except RuntimeError as e:  # gloo's word for a peer dead, stalled or refusing
                 self._failed(wire.reason(e))
+            except Exception as e:  # a fault of ours: the thread must live to be told of it
+                log.error("weights: the collective broadcaster failed (%s: %s)",
+                          type(e).__name__, e, exc_info=True)  # fmt: skip
+                self._failed(f"the broadcaster's own {type(e).__name__}")
 
     def _regroup(self, version: int | None) -> None:
         """A new generation when someone is ready to join; nothing while nobody is. `version`:
