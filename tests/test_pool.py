@@ -258,7 +258,8 @@ def test_a_sampler_heard_of_counts_only_once_vouched_for():
     the samplers act on: not in the number alive they pace by, not as relays, not in the
     collective group. A sampler counts once a batch of its own is admitted (vouch), at once when
     a resumed trainer's ledger names it, and every id under CURVE."""
-    pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, trusted={"resumed"})
+    pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, trusted={"resumed"},
+                       relay_ids=frozenset({"real", "resumed"}))  # fmt: skip
     beat = {"incarnation": "i", "relay": "tcp://10.0.0.9:5", "collective": "ready:0"}
     for sid in ("real", "resumed", *(f"ghost-{i}" for i in range(40))):
         pool.heard(sid, beat)
@@ -268,4 +269,28 @@ def test_a_sampler_heard_of_counts_only_once_vouched_for():
     assert pool.counted() == ["real", "resumed"] and set(pool.collective) == {"real", "resumed"}
     curve = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, authenticated=True)
     curve.heard("keyed", beat)
-    assert curve.counted() == ["keyed"]
+    assert curve.counted() == ["keyed"] and curve.relays() == {"keyed": beat["relay"]}
+
+
+def test_without_curve_only_the_listed_samplers_relay():
+    """Issue 62, item 3: without CURVE one batch anyone sends vouches for its id, and a vouched
+    id's relay became sampler-0's first source. Now a relay is told only for the ids of
+    transport.relay_samplers (none by default), and under CURVE for any authorised sampler;
+    the trainer's endpoint builds its pool so (the wiring, through the real object)."""
+    beat = {"incarnation": "i", "relay": "tcp://10.0.0.9:5"}
+    for listed, told in (
+        (frozenset(), {}),
+        (frozenset({"sampler-1"}), {"sampler-1": "tcp://10.0.0.9:5"}),
+    ):
+        pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, relay_ids=listed)
+        for sid in ("sampler-1", "0x"):  # "0x" sorts first: the forger's pick
+            pool.heard(sid, beat)
+            pool.vouch(sid)
+        assert pool.counted() == ["0x", "sampler-1"] and pool.relays() == told
+    from tests.test_transport import _cfg, trainer_endpoint
+
+    trainer = trainer_endpoint(_cfg(relay_samplers=["sampler-1"]))
+    try:
+        assert trainer.pool.relay_ids == {"sampler-1"} and not trainer.pool.authenticated
+    finally:
+        trainer.close()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from grpo.config.errors import ConfigError
 from grpo.config.fields import knob, require_signs
+from grpo.core.names import SAMPLER_ID_RULE, is_sampler_id
 
 # A message part ZeroMQ is told to take at most (ZMQ_MAXMSGSIZE is an int64; past memory,
 # any limit is none).
@@ -56,6 +57,13 @@ class TransportConfig:
         "CURVE keys (python -m grpo keys DIR): authenticate and encrypt every connection, "
         "refuse peers without an authorised key; '' = off (fine on loopback, not across nodes)",
     )
+    relay_samplers: list[str] = knob(
+        [],
+        "without curve_dir, the sampler ids (rollout.sampler_id) whose relays (weights.mode "
+        "stream) the trainer tells other samplers of: one batch anyone sends under a made-up "
+        "id vouches for it, so without CURVE no relay is taken unless listed here; under "
+        "CURVE every authorised sampler may relay",
+    )
     allow_insecure: bool = knob(
         False,
         "bind a transport address beyond loopback without curve_dir (each such socket is "
@@ -76,6 +84,9 @@ def check_transport(t: TransportConfig) -> None:
             f"transport.stall_timeout_s ({t.stall_timeout_s}) must be 0 (never) or at least "
             f"twice transport.heartbeat_s ({t.heartbeat_s}): heartbeats carry the progress"
         )
+    if bad := [sid for sid in t.relay_samplers if not is_sampler_id(sid)]:
+        raise ConfigError(f"transport.relay_samplers: {bad[0]!r} is no sampler id "
+                          f"({SAMPLER_ID_RULE})")  # fmt: skip
     addrs = [a for a in (t.episodes_addr, t.control_addr, t.weights_addr) if a]
     if len(set(addrs)) < len(addrs):
         raise ConfigError("transport.episodes_addr, control_addr and weights_addr must differ")

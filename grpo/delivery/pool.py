@@ -93,6 +93,9 @@ class SamplerPool:
     # (CURVE) every id heard is.
     trusted: set[str] = field(default_factory=set)
     authenticated: bool = False
+    # Without CURVE, the ids whose relays are told (transport.relay_samplers): a batch vouches
+    # for whoever sent it, so a forger could otherwise become every sampler's first source.
+    relay_ids: frozenset[str] = frozenset()
 
     def heard(self, sid: str, body: dict[str, Any] | None = None) -> None:
         """Any message from `sid`; a heartbeat's `body` carries its incarnation and activity.
@@ -246,8 +249,10 @@ class SamplerPool:
         return [sid for sid in self.alive() if self.members[sid].vouched]
 
     def relays(self) -> dict[str, str]:
-        """The live vouched samplers' relay addresses."""
-        return {sid: self.members[sid].relay for sid in self.counted() if self.members[sid].relay}
+        """The live vouched samplers' relay addresses: any one's under CURVE, else only those
+        of `relay_ids`."""
+        told = [s for s in self.counted() if self.authenticated or s in self.relay_ids]
+        return {sid: self.members[sid].relay for sid in told if self.members[sid].relay}
 
     def _collective_states(self) -> dict[str, tuple[str, str]]:
         return {sid: (m.incarnation or "", m.collective) for sid, m in self.members.items()

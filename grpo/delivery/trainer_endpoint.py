@@ -93,7 +93,8 @@ class TrainerEndpoint:
         self.order = InOrder(ledger, max_held, transport.peer_timeout_s)
         self.pool = SamplerPool(transport.peer_timeout_s, transport.stall_timeout_s,
                                 trusted=set(ledger.consumed),
-                                authenticated=bool(transport.curve_dir))  # fmt: skip
+                                authenticated=bool(transport.curve_dir),
+                                relay_ids=frozenset(transport.relay_samplers))  # fmt: skip
         self.duplicates_dropped = 0
         self.rejected_batches = 0
         self.staleness = StalenessGate(expected)

@@ -321,4 +321,20 @@ MUTATIONS = (
             "the_process_heard",
         ),  # fmt: skip
     ),
+    Mutation(
+        name="relays_from_any_vouched_sampler",
+        item="62.3: without CURVE a relay is told for an id one forged batch vouched for",
+        path="grpo/delivery/pool.py",
+        old="if self.authenticated or s in self.relay_ids]",
+        new="]",
+        tests=("tests/test_pool.py::test_without_curve_only_the_listed_samplers_relay",),
+    ),
+    Mutation(
+        name="relay_samplers_not_wired",
+        item="62.3: the trainer's pool never learns transport.relay_samplers",
+        path="grpo/delivery/trainer_endpoint.py",
+        old="relay_ids=frozenset(transport.relay_samplers)",
+        new="relay_ids=frozenset()",
+        tests=("tests/test_pool.py::test_without_curve_only_the_listed_samplers_relay",),
+    ),
 )
