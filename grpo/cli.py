@@ -17,6 +17,7 @@ from grpo.runtime.host_memory import keep_freed_memory
 from grpo.runtime.lifetime import die_with_parent
 from grpo.runtime.placement import placement_for, visible_gpus
 from grpo.runtime.progress import ACTIVITY, STARTING
+from grpo.trainer.launch import told_torchrun
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
   e.g. {prog} configs/cpu_demo.yaml train.total_steps=2 rollout.max_new_tokens=64
@@ -99,8 +100,11 @@ def main(role: str, argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         # Bad data paths, reward specs, model dirs, a diverged loss: one line naming the culprit
         # (GRPO_DEBUG=1 shows it).
-        log.error("%s: %s", type(e).__name__, e, exc_info=bool(os.environ.get("GRPO_DEBUG")))
-        return exit_code_for(ACTIVITY.snapshot().phase)
+        code, line = exit_code_for(ACTIVITY.snapshot().phase), f"{type(e).__name__}: {e}"
+        debug = bool(os.environ.get("GRPO_DEBUG"))
+        if code != 2 or debug or not told_torchrun(line):  # several ranks: said once
+            log.error("%s", line, exc_info=debug)
+        return code
 
 
 def exit_code_for(phase: str) -> int:

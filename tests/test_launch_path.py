@@ -3,10 +3,12 @@ arguments. The integration tests run this same path end to end on CPU."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import time
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from grpo.cli import without_launcher_args
 from grpo.config import ConfigError, load_config
 from grpo.runtime.placement import SHARED_SAMPLER_FRACTION, place, sampler_memory_fraction
-from grpo.trainer.launch import single_rank_env, torchrun_argv
+from grpo.trainer.launch import failed_ranks, single_rank_env, torchrun_argv
 from tests.conftest import PYTHON, REPO
 
 DEMO = str(REPO / "configs" / "cpu_demo.yaml")
@@ -299,6 +301,66 @@ def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path, comman
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = (tmp_path / "s").read_text().splitlines()
     assert runs == [f"{REPO} {project}"] * 2, runs  # the roles run in the repository, told
+
+
+def test_a_rank_s_input_error_stays_exit_2_and_is_said_once():
+    """Issue 64, item 1: torchrun turned a rank's 2 into 1, which launch.sh restarted three
+    times. A 2 of any rank is the node's 2, and the line each rank left is said once; other
+    failures are 1, named by rank."""
+    failure = namedtuple("failure", "exitcode message")
+    line = "trainer: ValueError: --resume: no complete training state in runs/x/state"
+    assert failed_ranks({0: failure(2, line), 1: failure(2, line)}) == (2, line)
+    assert failed_ranks({0: failure(-15, "Signal 15"), 1: failure(2, line)}) == (2, line)
+    unsaid = failure(
+        2, "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+    )
+    assert failed_ranks({0: unsaid}) == (2, "trainer: a rank could not start (exit 2)")
+    assert failed_ranks({1: failure(-9, ""), 0: failure(1, "")}) == (
+        1, "trainer: rank 0 exit 1, rank 1 killed by signal 9 (the rank's lines above say why)"
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_input_error_on_two_ranks_is_one_line_exit_2_and_never_restarted(
+    tmp_path, tiny_model_dir
+):
+    """Issue 64, item 1, as a user meets it: the demo's shape of trainer (two ranks under
+    torchrun) whose input is wrong in a way only the ranks find (a LoRA target module the
+    model lacks: peft's ValueError as each rank builds the model) exits 2 through launch.sh
+    with the cause said once; torchrun made it 1, which launch.sh restarted three times: 95-105
+    s, about 190 lines, exit 1, four rotated run dirs. ROLE=trainer: the sampler would find the
+    same error first; launch.sh's supervision never restarts a 2 (the stand-in roles' test
+    above)."""
+    from tests.test_integration import tiny_config
+
+    config = tiny_config(tmp_path, tiny_model_dir)  # train.num_ranks 2
+    env = {**os.environ, "GRPO_RESTART_DELAY_S": "0", "ROLE": "trainer"}
+    lora = ["model.lora.enabled=true", "model.lora.target_modules=[q_prj]"]
+    command = ["bash", str(REPO / "launch.sh"), str(config), *lora]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "q_prj" in line]
+    assert len(said) == 1 and said[0].startswith("trainer: NoMatchingPeftModuleError: "), said
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == said, proc.stderr  # the rank torchrun stopped: quiet
+
+
+def test_a_trainer_stopped_while_it_starts_leaves_the_why_to_who_stopped_it(caplog):
+    """The rank torchrun stops after another rank's input error, or a trainer launch.sh stops
+    while it starts, adds no "interrupted" line to the one that says why (issue 64, item 1);
+    a trainer stopped while it works still says it was."""
+    from grpo.runtime.progress import ACTIVITY, STARTING, TRAINING
+    from grpo.trainer.process import _interrupted
+
+    try:
+        with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+            ACTIVITY.enter(STARTING, "")
+            assert _interrupted() == 130 and not caplog.records
+            ACTIVITY.enter(TRAINING, "step 3")
+            assert _interrupted() == 130
+        assert [r.getMessage() for r in caplog.records] == ["trainer stopping: interrupted"]
+    finally:
+        ACTIVITY.enter(STARTING, "")
 
 
 @pytest.mark.parametrize("worked, code", [(False, 2), (True, 1)], ids=["starting", "working"])

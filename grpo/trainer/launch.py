@@ -18,13 +18,20 @@ second before the rank starts and 2-3 s of CPU) and shutdown buy nothing there.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from grpo.config import Config, ConfigError, load_config
 from grpo.runtime.lifetime import PARENT_ENV, die_with_parent, exit_now
 
 WORKER = "training_worker.py"
+INPUT_ERROR = "trainer: "  # opens the line of a rank's input error (told_torchrun)
 
 
 def torchrun_argv(cfg: Config, worker_args: list[str]) -> list[str]:
@@ -63,17 +70,55 @@ def main(argv: list[str]) -> int:
         os.execv(sys.executable, [sys.executable, "-u", WORKER, *argv])
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
 
     # torchrun puts each rank in a session of its own: without this, a SIGKILL of this
     # process (kill -9, the OOM killer) would leave the ranks running, holding the ports.
     os.environ[PARENT_ENV] = str(os.getpid())
+    # The ranks say why they fail; torchrun's agent would add a dozen lines and a box per
+    # failure (its `main` wraps `run` in an error recorder that prints one).
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
-        torchrun(torchrun_argv(cfg, argv))
+        run(parse_args(torchrun_argv(cfg, argv)))
     except SignalException as e:
         print(f"trainer: stopped by {e.sigval.name}", file=sys.stderr)
         return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        code, line = failed_ranks(e.failures)
+        if line:
+            print(line, file=sys.stderr)
+        return code
     return 0
+
+
+def failed_ranks(failures: Mapping[int, Any]) -> tuple[int, str]:
+    """This node's exit code and lines for its ranks' failures (torchrun's ProcessFailure by
+    global rank, each with an `exitcode`, negative for a signal, and the `message` a rank left
+    in its error file). A rank's 2 (its input is wrong: grpo.cli.exit_code_for) stays 2
+    whatever the others did, so launch.sh does not restart a trainer that would fail the same
+    way, and its line is said once however many ranks found it (`told_torchrun`). Anything
+    else is 1, the run's failure, named by rank (the rank logged why)."""
+    codes = {rank: failure.exitcode for rank, failure in sorted(failures.items())}
+    if 2 in codes.values():
+        told = {failures[r].message for r, c in codes.items() if c == 2}
+        lines = sorted(m for m in told if isinstance(m, str) and m.startswith(INPUT_ERROR))
+        return 2, "\n".join(lines) or "trainer: a rank could not start (exit 2)"
+    said = ", ".join(f"rank {r} {'killed by signal ' + str(-c) if c < 0 else f'exit {c}'}"
+                     for r, c in codes.items())  # fmt: skip
+    return 1, f"trainer: {said} (the rank's lines above say why)"
+
+
+def told_torchrun(line: str) -> bool:
+    """Under a torchrun of several ranks, leave a rank's input error in torchrun's error file
+    (TORCHELASTIC_ERROR_FILE, one per rank) for this node's launcher to say once
+    (`failed_ranks`), where every rank would log the same line; False where nobody reads it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return False
+    body = {"message": f"{INPUT_ERROR}{line}", "timestamp": int(time.time())}
+    Path(path).write_text(json.dumps(body))
+    return True
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import Config
+from grpo.runtime.progress import ACTIVITY, STARTING
 from grpo.trainer.loop import Trainer
 from grpo.trainer.ranks import collective_failure, collective_timeout_s
 from grpo.wire.channels import PeerError
@@ -49,21 +50,32 @@ def join_trainer_world(backend: str, timeout: timedelta) -> None:
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
+def _interrupted() -> int:
+    """Exit 130 for a SIGTERM or Ctrl-C, said only once the trainer got past its start: a
+    starting one was stopped by whoever says why (launch.sh for Ctrl-C or a failed role,
+    torchrun for another rank's failure, grpo.trainer.launch.failed_ranks)."""
+    starting = ACTIVITY.snapshot().phase == STARTING
+    log.log(logging.DEBUG if starting else logging.ERROR, "trainer stopping: interrupted")
+    return 130
+
+
 def run_trainer(cfg: Config) -> int:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    else:
-        without_deepspeed_shm_op()
     timeout_s = collective_timeout_s(cfg.transport)
-    join_trainer_world(backend, timedelta(seconds=timeout_s))
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        else:
+            without_deepspeed_shm_op()
+        join_trainer_world(backend, timedelta(seconds=timeout_s))
+    except KeyboardInterrupt:
+        return _interrupted()
     try:
         Trainer(cfg).run()
         return 0
     except KeyboardInterrupt:
-        log.error("trainer stopping: interrupted")
-        return 130
+        return _interrupted()
     except PeerError as e:
         log.error("trainer stopping: %s", e)
         return 1
