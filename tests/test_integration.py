@@ -136,6 +136,7 @@ def test_three_steps_two_ranks_with_reloads(reference_run, tiny_model_dir):
     # The run's last version under a name that does not change: final -> versions/v000003.
     assert (run_dir / "final").resolve() == (run_dir / "versions" / "v000003").resolve()
     assert "final model: " in log and "python -m grpo samples" in log
+    assert "rewards:     0 errors (0 of them timeouts) in 48 answers" in log  # 3 steps x 16
     marker = json.loads((run_dir / "train_state" / "COMPLETE").read_text())
     assert marker["tag"] == "step000003" and marker["world"] == 2
     assert [p.name for p in (run_dir / "train_state").glob("step*")] == ["step000003"]

@@ -346,3 +346,14 @@ def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics():
     assert received.episodes[4].reward_info == {"reward_error": "timeout"}
     metrics = batch_metrics(received)
     assert (metrics["reward_errors"], metrics["reward_timeouts"]) == (1, 1)
+
+
+def test_the_closing_summary_counts_the_reward_s_failures():
+    """Issue 64, item 3: the summary says how many answers the reward failed on, and how many
+    of those timed out, over the whole run."""
+    from grpo.trainer.outputs import reward_failures
+
+    rows = [{"completion_lens": [3] * 16, "reward_errors": 5, "reward_timeouts": 2},
+            {"completion_lens": [3] * 16, "reward_errors": 1, "reward_timeouts": 0}]  # fmt: skip
+    assert reward_failures(rows) == "6 errors (2 of them timeouts) in 32 answers"
+    assert reward_failures([]) == "0 errors (0 of them timeouts) in 0 answers"

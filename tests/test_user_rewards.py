@@ -198,11 +198,17 @@ def test_a_reward_failing_on_most_answers_stops_the_sampler_naming_it_and_its_fi
             rewards.score_all(calls)
     finally:
         rewards.close()
+    rewards = _rewards("tests.rewards_for_tests:raises_on_every_fourth")
+    try:
+        rewards.score_all(calls[:4])  # 1 of 4: too few answers to judge a rate on
+    finally:
+        rewards.close()
+    # Issue 64, item 3: a reward failing on every answer stops at its first batch, whatever
+    # the count (a 1-step smoke run of it ended "run complete" before).
     rewards = _rewards("tests.rewards_for_tests:always_raises")
     try:
-        rewards.score_all(calls[:31])  # too few answers to judge a rate on
-        with pytest.raises(RewardFailingError, match="failed on 40 of the last 40 answers"):
-            rewards.score_all(calls[:9])
+        with pytest.raises(RewardFailingError, match="failed on 4 of the last 4 answers"):
+            rewards.score_all(calls[:4])
     finally:
         rewards.close()
 

@@ -2,7 +2,9 @@
 ``reward_error`` (one broken answer must not end a run), but a reward that raises on every
 answer (a bug, a wrong signature, a missing column) would then train the whole run on zeros.
 `FailureRate` watches the share of answers whose reward failed among the last WINDOW scored and
-stops the run, naming the reward and its first error, once it passes reward.max_error_rate."""
+stops the run, naming the reward and its first error, once it passes reward.max_error_rate; and
+at once, at the first batch, when every answer so far failed: a 1-step smoke run of a broken
+reward must not end "run complete"."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ class FailureRate:
             if error is not None and self.first is None:
                 self.first = str(error)
         failed, seen = sum(self.recent), len(self.recent)
-        if seen >= self.least and failed > self.bound * seen:
+        every_one = failed == seen >= min(len(results), self.least) > 1  # a batch, all failed
+        if (seen >= self.least or every_one) and failed > self.bound * seen:
             raise RewardFailingError(
                 f"the reward {self.reward} failed on {failed} of the last {seen} answers "
                 f"(reward.max_error_rate={self.bound}); its first error: {self.first}"

@@ -154,12 +154,22 @@ def step_row(
     }
 
 
+def reward_failures(rows: list[dict]) -> str:
+    """What the closing summary says of the reward's failures over the run's metrics rows."""
+    answers = sum(len(r.get("completion_lens", ())) for r in rows)
+    errors, timeouts = (
+        sum(int(r.get(k, 0)) for r in rows) for k in ("reward_errors", "reward_timeouts")
+    )
+    return f"{errors} errors ({timeouts} of them timeouts) in {answers} answers"
+
+
 def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     """At the end of a run: the plot, the per-sampler summary (log and samplers.json), and
     where everything went."""
     plot = plot_run(run_dir)
     final = link_final(run_dir, version)
-    samplers = per_sampler(read_jsonl(run_dir / METRICS_FILE))
+    rows = read_jsonl(run_dir / METRICS_FILE)
+    samplers = per_sampler(rows)
     write_atomic(run_dir / SAMPLERS_FILE, json.dumps(samplers, indent=1) + "\n")
     for sid, n in samplers.items():
         accuracy = f", accuracy {n['accuracy']:.3f}" if "accuracy" in n else ""
@@ -171,6 +181,7 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     print(
         f"\nrun finished: {steps} steps, final version {version}\n"
         f"  metrics:     {run_dir / METRICS_FILE}\n"
+        f"  rewards:     {reward_failures(rows)}\n"
         f"  final model: {final} (-> versions/v{version:06d})\n"
         f"  checkpoints: {run_dir / 'versions'} (weights), "
         f"{run_dir / 'train_state'} (optimizer, step)\n"

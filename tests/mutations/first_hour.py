@@ -209,6 +209,51 @@ MUTATIONS = (
         tests=("tests/test_config.py::test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it",),
     ),
     Mutation(
+        name="rank_input_error_restarted",
+        item="64.1: a rank's config or input error reaches launch.sh as torchrun's 1 (restarted)",
+        path="grpo/trainer/launch.py",
+        old="    if 2 in codes.values():\n",
+        new="    if 2 in list(codes.values())[:0]:\n",
+        tests=(LAUNCH + "test_a_rank_s_input_error_stays_exit_2_and_is_said_once",),
+    ),
+    Mutation(
+        name="every_rank_says_its_input_error",
+        item="64.1: the same input error said once per rank",
+        path="grpo/trainer/launch.py",
+        old="        told = {failures[r].message for r, c in codes.items() if c == 2}\n",
+        new="        told = [failures[r].message for r, c in codes.items() if c == 2]\n",
+        tests=(LAUNCH + "test_a_rank_s_input_error_stays_exit_2_and_is_said_once",),
+    ),
+    Mutation(
+        name="starting_trainer_says_interrupted",
+        item="64.1: a rank torchrun stopped while it started adds a line to the one saying why",
+        path="grpo/trainer/process.py",
+        old="logging.DEBUG if starting else logging.ERROR",
+        new="logging.ERROR",
+        tests=(LAUNCH + "test_a_trainer_stopped_while_it_starts_leaves_the_why_to_who_stopped_it",),
+    ),
+    Mutation(
+        name="failing_reward_judged_only_after_32",
+        item="64.3: a reward failing on every answer of the first batch is not stopped",
+        path="grpo/tasks/failures.py",
+        old="        every_one = failed == seen >= min(len(results), self.least) > 1",
+        new="        every_one = False",
+        tests=(
+            "tests/test_user_rewards.py::test_a_reward_failing_on_most_answers_stops_the_"
+            "sampler_naming_it_and_its_first_error",
+        ),  # fmt: skip
+    ),
+    Mutation(
+        name="summary_counts_no_timeouts",
+        item="64.3: the closing summary's reward timeouts",
+        path="grpo/trainer/outputs.py",
+        old='for k in ("reward_errors", "reward_timeouts")',
+        new='for k in ("reward_errors", "reward_errors")',
+        tests=(
+            "tests/test_reward_runner.py::test_the_closing_summary_counts_the_reward_s_failures",
+        ),
+    ),
+    Mutation(
         name="help_fails_outside_the_checkout",
         item="63.1: `grpo --help` from another directory (only a cwd='/' test runs it so)",
         path="grpo/__main__.py",

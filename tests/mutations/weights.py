@@ -123,6 +123,16 @@ MUTATIONS = (
         tests=(f"{GROUP}::test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on",),
     ),
     Mutation(
+        name="broadcaster_dies_of_its_own_error",
+        item="63.9: an exception of the broadcaster's own ends its thread, versions go by stream",
+        path="grpo/weights/collective/broadcaster.py",
+        old="            except Exception as e:  # a fault of ours",
+        new="            except ZeroDivisionError as e:  # a fault of ours",
+        tests=(
+            f"{GROUP}::test_a_fault_of_the_broadcaster_s_own_is_named_and_the_group_comes_back",
+        ),
+    ),
+    Mutation(
         name="group_operations_unbounded",
         item="42.5: a stalled member is dropped within weights.collective_timeout_s",
         path="grpo/weights/collective/group.py",
