@@ -25,6 +25,7 @@ from grpo.algos.registry import Estimator, get_estimator, get_policy_loss
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.data import parse_variants
 from grpo.config.passes import scored_by
+from grpo.config.peer_names import peer_algorithm
 from grpo.preflight import preflight
 from grpo.rollout.registry import check_engine_name
 from grpo.scoring.kernels import Truncation
@@ -262,10 +263,7 @@ def plan_experience(cfg: Config, advantage: Advantage | None = None) -> Experien
 def plan_advantage(cfg: Config) -> Advantage:
     """algo.advantage looked up (ConfigError naming the key), with the constants it declared."""
     algo = cfg.algo
-    try:
-        estimator = get_estimator(algo.advantage)
-    except ValueError as e:
-        raise ConfigError(f"algo.advantage: {e}") from None
+    estimator = _looked_up("algo.advantage", get_estimator, algo.advantage)
     declared = {"gamma": {"gamma": algo.gamma}, "lam": {"lam": algo.lam},
                 "teacher": {"reward_weight": algo.opd_reward_weight}}  # fmt: skip
     constants: dict[str, Any] = {}
@@ -303,7 +301,8 @@ def _looked_up(key: str, lookup: Callable[[Any], Any], value: Any) -> Any:
     try:
         return lookup(value)
     except ValueError as e:
-        raise ConfigError(f"{key}: {e}") from None
+        said = peer_algorithm(key, value) if isinstance(value, str) else None
+        raise ConfigError(f"{key}: {said or e}") from None
 
 
 def _check_loss_options(cfg: Config, loss: Callable) -> None:

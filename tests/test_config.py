@@ -1,4 +1,5 @@
 import dataclasses
+import re
 import typing
 
 import pytest
@@ -378,3 +379,44 @@ def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(tmp_path, monkeyp
     monkeypatch.setattr("grpo.config.loading.native_dtype", lambda: dtype)
     assert load_config("configs/cpu_demo.yaml").model.dtype == dtype
     assert load_config(None, ["model.dtype=float32"]).model.dtype == "float32"  # as said
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("learning_rate=1e-5", "learning_rate is TRL's name; here it is train.lr"),
+        (
+            "train.num_generations=8",
+            "train.num_generations is TRL's name; here it is rollout.group_size",
+        ),
+        (
+            "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.rollout.n is verl's name; here it is rollout.group_size",
+        ),
+        (
+            "data.max_response_length=64",
+            "data.max_response_length is verl's name; here it is rollout.max_new_tokens",
+        ),
+    ],
+)
+def test_a_peer_s_key_is_named_with_this_project_s(override, said):
+    """Issue 64, item 5: TRL's and verl's keys get this project's key, not a close match."""
+    with pytest.raises(ConfigError, match=f": {re.escape(said)}$"):
+        load_config(None, [override])
+    with pytest.raises(ConfigError, match="unknown config key 'trainer'; did you mean 'train'"):
+        load_config(None, ["trainer.nothing=1"])  # a verl section with no key of the table
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("algo.loss=dapo", "'dapo' is a peer's name: DAPO is settings, not a loss"),
+        ("algo.advantage=reinforce_plus_plus", "algo.advantage=reinforce_pp"),
+        ("algo.advantage=remax", "not offered; nearest: rloo"),
+    ],
+)
+def test_a_peer_s_algorithm_is_named_with_what_it_is_here(override, said):
+    from grpo.plan import check_names
+
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        check_names(load_config(None, [override]))

@@ -18,6 +18,7 @@ import yaml
 from grpo.config.bounds import check_waits
 from grpo.config.errors import ConfigError
 from grpo.config.passes import default_staleness
+from grpo.config.peer_names import peer_key
 from grpo.config.rules import check_values
 from grpo.config.sections import Config
 from grpo.core.paths import resolve_path
@@ -89,6 +90,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
+            if (peer := peer_key(f"{prefix}{key}", value)) is not None:
+                raise ConfigError(f"unknown config key '{prefix}{key}': {peer}")
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
