@@ -141,6 +141,6 @@ while ((${#pid_of[@]})); do
   fi
 done
 if [[ $status -eq 0 ]]; then
-  echo "launch.sh: run complete; outputs in $RUN_DIR (metrics.jsonl, eval.jsonl, plot.png, versions/)"
+  echo "launch.sh: run complete; outputs in $RUN_DIR (the trainer's summary above lists them)"
 fi
 exit "$status"

@@ -7,7 +7,6 @@ import os
 import shlex
 import sys
 import warnings
-from pathlib import Path
 
 from grpo.config import ConfigError, describe, load_config
 from grpo.config.rules import serves_teacher
@@ -134,7 +133,7 @@ def launch_env(argv: list[str]) -> int:
     print(f"SAMPLER_GPUS={','.join(ids[i] for i in p.sampler)}")
     print(f"SHARED={int(p.shared)}")
     print(f"MODEL_PATH={shlex.quote(cfg.model.path)}")
-    print(f"RUN_DIR={shlex.quote(str(Path(cfg.output_dir) / cfg.name))}")
+    print(f"RUN_DIR={shlex.quote(str(cfg.run_dir.resolve()))}")  # the roles' cwd is this one's
     served = bool(cfg.reward_server.backend) or serves_teacher(cfg)
     print(f"REWARD_SERVICE={int(served)}")  # launch.sh's both roles start the service too
     return 0

@@ -123,14 +123,15 @@ def test_placement_command_for_launch_sh(monkeypatch, capsys):
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["TRAINER_GPUS=", "SAMPLER_GPUS=", "SHARED=0",
-                                   "MODEL_PATH=embedded", "RUN_DIR=checkpoints/cpu_demo",
+                                   "MODEL_PATH=embedded", f"RUN_DIR={REPO}/checkpoints/cpu_demo",
                                    "REWARD_SERVICE=0"]  # fmt: skip
     monkeypatch.setenv("ROLE", "both")
     assert launch_env([DEMO, "name=a b's run"]) == 0
     odd = capsys.readouterr().out
     shell = subprocess.run(["bash", "-c", odd + 'printf %s "$RUN_DIR"'],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert shell.stdout == "checkpoints/a b's run"  # quoted for launch.sh's eval
+    # absolute, for the summary a user reads from any directory; quoted for launch.sh's eval
+    assert shell.stdout == str(Path("checkpoints", "a b's run").resolve())
     assert launch_env([DEMO, "train.gpus=[0, 1]"]) == 2
     assert "train.gpus lists 2 GPUs" in capsys.readouterr().err
 

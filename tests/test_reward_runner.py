@@ -357,3 +357,32 @@ def test_the_closing_summary_counts_the_reward_s_failures():
             {"completion_lens": [3] * 16, "reward_errors": 1, "reward_timeouts": 0}]  # fmt: skip
     assert reward_failures(rows) == "6 errors (2 of them timeouts) in 32 answers"
     assert reward_failures([]) == "0 errors (0 of them timeouts) in 0 answers"
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["model", "lora"])
+def test_the_closing_summary_names_what_the_run_made_with_absolute_paths(
+    tmp_path, capsys, monkeypatch, adapter
+):
+    """Issue 64, item 6: the summary's paths work from the user's own directory, and a LoRA
+    run's last version is called an adapter, with the merge-lora line that makes a model."""
+    import json
+    from pathlib import Path
+
+    from grpo.trainer.outputs import summarise_run
+
+    run = tmp_path / "runs" / "r"
+    (run / "versions" / "v000002").mkdir(parents=True)
+    row = {"step": 1, "sampler_id": "sampler-0", "reward_mean": 0.5, "completion_lens": [3, 4],
+           "reward_errors": 1, "reward_timeouts": 0, "staleness": 0, "time": 1.0}  # fmt: skip
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    if adapter:  # what peft's save_pretrained writes for an adapter
+        (run / "versions" / "v000002" / "adapter_config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    summarise_run(Path("runs", "r"), 2, 2)
+    out = capsys.readouterr().out
+    assert f"  metrics:     {run}/metrics.jsonl\n" in out
+    assert f"  answers:     python -m grpo samples {run}\n" in out
+    lora = (f"  final adapter: {run}/final (-> versions/v000002); a model of it: grpo merge-lora "
+            f"{run}/final {run}/merged\n")  # fmt: skip
+    assert (lora if adapter else f"  final model: {run}/final ") in out
+    assert ("final model" in out) != adapter

@@ -165,7 +165,10 @@ def reward_failures(rows: list[dict]) -> str:
 
 def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     """At the end of a run: the plot, the per-sampler summary (log and samplers.json), and
-    where everything went."""
+    where everything went, as absolute paths (the user's shell may be anywhere), named for what
+    the run made: a model, or a LoRA adapter (peft's adapter_config.json), which merge-lora
+    turns into one."""
+    run_dir = run_dir.resolve()
     plot = plot_run(run_dir)
     final = link_final(run_dir, version)
     rows = read_jsonl(run_dir / METRICS_FILE)
@@ -178,11 +181,15 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
             sid, n["batches"], n["reward_mean"], accuracy, n["gen_tokens_per_s"],
             n["staleness_max"],
         )  # fmt: skip
+    made = f"final model: {final} (-> versions/v{version:06d})"
+    if (final / "adapter_config.json").is_file():  # not a model: say how to get one
+        made = (f"final adapter: {final} (-> versions/v{version:06d}); a model of it: grpo "
+                f"merge-lora {final} {run_dir / 'merged'}")  # fmt: skip
     print(
         f"\nrun finished: {steps} steps, final version {version}\n"
         f"  metrics:     {run_dir / METRICS_FILE}\n"
         f"  rewards:     {reward_failures(rows)}\n"
-        f"  final model: {final} (-> versions/v{version:06d})\n"
+        f"  {made}\n"
         f"  checkpoints: {run_dir / 'versions'} (weights), "
         f"{run_dir / 'train_state'} (optimizer, step)\n"
         f"  answers:     python -m grpo samples {run_dir}\n"

@@ -18,6 +18,8 @@ BARE = "tests/test_evaluation.py::test_a_reward_that_reports_no_parts_shows_no_a
 MERGE = "tests/test_merge_lora.py::"
 NODE = TESTS + "test_the_attention_kernel_and_the_ranks_must_fit_the_node"
 LAUNCH = "tests/test_launch_path.py::"
+SUMMARY = "tests/test_reward_runner.py::test_the_closing_summary_names_what_the_run_made_with_" \
+    "absolute_paths"  # fmt: skip
 HELP = LAUNCH + "test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads"
 
 MUTATIONS = (
@@ -276,6 +278,22 @@ MUTATIONS = (
         old="        said = peer_algorithm(key, value) if isinstance(value, str) else None\n",
         new="        said = None\n",
         tests=("tests/test_config.py::test_a_peer_s_algorithm_is_named_with_what_it_is_here",),
+    ),
+    Mutation(
+        name="summary_paths_relative",
+        item="64.6: the closing summary's paths are relative to the repository",
+        path="grpo/trainer/outputs.py",
+        old="    run_dir = run_dir.resolve()\n",
+        new="",
+        tests=(SUMMARY,),
+    ),
+    Mutation(
+        name="lora_summary_says_final_model",
+        item="64.6: a LoRA run's summary calls its adapter the final model, no merge-lora line",
+        path="grpo/trainer/outputs.py",
+        old='    if (final / "adapter_config.json").is_file():',
+        new="    if False:",
+        tests=(SUMMARY,),
     ),
     Mutation(
         name="help_fails_outside_the_checkout",
