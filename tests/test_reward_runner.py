@@ -346,6 +346,7 @@ def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics():
     assert received.episodes[4].reward_info == {"reward_error": "timeout"}
     metrics = batch_metrics(received)
     assert (metrics["reward_errors"], metrics["reward_timeouts"]) == (1, 1)
+    assert metrics["flat_groups_frac"] == 0.0  # both groups' rewards differ
 
 
 def test_the_closing_summary_counts_the_reward_s_failures():
@@ -386,3 +387,16 @@ def test_the_closing_summary_names_what_the_run_made_with_absolute_paths(
             f"{run}/final {run}/merged\n")  # fmt: skip
     assert (lora if adapter else f"  final model: {run}/final ") in out
     assert ("final model" in out) != adapter
+
+
+def test_flat_groups_are_reported_whatever_the_sampler_did_with_them():
+    """Issue 64, item 7: sampler_flat_groups_* read 0 without dynamic sampling although half the
+    demo's groups were flat at step 1; flat_groups_frac counts them in every batch."""
+    import numpy as np
+
+    from grpo.trainer.outputs import flat_group_share
+
+    rewards = np.array([0.0, 0.0, 0.0, 1.0, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0, 0.0, 0.0])
+    assert flat_group_share(rewards, 4) == pytest.approx(2 / 3)
+    assert flat_group_share(rewards, 2) == pytest.approx(5 / 6)
+    assert flat_group_share(np.arange(4.0), 4) == 0.0

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from grpo.config import Config, save_config
 from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
@@ -87,6 +89,7 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
     row = {
         "reward_mean": float(c.reward.mean()),
         "reward_std": float(c.reward.std(ddof=1)) if len(c) > 1 else 0.0,
+        "flat_groups_frac": flat_group_share(c.reward, batch.group_size),
         **info_rates(infos, c.reward.tolist()),
         "reward_errors": sum("reward_error" in i for i in infos),
         # Of those, the calls stopped waiting for at reward.timeout_s (grpo.tasks.runner).
@@ -106,6 +109,14 @@ def batch_metrics(batch: EpisodeBatch) -> dict[str, Any]:
         row["tool_token_frac"] = 1.0 - float(c.loss_mask.mean())
     row.update({f"sampler_{k}": v for k, v in batch.stats.items()})
     return row
+
+
+def flat_group_share(rewards: np.ndarray, group_size: int) -> float:
+    """The share of groups (contiguous, `group_size` answers each) whose answers all scored the
+    same: they teach GRPO nothing (TRL's frac_reward_zero_std). Reported whatever the sampler
+    did with them; `sampler_flat_groups_*` count only dynamic sampling's."""
+    groups = np.asarray(rewards).reshape(-1, group_size)
+    return float((groups.max(axis=1) == groups.min(axis=1)).mean())
 
 
 def tool_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:

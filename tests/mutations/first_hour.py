@@ -296,6 +296,17 @@ MUTATIONS = (
         tests=(SUMMARY,),
     ),
     Mutation(
+        name="flat_groups_unreported",
+        item="64.7: flat groups are reported only under dynamic sampling",
+        path="grpo/trainer/outputs.py",
+        old='        "flat_groups_frac": flat_group_share(c.reward, batch.group_size),\n',
+        new="",
+        tests=(
+            "tests/test_reward_runner.py::test_batch_maker_scores_through_the_runner_and_"
+            "timeouts_reach_the_metrics",
+        ),  # fmt: skip
+    ),
+    Mutation(
         name="help_fails_outside_the_checkout",
         item="63.1: `grpo --help` from another directory (only a cwd='/' test runs it so)",
         path="grpo/__main__.py",
