@@ -105,8 +105,10 @@ stop_all() {
   echo "launch.sh: still running after 30 s, killing" >&2
   kill -KILL -- $(groups) 2>/dev/null
 }
-backoff=  # the sleep of a restart's backoff, which a signal ends at once
-trap 'echo "launch.sh: interrupted, stopping all roles" >&2; [[ -n $backoff ]] && kill "$backoff" 2>/dev/null; stop_all; wait; exit 130' INT TERM
+# A signal ends a restart's backoff at once: every job that is no role is its sleep (found by
+# jobs, not by $!, which a signal arriving between `sleep &` and the assignment would miss).
+stop_backoff() { local j; for j in $(jobs -p); do [[ -n ${name_of[$j]:-} ]] || kill "$j" 2>/dev/null; done; }
+trap 'echo "launch.sh: interrupted, stopping all roles" >&2; stop_backoff; stop_all; wait; exit 130' INT TERM
 
 status=0
 while ((${#pid_of[@]})); do
@@ -122,8 +124,8 @@ while ((${#pid_of[@]})); do
       restarts[$role]=$((restarts[$role] + 1))
       echo "launch.sh: the $role exited with code $code; restarting it in $delay s" \
         "(restart ${restarts[$role]} of $MAX_RESTARTS)" >&2
-      sleep "$delay" & backoff=$!
-      wait "$backoff"; backoff=  # in the background: a trap runs while bash waits, not sleeps
+      sleep "$delay" &
+      wait "$!"  # in the background: a trap runs while bash waits, not sleeps
       launch "$role" "$@" train.resume=auto
       continue
     fi

@@ -78,7 +78,8 @@ def main(role: str, argv: list[str]) -> int:
         # one line there too): read here, they would be read twice at every start.
         preflight(cfg, role, read_rows=False)
     except ConfigError as e:
-        log.error("config error: %s", e)
+        if not told_torchrun(f"config error: {e}"):  # several ranks: said once
+            log.error("config error: %s", e)
         return 2
     try:
         if role == "sampler":

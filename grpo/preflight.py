@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -37,8 +38,13 @@ def preflight(cfg: Config, role: str = "both", read_rows: bool = True) -> None:
     trainer, sampler = role in ("both", "trainer"), role in ("both", "sampler")
     listens = trainer and hosts_rank_zero(cfg)  # the one trainer process with ports and keys
     if trainer or sampler:
-        _model_dir(cfg.model.path)
+        model_dir = _model_dir(cfg.model.path)
         _attention(cfg.model.attn_implementation)
+        if cfg.model.lora.enabled and model_dir is not None:
+            _lora_targets(model_dir, cfg.model.lora.target_modules)
+        if cfg.eval.interval > 0 and not cfg.data.mixture:  # both roles may ask its questions
+            task = get_task(cfg.data.task)
+            _dataset("data.test", task_for(cfg), cfg.data.test or task.default_test, read_rows)
     if cfg.transport.curve_dir and (listens or sampler):
         _keys(cfg, listens, sampler)
     if sampler and cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -53,6 +59,8 @@ def preflight(cfg: Config, role: str = "both", read_rows: bool = True) -> None:
             raise ConfigError(f"data.reward: {e}") from None
     if trainer:
         _ranks(cfg.train.num_ranks)
+        if hosts_rank_zero(cfg):
+            _writable("output_dir", cfg.run_dir)
         if listens:
             _ports(cfg)
         if not resolve_path(ds := cfg.train.deepspeed_config).is_file():
@@ -65,21 +73,65 @@ def preflight(cfg: Config, role: str = "both", read_rows: bool = True) -> None:
             )
 
 
-def _model_dir(path: str) -> None:
-    """A model dir (or cached hub id) whose tokenizer has a chat template: every prompt is a
-    chat (grpo/sampler/data.py), and a base model's tokenizer, without one, failed at the first
-    prompt after the models had loaded. (The embedded model's is its converter's to write.)"""
+def _model_dir(path: str) -> Path | None:
+    """A model dir (or cached hub id) with a tokenizer whose chat template is there: every
+    prompt is a chat (grpo/sampler/data.py), and a base model's tokenizer, without one, failed
+    at the first prompt after the models had loaded; a dir without tokenizer files failed 30 s
+    in, with transformers suggesting sentencepiece. The dir, or None for the embedded model
+    (its converter writes all of it, after this check)."""
     if path == EMBEDDED:
-        return
+        return None
     try:
         found = require_model_dir(path)
     except ModelError as e:
         raise ConfigError(f"model.path: {e}") from None
+    if not any((found / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"model.path: {path!r} has no tokenizer (none of "
+                          f"{', '.join(TOKENIZER_FILES)}): copy the model's tokenizer files into "
+                          "it")  # fmt: skip
     if not has_chat_template(found):
         raise ConfigError(
             f"model.path: {path!r} has no chat template (a base model?): the prompts are chats; "
             "add a chat_template.jinja to it, or use its instruct variant (docs/own_model.md)"
         )
+    return found
+
+
+# What transformers builds a tokenizer from: a fast tokenizer's file, sentencepiece's model, or
+# a BPE vocabulary (vocab.json with its merges.txt).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def _lora_targets(model_dir: Path, targets: list[str]) -> None:
+    """Every LoRA target module names modules of the model, as peft matches them (a module's
+    name or its last part): `[q_prj, v_proj]` trained v_proj alone, silently. The model is
+    built on the meta device (no weights read, no memory)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    names = {name for name, _ in model.named_modules() if name}
+    parts = {name.rsplit(".", 1)[-1] for name in names}
+    if missing := [t for t in targets if t not in parts and t not in names]:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})  # fmt: skip
+        raise ConfigError(f"model.lora.target_modules: {', '.join(missing)} match no module of "
+                          f"{model_dir.name}; its linear layers: {', '.join(linear)}")  # fmt: skip
+
+
+def _writable(key: str, run_dir: Path) -> None:
+    """The run dir can be made and written: an unwritable output_dir failed 16 s in, once the
+    trainer had loaded its model."""
+    there = run_dir.resolve()
+    while not there.exists():
+        there = there.parent
+    try:  # a file made and gone at once: os.access says yes to root on what root cannot write
+        with tempfile.TemporaryFile(dir=there):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot write the run dir {run_dir}: {there}: "
+                          f"{e.strerror or e}") from None  # fmt: skip
 
 
 def has_chat_template(model_dir: Path) -> bool:

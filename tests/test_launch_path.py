@@ -184,7 +184,7 @@ def test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times(tmp_path, cod
            "STARTS": str(tmp_path / "s"), "FAKE_SAMPLER_CODE": str(code),
            "GRPO_MAX_RESTARTS": "2", "GRPO_RESTART_DELAY_S": "0"}  # fmt: skip
     (tmp_path / "model").mkdir()
-    for name in ("config.json", "chat_template.jinja"):  # what launch.sh's check looks for
+    for name in ("config.json", "tokenizer.json", "chat_template.jinja"):  # what the check reads
         (tmp_path / "model" / name).write_text("{}")
     proc = subprocess.run(["bash", str(REPO / "launch.sh"), DEMO, f"model.path={tmp_path}/model"],
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -201,7 +201,7 @@ def fake_roles(tmp_path: Path, code: int, **env: str) -> tuple[list[str], dict[s
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     (tmp_path / "model").mkdir(exist_ok=True)
-    for name in ("config.json", "chat_template.jinja"):  # what launch.sh's check looks for
+    for name in ("config.json", "tokenizer.json", "chat_template.jinja"):  # what the check reads
         (tmp_path / "model" / name).write_text("{}")
     env = {**os.environ, "PYTHON": str(fake), "REAL_PYTHON": PYTHON,
            "STARTS": str(tmp_path / "s"), "FAKE_SAMPLER_CODE": str(code), **env}  # fmt: skip
@@ -285,7 +285,7 @@ def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path, comman
     assert GRPO_COMMAND.is_file(), "no grpo command: bash scripts/setup.sh installs the package"
     project = tmp_path / "project"
     (project / "model").mkdir(parents=True)
-    for name in ("config.json", "chat_template.jinja"):  # what the check looks for
+    for name in ("config.json", "tokenizer.json", "chat_template.jinja"):  # what the check reads
         (project / "model" / name).write_text("{}")
     (project / "mine.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
     (project / "my_reward_xyz.py").write_text(
@@ -325,23 +325,25 @@ def test_a_rank_s_input_error_stays_exit_2_and_is_said_once():
 def test_an_input_error_on_two_ranks_is_one_line_exit_2_and_never_restarted(
     tmp_path, tiny_model_dir
 ):
-    """Issue 64, item 1, as a user meets it: the demo's shape of trainer (two ranks under
-    torchrun) whose input is wrong in a way only the ranks find (a LoRA target module the
-    model lacks: peft's ValueError as each rank builds the model) exits 2 through launch.sh
-    with the cause said once; torchrun made it 1, which launch.sh restarted three times: 95-105
-    s, about 190 lines, exit 1, four rotated run dirs. ROLE=trainer: the sampler would find the
-    same error first; launch.sh's supervision never restarts a 2 (the stand-in roles' test
-    above)."""
+    """Issue 64, item 1: the demo's shape of trainer (two ranks under torchrun) whose input is
+    wrong exits 2 with the cause said once; torchrun made it 1, which launch.sh restarted three
+    times: 95-105 s, about 190 lines, exit 1, four rotated run dirs. launch.sh's up-front check
+    finds this input (a LoRA target module the model lacks) before torchrun starts, so the
+    trainer's launcher is run as launch.sh runs it, alone: each rank's own start finds it
+    (and an input only a rank can find takes the same way, `told_torchrun`); launch.sh never
+    restarts a 2 (the stand-in roles' test above)."""
     from tests.test_integration import tiny_config
 
     config = tiny_config(tmp_path, tiny_model_dir)  # train.num_ranks 2
-    env = {**os.environ, "GRPO_RESTART_DELAY_S": "0", "ROLE": "trainer"}
     lora = ["model.lora.enabled=true", "model.lora.target_modules=[q_prj]"]
-    command = ["bash", str(REPO / "launch.sh"), str(config), *lora]
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    command = [PYTHON, "-m", "grpo.trainer.launch", str(config), *lora]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     said = [line for line in proc.stderr.splitlines() if "q_prj" in line]
-    assert len(said) == 1 and said[0].startswith("trainer: NoMatchingPeftModuleError: "), said
+    assert len(said) == 1, proc.stderr[-3000:]
+    assert said[0].startswith("trainer: config error: model.lora.target_modules: q_prj match no"), (
+        said
+    )
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == said, proc.stderr  # the rank torchrun stopped: quiet
 

@@ -176,3 +176,37 @@ def test_a_vllm_backend_without_vllm_is_named_before_any_model_loads(tiny_model_
     with pytest.raises(ConfigError, match=r"vllm is not installed: bash scripts/setup.sh --vllm"):
         preflight(cfg, "sampler")
     preflight(config(tiny_model_dir), "sampler")  # HF needs nothing more
+
+
+def test_what_the_run_opens_past_the_model_dir_is_opened_first(tiny_model_dir, tmp_path):
+    """Issue 64, item 2: `grpo check` said "config ok" and the run then died on a model dir
+    without tokenizer files (30 s in), data.test rows without the task's columns (19 s), an
+    unwritable output_dir (16 s), and a mistyped LoRA target, which trained the rest silently."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_model_dir, bare)
+    for name in preflight_module.TOKENIZER_FILES:
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(ConfigError, match=r"^model.path: .* has no tokenizer \(none of tokenizer"):
+        preflight(config(bare), "trainer")
+
+    rows = tmp_path / "test.jsonl"
+    rows.write_text('{"problem": "What is 2 + 2?", "solution": "#### 4"}\n')
+    with pytest.raises(ConfigError, match=r"^data.test: .*row 0 has no 'question' key"):
+        preflight(config(tiny_model_dir, f"data.test={rows}", "eval.interval=5"), "trainer")
+    preflight(config(tiny_model_dir, f"data.test={rows}"), "trainer")  # no evaluation: unread
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for where in (a_file / "runs", "/proc/no_run_dir_here"):
+        with pytest.raises(ConfigError, match=r"^output_dir: cannot write the run dir"):
+            preflight(config(tiny_model_dir, f"output_dir={where}"), "trainer")
+
+    lora = ["model.lora.enabled=true", "model.lora.target_modules=[q_prj, v_proj]"]
+    with pytest.raises(ConfigError) as e:
+        preflight(config(tiny_model_dir, *lora), "sampler")
+    assert str(e.value).startswith("model.lora.target_modules: q_prj match no module of ")
+    assert "its linear layers: " in str(e.value) and "q_proj" in str(e.value)
+    named = "model.lora.target_modules=[q_proj, model.layers.0.mlp.up_proj]"  # a part, a name
+    preflight(config(tiny_model_dir, "model.lora.enabled=true", named), "both")

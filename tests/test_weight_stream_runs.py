@@ -31,7 +31,8 @@ def test_three_samplers_relay_versions_down_a_chain_and_route_around_a_killed_on
     overrides = [*transport_overrides(timeout_s=4), "rollout.num_samplers=3",
                  "weights.mode=stream", f"transport.weights_addr={weights_addr}",
                  "weights.fanout=1", "weights.transfer_timeout_s=1.5",
-                 "weights.delta=true"]  # fmt: skip
+                 "weights.delta=true",  # no CURVE: the relays are the listed ids
+                 "transport.relay_samplers=[sampler-0,sampler-1,sampler-2]"]  # fmt: skip
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "s0", "s1", "s2")}
     trainer = start("trainer", config, overrides, logs["trainer"])
     samplers = [

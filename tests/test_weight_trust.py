@@ -279,8 +279,9 @@ REFUSALS = {
 def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
     tmp_path, tiny_model_dir
 ):
-    """Two samplers relaying (fanout 1: sampler-1 receives from sampler-0, then the trainer). A
-    peer without CURVE heartbeats under sampler-0's id, many times a second, naming its own
+    """Two samplers relaying (fanout 1: sampler-1 receives from sampler-0, then the trainer;
+    without CURVE their ids are listed in transport.relay_samplers). A peer without CURVE
+    heartbeats under sampler-0's id, many times a second, naming its own
     relay (or an address that does not resolve), which serves forged versions, a version far
     in the future, corrupt buckets and stalls mid-version (Hostile), while it floods the
     trainer's weight server with requests it never reads. sampler-1 asks it first and refuses
@@ -298,7 +299,8 @@ def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
     weights_addr = f"tcp://127.0.0.1:{free_port()}"
     overrides = [*transport_overrides(timeout_s=20), "rollout.num_samplers=2",
                  "weights.mode=stream", f"transport.weights_addr={weights_addr}",
-                 "weights.fanout=1", "weights.transfer_timeout_s=2"]  # fmt: skip
+                 "weights.fanout=1", "weights.transfer_timeout_s=2",
+                 "transport.relay_samplers=[sampler-0,sampler-1]"]  # fmt: skip
     episodes = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.episodes"))
     unresolvable = "tcp://no-such-host.invalid:5"
     logs = {r: tmp_path / f"{r}.log" for r in ("trainer", "s0", "s1")}

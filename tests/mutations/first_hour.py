@@ -18,6 +18,7 @@ BARE = "tests/test_evaluation.py::test_a_reward_that_reports_no_parts_shows_no_a
 MERGE = "tests/test_merge_lora.py::"
 NODE = TESTS + "test_the_attention_kernel_and_the_ranks_must_fit_the_node"
 LAUNCH = "tests/test_launch_path.py::"
+OPENED = TESTS + "test_what_the_run_opens_past_the_model_dir_is_opened_first"
 SUMMARY = "tests/test_reward_runner.py::test_the_closing_summary_names_what_the_run_made_with_" \
     "absolute_paths"  # fmt: skip
 HELP = LAUNCH + "test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads"
@@ -305,6 +306,38 @@ MUTATIONS = (
             "tests/test_reward_runner.py::test_batch_maker_scores_through_the_runner_and_"
             "timeouts_reach_the_metrics",
         ),  # fmt: skip
+    ),
+    Mutation(
+        name="preflight_takes_a_dir_without_tokenizer",
+        item="64.2: a model dir without tokenizer files passes grpo check",
+        path="grpo/preflight.py",
+        old="    if not any((found / name).is_file() for name in TOKENIZER_FILES):\n",
+        new="    if False:\n",
+        tests=(OPENED,),
+    ),
+    Mutation(
+        name="preflight_leaves_test_rows_unread",
+        item="64.2: data.test rows the task cannot read pass grpo check",
+        path="grpo/preflight.py",
+        old="        if cfg.eval.interval > 0 and not cfg.data.mixture:",
+        new="        if False:",
+        tests=(OPENED,),
+    ),
+    Mutation(
+        name="preflight_output_dir_unchecked",
+        item="64.2: an unwritable output_dir passes grpo check",
+        path="grpo/preflight.py",
+        old='            _writable("output_dir", cfg.run_dir)\n',
+        new="            pass\n",
+        tests=(OPENED,),
+    ),
+    Mutation(
+        name="preflight_lora_targets_unchecked",
+        item="64.2: a mistyped LoRA target module passes grpo check (the rest train silently)",
+        path="grpo/preflight.py",
+        old="    if missing := [t for t in targets if t not in parts and t not in names]:\n",
+        new="    if missing := []:\n",
+        tests=(OPENED,),
     ),
     Mutation(
         name="help_fails_outside_the_checkout",

@@ -71,7 +71,7 @@ MUTATIONS = (
         name="reward_failures_never_stop",
         item="43.5: a reward failing above reward.max_error_rate stops the sampler",
         path="grpo/tasks/failures.py",
-        old="        if seen >= self.least and failed > self.bound * seen:",
+        old="        if (seen >= self.least or every_one) and failed > self.bound * seen:",
         new="        if False:",
         tests=(
             "tests/test_user_rewards.py::test_a_reward_failing_on_most_answers_stops_the_sampler_"
