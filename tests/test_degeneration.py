@@ -48,6 +48,45 @@ def test_the_measures_are_shares_of_the_answers_and_of_those_the_reward_paid():
     assert measures([], [], [], count_markers) == {}
 
 
+# The CPU demo's last answers (2026-12-02): worked in form, their sums mostly false.
+DEMO_ANSWERS = {
+    "Janet has 16 * 3 = 48 ducks laying 16 * 3 = 48 eggs per day. She eats 2 * 3 = 6 eggs per "
+    "day. She makes 48 - 6 = 32 ducks at the farmers' market.\n#### 32": [
+        ("16 * 3 = 48", True), ("16 * 3 = 48", True), ("2 * 3 = 6", True), ("48 - 6 = 32", False),
+    ],
+    "James runs 60 meters each sprint * 3 sprints = 180 meters per sprint.  So he runs 180 - 60 "
+    "= 120 meters per week.\n#### 120": [("180 - 60 = 120", True)],
+    "This increased the value of the house by 150% - 50% = 25%.\n#### 25": [],  # percentages
+    "Each wash is $24.00/240 = $0.10, and 1,200 + 3 x 100 = 1,500 in all.\n#### 1500": [
+        ("24.00/240 = 0.10", True), ("1200 + 3 x 100 = 1500", True),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("text", list(DEMO_ANSWERS))
+def test_each_equation_of_plain_numbers_is_checked(text):
+    from grpo.tasks.answer_form import equations
+
+    assert equations(text) == DEMO_ANSWERS[text]
+
+
+def test_false_arithmetic_is_measured_among_the_answers_that_state_any():
+    """Issue 58, what the demo's answers showed once their final numbers were their working's:
+    the form is learned, the arithmetic is not; no reward here checks it, so it is a measure
+    (no alarm). Of the three answers stating an equation, one holds a false one; an answer
+    stating none does not count; a bound on the work per "=" keeps it linear."""
+    from grpo.tasks.answer_form import equations
+    from tests.growth import LINEAR_BOUND, time_growth
+
+    texts = list(DEMO_ANSWERS)
+    row = measures(texts, [0.1] * 4, [False] * 4, count_markers)
+    assert row["degen_false_equation_frac"] == pytest.approx(1 / 3)
+    assert "degen_false_equation_frac" not in measures(
+        ["No sums here.\n#### 3"], [0.0], [False], None
+    )
+    assert time_growth(equations, lambda n: "1 + " * (n // 4) + "= 5", 1000) < LINEAR_BOUND
+
+
 @pytest.mark.parametrize(
     "measure, value, alarmed",
     [

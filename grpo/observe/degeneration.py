@@ -12,7 +12,10 @@ A reward that a model can farm rises while its answers degenerate: the CPU demo 
 - `degenerate_frac`: answers that repeat themselves or hold several markers;
 - `degen_length_ratio`: the mean answer length against the run's first steps (or first
   evaluation): a collapse to a bare marker, or a runaway to the length limit;
-- `degen_entropy_ratio`: the policy's entropy against the run's first steps (steps only).
+- `degen_entropy_ratio`: the policy's entropy against the run's first steps (steps only);
+- `degen_false_equation_frac`: of the answers whose working states an equation of plain numbers
+  ("48 - 6 = 32"), those with a false one. No alarm: false arithmetic games no reward here, but
+  says what a worked answer's form is worth (the CPU demo's are mostly false).
 
 Users' own tasks get every measure but the markers with no code of theirs. Each is a pure
 function of the answers; `Watch` keeps the baselines and says when a measure crosses its
@@ -26,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.tasks.answer_form import repetition
+from grpo.tasks.answer_form import equations, repetition
 
 log = logging.getLogger("grpo.trainer")
 
@@ -70,6 +73,9 @@ def measures(
     row = {"degen_repeat_frac": _share(repeats), "degenerate_frac": _share(degenerate)}
     if many:
         row["degen_multi_marker_frac"] = _share(many)
+    stated = [equations(t) for t in texts]
+    if checked := [any(not agree for _, agree in found) for found in stated if found]:
+        row["degen_false_equation_frac"] = _share(checked)
     paid = [i for i, r in enumerate(rewards) if r > 0]
     if paid:
         row["degen_refused_frac"] = _share([degenerate[i] or refused[i] for i in paid])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from fractions import Fraction
 
 Span = tuple[int, int, int]  # (where the marker starts, where its content starts, ends)
 
@@ -81,3 +82,51 @@ def refusal(text: str, last: Span | None, markers: int) -> str | None:
     if repetition(text) is not None:
         return "repeats itself"
     return None
+
+
+# An equation of plain numbers the working states: "a op b ... = c" (op + - * / x), read in a
+# window of EQUATION_CHARS before each "=" (bounded work per "="), percentages left out.
+EQUATION_CHARS = 80
+_NUMBER = r"\d+(?:\.\d+)?"
+_LEFT_RE = re.compile(rf"(?<![\d.])(?:{_NUMBER}[ \t]*[-+*/x×][ \t]*)+{_NUMBER}[ \t]*$")
+_RIGHT_RE = re.compile(rf"[ \t]*(-?{_NUMBER})(?![\d%])")
+_TOKEN_RE = re.compile(rf"{_NUMBER}|[-+*/x×]")
+
+
+def equations(text: str) -> list[tuple[str, bool]]:
+    """Each equation of plain numbers in `text`, as written, and whether its two sides agree
+    (within rounding: 0.01, or a thousandth of the result). "48 - 6 = 32" is false: the
+    arithmetic a worked answer shows, which no reward here checks (issue 58)."""
+    plain = text.replace(",", "").replace("$", "")
+    found = []
+    for equals in re.finditer("=", plain):
+        start = max(0, equals.start() - EQUATION_CHARS)
+        left = _LEFT_RE.search(plain, start, equals.start())
+        right = _RIGHT_RE.match(plain, equals.end())
+        if left is None or right is None or (left.start() == start and start > 0):
+            continue  # no plain equation, or one longer than the window
+        value = _evaluate(_TOKEN_RE.findall(left.group(0)))
+        if value is not None:
+            result = Fraction(right.group(1))
+            agree = abs(value - result) <= max(Fraction(1, 100), abs(result) / 1000)
+            found.append((plain[left.start() : right.end()].strip(), agree))
+    return found
+
+
+def _evaluate(tokens: list[str]) -> Fraction | None:
+    """numbers and operators, alternating, with * and / before + and -; None for a division by
+    zero."""
+    terms: list[Fraction] = [Fraction(tokens[0])]
+    signs: list[int] = [1]
+    for op, number in zip(tokens[1::2], tokens[2::2], strict=True):
+        value = Fraction(number)
+        if op in "*x×":
+            terms[-1] *= value
+        elif op == "/":
+            if value == 0:
+                return None
+            terms[-1] /= value
+        else:
+            terms.append(value)
+            signs.append(1 if op == "+" else -1)
+    return sum((s * t for s, t in zip(signs, terms, strict=True)), Fraction(0))

@@ -58,6 +58,14 @@ MUTATIONS = (
         tests=(SPAM, f"{TASKS}::test_working_result_is_the_last_numbered_sentence_s_results"),
     ),
     Mutation(
+        name="false_equations_counted_true",
+        item="58.2: an equation whose sides differ is taken as true",
+        path="grpo/tasks/answer_form.py",
+        old="agree = abs(value - result) <= max(Fraction(1, 100), abs(result) / 1000)",
+        new="agree = True",
+        tests=(f"{DEGEN}::test_false_arithmetic_is_measured_among_the_answers_that_state_any",),
+    ),
+    Mutation(
         name="math_boxes_any_number",
         item="58.1: the MATH reward checks an answer with several boxes",
         path="grpo/tasks/math500.py",
