@@ -36,7 +36,7 @@ class FailureRate:
             if error is not None and self.first is None:
                 self.first = str(error)
         failed, seen = sum(self.recent), len(self.recent)
-        every_one = failed == seen >= min(len(results), self.least) > 1  # a batch, all failed
+        every_one = len(results) > 1 and failed == seen  # a batch and all before it failed
         if (seen >= self.least or every_one) and failed > self.bound * seen:
             raise RewardFailingError(
                 f"the reward {self.reward} failed on {failed} of the last {seen} answers "

@@ -239,7 +239,7 @@ MUTATIONS = (
         name="failing_reward_judged_only_after_32",
         item="64.3: a reward failing on every answer of the first batch is not stopped",
         path="grpo/tasks/failures.py",
-        old="        every_one = failed == seen >= min(len(results), self.least) > 1",
+        old="        every_one = len(results) > 1 and failed == seen",
         new="        every_one = False",
         tests=(
             "tests/test_user_rewards.py::test_a_reward_failing_on_most_answers_stops_the_"
