@@ -126,6 +126,15 @@ def test_rollout_logprobs_match_hf_on_the_same_tokens(engine, hf_base, base_mode
     assert mean < MEAN_TOL and worst < MAX_TOL
 
 
+def test_the_engine_runs_on_the_sampler_s_cores_with_none_reserved(engine):
+    """vLLM's own default would keep a core for its scheduler (grpo.rollout.vllm.cpu_binding);
+    the suite gives each process one thread, so the engine binds one core."""
+    import os
+
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == str(min(os.sched_getaffinity(0)))
+
+
 def test_ignore_eos_answers_run_to_the_cap(engine, base_model_dir):
     """rollout.ignore_eos (fixed-length benchmarks): no answer ends before max_new_tokens."""
     tok = load_tokenizer(base_model_dir)

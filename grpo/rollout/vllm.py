@@ -67,6 +67,24 @@ def engine_kwargs(cfg: Config) -> dict:
     return kwargs
 
 
+def cpu_binding(env: dict[str, str], cpus: Sequence[int]) -> dict[str, str]:
+    """vLLM CPU's thread binding for this process's cores, unless the user set one.
+
+    vLLM's own default ("auto") keeps one core of each NUMA node for its scheduler: on a
+    2-core machine its forward passes ran on one thread, 105 tokens/s against 168 on both
+    (the demo's 4 x 4 answers of 128 tokens; 122 against 210 for its 32 greedy ones). The
+    sampler's cores are the ones it may use (its affinity), OMP_NUM_THREADS of them when that
+    is set (the test suite gives every process one)."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in env:
+        return {}
+    threads = int(env.get("OMP_NUM_THREADS") or len(cpus))
+    chosen = sorted(cpus)[: max(1, threads)]
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, chosen)),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+
+
 def _import_vllm():
     try:
         import vllm
@@ -118,6 +136,10 @@ class VllmRollout:
         vllm = _import_vllm()
         t0 = time.monotonic()
         os.environ[PARENT_ENV] = str(os.getpid())  # its engine process dies with this one
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            os.environ.update(cpu_binding(dict(os.environ), sorted(os.sched_getaffinity(0))))
         llm = vllm.LLM(model=str(model_path), **self.kwargs)
         log.info("vLLM engine started on %s in %.1f s", model_path, time.monotonic() - t0)
         return llm

@@ -12,12 +12,32 @@ from tests.mutations import Mutation
 STOP_TEST = "tests/test_vllm.py::test_stop_strings_end_answers_like_hf"
 STREAMED_TEST = "tests/test_vllm.py::test_streamed_tensors_are_served_in_place"
 BAD_FILE_TEST = "tests/test_vllm.py::test_a_bad_file_is_refused_before_the_model_is_touched"
+BINDING_TEST = "tests/test_vllm.py::test_the_engine_runs_on_the_sampler_s_cores_with_none_reserved"
 RELOAD_TEST = "tests/test_vllm.py::test_in_place_reload_serves_the_new_weights"
 PLUGIN_RUN = "tests/test_plugins.py::test_a_run_with_the_toy_plugins_and_a_served_reward_model"
 PLUGIN_PLAN = "tests/test_plugins.py::test_the_run_s_plan_and_reward_are_the_plugins"  # CI's tier
 PLUGIN_TASK = "tests/test_plugins.py::test_toy_task_is_found_and_scores"
 
 MUTATIONS = (
+    Mutation(
+        name="vllm_keeps_a_core_for_its_scheduler",
+        item="58/59: the demo's vLLM generates on both cores",
+        path="grpo/rollout/vllm.py",
+        old='        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",\n',
+        new='        "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",\n',
+        tests=(
+            "tests/test_vllm_binding.py::test_all_the_sampler_s_cores_none_reserved",
+            BINDING_TEST,
+        ),
+    ),
+    Mutation(
+        name="vllm_binding_never_set",
+        item="58/59: the binding reaches the engine",
+        path="grpo/rollout/vllm.py",
+        old="            os.environ.update(cpu_binding(",
+        new="            dict(cpu_binding(",
+        tests=(BINDING_TEST,),
+    ),
     Mutation(
         name="vllm_ignores_stop_strings",
         item="3: the stop strings fire in vLLM",
