@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,7 +67,7 @@ def engine_kwargs(cfg: Config) -> dict:
     return kwargs
 
 
-def cpu_binding(env: dict[str, str], cpus: Sequence[int]) -> dict[str, str]:
+def cpu_binding(env: dict[str, str], cpus: Collection[int]) -> dict[str, str]:
     """vLLM CPU's thread binding for this process's cores, unless the user set one.
 
     vLLM's own default ("auto") keeps one core of each NUMA node for its scheduler: on a
@@ -139,7 +139,7 @@ class VllmRollout:
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
-            os.environ.update(cpu_binding(dict(os.environ), sorted(os.sched_getaffinity(0))))
+            os.environ.update(cpu_binding(dict(os.environ), os.sched_getaffinity(0)))
         llm = vllm.LLM(model=str(model_path), **self.kwargs)
         log.info("vLLM engine started on %s in %.1f s", model_path, time.monotonic() - t0)
         return llm
