@@ -15,6 +15,7 @@ def test_all_the_sampler_s_cores_none_reserved():
 
 def test_omp_num_threads_caps_the_cores():
     assert cpu_binding({"OMP_NUM_THREADS": "1"}, [2, 3])["VLLM_CPU_OMP_THREADS_BIND"] == "2"
+    assert cpu_binding({"OMP_NUM_THREADS": "1,2"}, [2, 3])["VLLM_CPU_OMP_THREADS_BIND"] == "2"
 
 
 def test_a_user_s_binding_is_left_alone():

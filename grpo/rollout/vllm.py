@@ -77,7 +77,8 @@ def cpu_binding(env: dict[str, str], cpus: Collection[int]) -> dict[str, str]:
     is set (the test suite gives every process one)."""
     if "VLLM_CPU_OMP_THREADS_BIND" in env:
         return {}
-    threads = int(env.get("OMP_NUM_THREADS") or len(cpus))
+    # OpenMP's value may be a list, one count per nesting level ("4,2"): the first is ours.
+    threads = int(env.get("OMP_NUM_THREADS", "").split(",")[0] or len(cpus))
     chosen = sorted(cpus)[: max(1, threads)]
     return {
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, chosen)),
