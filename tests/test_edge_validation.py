@@ -312,7 +312,7 @@ def test_a_refused_batch_leaves_no_trace_and_the_real_one_is_taken(tmp_path, cap
         assert "ghost" not in trainer.pool.members
         assert trainer.counters()["rejected_batches"] == 3
         assert trainer.counters()["rejected_frames"] == 1
-        ignored = "ignored the trainer's rejection of batch 0"
+        ignored = "ignored a rejection of batch 0"
         assert _wait(lambda: any(ignored in r.getMessage() for r in caplog.records))
         assert not sampler.stopped.is_set(), sampler.status.stop_reason
         sampler.send(_batch(0), {"next_seq": 1})
@@ -338,29 +338,48 @@ def test_rejections_of_batches_others_sent_in_its_name_cost_the_sampler_a_few_li
     trainer, sampler = _endpoints(tmp_path)
     try:
         for seq in range(1000):
-            body = {"sampler_id": "sampler-0", "seq": seq, "reason": "r", "digest": 1}
+            body = {"sampler_id": "sampler-0", "seq": seq, "tag": bytes(16), "sealed": b"r"}
             sampler._heard(Message(messages.REJECTED, body))
         assert sampler.others_rejected == 1000 and not sampler.stopped.is_set()
     finally:
         sampler.close()
         trainer.close()
-    lines = [r for r in caplog.records if "ignored the trainer's rejection" in r.getMessage()]
+    lines = [r for r in caplog.records if "ignored a rejection of batch" in r.getMessage()]
     assert 10 < len(lines) <= 20, len(lines)
 
 
 def test_a_rejected_batch_of_its_own_stops_the_sampler_and_stays_spooled(tmp_path):
     """finding 4: the sampler's own batch refused: it stops with the trainer's reason (every
     later batch would be refused too), instead of resending it; the batch stays in the spool
-    for a trainer restarted with the matching config."""
+    for a trainer restarted with the matching config. Issue 62, finding 2: another subscriber
+    of the control channel hears that batch 0 was rejected, not why (the reason taught a
+    forger the batch shape the trainer expects)."""
     trainer, sampler = _endpoints(tmp_path)
+    listener = zmq.Context.instance().socket(zmq.SUB)
+    listener.setsockopt(zmq.LINGER, 0)
+    listener.setsockopt(zmq.SUBSCRIBE, b"")
+    listener.connect(trainer.transport.control_addr)
     try:
         sampler.wait_for_trainer()
+        time.sleep(0.3)  # the listener's subscription reaches the trainer's PUB
         sampler.send(_batch(0, groups=2), {"next_seq": 1})
         taker = threading.Thread(target=trainer.next_batch, args=(lambda: None,))
         taker.start()
         assert sampler.stopped.wait(10)
         assert sampler.status.stop_reason.startswith("the trainer rejected batch 0: it has 2")
         assert sampler.spool.pending() == [0]
+        heard = []
+        deadline = time.monotonic() + 2  # the control channel also carries heartbeats
+        while time.monotonic() < deadline:
+            if not listener.poll(100):
+                continue
+            frames = listener.recv_multipart()
+            if (msg := decode(frames)).kind == messages.REJECTED:
+                heard.append((msg.body, b"".join(frames)))
+        assert len(heard) == 1
+        body, raw = heard[0]
+        assert body["seq"] == 0 and "reason" not in body
+        assert b"groups" not in raw and b"it has" not in raw
         other = zmq.Context.instance().socket(zmq.PUSH)  # a batch that fits ends the wait
         other.setsockopt(zmq.LINGER, 0)
         other.connect(trainer.transport.episodes_addr)
@@ -368,6 +387,7 @@ def test_a_rejected_batch_of_its_own_stops_the_sampler_and_stays_spooled(tmp_pat
         taker.join(10)
         other.close()
     finally:
+        listener.close()
         sampler.close()
         trainer.close()
 

@@ -12,12 +12,14 @@ import zmq
 
 from grpo.config import TransportConfig
 from grpo.core.episode import Episode, EpisodeBatch
+from grpo.delivery import rejection
 from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
 from grpo.delivery.spool import Spool
 from grpo.delivery.trainer_endpoint import TrainerEndpoint
 from grpo.wire.channels import PeerError
+from grpo.wire.codec import encode_batch
 from grpo.wire.sampler_channel import SamplerChannel
 from grpo.wire.trainer_channel import TrainerChannel
 from tests.conftest import free_port
@@ -230,8 +232,22 @@ def test_a_rejected_batch_stops_only_the_sampler_that_sent_it():
         deadline = time.monotonic() + 5
         while not sampler.status.seen and time.monotonic() < deadline:  # subscribed by now
             time.sleep(0.05)
-        trainer.channel.announce("rejected", sampler_id="another", seq=3, reason="wrong shape")
-        trainer.channel.announce("rejected", sampler_id="s0", seq=4, reason="it has 2 groups of 2")
+        own = encode_batch(_batch(4, "s0"))
+        sampler.spool.put(4, own)
+        for sampler_id, seq, frames in [
+            ("another", 4, own),  # another sampler's id
+            ("s0", 4, encode_batch(_batch(4, "s1"))),  # a batch others sent under its seq
+            ("s0", 3, own),  # a seq it has not spooled
+        ]:
+            sealed = rejection.seal(frames, "wrong shape")
+            trainer.channel.announce("rejected", sampler_id=sampler_id, seq=seq, **sealed)
+        # Sealed for another batch but claiming the reason in the clear, as a peer might.
+        trainer.channel.announce("rejected", sampler_id="s0", seq=4, reason="made up")
+        time.sleep(0.5)
+        assert not sampler.stopped.is_set(), sampler.status.stop_reason
+        assert sampler.others_rejected == 3
+        sealed = rejection.seal(own, "it has 2 groups of 2")
+        trainer.channel.announce("rejected", sampler_id="s0", seq=4, **sealed)
         assert sampler.stopped.wait(5)
         assert sampler.status.stop_reason == "the trainer rejected batch 4: it has 2 groups of 2"
         assert not sampler.status.done

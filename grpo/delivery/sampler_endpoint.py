@@ -23,13 +23,14 @@ from grpo.config import TransportConfig
 from grpo.core.columns import is_int
 from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
+from grpo.delivery import rejection
 from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.runtime.refusals import note
 from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.wire import messages
-from grpo.wire.codec import Message
+from grpo.wire.codec import FrameError, Message
 from grpo.wire.sampler_channel import SamplerChannel
 
 log = logging.getLogger("grpo.sampler")
@@ -159,10 +160,9 @@ class SamplerEndpoint:
                 self._stop(reason)
             else:  # a peer sends in this sampler's name: as often as it likes, so counted
                 self.others_rejected += 1
-                note(log, self.others_rejected, "ignored the trainer's rejection of batch %s (%d "
-                     "so far): not the batch this sampler sent under that seq (another peer "
-                     "used its id): %.300s", body.get("seq"), self.others_rejected,
-                     body.get("reason"))  # fmt: skip
+                note(log, self.others_rejected, "ignored a rejection of batch %.30r (%d so "
+                     "far): not of the batch this sampler sent under that seq (another peer "
+                     "used its id)", body.get("seq"), self.others_rejected)  # fmt: skip
         self._news.set()
 
     def _stop(self, reason: str) -> None:
@@ -313,20 +313,26 @@ def _trainer_moved(before: Snapshot | None, now: Snapshot | None) -> bool:
 
 def own_rejection(body: dict[str, Any], spool: Spool) -> str | None:
     """The reason to stop for, when the trainer's rejection under this sampler's id is of its
-    own batch (the checksum it names is the spooled batch's); None when it is not.
+    own batch (its seal opens with the spooled batch's frames: grpo.delivery.rejection); None
+    when it is not.
 
     Stop, not drop the batch and go on: a batch this sampler builds has passed every check a
     batch can pass alone (grpo.core.columns), so the trainer refuses it only for what the two
     roles disagree on (batch shape, log-probs, vocabulary, lengths), and would refuse every
     later batch as well: going on would burn the shard. The batch stays in the spool: if the
     trainer is the one restarted with the matching config, it is trained then. A rejection
-    naming another checksum was of a batch some other peer sent in this sampler's name: it is
-    ignored (this sampler's batch of that seq still counts). One without a checksum comes from
-    a trainer that names none, and counts."""
-    seq, digest = body.get("seq"), body.get("digest")
-    if digest is None or (is_int(seq) and spool.digest(seq) == digest):
-        return f"the trainer rejected batch {seq}: {body.get('reason')}"
-    return None
+    that does not open was of a batch some other peer sent in this sampler's name, or was
+    made up by a peer: it is ignored (this sampler's batch of that seq still counts)."""
+    seq = body.get("seq")
+    if not is_int(seq):
+        return None
+    try:
+        frames = spool.frames(seq)
+    except (OSError, FrameError):  # not (or no longer) in the spool, or damaged there
+        return None
+    if (reason := rejection.unseal(frames, body)) is None:
+        return None
+    return f"the trainer rejected batch {seq}: {reason}"
 
 
 def passed_over_too_often(lost: list[int], resends: dict[int, int]) -> str | None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +20,10 @@ from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
 from grpo.core.seqset import SeqSet
 from grpo.wire.blobs import bytes_to_frames, frames_to_bytes
-from grpo.wire.codec import FrameError, as_bytes, decode
+from grpo.wire.codec import FrameError, decode
 
 STATE_FILE = "state.json"
-_DIGEST = struct.Struct("<Q")
 _BATCH_FILE = re.compile(r"b(\d{9})\.frames")
-
-
-def frames_digest(frames: Sequence[Any]) -> int:
-    """A message's checksum, which leads its first frame (grpo.wire.codec.seal): what the
-    trainer names a batch it refuses by, so that its sampler can tell its own batch from one
-    another peer sent under its id and seq."""
-    head = as_bytes(frames[0])
-    if head.nbytes < _DIGEST.size:
-        raise FrameError("frame 0 is too short for a checksum")
-    return _DIGEST.unpack(head[: _DIGEST.size])[0]
 
 
 class Spool:
@@ -62,14 +49,6 @@ class Spool:
 
     def frames(self, seq: int) -> list[memoryview]:
         return bytes_to_frames(self._path(seq).read_bytes())
-
-    def digest(self, seq: int) -> int | None:
-        """The checksum the spooled batch `seq` went out with (see frames_digest), or None
-        when it is not in the spool."""
-        try:
-            return frames_digest(self.frames(seq))
-        except (OSError, FrameError):
-            return None
 
     def batch(self, seq: int) -> EpisodeBatch:
         """The spooled batch, checked like any received one (a corrupt file raises FrameError)."""

@@ -21,12 +21,12 @@ from typing import Any, Protocol
 
 from grpo.config import TransportConfig
 from grpo.core.episode import EpisodeBatch
+from grpo.delivery import rejection
 from grpo.delivery.admission import Expected, StalenessGate, misfit
 from grpo.delivery.eval_answers import AnswersAsked
 from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
-from grpo.delivery.spool import frames_digest
 from grpo.runtime.refusals import note
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
@@ -225,15 +225,16 @@ class TrainerEndpoint:
     def _reject(self, batch: EpisodeBatch, why: str) -> None:
         """Drop a batch this trainer cannot train on, and tell its sampler, which stops with
         the reason: the run goes on for any other sampler. Nothing is recorded of it (ledger,
-        held batches, pool), so the real batch of that seq is still taken. The rejection names
-        the batch by its checksum: a sampler stops only for its own batch, never for one that
-        another peer sent in its name."""
+        held batches, pool), so the real batch of that seq is still taken. The reason is
+        sealed under the batch's own frames (grpo.delivery.rejection): a sampler stops only
+        for its own batch, never for one another peer sent in its name, and no other
+        subscriber reads what a batch must look like."""
         self.rejected_batches += 1
-        note(log, self.rejected_batches, "dropped batch %d from %s (%d so far): %s", batch.seq,
-             batch.sampler_id, self.rejected_batches, why)  # fmt: skip
-        digest = frames_digest(encode_batch(batch))
+        note(log, self.rejected_batches, "dropped batch %d from %s (%d so far): %.300s",
+             batch.seq, batch.sampler_id, self.rejected_batches, why)  # fmt: skip
+        sealed = rejection.seal(encode_batch(batch), why)
         self.channel.announce(messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq,
-                              reason=why, digest=digest)  # fmt: skip
+                              **sealed)  # fmt: skip
 
     def consumed(self) -> None:
         """The ledger took a trained batch: the samplers learn it from the next heartbeat."""

@@ -6,7 +6,7 @@ Control channel (trainer PUB -> samplers; samplers PUSH -> trainer):
     VERSION    trainer: version v is published (sent at once, not only in the next heartbeat)
     DONE       trainer: the run is complete
     STOP       either way: the sender is stopping, with a reason
-    REJECTED   trainer: a batch was dropped as unfit, with the reason (only its sampler stops)
+    REJECTED   trainer: a batch was dropped as unfit, the reason sealed for its sender (who stops)
     BYE        sampler: it has everything it needs (the trainer may stop serving weights)
     EVAL       sampler: its answers to the evaluation of the version the trainer's heartbeats
                ask for (eval.engine: sampler)

@@ -337,4 +337,26 @@ MUTATIONS = (
         new="relay_ids=frozenset()",
         tests=("tests/test_pool.py::test_without_curve_only_the_listed_samplers_relay",),
     ),
+    Mutation(
+        name="rejection_reason_in_the_clear",
+        item="62.3: every subscriber of the control channel reads why a batch was rejected",
+        path="grpo/delivery/trainer_endpoint.py",
+        old="seq=batch.seq,\n                              **sealed)",
+        new="seq=batch.seq,\n                              reason=why, **sealed)",
+        tests=(
+            "tests/test_edge_validation.py::"
+            "test_a_rejected_batch_of_its_own_stops_the_sampler_and_stays_spooled",
+        ),
+    ),
+    Mutation(
+        name="rejection_opens_for_any_frames",
+        item="62.3: a made-up rejection, or one of another peer's batch, stops the sampler",
+        path="grpo/delivery/rejection.py",
+        old="    if not hmac.compare_digest(tag, _tag(key)):\n        return None\n",
+        new="",
+        tests=(
+            "tests/test_transport.py::test_a_rejected_batch_stops_only_the_sampler_that_sent_it",
+            "tests/test_rejection.py::test_other_frames_do_not_open_it",
+        ),
+    ),
 )
