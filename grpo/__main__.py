@@ -12,6 +12,7 @@ grpo launch-env CONFIG           check the config; print the GPUs and values lau
 A failure is one line and exit 2; `grpo --debug launch ...` (GRPO_DEBUG=1) adds a role's traceback.
 """
 
+import difflib
 import os
 import sys
 from typing import NoReturn
@@ -39,6 +40,17 @@ def launch(argv: list[str]) -> NoReturn:
     os.execvpe("bash", ["bash", str(script), *argv], env)  # replaces this process
 
 
+def unknown_tool(name: str | None) -> str:
+    """The line for a missing or mistyped tool name, with the nearest tool when one is close."""
+    tools = ["launch", *TOOLS]
+    usage = f"usage: grpo {{{','.join(tools)}}} ... (--help: what each does)"
+    if name is None:
+        return usage
+    close = difflib.get_close_matches(name, tools, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"grpo: no tool {name!r}{hint}; {usage}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in argv:  # a failure's traceback too, in this process and the roles it starts
@@ -50,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "launch":
         launch(argv[1:])
     if not argv or argv[0] not in TOOLS:
-        print(f"usage: grpo {{launch,{','.join(TOOLS)}}} ... (--help: what each does)",
-              file=sys.stderr)  # fmt: skip
+        print(unknown_tool(argv[0] if argv else None), file=sys.stderr)
         return 2
     return load_object(TOOLS[argv[0]], "tool")(argv[1:])
 

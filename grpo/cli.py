@@ -116,10 +116,18 @@ def exit_code_for(phase: str) -> int:
     return 2 if phase == STARTING else 1
 
 
+LAUNCH_ENV_USAGE = """usage: python -m grpo launch-env CONFIG [key=value ...]
+  what launch.sh runs first: check the config (as grpo check), then print as shell assignments
+  each role's GPUs and the config values launch.sh needs (ROLE=sampler|trainer|both)"""
+
+
 def launch_env(argv: list[str]) -> int:
     """Check the config and print shell assignments for launch.sh: each role's
     CUDA_VISIBLE_DEVICES value, and the config values launch.sh needs (one Python start-up
     for all of them: each costs a run a fraction of a second)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(LAUNCH_ENV_USAGE, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
     role = os.environ.get("ROLE", "both")
     try:
         cfg = load_config(argv[0], argv[1:])

@@ -340,12 +340,18 @@ def _check_trackers(cfg: Config) -> None:
             )
 
 
+CHECK_USAGE = """usage: python -m grpo check CONFIG [key=value ...]
+  check the config, look up every name in it (task, reward, loss, estimator, ...) and open
+  what a run of both roles here will open (model and tokenizer files, data rows, the run dir);
+  "config ok" and exit 0, or one line naming the cause and exit 2"""
+
+
 def main(argv: list[str]) -> int:
     """`python -m grpo check CONFIG [overrides]`: load the config and look up every name in
     it; one line naming the cause and exit 2 when something is wrong."""
-    if not argv:
-        print("usage: python -m grpo check CONFIG [key=value ...]", file=sys.stderr)
-        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(CHECK_USAGE, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
     try:
         cfg = load_config(argv[0], argv[1:])
         check_names(cfg)

@@ -21,6 +21,7 @@ LAUNCH = "tests/test_launch_path.py::"
 OPENED = TESTS + "test_what_the_run_opens_past_the_model_dir_is_opened_first"
 SUMMARY = "tests/test_reward_runner.py::test_the_closing_summary_names_what_the_run_made_with_" \
     "absolute_paths"  # fmt: skip
+COMMAND = "tests/test_grpo_command.py::"
 HELP = LAUNCH + "test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads"
 
 MUTATIONS = (
@@ -346,5 +347,21 @@ MUTATIONS = (
         old="        print(__doc__)\n        return 0\n",
         new="        print(__doc__)\n        return int(os.getcwd() == '/')\n",
         tests=(HELP,),
+    ),
+    Mutation(
+        name="check_help_read_as_a_config",
+        item='64.5: `grpo check --help` answers "config file not found: --help" again',
+        path="grpo/plan.py",
+        old='    if not argv or argv[0] in ("-h", "--help"):\n        print(CHECK_USAGE',
+        new="    if not argv:\n        print(CHECK_USAGE",
+        tests=(COMMAND + "test_every_tool_s_help_exits_0_with_its_usage",),
+    ),
+    Mutation(
+        name="mistyped_tool_without_its_nearest",
+        item="64.5: `grpo chek` gets the usage line, not `did you mean check?`",
+        path="grpo/__main__.py",
+        old="    close = difflib.get_close_matches(name, tools, n=1)\n",
+        new="    close = []\n",
+        tests=(COMMAND + "test_a_mistyped_tool_gets_the_nearest_one",),
     ),
 )
