@@ -4,6 +4,7 @@ question streams, version checksums, and acknowledgements over real sockets."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from grpo.delivery.spool import Spool
 from grpo.sampler.data import question_order
 from grpo.trainer.state import truncate_metrics
 from grpo.weights.dirs import (
+    VERSION_MARKER,
     discard_versions_after,
     publish_version,
     verify_version,
@@ -127,6 +129,31 @@ def _publish(run_dir: Path, version: int) -> Path:
         (tmp / "model.safetensors").write_bytes(bytes(range(256)) * 64)
 
     return publish_version(run_dir, version, save, keep=5, step=version)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_version_s_files_take_the_user_s_umask(tmp_path, umask):
+    """Issue 64, item 6: a version's weights were written as their writer made them, 0600
+    (transformers writes through a private temporary file): unreadable to a sampler of another
+    user. Two umasks, so that neither a default nor the test's own setting grants it."""
+
+    def save(tmp: Path) -> None:
+        path = tmp / "model.safetensors"
+        path.write_bytes(b"w" * 64)
+        path.chmod(0o600)
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "part.bin").write_bytes(b"p")
+        (tmp / "sub" / "part.bin").chmod(0o600)
+
+    old = os.umask(umask)
+    try:
+        vdir = publish_version(tmp_path, 1, save, keep=5, step=1)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(vdir).as_posix(): p.stat().st_mode & 0o777
+             for p in vdir.rglob("*") if p.is_file()}  # fmt: skip
+    assert set(modes) == {"model.safetensors", "sub/part.bin", VERSION_MARKER}, modes
+    assert set(modes.values()) == {0o666 & ~umask}, modes
 
 
 def test_a_version_is_on_the_disk_before_latest_names_it(tmp_path, monkeypatch):

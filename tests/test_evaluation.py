@@ -126,6 +126,30 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     reward.close()
 
 
+def test_a_step_s_numbers_go_to_the_tracker_group_they_belong_to():
+    """Issue 64, item 7: delivery counters and the sampler's numbers were filed under train/
+    beside reward and loss. Every counter the real trainer endpoint reports is delivery/."""
+    from tests.test_transport import _cfg, trainer_endpoint
+
+    endpoint = trainer_endpoint(_cfg())
+    try:
+        counters = endpoint.counters()
+    finally:
+        endpoint.close()
+    assert counters
+    row = {**dict.fromkeys(counters, 1), "staleness": 0, "reward_mean": 0.1, "loss": 0.2,
+           "response_len_mean": 30.0, "sampler_gen_s": 4.0, "sampler_tokens_per_s": 90.0,
+           "flat_groups_frac": 0.5, "entropy": 0.9}  # fmt: skip
+    tags = scalars_of(row, "train")
+    assert {t for t in tags if t.startswith("delivery/")} == {
+        f"delivery/{k}" for k in [*counters, "staleness"]
+    }
+    assert {t for t in tags if not t.startswith("delivery/")} == {
+        "train/reward_mean", "train/loss", "train/entropy", "rollout/response_len_mean",
+        "time/sampler_gen_s", "rollout/sampler_tokens_per_s", "rollout/flat_groups_frac",
+    }  # fmt: skip
+
+
 def test_scalars_keep_finite_numbers_under_their_section():
     row = {"step": 3, "kl": 0.5, "train_s": 2.0, "loss": float("nan"), "flag": True,
            "sampler_id": "sampler-0", "completion_lens": [1, 2], "time": 1e9}  # fmt: skip

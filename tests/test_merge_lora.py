@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 
 import pytest
 import torch
@@ -46,6 +47,12 @@ def test_the_merged_model_answers_as_the_adapter_on_its_base(lora_run, tmp_path,
     assert torch.allclose(got, want, atol=1e-5)
     assert not torch.allclose(base, want, atol=1e-3)  # the adapter changes the output
     assert (out / "tokenizer_config.json").is_file()
+    # issue 64, item 6: readable as the user's umask says (transformers writes the weights 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        p.name: 0o666 & ~mask for p in out.iterdir()
+    }
 
 
 def test_a_bad_merge_is_one_line_and_writes_nothing(lora_run, tmp_path, tiny_model_dir):

@@ -105,6 +105,42 @@ def test_each_mode_hands_the_sampler_the_version_the_trainer_published(tmp_path,
     assert failures == []
 
 
+@pytest.mark.parametrize("given", ["someone/tiny-model", "embedded", "dir"])
+def test_a_published_adapter_names_a_base_another_machine_finds(tmp_path, given):
+    """Issue 64, item 6: a LoRA version's adapter_config.json named the base by the path peft
+    loaded it from, for a hub id this machine's cache snapshot, which no other machine has.
+    The publisher names it as the config does ('embedded', the hub id), a dir absolutely."""
+    import json
+
+    from grpo.weights.dirs import verify_version, version_dir
+
+    model = tmp_path / "mine"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    path = str(model) if given == "dir" else given
+    cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", f"model.path={path}",
+                             "model.lora.enabled=true", "weights.mode=shared_dir"])  # fmt: skip
+    snapshot = "/root/.cache/huggingface/hub/models--someone--tiny-model/snapshots/0123abcd"
+    state = _state(1)
+
+    def write(where: Path, shard: str) -> None:  # as peft's save_pretrained writes an adapter
+        save_file(state, where / "adapter_model.safetensors")
+        settings = {"base_model_name_or_path": snapshot, "r": 4, "peft_type": "LORA"}
+        (where / "adapter_config.json").write_text(json.dumps(settings))
+
+    publisher = Publisher(cfg, SimpleNamespace(save_pretrained=lambda where: None))
+    publisher.start(TrainerLink(0, dict, lambda failure: None))
+    try:
+        publisher.publish(Published(write, lambda: state), 1)
+    finally:
+        publisher.close()
+    vdir = version_dir(cfg.run_dir, 1)
+    settings = json.loads((vdir / "adapter_config.json").read_text())
+    assert settings == {"base_model_name_or_path": str(model.resolve()) if given == "dir"
+                        else given, "r": 4, "peft_type": "LORA"}  # fmt: skip
+    verify_version(vdir)  # its checksums are of the file as rewritten
+
+
 def test_the_sampler_holds_the_version_its_receiver_handed_over(tmp_path):
     """With relays a receiver may hand over a newer version than the one asked for
     (grpo.weights.stream.follower.VersionFollower.image): the sampler's version, which its

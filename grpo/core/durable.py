@@ -56,3 +56,27 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent)
+
+
+def current_umask() -> int:
+    """This process's umask, read without setting it where Linux tells it (/proc)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and put back at once
+    os.umask(mask)
+    return mask
+
+
+def as_umask_allows(root: Path) -> None:
+    """Every file under `root` with the mode a new file gets under the user's umask (0644
+    under 022). transformers writes a checkpoint's weights through a private temporary file,
+    so they were readable by their owner alone: another user of the machine, or a sampler
+    running as another user, could not read a published version (issue 64)."""
+    mode = 0o666 & ~current_umask()
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            os.chmod(Path(dirpath) / name, mode)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo.core.durable import as_umask_allows
 from grpo.models.embedded import BASE_DIR, COMPLETE_MARKER, embedded_gguf_path, is_converted
 
 log = logging.getLogger("grpo.models")
@@ -59,6 +60,7 @@ def ensure_embedded_base(dest: Path = BASE_DIR) -> Path:
         model.generation_config = quantised.generation_config
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        as_umask_allows(tmp)
         (tmp / COMPLETE_MARKER).write_text("converted from " + gguf.name + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)

@@ -49,6 +49,19 @@ def require_model_dir(path: str) -> Path:
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as the hub spells ids
 
 
+def portable_name(path: str) -> str:
+    """How a LoRA adapter names its base (adapter_config.json's base_model_name_or_path) so
+    that another machine finds it: 'embedded' and a hub id as the config gives them (found
+    there in its own cache), a directory as its absolute path. peft records the path the
+    model was loaded from: for a hub id, this machine's cache snapshot."""
+    if path == EMBEDDED:
+        return path
+    p = resolve_path(path)
+    if (p / "config.json").is_file():
+        return str(p.resolve())
+    return path
+
+
 def _cached_snapshot(repo_id: str) -> Path | None:
     """The newest snapshot of `repo_id` in the local cache, if one has its config.json."""
     try:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from grpo.config import ConfigError, load_config
+from grpo.core.durable import as_umask_allows
 from grpo.models.embedded import ModelError
 
 
@@ -52,6 +53,7 @@ def merge_lora(adapter: Path, out: Path, base: str = "") -> Path:
     try:
         merged.save_pretrained(tmp)
         load_tokenizer(base_dir).save_pretrained(tmp)
+        as_umask_allows(tmp)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)

@@ -4,8 +4,9 @@ plot, the benchmarks and a resume read), a few answers of each step as text to s
 TensorBoard event files in the run dir (`logging.tensorboard`), and W&B when it is installed
 and asked for (`logging.wandb: online | offline`; offline needs no network).
 
-A tracker is a `Sink`; a row's finite numbers go to it under `train/`, `time/` (the stage
-timings, keys ending in `_s`) or `eval/`, against the step (a version is the step it ends).
+A tracker is a `Sink`; a row's finite numbers go to it under `train/`, `rollout/`,
+`delivery/`, `time/` (the stage timings, keys ending in `_s`) or `eval/` (group_of), against
+the step (a version is the step it ends).
 """
 
 from __future__ import annotations
@@ -40,15 +41,42 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+# A step row's delivery counters (grpo.delivery.trainer_endpoint's counters()) and what it
+# says of the batch's making, each in a tracker group of its own: beside reward and loss under
+# train/ they buried both (issue 64).
+DELIVERY = frozenset({"duplicates_dropped", "rejected_frames", "refused_messages",
+                      "rejected_batches", "refused_evals", "stale_batches", "samplers_alive",
+                      "staleness"})  # fmt: skip
+ROLLOUT = frozenset({"response_len_mean", "truncated_frac", "flat_groups_frac",
+                     "reward_errors", "reward_timeouts", "tool_token_frac", "turns_mean",
+                     "tool_calls_mean", "tool_errors_mean"})  # fmt: skip
+
+
+def group_of(key: str, section: str) -> str:
+    """The tracker group of a row's `key`: eval/ for an evaluation's; of a step's, time/ (the
+    stage timings, ending in `_s`; a rate `_per_s` is not one), delivery/, rollout/ (the
+    sampler's own numbers, `sampler_*`, and the answers' lengths and failures), else train/
+    (reward, loss, KL, entropy...)."""
+    if section != "train":
+        return section
+    if key.endswith("_s") and not key.endswith("_per_s"):  # seconds, not a rate
+        return "time"
+    if key in DELIVERY:
+        return "delivery"
+    if key in ROLLOUT or key.startswith("sampler_"):
+        return "rollout"
+    return "train"
+
+
 def scalars_of(row: dict[str, Any], section: str) -> dict[str, float]:
-    """`row`'s finite numbers as tracker tags: `eval/accuracy`, `train/kl`, `time/train_s`."""
+    """`row`'s finite numbers as tracker tags: `eval/accuracy`, `train/kl`, `time/train_s`,
+    `delivery/rejected_batches`, `rollout/response_len_mean`."""
     out = {}
     for key, value in row.items():
         if key in _NOT_SCALARS or isinstance(value, bool):
             continue
         if isinstance(value, int | float) and math.isfinite(value):
-            group = "time" if section == "train" and key.endswith("_s") else section
-            out[f"{group}/{key}"] = float(value)
+            out[f"{group_of(key, section)}/{key}"] = float(value)
     return out
 
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo.core.checksum import file_digest
-from grpo.core.durable import fsync_path, fsync_tree, write_atomic
+from grpo.core.durable import as_umask_allows, fsync_path, fsync_tree, write_atomic
 
 VERSION_MARKER = "version.json"
 
@@ -75,6 +75,7 @@ def publish_version(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save(tmp)
+    as_umask_allows(tmp)
     files = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     (tmp / VERSION_MARKER).write_text(
         json.dumps({"version": version, "step": step, "time": time.time(), "files": files})

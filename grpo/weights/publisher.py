@@ -9,6 +9,7 @@ adapter).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config import Config
+from grpo.models.embedded import portable_name
 from grpo.models.loading import adapter_state
 from grpo.weights.dirs import publish_version
 from grpo.weights.modes import mode_of
@@ -51,6 +53,15 @@ def _save(module: Any, where: Path, lora: bool, max_shard_size: str, state: dict
         module.save_pretrained(
             where, state_dict=state, save_original_format=False, max_shard_size=max_shard_size
         )
+
+
+def name_base(adapter: Path, name: str) -> None:
+    """The adapter written in `adapter` names `name` as its base (grpo.models.embedded.
+    portable_name), in place of the path peft recorded."""
+    path = adapter / "adapter_config.json"
+    settings = json.loads(path.read_text())
+    settings["base_model_name_or_path"] = name
+    path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def _state(module: Any, lora: bool, state: dict | None) -> dict[str, Any]:
@@ -157,6 +168,8 @@ class Publisher:
             def save(tmp: Path) -> None:
                 weights.write(tmp, cfg.train.max_shard_size)
                 self.tokenizer.save_pretrained(tmp)
+                if cfg.model.lora.enabled:
+                    name_base(tmp, portable_name(cfg.model.path))
 
             publish_version(cfg.run_dir, step, save, cfg.train.keep_versions, step)
 

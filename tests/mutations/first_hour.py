@@ -22,6 +22,10 @@ OPENED = TESTS + "test_what_the_run_opens_past_the_model_dir_is_opened_first"
 SUMMARY = "tests/test_reward_runner.py::test_the_closing_summary_names_what_the_run_made_with_" \
     "absolute_paths"  # fmt: skip
 COMMAND = "tests/test_grpo_command.py::"
+GROUPS = "tests/test_evaluation.py::test_a_step_s_numbers_go_to_the_tracker_group_they_belong_to"
+BASE_NAMED = (
+    "tests/test_weight_modes.py::test_a_published_adapter_names_a_base_another_machine_finds["
+)
 HELP = LAUNCH + "test_help_exits_0_and_a_bad_reward_is_refused_before_any_model_loads"
 
 MUTATIONS = (
@@ -363,5 +367,55 @@ MUTATIONS = (
         old="    close = difflib.get_close_matches(name, tools, n=1)\n",
         new="    close = []\n",
         tests=(COMMAND + "test_a_mistyped_tool_gets_the_nearest_one",),
+    ),
+    Mutation(
+        name="version_files_keep_their_writer_s_mode",
+        item="64.6: a published version's weights are 0600, whatever the user's umask",
+        path="grpo/weights/dirs.py",
+        old="    save(tmp)\n    as_umask_allows(tmp)\n",
+        new="    save(tmp)\n",
+        tests=("tests/test_delivery.py::test_a_version_s_files_take_the_user_s_umask",),
+    ),
+    Mutation(
+        name="merged_model_private",
+        item="64.6: merge-lora's model is written readable by its owner alone",
+        path="grpo/models/merge.py",
+        old="        as_umask_allows(tmp)\n",
+        new="",
+        tests=(
+            "tests/test_merge_lora.py::test_the_merged_model_answers_as_the_adapter_on_its_base",
+        ),
+    ),
+    Mutation(
+        name="adapter_names_its_load_path",
+        item="64.6: a LoRA version names this machine's cache snapshot as its base again",
+        path="grpo/weights/publisher.py",
+        old="                if cfg.model.lora.enabled:\n                    name_base(",
+        new="                if False:\n                    name_base(",
+        tests=(BASE_NAMED + "someone/tiny-model]",),
+    ),
+    Mutation(
+        name="adapter_base_always_a_path",
+        item="64.6: an adapter's base given as a hub id is named by a path that does not exist",
+        path="grpo/models/embedded.py",
+        old="        return str(p.resolve())\n    return path\n",
+        new="        return str(p.resolve())\n    return str(p.resolve())\n",
+        tests=(BASE_NAMED + "someone/tiny-model]",),
+    ),
+    Mutation(
+        name="delivery_counters_under_train",
+        item="64.7: TensorBoard files the trainer's delivery counters under train/ again",
+        path="grpo/observe/run_log.py",
+        old='    if key in DELIVERY:\n        return "delivery"\n',
+        new="",
+        tests=(GROUPS,),
+    ),
+    Mutation(
+        name="rates_filed_as_seconds",
+        item="64.7: a rate (tokens_per_s) is filed under time/ with the stage timings",
+        path="grpo/observe/run_log.py",
+        old='if key.endswith("_s") and not key.endswith("_per_s"):',
+        new='if key.endswith("_s"):',
+        tests=(GROUPS,),
     ),
 )
