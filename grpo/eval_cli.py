@@ -5,6 +5,7 @@ grpo.eval.questions).
 
     python -m grpo eval checkpoints/cpu_demo                        base model and every version
     python -m grpo eval checkpoints/cpu_demo --versions 0,8 --samples 8 --k 1,4,8
+    python -m grpo eval checkpoints/cpu_demo --versions 12 --show 5   and 5 of its answers
     python -m grpo eval checkpoints/cpu_demo/versions/v000008 --task math --num-questions 100
     python -m grpo eval /models/Qwen2.5-0.5B-Instruct --task math   any model dir (or a cached
                                                                      hub id, or 'embedded')
@@ -22,6 +23,7 @@ import json
 import logging
 import re
 import sys
+import time
 from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
@@ -62,6 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="ask the questions again with this answer instruction in place of the task's "
         "(repeatable; added to the run's eval.prompt_variants)",
     )
+    p.add_argument("--show", type=int, default=0, metavar="N",
+                   help="print each version's greedy answers to the first N questions")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -152,11 +156,14 @@ def table(rows: list[dict]) -> str:
 
 
 def evaluate_versions(
-    cfg: Config, versions: list[int], progress: bool = True, out: Path | None = None
-) -> list[dict]:
-    """Each version in turn, with the HF policy (a LoRA run's adapter on its base model)."""
-    from grpo.eval.questions import EvalSpec, eval_prompts, evaluate, variant_prompts, variant_row
+    cfg: Config, versions: list[int], progress: bool = True, out: Path | None = None,
+    show: int = 0,
+) -> list[dict]:  # fmt: skip
+    """Each version in turn, with the HF policy (a LoRA run's adapter on its base model);
+    `show`: print its greedy answers to the first `show` questions (grpo.observe.samples)."""
+    from grpo.eval import questions as q
     from grpo.models.loading import load_tokenizer, resolve_model_path
+    from grpo.observe import samples
     from grpo.plan import check_names
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.multi_turn import with_tools
@@ -170,9 +177,9 @@ def evaluate_versions(
     reward_fn = run_reward(task, cfg.data.reward)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
-    prompts = eval_prompts(cfg, task, tokenizer)
-    variants = variant_prompts(cfg, task, tokenizer)
-    spec = EvalSpec.from_config(cfg)
+    prompts = q.eval_prompts(cfg, task, tokenizer)
+    variants = q.variant_prompts(cfg, task, tokenizer)
+    spec = q.EvalSpec.from_config(cfg)
     weights = Weights(cfg, model_path)
     policy = weights.hf_policy()
     markers = task.count_markers
@@ -184,10 +191,15 @@ def evaluate_versions(
         for v in versions:
             if v:
                 weights.load_into_policy(Version.from_dir(version_dir(cfg.run_dir, v), v))
-            row = evaluate(engine, prompts, tokenizer, rewards, spec, v, progress, markers)
+            began, everything = time.monotonic(), range(len(prompts))
+            results = q.question_results(engine, prompts, everything, tokenizer, rewards,
+                                         spec, v, progress)  # fmt: skip
+            row = q.summarise(results, spec, v, time.monotonic() - began, markers)
+            if show > 0:
+                print(samples.show(samples.eval_rows(results[:show], v, prompts, tokenizer.decode)))
             for name, asked in variants.items():
-                other = evaluate(engine, asked, tokenizer, rewards, spec, v, progress, markers)
-                row |= variant_row(other, name)
+                other = q.evaluate(engine, asked, tokenizer, rewards, spec, v, progress, markers)
+                row |= q.variant_row(other, name)
             log.info("v%d: %s", v, table([row]).splitlines()[-1])
             if out is not None:
                 append_jsonl(out, row)
@@ -208,7 +220,7 @@ def main(argv: list[str]) -> int:
                 raise EvalCliError(f"{run_dir} has no versions {missing}; it has {versions}")
             versions = sorted(args.versions)
         cfg = eval_config(run_dir, args)
-        rows = evaluate_versions(cfg, versions, out=run_dir / OUT_FILE)
+        rows = evaluate_versions(cfg, versions, out=run_dir / OUT_FILE, show=args.show)
     except (EvalCliError, ConfigError, ValueError, FileNotFoundError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
@@ -224,6 +236,6 @@ def _evaluate_model(args: argparse.Namespace) -> int:
         raise EvalCliError(f"{args.path} is a model, not a run: it has no versions to choose")
     with tempfile.TemporaryDirectory(prefix="grpo-eval-") as scratch:
         cfg = eval_config(Path(scratch) / "eval", args, model=str(args.path))
-        rows = evaluate_versions(cfg, [0])
+        rows = evaluate_versions(cfg, [0], show=args.show)
     print(f"\n{cfg.data.task}: {args.path}\n{table(rows)}")
     return 0

@@ -180,10 +180,19 @@ def _check_evaluations(run_dir: Path, log: str) -> None:
     assert "time/train_s" in board and "train/rank_group_ids" not in board
 
     done = subprocess.run(
-        [PYTHON, "-m", "grpo", "eval", str(run_dir), "--versions", "0,3", "--samples", "2"],
+        [PYTHON, "-m", "grpo", "eval", str(run_dir), "--versions", "0,3", "--samples", "2",
+         "--show", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    # --show 2: each version's greedy answers to its first two questions, the trainer's own
+    # (its evaluation kept them in samples.jsonl)
+    for v in (0, 3):
+        shown = re.findall(rf"^== step {v}: .*, eval, group (\d+)\)$", done.stdout, re.M)
+        assert shown == ["0", "1"], done.stdout
+    kept = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    theirs = next(r for r in kept if r["sampler_id"] == "eval" and r["step"] == 3)
+    assert f"-- answer:\n{theirs['answer']}\n" in done.stdout
     assert "| version | pass@1 (greedy) | format | degenerate | pass@1 | pass@2 | questions |" in (
         done.stdout
     )

@@ -418,4 +418,12 @@ MUTATIONS = (
         new='if key.endswith("_s"):',
         tests=(GROUPS,),
     ),
+    Mutation(
+        name="eval_shows_no_answers",
+        item="64.7: `grpo eval --show N` prints no answer",
+        path="grpo/eval_cli.py",
+        old="            if show > 0:\n",
+        new="            if False:\n",
+        tests=("tests/test_integration.py::test_three_steps_two_ranks_with_reloads",),
+    ),
 )
