@@ -6,6 +6,7 @@ grpo check CONFIG                check the config and what the run will open (gr
 grpo eval RUN_DIR|MODEL          evaluate a run's saved versions, or any model (grpo.eval_cli)
 grpo samples RUN_DIR             print the newest answers a run wrote (grpo.observe.samples)
 grpo merge-lora ADAPTER OUT      fold a LoRA version into its base model (grpo.models.merge)
+grpo clean RUN_DIR               remove the runs a rerun of RUN_DIR moved aside (grpo.clean)
 grpo keys DIR                    CURVE keys for the transport (grpo.wire.keys)
 grpo launch-env CONFIG           check the config; print the GPUs and values launch.sh needs
 
@@ -27,6 +28,7 @@ TOOLS = {
     "eval": "grpo.eval_cli:main",
     "samples": "grpo.observe.samples:main",
     "merge-lora": "grpo.models.merge:main",
+    "clean": "grpo.clean:main",
     "check": "grpo.plan:main",
     "launch-env": "grpo.cli:launch_env",
 }

@@ -22,6 +22,7 @@ OPENED = TESTS + "test_what_the_run_opens_past_the_model_dir_is_opened_first"
 SUMMARY = "tests/test_reward_runner.py::test_the_closing_summary_names_what_the_run_made_with_" \
     "absolute_paths"  # fmt: skip
 COMMAND = "tests/test_grpo_command.py::"
+CLEAN = "tests/test_clean.py::test_clean_removes_the_runs_moved_aside_keeping_the_newest"
 GROUPS = "tests/test_evaluation.py::test_a_step_s_numbers_go_to_the_tracker_group_they_belong_to"
 BASE_NAMED = (
     "tests/test_weight_modes.py::test_a_published_adapter_names_a_base_another_machine_finds["
@@ -425,5 +426,21 @@ MUTATIONS = (
         old="            if show > 0:\n",
         new="            if False:\n",
         tests=("tests/test_integration.py::test_three_steps_two_ranks_with_reloads",),
+    ),
+    Mutation(
+        name="clean_ignores_keep",
+        item="64.6: grpo clean --keep N removes the newest rotated runs too",
+        path="grpo/clean.py",
+        old="    for path in moved_aside(run_dir)[args.keep :]:\n",
+        new="    for path in moved_aside(run_dir):\n",
+        tests=(CLEAN,),
+    ),
+    Mutation(
+        name="clean_takes_any_numbered_dir",
+        item="64.6: grpo clean removes a <name>.<n> that is no run dir, or a link's target",
+        path="grpo/clean.py",
+        old="        if path.is_symlink() or not (path / RUN_MARKER).is_file():\n",
+        new="        if False:\n",
+        tests=(CLEAN,),
     ),
 )
