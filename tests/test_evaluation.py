@@ -368,8 +368,8 @@ class _WordTokenizer:
 
 
 def test_in_a_log_file_each_step_is_a_line_not_a_bar(tmp_path, caplog, capfd):
-    """Off a terminal (stderr here is captured) the progress bar draws nothing, whose redraws
-    ran into the log lines of a log file; each step is a log line instead."""
+    """No progress bar, whose redraws ran into the log lines of a log file (and the roles'
+    lines into it on a terminal): each step is one log line (grpo.observe.step_line)."""
     import logging
 
     cfg = load_config(None, [f"output_dir={tmp_path}", "name=run", "train.total_steps=3",
@@ -378,7 +378,7 @@ def test_in_a_log_file_each_step_is_a_line_not_a_bar(tmp_path, caplog, capfd):
     with caplog.at_level(logging.INFO, logger="grpo.trainer"):
         log.step({"step": 1, "reward_mean": 0.25, "kl": 0.001})
     log.close()
-    assert "step 1/3: reward 0.250, kl 0.0010" in caplog.text
+    assert "step 1/3 |     - s | ETA - | reward 0.250 | kl 0.0010" in caplog.text
     assert "\r" not in capfd.readouterr().err
 
 

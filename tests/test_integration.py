@@ -90,6 +90,11 @@ def test_three_steps_two_ranks_with_reloads(reference_run, tiny_model_dir):
     TensorBoard, and afterwards `python -m grpo eval` of its versions."""
     log, run_dir, rows = reference_run.log, reference_run.run_dir, reference_run.rows
 
+    # Start-up says what it does (issue 64, item 4), and each step is one aligned line.
+    assert re.search(r"\[trainer r0\] INFO trainer: loading the policy from \S+ into DeepSpeed "
+                     r"\(2 rank\(s\)\)", log), log[:3000]  # fmt: skip
+    steps = re.findall(r"INFO (step \d/3 \| +[\d.-]+ s \| ETA [\d:-]+ \| reward [\d.]+)", log)
+    assert len(steps) == 3, log[-4000:]
     # The sampler reloaded the versions the trainer published before its next batch.
     reloads = re.findall(r"reloaded weights: version (\d+) -> (\d+)", log)
     assert ("0", "1") in reloads and ("1", "2") in reloads, log[-4000:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -24,7 +25,7 @@ from grpo.core.episode import EpisodeBatch
 from grpo.observe.degeneration import BASELINE_STEPS, Watch, flags
 from grpo.observe.metrics import EVAL_FILE, METRICS_FILE, append_jsonl, read_jsonl
 from grpo.observe.samples import ANSWERS_KEY, SAMPLES_FILE, SAMPLES_KEY, as_markdown, sample_rows
-from grpo.runtime.progress import terminal_bar
+from grpo.observe.step_line import StepClock, step_line
 
 log = logging.getLogger("grpo.trainer")
 WANDB_ID_FILE = "wandb_run_id"
@@ -151,7 +152,7 @@ class WandbSink:
 
 class RunLog:
     """Rank 0's writer of metrics and eval rows, to the files and to every tracker asked for,
-    and its progress bar on the terminal."""
+    and its line a step on the console (grpo.observe.step_line)."""
 
     def __init__(self, cfg: Config, resumed_step: int = 0, tokenizer: Any = None):
         """`tokenizer`: the run's, for the answers each step writes as text (none: no text)."""
@@ -171,8 +172,10 @@ class RunLog:
             self.sinks.append(TensorBoardSink(self.run_dir, resumed_step))
         if cfg.logging.wandb != "off":
             self.sinks.append(WandbSink(cfg, cfg.logging.wandb, resumed_step))
-        # On a terminal only; elsewhere each step is a log line (in step).
-        self.bar = terminal_bar(total=cfg.train.total_steps, initial=resumed_step, desc="train")
+        # One line a step, on a terminal and in a log alike (grpo.observe.step_line): a bar's
+        # redraws ran into the roles' log lines on a terminal, and a log had no ETA.
+        self.total = cfg.train.total_steps
+        self.clock, self.first = StepClock(self.total, time.monotonic()), True
 
     def step(self, row: dict[str, Any], batch: EpisodeBatch | None = None) -> None:
         """The step's metrics `row`, with the degeneration measures of its `batch`'s answers; and
@@ -187,13 +190,9 @@ class RunLog:
         if batch is not None and self.samples_per_step and self.decode is not None:
             answers = sample_rows(batch, row["step"], self.decode, self.samples_per_step)
             self._samples(row["step"], answers, "samples")
-        shown = {"reward": ("reward_mean", ".3f"), "kl": ("kl", ".4f"), "acc": ("accuracy", ".2f")}
-        values = {name: format(row[key], spec) for name, (key, spec) in shown.items() if key in row}
-        if self.bar.disable:
-            said = ", ".join(f"{name} {value}" for name, value in values.items())
-            log.info("step %d/%d: %s", row["step"], self.bar.total, said)
-        self.bar.set_postfix(values)
-        self.bar.update()
+        seconds, eta = self.clock.tick(row["step"], time.monotonic(), self.first)
+        self.first = False
+        log.info("%s", step_line(row, self.total, seconds, eta))
 
     def eval(self, row: dict[str, Any]) -> None:
         """An evaluation's row, watched for degeneration (its greedy answers: ANSWERS_KEY); the
@@ -217,7 +216,6 @@ class RunLog:
             sink.scalars(step, values)
 
     def close(self) -> None:
-        self.bar.close()
         for sink in self.sinks:
             sink.close()
         self.sinks = []

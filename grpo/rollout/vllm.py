@@ -141,6 +141,7 @@ class VllmRollout:
 
         if current_platform.is_cpu():
             os.environ.update(cpu_binding(dict(os.environ), os.sched_getaffinity(0)))
+        log.info("starting the vLLM engine on %s", model_path)  # 20-90 s of its own lines
         llm = vllm.LLM(model=str(model_path), **self.kwargs)
         log.info("vLLM engine started on %s in %.1f s", model_path, time.monotonic() - t0)
         return llm

@@ -11,6 +11,7 @@ publishing) sees whole tensors.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ import torch
 from grpo.config import Config
 from grpo.models.loading import apply_lora, load_causal_lm, load_reference
 from grpo.trainer.schedule import scheduler_for
+
+log = logging.getLogger("grpo.trainer")
 
 
 def deepspeed_config(cfg: Config, world: int, seqs_per_step: int) -> dict[str, Any]:
@@ -92,6 +95,8 @@ def policy_engine(cfg: Config, model_path: Path, world: int) -> tuple[Any, int]:
     import deepspeed
 
     ds = deepspeed_config(cfg, world, cfg.mini_batch_seqs(world))
+    # Start-up says what it does (it was silent for 15-60 s); rank 0's line only (its level).
+    log.info("trainer: loading the policy from %s into DeepSpeed (%d rank(s))", model_path, world)
     with partitioned_loading(ds):  # peft, too, asks transformers whether ZeRO-3 is on
         model = load_causal_lm(model_path, cfg.model.dtype, cfg.model.attn_implementation)
         vocab_size = model.get_input_embeddings().num_embeddings
