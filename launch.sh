@@ -16,6 +16,12 @@
 # Relative paths in the config are looked for from where you stand, then from the repository
 # root; output_dir is relative to the repository root.
 set -uo pipefail
+# The supervisor below waits with `wait -n -p` (bash 5.1): an older bash would fail there, after
+# every role had started.
+if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501 )); then
+  echo "launch.sh: needs bash 5.1 or newer (it waits with wait -n -p); this is bash $BASH_VERSION" >&2
+  exit 2
+fi
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
   sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   [[ $# -ge 1 ]] && exit 0 || exit 2  # asked for help: no error

@@ -186,7 +186,7 @@ def test_the_readme_s_cpu_shrink_applies_to_every_gsm8k_config():
     """The shipped configs send a CPU user to README's "Algorithms" for how to shrink them."""
     from grpo.config import load_config
 
-    shrink = re.search(r"On CPU shrink one as the demo is: `([^`]+)`", README.read_text())
+    shrink = re.search(r"On CPU shrink one as the demo is:\s+`([^`]+)`", README.read_text())
     assert shrink, "README's Algorithms section lost its CPU line"
     configs = [p for p in sorted((REPO / "configs").glob("*.yaml"))
                if '"Algorithms" in README.md' in p.read_text()]  # fmt: skip
@@ -194,6 +194,20 @@ def test_the_readme_s_cpu_shrink_applies_to_every_gsm8k_config():
     for path in configs:
         cfg = load_config(path, shrink.group(1).split())
         assert cfg.rollout.questions_per_step == 4 and cfg.train.num_ranks == 1
+
+
+def test_the_bash_the_docs_ask_for_is_the_one_launch_sh_checks_for():
+    """Issue 64, item 9: docs/running.md asked for bash 4, while launch.sh's supervisor needs
+    5.1 (`wait -n -p`); launch.sh now refuses an older bash up front, and the two agree."""
+    script = (REPO / "launch.sh").read_text()
+    checked = re.search(r"BASH_VERSINFO\[1\] < (\d+)(\d\d) \)\)", script)
+    said = re.search(r"needs bash (\d+)\.(\d+) or newer", script)
+    asked = re.search(r"bash (\d+)\.(\d+) or newer", (DOCS / "running.md").read_text())
+    assert checked and said and asked
+    want = (int(checked.group(1)), int(checked.group(2)))
+    assert (int(said.group(1)), int(said.group(2))) == want == (int(asked.group(1)),
+                                                                 int(asked.group(2)))  # fmt: skip
+    assert "wait -n -p" in script and want >= (5, 1)
 
 
 def test_every_key_the_trl_and_verl_mapping_names_is_ours():

@@ -18,6 +18,9 @@ def test_every_tool_s_help_exits_0_with_its_usage(tool, capsys):
     assert code == 0, out.err
     assert out.out.startswith("usage:") and tool in out.out.splitlines()[0], out.out
     assert "config file not found" not in out.out + out.err
+    # what it does, in whole sentences (merge-lora's was its docstring's first line, cut off)
+    said = [p for p in out.out.split("\n\n")[1:2] if not p.startswith(("positional", "options"))]
+    assert all(p.rstrip().endswith((".", ")")) for p in said), said
 
 
 def test_a_mistyped_tool_gets_the_nearest_one(capsys):

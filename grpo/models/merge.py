@@ -63,7 +63,7 @@ def merge_lora(adapter: Path, out: Path, base: str = "") -> Path:
 
 
 def main(argv: list[str]) -> int:
-    what = __doc__.split("\n")[0]
+    what = __doc__.split("\n\n")[0]  # the whole first paragraph, not its first line
     p = argparse.ArgumentParser(prog="python -m grpo merge-lora", description=what)
     p.add_argument("adapter", type=Path, help="a LoRA version dir (e.g. RUN/final)")
     p.add_argument("out", type=Path, help="where the merged model goes (a new directory)")

@@ -22,6 +22,8 @@ OPENED = TESTS + "test_what_the_run_opens_past_the_model_dir_is_opened_first"
 SUMMARY = "tests/test_reward_runner.py::test_the_closing_summary_names_what_the_run_made_with_" \
     "absolute_paths"  # fmt: skip
 COMMAND = "tests/test_grpo_command.py::"
+STEP_LINE = "tests/test_step_line.py::"
+BASH = "tests/test_docs.py::test_the_bash_the_docs_ask_for_is_the_one_launch_sh_checks_for"
 CLEAN = "tests/test_clean.py::test_clean_removes_the_runs_moved_aside_keeping_the_newest"
 GROUPS = "tests/test_evaluation.py::test_a_step_s_numbers_go_to_the_tracker_group_they_belong_to"
 BASE_NAMED = (
@@ -442,5 +444,63 @@ MUTATIONS = (
         old="        if path.is_symlink() or not (path / RUN_MARKER).is_file():\n",
         new="        if False:\n",
         tests=(CLEAN,),
+    ),
+    Mutation(
+        name="merge_help_cut_off",
+        item="64.9: `merge-lora --help` describes itself with a sentence cut off",
+        path="grpo/models/merge.py",
+        old='    what = __doc__.split("\\n\\n")[0]',
+        new='    what = __doc__.split("\\n")[0]',
+        tests=(COMMAND + "test_every_tool_s_help_exits_0_with_its_usage[merge-lora]",),
+    ),
+    Mutation(
+        name="launch_sh_takes_any_bash",
+        item="64.9: launch.sh starts under a bash its supervisor's `wait -n -p` fails in",
+        path="launch.sh",
+        old="if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501 )); then\n",
+        new="if false; then\n",
+        tests=(BASH,),
+    ),
+    Mutation(
+        name="docs_ask_for_bash_4",
+        item="64.9: docs/running.md asks for bash 4 again, which launch.sh cannot run on",
+        path="docs/running.md",
+        old="bash 5.1 or newer",
+        new="bash 4.0 or newer",
+        tests=(BASH,),
+    ),
+    Mutation(
+        name="step_line_without_eta",
+        item="64.4: the step line says no time left (a piped log had none)",
+        path="grpo/observe/step_line.py",
+        old='    parts.append(f"ETA {clock(eta_s)}" if eta_s is not None else "ETA -")\n',
+        new="",
+        tests=(
+            STEP_LINE + "test_a_step_line_says_step_seconds_eta_and_the_numbers_a_person_watches",
+        ),
+    ),
+    Mutation(
+        name="first_step_in_the_eta",
+        item="64.4: the first step after a start, with the start in it, sets the ETA",
+        path="grpo/observe/step_line.py",
+        old="        if first:\n            return None, None\n",
+        new="",
+        tests=(STEP_LINE + "test_the_clock_leaves_the_first_step_of_a_process_out_of_its_mean",),
+    ),
+    Mutation(
+        name="step_line_unaligned",
+        item="64.4: the step numbers are not padded: a run's lines do not align",
+        path="grpo/observe/step_line.py",
+        old="    parts = [f\"step {row['step']:>{width}}/{total}\"]\n",
+        new="    parts = [f\"step {row['step']}/{total}\"]\n",
+        tests=(STEP_LINE + "test_lines_of_one_run_are_aligned",),
+    ),
+    Mutation(
+        name="trainer_start_silent",
+        item="64.4: the trainer says nothing while it loads the policy into DeepSpeed",
+        path="grpo/trainer/engines.py",
+        old='    log.info("trainer: loading the policy from %s into DeepSpeed',
+        new='    log.debug("trainer: loading the policy from %s into DeepSpeed',
+        tests=("tests/test_integration.py::test_three_steps_two_ranks_with_reloads",),
     ),
 )
