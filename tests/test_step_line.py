@@ -15,9 +15,10 @@ def test_a_step_line_says_step_seconds_eta_and_the_numbers_a_person_watches():
 
 
 def test_what_a_step_did_not_compute_is_left_out_and_an_alarm_is_named():
-    row = {"step": 12, "reward_mean": 0.1, "degen_alarms": ["multi_marker", "repeat"]}
+    alarms = ["degen_length_ratio", "degen_multi_marker_frac", "degen_repeat_frac"]
+    row = {"step": 12, "reward_mean": 0.1, "degen_alarms": alarms}  # the watch's keys
     assert step_line(row, 12, 9.0, 0.0) == (
-        "step 12/12 |   9.0 s | ETA 0:00 | reward 0.100 | ALARM multi_marker, repeat"
+        "step 12/12 |   9.0 s | ETA 0:00 | reward 0.100 | ALARM length_ratio, multi_marker, repeat"
     )
     assert step_line({"step": 1}, 8, None, None) == "step 1/8 |     - s | ETA -"
 

@@ -39,8 +39,9 @@ def step_line(row: dict[str, Any], total: int, seconds: float | None, eta_s: flo
     parts.append(f"{seconds:5.1f} s" if seconds is not None else "    - s")
     parts.append(f"ETA {clock(eta_s)}" if eta_s is not None else "ETA -")
     parts += [f"{label} {format(row[key], spec)}" for label, key, spec in FIELDS if key in row]
-    if row.get("degen_alarms"):
-        parts.append("ALARM " + ", ".join(row["degen_alarms"]))
+    if row.get("degen_alarms"):  # the measures' keys, degen_<name>_frac: their names
+        names = [a.removeprefix("degen_").removesuffix("_frac") for a in row["degen_alarms"]]
+        parts.append("ALARM " + ", ".join(names))
     return " | ".join(parts)
 
 
