@@ -23,7 +23,6 @@ import json
 import logging
 import re
 import sys
-import time
 from pathlib import Path
 
 from grpo.config import Config, ConfigError, load_config
@@ -191,10 +190,8 @@ def evaluate_versions(
         for v in versions:
             if v:
                 weights.load_into_policy(Version.from_dir(version_dir(cfg.run_dir, v), v))
-            began, everything = time.monotonic(), range(len(prompts))
-            results = q.question_results(engine, prompts, everything, tokenizer, rewards,
-                                         spec, v, progress)  # fmt: skip
-            row = q.summarise(results, spec, v, time.monotonic() - began, markers)
+            row, results = q.evaluate_answers(engine, prompts, tokenizer, rewards, spec, v,
+                                              progress, markers)  # fmt: skip
             if show > 0:
                 print(samples.show(samples.eval_rows(results[:show], v, prompts, tokenizer.decode)))
             for name, asked in variants.items():

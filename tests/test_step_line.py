@@ -30,8 +30,8 @@ def test_lines_of_one_run_are_aligned():
 
 def test_the_clock_leaves_the_first_step_of_a_process_out_of_its_mean():
     c = StepClock(total=10, now=0.0)
-    assert c.tick(1, now=50.0, first=True) == (None, None)  # includes the start: not a step's
-    assert c.tick(2, now=60.0, first=False) == (10.0, 80.0)  # 8 steps left at 10 s
-    assert c.tick(3, now=80.0, first=False) == (20.0, 105.0)  # at the mean, 15 s
-    assert c.tick(12, now=90.0, first=False)[1] == 0.0  # past the end: nothing left
+    assert c.tick(1, now=50.0) == (None, None)  # includes the start: not a step's
+    assert c.tick(2, now=60.0) == (10.0, 80.0)  # 8 steps left at 10 s
+    assert c.tick(3, now=80.0) == (20.0, 105.0)  # at the mean, 15 s
+    assert c.tick(12, now=90.0)[1] == 0.0  # past the end: nothing left
     assert clock(3725.4) == "1:02:05" and clock(59.6) == "1:00" and clock(-3) == "0:00"

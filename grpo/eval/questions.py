@@ -291,8 +291,24 @@ def evaluate(
     count_markers: CountMarkers | None = None,
 ) -> dict:
     """All of `prompts` in this process: the eval.jsonl row of `version`."""
+    return evaluate_answers(
+        engine, prompts, tokenizer, rewards, spec, version, progress, count_markers
+    )[0]
+
+
+def evaluate_answers(
+    engine: RolloutEngine,
+    prompts: Sequence[Prompt],
+    tokenizer,
+    rewards: RewardRunner,
+    spec: EvalSpec,
+    version: int,
+    progress: bool = False,
+    count_markers: CountMarkers | None = None,
+) -> tuple[dict, list[QuestionResult]]:
+    """`evaluate`'s row, and the scored answers it summarises (to show: grpo eval --show)."""
     t0 = time.monotonic()
     results = question_results(
         engine, prompts, range(len(prompts)), tokenizer, rewards, spec, version, progress
     )
-    return summarise(results, spec, version, time.monotonic() - t0, count_markers)
+    return summarise(results, spec, version, time.monotonic() - t0, count_markers), results

@@ -175,7 +175,7 @@ class RunLog:
         # One line a step, on a terminal and in a log alike (grpo.observe.step_line): a bar's
         # redraws ran into the roles' log lines on a terminal, and a log had no ETA.
         self.total = cfg.train.total_steps
-        self.clock, self.first = StepClock(self.total, time.monotonic()), True
+        self.clock = StepClock(self.total, time.monotonic())
 
     def step(self, row: dict[str, Any], batch: EpisodeBatch | None = None) -> None:
         """The step's metrics `row`, with the degeneration measures of its `batch`'s answers; and
@@ -190,8 +190,7 @@ class RunLog:
         if batch is not None and self.samples_per_step and self.decode is not None:
             answers = sample_rows(batch, row["step"], self.decode, self.samples_per_step)
             self._samples(row["step"], answers, "samples")
-        seconds, eta = self.clock.tick(row["step"], time.monotonic(), self.first)
-        self.first = False
+        seconds, eta = self.clock.tick(row["step"], time.monotonic())
         log.info("%s", step_line(row, self.total, seconds, eta))
 
     def eval(self, row: dict[str, Any]) -> None:

@@ -51,12 +51,15 @@ class StepClock:
 
     def __init__(self, total: int, now: float):
         self.total, self.last, self.spent, self.timed = total, now, 0.0, 0
+        self.ticked = False
 
-    def tick(self, step: int, now: float, first: bool) -> tuple[float | None, float | None]:
-        """(this step's seconds, the estimated seconds left); `first`: the first step of
-        this process, whose seconds include the start and so neither count nor show."""
+    def tick(self, step: int, now: float) -> tuple[float | None, float | None]:
+        """(this step's seconds, the estimated seconds left); (None, None) at the first tick:
+        the first step of this process, whose seconds include the start, neither counts nor
+        shows."""
         seconds, self.last = now - self.last, now
-        if first:
+        if not self.ticked:
+            self.ticked = True
             return None, None
         self.spent += seconds
         self.timed += 1

@@ -483,8 +483,8 @@ MUTATIONS = (
         name="first_step_in_the_eta",
         item="64.4: the first step after a start, with the start in it, sets the ETA",
         path="grpo/observe/step_line.py",
-        old="        if first:\n            return None, None\n",
-        new="",
+        old="            self.ticked = True\n            return None, None\n",
+        new="            self.ticked = True\n",
         tests=(STEP_LINE + "test_the_clock_leaves_the_first_step_of_a_process_out_of_its_mean",),
     ),
     Mutation(
