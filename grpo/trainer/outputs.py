@@ -14,6 +14,7 @@ import numpy as np
 from grpo.config import Config, save_config
 from grpo.core.durable import write_atomic
 from grpo.core.episode import EpisodeBatch
+from grpo.eval.significance import accuracy_change
 from grpo.observe.metrics import (
     EVAL_FILE,
     METRICS_FILE,
@@ -174,6 +175,19 @@ def reward_failures(rows: list[dict]) -> str:
     return f"{errors} errors ({timeouts} of them timeouts) in {answers} answers"
 
 
+def held_out_change(run_dir: Path) -> str:
+    """The summary's line on the held-out evaluation: the first and last evaluated versions'
+    accuracies with the p-value of the change, per prompt set; "" without two evaluations."""
+    rows = [r for r in read_jsonl(run_dir / EVAL_FILE) if "version" in r]
+    if len(rows) < 2:
+        return ""
+    first, last = rows[0], rows[-1]
+    phrases = accuracy_change(first, last)
+    if not phrases:
+        return ""
+    return f"  held out:    v{first['version']} -> v{last['version']}: " + "; ".join(phrases) + "\n"
+
+
 def summarise_run(run_dir: Path, steps: int, version: int) -> None:
     """At the end of a run: the plot, the per-sampler summary (log and samplers.json), and
     where everything went, as absolute paths (the user's shell may be anywhere), named for what
@@ -200,6 +214,7 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
         f"\nrun finished: {steps} steps, final version {version}\n"
         f"  metrics:     {run_dir / METRICS_FILE}\n"
         f"  rewards:     {reward_failures(rows)}\n"
+        f"{held_out_change(run_dir)}"
         f"  {made}\n"
         f"  checkpoints: {run_dir / 'versions'} (weights), "
         f"{run_dir / 'train_state'} (optimizer, step)\n"

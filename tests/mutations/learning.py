@@ -185,4 +185,23 @@ MUTATIONS = (
             f"{FROM_SAMPLER}::test_the_sampler_answers_only_where_it_loads_every_version_in_order",
         ),
     ),
+    Mutation(
+        name="one_sided_p_value",
+        item="58.5: the held-out change's p-value is one-sided (half the two-sided one)",
+        path="grpo/eval/significance.py",
+        old="    return math.erfc(abs(z) / math.sqrt(2))\n",
+        new="    return math.erfc(abs(z) / math.sqrt(2)) / 2\n",
+        tests=("tests/test_significance.py::test_the_p_value_is_the_two_sided_pooled_z_tests",),
+    ),
+    Mutation(
+        name="held_out_change_against_the_previous_evaluation",
+        item="58.5: the summary compares the last evaluation with the one before, not the first",
+        path="grpo/trainer/outputs.py",
+        old="    first, last = rows[0], rows[-1]\n",
+        new="    first, last = rows[-2], rows[-1]\n",
+        tests=(
+            "tests/test_significance.py::"
+            "test_the_closing_summary_compares_the_first_evaluation_with_the_last",
+        ),
+    ),
 )
