@@ -222,6 +222,11 @@ def main(argv: list[str]) -> int:
         print(f"eval: {e}", file=sys.stderr)
         return 2
     print(f"\n{cfg.data.task}: {len(rows)} version(s) of {run_dir}\n{table(rows)}")
+    if len(rows) > 1:  # the change from the first version asked to the last, per prompt set
+        from grpo.eval.significance import accuracy_change
+
+        change = "; ".join(accuracy_change(rows[0], rows[-1]))
+        print(f"v{rows[0]['version']} -> v{rows[-1]['version']}: {change}")
     return 0
 
 

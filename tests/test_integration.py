@@ -201,6 +201,8 @@ def _check_evaluations(run_dir: Path, log: str) -> None:
     assert "| version | pass@1 (greedy) | format | degenerate | pass@1 | pass@2 | questions |" in (
         done.stdout
     )
+    assert re.search(r"\nv0 -> v3: accuracy \d\.\d{3} -> \d\.\d{3} of \d+ questions, p = ",
+                     done.stdout), done.stdout  # fmt: skip
     cli = [json.loads(x) for x in (run_dir / "eval_versions.jsonl").read_text().splitlines()]
     assert [r["version"] for r in cli] == [0, 3] and all(r["samples"] == 2 for r in cli)
     for mine, theirs in zip(cli, (evals[0], evals[-1]), strict=True):  # greedy: same answers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 import types
 
@@ -374,7 +375,7 @@ def test_unknown_task_lists_names_and_suggests():
     with pytest.raises(ValueError) as err:
         get_task("gsm8kk")
     msg = str(err.value)
-    assert "unknown task 'gsm8kk'" in msg and "valid: arithmetic, gsm8k, math" in msg
+    assert "unknown task 'gsm8kk'" in msg and "valid: addition, arithmetic, gsm8k, math" in msg
     assert "did you mean 'gsm8k'" in msg and "'package.module:name'" in msg
 
 
@@ -404,7 +405,7 @@ def test_register_new_task(monkeypatch):
     task = Task("toy", load_rows, build_messages, lambda c, r: 1.0, "a.jsonl", "b.jsonl")
     assert register_task(task) is task
     assert get_task("toy") is task
-    assert task_names() == sorted(["arithmetic", "gsm8k", "math", "prompts", "toy"])
+    assert task_names() == sorted(["addition", "arithmetic", "gsm8k", "math", "prompts", "toy"])
 
 
 def test_tasks_are_frozen():
@@ -627,19 +628,29 @@ def test_gsm8k_loader_validates_keys(tmp_path):
         get_task("gsm8k").load(str(path))
 
 
-def test_arithmetic_rows_are_generated_alike_every_time_and_test_is_held_out():
+@pytest.mark.parametrize("name", ["arithmetic", "addition"])
+def test_arithmetic_rows_are_generated_alike_every_time_and_test_is_held_out(name):
     from grpo.tasks import arithmetic
 
-    task = get_task("arithmetic")
-    test, train = task.load("test"), task.load("train:5000")
-    assert test == task.load("test") and len(test) == arithmetic.SIZES["test"]
+    task = get_task(name)
+    sizes = arithmetic.SIZES if name == "arithmetic" else arithmetic.SUM_SIZES
+    test, train = task.load("test"), task.load(f"train:{min(5000, sizes['train'])}")
+    assert test == task.load("test") and len(test) == sizes["test"]
     assert not {r["question"] for r in test} & {r["question"] for r in train}
+    assert len({r["question"] for r in train}) == len(train)
     assert task.load("train:3") == train[:3]  # a prefix of the split, not another draw
     for row in test[:50]:  # every gold answer is a worked one the GSM8K reward pays in full
         assert reward(row["answer"], row)[0] == 1.0
-    for bad in ("valid", "test:0", "test:x", "train:20001"):
-        with pytest.raises(ValueError, match="arithmetic"):
+    for bad in ("valid", "test:0", "test:x", f"train:{sizes['train'] + 1}"):
+        with pytest.raises(ValueError, match=name):
             task.load(bad)
+
+
+def test_addition_is_one_step_sums_of_small_numbers():
+    task = get_task("addition")
+    for row in task.load("test"):
+        a, b = map(int, re.findall(r"\d+", row["question"]))
+        assert 2 <= a <= 20 and 2 <= b <= 9 and row["answer"].endswith(f"\n#### {a + b}")
 
 
 @pytest.mark.parametrize("prompt", ["", "   ", [], [{"role": "system", "content": "be brief"}]])
