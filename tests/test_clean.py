@@ -50,3 +50,26 @@ def test_clean_refuses_what_it_cannot_do(tmp_path, capsys):
     assert grpo(["clean", str(tmp_path / "no" / "such" / "run")]) == 2
     assert capsys.readouterr().err.startswith("clean: no such directory")
     assert grpo(["clean", str(tmp_path / "run"), "--keep", "-1"]) == 2
+
+
+def test_the_newest_are_kept_by_number_not_by_name(tmp_path, capsys):
+    """demo.10 is older than demo.2: the order is the rotation's numbers, not the names'."""
+    run = tmp_path / "demo"
+    for n in range(1, 12):
+        _run(tmp_path / f"demo.{n}", megabytes=0)
+    assert grpo(["clean", str(run), "--keep", "2"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.1", "demo.2"]
+
+
+def test_what_is_freed_counts_no_file_twice_and_none_outside(tmp_path, capsys):
+    """A run's `final` links to one of its versions, and a link may lead out of the run: what
+    a link points at is not what removing the run frees."""
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(b"x" * (3 << 20))
+    old = _run(tmp_path / "demo.1")
+    (old / "final").symlink_to(old / "versions" / "v000001", target_is_directory=True)
+    (old / "outside.bin").symlink_to(outside)
+    assert grpo(["clean", str(tmp_path / "demo")]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1].startswith("removed 1.0 MiB in all;"), said
+    assert outside.is_file()

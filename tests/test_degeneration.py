@@ -12,7 +12,7 @@ import pytest
 
 from grpo.config import load_config
 from grpo.core.episode import EpisodeBatch
-from grpo.observe.degeneration import THRESHOLDS, Watch, flags, measures, past
+from grpo.observe.degeneration import THRESHOLDS, Watch, flags, measures, past, ratio
 from grpo.observe.run_log import RunLog
 from grpo.tasks.gsm8k import count_markers
 from tests.test_episode import make_batch
@@ -128,10 +128,23 @@ def test_the_alarm_names_the_measure_with_an_example_once_and_again_only_on_chan
         assert "'#### 2\\n#### 2\\n" in warnings[0]  # the offending answer, quoted
         caplog.clear()
         _step(watch, 30, [WORKED] * 4)
-    assert [r.getMessage() for r in caplog.records] == [
+        said_at_30 = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        _step(watch, 31, [WORKED] * 4)  # still within: nothing more to say
+        assert not caplog.records
+        _step(watch, 32, [SPAM, SPAM, WORKED, WORKED])  # gamed again: said again
+    assert said_at_30 == [
         "step 30: degen_multi_marker_frac back within its threshold",
         "step 30: degen_repeat_frac back within its threshold",
     ]
+    again = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(again) == 2 and again[0].startswith("reward hacking? step 32: ")
+
+
+def test_a_ratio_to_nothing_is_no_ratio():
+    """A baseline of empty answers (length 0) or no entropy gives no ratio, not a crash."""
+    assert ratio(5.0, 0.0) is None and ratio(5.0, None) is None and ratio(None, 2.0) is None
+    assert ratio(3.0, 2.0) == 1.5
 
 
 def test_length_and_entropy_are_measured_against_the_first_steps(caplog):
@@ -148,6 +161,11 @@ def test_length_and_entropy_are_measured_against_the_first_steps(caplog):
     # A resumed run measures against the rows its first steps wrote, not its own first rows.
     resumed = Watch(None, first_steps=[{"step": 1, "response_len_mean": 80.0, "entropy": 1.0}])
     assert _step(resumed, 9, [WORKED], response_len_mean=40.0)["degen_length_ratio"] == 0.5
+    # ... and only against the first BASELINE_STEPS of them, however many it wrote.
+    written = [{"step": n, "response_len_mean": 80.0 if n <= 2 else 10.0} for n in range(1, 9)]
+    assert _step(Watch(None, first_steps=written), 9, [WORKED], response_len_mean=40.0)[
+        "degen_length_ratio"
+    ] == pytest.approx(0.5)
 
 
 class _Text:

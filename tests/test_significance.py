@@ -14,6 +14,8 @@ def test_the_p_value_is_the_two_sided_pooled_z_tests():
     # 20 of 100 against 35 of 100: pooled 0.275, z = 0.15 / 0.06315 = 2.375, p = 0.0175.
     assert two_proportion_p(20, 100, 35, 100) == pytest.approx(0.01753, abs=1e-4)
     assert two_proportion_p(35, 100, 20, 100) == pytest.approx(0.01753, abs=1e-4)
+    # Unequal counts: pooled over all 250 answers (0.28), not the mean of the two shares (0.25).
+    assert two_proportion_p(10, 50, 60, 200) == pytest.approx(0.1590, abs=1e-3)
     # 50 of 100 each: nothing moved.
     assert two_proportion_p(50, 100, 50, 100) == pytest.approx(1.0)
     # z = 1.96 is p = 0.05: 0.5 against 0.5 + 1.96 * sqrt(0.25 * 2 / n) with the pooled share ~0.5.
@@ -61,3 +63,10 @@ def test_one_evaluation_says_nothing_of_a_change(tmp_path, capsys):
     (tmp_path / "eval.jsonl").write_text(json.dumps({"version": 0, "accuracy": 0.1, "n": 9}) + "\n")
     assert held_out_change(tmp_path) == ""
     assert held_out_change(tmp_path / "missing") == ""
+
+
+def test_significant_means_below_five_percent():
+    near = accuracy_change({"accuracy": 0.5, "n": 1000}, {"accuracy": 0.54, "n": 1000})
+    assert near == ["accuracy 0.500 -> 0.540 of 1000 questions, p = 0.073 (not significant)"]
+    past = accuracy_change({"accuracy": 0.5, "n": 1000}, {"accuracy": 0.55, "n": 1000})
+    assert past[0].endswith("(significant)")

@@ -1,0 +1,258 @@
+"""Slips written from the code alone, before its tests were read (issue 63, item 3): for each
+feature of the last sessions (grpo clean, the step line, the held-out p-value, the addition
+task, the sealed rejection, the degeneration watch), what a developer could plausibly get
+wrong. Each was first run against its feature's whole test file: 8 of 29 left it green. Six of
+those got a test (named here): rotated runs ordered by name, the pooled share unweighted, the
+5 % bound loosened, an alarm that never clears, a zero baseline, a resumed baseline of every
+row. Two change nothing a user sees and were dropped: train and test drawn from one seed (still
+disjoint: train leaves test out) and a link's own few bytes counted as freed (links are left out
+before their size is read, so counting their targets is no slip either)."""
+
+from __future__ import annotations
+
+from tests.mutations import Mutation
+
+MUTATIONS = (
+    Mutation(
+        name="clean_keeps_the_oldest",
+        item="64.8: grpo clean keeps the oldest rotated runs, not the newest",
+        path="grpo/clean.py",
+        old="    return [p for _, p in sorted(numbered)]\n",
+        new="    return [p for _, p in sorted(numbered, reverse=True)]\n",
+        tests=("tests/test_clean.py::test_clean_removes_the_runs_moved_aside_keeping_the_newest",),
+    ),
+    Mutation(
+        name="clean_sorts_names_not_numbers",
+        item="64.8: grpo clean orders rotated runs by name (demo.10 before demo.2)",
+        path="grpo/clean.py",
+        old="    return [p for _, p in sorted(numbered)]\n",
+        new="    return [p for _, p in sorted(numbered, key=lambda x: str(x[1]))]\n",
+        tests=("tests/test_clean.py::test_the_newest_are_kept_by_number_not_by_name",),
+    ),
+    Mutation(
+        name="clean_dry_run_removes",
+        item="64.8: grpo clean --dry-run removes what it lists",
+        path="grpo/clean.py",
+        old="        if not args.dry_run:\n            shutil.rmtree(path)\n",
+        new="        shutil.rmtree(path)\n",
+        tests=("tests/test_clean.py::test_clean_removes_the_runs_moved_aside_keeping_the_newest",),
+    ),
+    Mutation(
+        name="clean_without_the_run_marker",
+        item="64.8: grpo clean removes a numbered dir that holds no run",
+        path="grpo/clean.py",
+        old="if path.is_symlink() or not (path / RUN_MARKER).is_file():",
+        new="if path.is_symlink():",
+        tests=("tests/test_clean.py::test_clean_removes_the_runs_moved_aside_keeping_the_newest",),
+    ),
+    Mutation(
+        name="clean_any_suffix",
+        item="64.8: grpo clean takes demo.1.bak for a rotated run",
+        path="grpo/clean.py",
+        old="        if suffix.isdigit():\n",
+        new="        if suffix:\n",
+        tests=("tests/test_clean.py::test_clean_removes_the_runs_moved_aside_keeping_the_newest",),
+    ),
+    Mutation(
+        name="clean_keep_negative",
+        item="64.8: grpo clean accepts a negative --keep",
+        path="grpo/clean.py",
+        old="    if args.keep < 0:\n",
+        new="    if args.keep < -99:\n",
+        tests=("tests/test_clean.py::test_clean_refuses_what_it_cannot_do",),
+    ),
+    Mutation(
+        name="eta_counts_the_first_step",
+        item="64.4: the ETA's mean counts the first step, start-up and all",
+        path="grpo/observe/step_line.py",
+        old="        if not self.ticked:\n",
+        new="        if False:\n",
+        tests=(
+            "tests/test_step_line.py::test_the_clock_leaves_the_first_step_of_a_process_out_of_its_mean",
+        ),
+    ),
+    Mutation(
+        name="eta_off_by_one",
+        item="64.4: the ETA counts one step more than is left",
+        path="grpo/observe/step_line.py",
+        old="max(0, self.total - step)",
+        new="max(0, self.total - step + 1)",
+        tests=(
+            "tests/test_step_line.py::test_the_clock_leaves_the_first_step_of_a_process_out_of_its_mean",
+        ),
+    ),
+    Mutation(
+        name="step_line_zero_for_missing",
+        item="64.4: the step line shows 0 for what a step did not compute",
+        path="grpo/observe/step_line.py",
+        old='format(row[key], spec)}" for label, key, spec in FIELDS if key in row]',
+        new='format(row.get(key, 0), spec)}" for label, key, spec in FIELDS]',
+        tests=(
+            "tests/test_step_line.py::test_what_a_step_did_not_compute_is_left_out_and_an_alarm_is_named",
+        ),
+    ),
+    Mutation(
+        name="clock_drops_hours",
+        item="64.4: the step line's ETA drops its hours",
+        path="grpo/observe/step_line.py",
+        old='    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"\n',
+        new='    return f"{m}:{s:02d}"\n',
+        tests=(
+            "tests/test_step_line.py::test_a_step_line_says_step_seconds_eta_and_the_numbers_a_person_watches",
+        ),
+    ),
+    Mutation(
+        name="step_width_fixed",
+        item="64.4: the step number is not padded to the total's width",
+        path="grpo/observe/step_line.py",
+        old="    width = len(str(total))\n",
+        new="    width = 2\n",
+        tests=(
+            "tests/test_step_line.py::test_what_a_step_did_not_compute_is_left_out_and_an_alarm_is_named",
+        ),
+    ),
+    Mutation(
+        name="pooled_share_unweighted",
+        item="58.5: the pooled share is the mean of the two shares, not of all answers",
+        path="grpo/eval/significance.py",
+        old="    pooled = (hits_a + hits_b) / (n_a + n_b)\n",
+        new="    pooled = (hits_a / n_a + hits_b / n_b) / 2\n",
+        tests=("tests/test_significance.py::test_the_p_value_is_the_two_sided_pooled_z_tests",),
+    ),
+    Mutation(
+        name="significance_boundary",
+        item="58.5: a change with p up to 0.1 is called significant",
+        path="grpo/eval/significance.py",
+        old="if p < SIGNIFICANT else",
+        new="if p <= SIGNIFICANT * 2 else",
+        tests=("tests/test_significance.py::test_significant_means_below_five_percent",),
+    ),
+    Mutation(
+        name="variants_left_out_of_the_change",
+        item="58.5: the summary's change leaves out the unseen phrasings",
+        path="grpo/eval/significance.py",
+        old='    suffixes = [""] + sorted(',
+        new='    suffixes = [""] or sorted(',
+        tests=(
+            "tests/test_significance.py::test_the_change_is_said_per_prompt_set_with_its_question_count",
+        ),
+    ),
+    Mutation(
+        name="change_from_one_evaluation",
+        item="58.5: one evaluation is compared with itself",
+        path="grpo/trainer/outputs.py",
+        old='    if len(rows) < 2:\n        return ""\n',
+        new='    if len(rows) < 1:\n        return ""\n',
+        tests=("tests/test_significance.py::test_one_evaluation_says_nothing_of_a_change",),
+    ),
+    Mutation(
+        name="addition_test_leaks",
+        item="58.5: train rows include held-out test questions",
+        path="grpo/tasks/arithmetic.py",
+        old='        held_out = {r["question"] for r in generated(',
+        new='        held_out = set() & {r["question"] for r in generated(',
+        tests=(
+            "tests/test_tasks.py::test_arithmetic_rows_are_generated_alike_every_time_and_test_is_held_out[arithmetic]",
+        ),
+    ),
+    Mutation(
+        name="addition_wider_numbers",
+        item="58.5: addition's second number goes up to 20",
+        path="grpo/tasks/arithmetic.py",
+        old="    a, b = rng.randint(2, 20), rng.randint(2, 9)\n",
+        new="    a, b = rng.randint(2, 20), rng.randint(2, 20)\n",
+        tests=("tests/test_tasks.py::test_addition_is_one_step_sums_of_small_numbers",),
+    ),
+    Mutation(
+        name="rejection_without_length_prefix",
+        item="62.3: a rejection's key hashes the frames without their lengths",
+        path="grpo/delivery/rejection.py",
+        old='        h.update(view.nbytes.to_bytes(8, "little"))\n',
+        new="",
+        tests=("tests/test_rejection.py::test_other_frames_do_not_open_it",),
+    ),
+    Mutation(
+        name="rejection_reason_not_cut",
+        item="62.3: a rejection's reason is sealed whole, however long",
+        path="grpo/delivery/rejection.py",
+        old='    text = reason.encode("utf-8")[:MAX_REASON_BYTES]\n',
+        new='    text = reason.encode("utf-8")\n',
+        tests=("tests/test_rejection.py::test_a_long_reason_is_cut_to_the_bound",),
+    ),
+    Mutation(
+        name="rejection_over_long_opens",
+        item="62.3: an over-long sealed reason is opened",
+        path="grpo/delivery/rejection.py",
+        old="    if len(sealed) > MAX_REASON_BYTES:\n        return None\n",
+        new="",
+        tests=("tests/test_rejection.py::test_a_tampered_or_malformed_rejection_does_not_open",),
+    ),
+    Mutation(
+        name="degen_baseline_grows",
+        item="58.2: the length and entropy baseline takes every row a resumed run wrote",
+        path="grpo/observe/degeneration.py",
+        old="        if len(self.rows) < self.size:\n",
+        new="        if True:\n",
+        tests=(
+            "tests/test_degeneration.py::test_length_and_entropy_are_measured_against_the_first_steps",
+        ),
+    ),
+    Mutation(
+        name="degen_resumed_baseline_ignored",
+        item="58.2: a resumed run measures against its own first rows",
+        path="grpo/observe/degeneration.py",
+        old="        for row in first_steps:\n            self.steps.add(row)\n",
+        new="",
+        tests=(
+            "tests/test_degeneration.py::test_length_and_entropy_are_measured_against_the_first_steps",
+        ),
+    ),
+    Mutation(
+        name="degen_refused_over_all_answers",
+        item="58.2: the refused share is over all answers, not those paid",
+        path="grpo/observe/degeneration.py",
+        old="    paid = [i for i, r in enumerate(rewards) if r > 0]\n",
+        new="    paid = list(range(len(rewards)))\n",
+        tests=(
+            "tests/test_degeneration.py::test_the_measures_are_shares_of_the_answers_and_of_those_the_reward_paid",
+        ),
+    ),
+    Mutation(
+        name="degen_collapse_example_longest",
+        item="58.2: a length collapse is shown with the longest answer",
+        path="grpo/observe/degeneration.py",
+        old="            return min(texts, key=len)\n",
+        new="            return max(texts, key=len)\n",
+        tests=(
+            "tests/test_degeneration.py::test_length_and_entropy_are_measured_against_the_first_steps",
+        ),
+    ),
+    Mutation(
+        name="degen_alarm_never_clears",
+        item="58.2: a measure back within its threshold stays alarmed: no second warning",
+        path="grpo/observe/degeneration.py",
+        old="        self.alarmed[kind] = set(now)\n",
+        new="        self.alarmed[kind] |= set(now)\n",
+        tests=(
+            "tests/test_degeneration.py::test_the_alarm_names_the_measure_with_an_example_once_and_again_only_on_change",
+        ),
+    ),
+    Mutation(
+        name="degen_zero_baseline_divides",
+        item="58.2: a zero baseline divides by zero",
+        path="grpo/observe/degeneration.py",
+        old=" or baseline <= 0:",
+        new=" or baseline < 0:",
+        tests=("tests/test_degeneration.py::test_a_ratio_to_nothing_is_no_ratio",),
+    ),
+    Mutation(
+        name="degen_every_eval_initial",
+        item="58.2: every evaluation's alarm says 'the initial model'",
+        path="grpo/observe/degeneration.py",
+        old='if kind == "eval" and at == 0 else',
+        new='if kind == "eval" else',
+        tests=(
+            "tests/test_degeneration.py::test_a_run_log_writes_the_measures_and_each_answers_flags",
+        ),
+    ),
+)
