@@ -82,7 +82,7 @@ class SamplerEvaluation:
             if weights.version != version or endpoint.stopped.is_set():
                 return  # it could not be had (the reason is logged): asked again next beat
             t0 = time.monotonic()
-            # Minutes on a CPU (the recipe's 512 answers: ~5): said, not a silent pause.
+            # Minutes on a CPU (the recipe's 512 answers: 6-10): said, not a silent pause.
             log.info("answering the evaluation of version %d: %d questions", version,
                      len(self.prompts))  # fmt: skip
             with ACTIVITY.during(EVALUATING, f"version {version}"):
