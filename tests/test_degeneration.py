@@ -158,6 +158,10 @@ def test_length_and_entropy_are_measured_against_the_first_steps(caplog):
     assert row["degen_alarms"] == ["degen_entropy_ratio", "degen_length_collapse"]
     collapse = [r.getMessage() for r in caplog.records if "degen_length_ratio" in r.getMessage()]
     assert collapse and collapse[0].endswith("e.g. '#### 7'")  # the shortest answer
+    assert collapse[0].startswith("reward hacking? step 3: ")
+    # Entropy alone falls as a policy grows sure of right answers too: not called hacking.
+    sure = [r.getMessage() for r in caplog.records if "degen_entropy_ratio" in r.getMessage()]
+    assert sure and sure[0].startswith("exploring less? step 3: degen_entropy_ratio 0.333")
     # A resumed run measures against the rows its first steps wrote, not its own first rows.
     resumed = Watch(None, first_steps=[{"step": 1, "response_len_mean": 80.0, "entropy": 1.0}])
     assert _step(resumed, 9, [WORKED], response_len_mean=40.0)["degen_length_ratio"] == 0.5

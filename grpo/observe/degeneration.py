@@ -45,6 +45,10 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "degen_length_runaway": (2.5, "above"),  # degen_length_ratio
     "degen_entropy_ratio": (0.4, "below"),
 }
+# What a measure past its threshold suggests, where it is not "reward hacking?": entropy falls
+# as a policy grows sure of right answers too (the CPU recipe's from its step 4, answering
+# 'Ann has 18 + 5 = 23 apples.' then '#### 23').
+SUGGESTS = {"degen_entropy_ratio": "exploring less?"}
 _MEASURED = dict.fromkeys(("degen_length_collapse", "degen_length_runaway"), "degen_length_ratio")
 
 CountMarkers = Callable[[str], int]
@@ -181,10 +185,10 @@ class Watch:
         row["degen_alarms"] = sorted(now)
         before = self.alarmed[kind]
         where = f"step {at}" if kind == "step" else f"eval v{at}"
-        # Version 0 is the model before training: degenerate, but not (yet) gamed.
-        said = "the initial model:" if kind == "eval" and at == 0 else "reward hacking?"
+        initial = kind == "eval" and at == 0  # the model before training: not (yet) gamed
         for name in sorted(now.keys() - before):
             bound, side = THRESHOLDS[name]
+            said = "the initial model:" if initial else SUGGESTS.get(name, "reward hacking?")
             log.warning(
                 "%s %s: %s %.3f, %s its threshold %g; e.g. %r",
                 said, where, _MEASURED.get(name, name), now[name], side, bound,

@@ -204,4 +204,12 @@ MUTATIONS = (
             "test_the_closing_summary_compares_the_first_evaluation_with_the_last",
         ),
     ),
+    Mutation(
+        name="entropy_called_hacking",
+        item="58.2: a falling entropy alone is called reward hacking (it fell on right answers)",
+        path="grpo/observe/degeneration.py",
+        old='SUGGESTS = {"degen_entropy_ratio": "exploring less?"}\n',
+        new="SUGGESTS: dict[str, str] = {}\n",
+        tests=(f"{DEGEN}::test_length_and_entropy_are_measured_against_the_first_steps",),
+    ),
 )
