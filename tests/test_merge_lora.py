@@ -85,3 +85,39 @@ def test_any_model_dir_is_evaluated_and_left_as_it_was(lora_run, tmp_path, capsy
     assert f"gsm8k: {out}" in printed and "| 0 | " in printed and "| 2 |" in printed
     assert sorted(p.name for p in out.iterdir()) == before
     assert eval_main([str(out), "--versions", "3"]) == 2  # a model has no versions to pick
+
+
+def test_the_base_is_the_flag_s_then_the_run_s_then_the_adapter_s(tmp_path, monkeypatch):
+    """Issue 63, second sources: the run's config and the adapter name different bases here
+    (the other tests' fixtures name one), and `final` is a link into versions/."""
+    import json
+
+    import grpo.models.loading as loading
+    from grpo.models.embedded import ModelError
+    from grpo.models.merge import base_of, merge_lora
+
+    run = tmp_path / "run"
+    version = run / "versions" / "v000002"
+    version.mkdir(parents=True)
+    (run / "config.yaml").write_text("model:\n  path: the-run/base\n")
+    (version / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "the-adapter/base"})
+    )
+    (run / "final").symlink_to(version, target_is_directory=True)
+    assert base_of(run / "final") == base_of(version) == "the-run/base"
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "adapter_config.json").write_text(version.joinpath("adapter_config.json").read_text())
+    assert base_of(loose) == "the-adapter/base"
+
+    asked = []
+
+    def resolve(path: str, key: str = "") -> None:
+        asked.append(path)
+        raise ModelError("stop here")
+
+    monkeypatch.setattr(loading, "resolve_model_path", resolve)
+    for base in ("the-flag/base", ""):
+        with pytest.raises(ModelError, match="stop here"):
+            merge_lora(run / "final", tmp_path / "out", base)
+    assert asked == ["the-flag/base", "the-run/base"]

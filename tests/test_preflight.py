@@ -210,3 +210,40 @@ def test_what_the_run_opens_past_the_model_dir_is_opened_first(tiny_model_dir, t
     assert "its linear layers: " in str(e.value) and "q_proj" in str(e.value)
     named = "model.lora.target_modules=[q_proj, model.layers.0.mlp.up_proj]"  # a part, a name
     preflight(config(tiny_model_dir, "model.lora.enabled=true", named), "both")
+
+
+def test_second_sources_and_second_values_of_what_the_run_opens(tiny_model_dir, tmp_path):
+    """Issue 63: each check above met one case of what it is about. transformers also reads a
+    template from tokenizer_config.json and builds a tokenizer from sentencepiece's model or a
+    BPE vocabulary; evaluating every version (interval 1) reads data.test too; a run dir that
+    is there but is a file cannot be written, however writable its parent."""
+    import json
+    import shutil
+
+    from grpo.preflight import has_chat_template
+
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    (inside / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    assert has_chat_template(inside)
+    (inside / "tokenizer_config.json").write_text(json.dumps({"chat_template": ""}))
+    assert not has_chat_template(inside)
+
+    for kept in ("tokenizer.model", "vocab.json"):
+        model = tmp_path / kept
+        shutil.copytree(tiny_model_dir, model)
+        for name in preflight_module.TOKENIZER_FILES:
+            (model / name).unlink(missing_ok=True)
+        (model / kept).write_text("")
+        preflight(config(model), "trainer")  # a tokenizer file is there: not refused
+
+    rows = tmp_path / "test.jsonl"
+    rows.write_text('{"problem": "What is 2 + 2?", "solution": "#### 4"}\n')
+    with pytest.raises(ConfigError, match=r"^data.test: .*row 0 has no 'question' key"):
+        preflight(config(tiny_model_dir, f"data.test={rows}", "eval.interval=1"), "trainer")
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "taken").write_text("")
+    with pytest.raises(ConfigError, match=r"^output_dir: cannot write the run dir"):
+        preflight(config(tiny_model_dir, f"output_dir={tmp_path / 'runs'}", "name=taken"),
+                  "trainer")  # fmt: skip

@@ -224,3 +224,38 @@ def test_a_reward_with_the_wrong_signature_is_refused_when_loaded():
         load_reward_fn("verl:tests.rewards_for_tests:takes_one_argument")
     with pytest.raises(ValueError, match=r"cannot be called as fn\(prompts, completions"):
         load_reward_fn("trl:tests.rewards_for_tests:takes_one_argument")
+
+
+def _results(errors: list[str | None]) -> list[tuple[float, dict]]:
+    return [(0.0, {"reward_error": e} if e is not None else {}) for e in errors]
+
+
+def test_the_error_rate_is_of_the_last_window_and_names_the_first_error():
+    """The rate is over the last WINDOW answers, not the whole run (a reward that starts failing
+    late must stop the run however many answers went well before), and the message names the
+    run's first error, not the latest."""
+    from grpo.tasks.failures import WINDOW, FailureRate, RewardFailingError
+
+    assert WINDOW == 256
+    rate = FailureRate("r", bound=0.5)
+    rate.add(_results(["first"] * 90 + [None] * 110))  # 90 of 200: within the bound
+    late = ["later"] * 130 + [None] * 126  # the last 256: 130 failed, over half
+    with pytest.raises(RewardFailingError) as raised:
+        rate.add(_results(late))  # over the whole run it is 220 of 456: under half
+    assert str(raised.value) == (
+        "the reward r failed on 130 of the last 256 answers (reward.max_error_rate=0.5); "
+        "its first error: first"
+    )
+
+
+def test_the_rate_is_judged_from_exactly_the_least_answers_and_a_bound_of_one_allows_all():
+    from grpo.tasks.failures import LEAST, FailureRate, RewardFailingError
+
+    assert LEAST == 32
+    rate = FailureRate("r", bound=0.5)
+    rate.add(_results(["e"] * 16 + [None] * 15))  # 16 of 31: too few answers to judge
+    with pytest.raises(RewardFailingError, match="failed on 17 of the last 32 answers"):
+        rate.add(_results(["e"]))  # the 32nd answer: judged
+    anything = FailureRate("r", bound=1.0)  # reward.max_error_rate=1.0: never stop
+    for _ in range(3):
+        anything.add(_results(["e"] * 100))

@@ -6,7 +6,13 @@ those got a test (named here): rotated runs ordered by name, the pooled share un
 5 % bound loosened, an alarm that never clears, a zero baseline, a resumed baseline of every
 row. Two change nothing a user sees and were dropped: train and test drawn from one seed (still
 disjoint: train leaves test out) and a link's own few bytes counted as freed (links are left out
-before their size is read, so counting their targets is no slip either)."""
+before their size is read, so counting their targets is no slip either).
+
+A second round, for the reward's error rate, merge-lora and preflight: 15 slips, 10 left their
+tests green (the first error named, the window, the bound of 1.0, the least count judged;
+merge-lora's --base and RUN/final, whose fixtures named one base for run and adapter; a
+template inside tokenizer_config.json, a sentencepiece or BPE tokenizer, data.test at
+eval.interval 1, a run dir that is a file); each got a test, and all 15 are here."""
 
 from __future__ import annotations
 
@@ -249,10 +255,158 @@ MUTATIONS = (
         name="degen_every_eval_initial",
         item="58.2: every evaluation's alarm says 'the initial model'",
         path="grpo/observe/degeneration.py",
-        old='if kind == "eval" and at == 0 else',
-        new='if kind == "eval" else',
+        old='        initial = kind == "eval" and at == 0  #',
+        new='        initial = kind == "eval"  #',
         tests=(
             "tests/test_degeneration.py::test_a_run_log_writes_the_measures_and_each_answers_flags",
+        ),
+    ),
+    Mutation(
+        name="failure_names_the_last_error",
+        item="64.3: the error message names the latest error, not the run's first",
+        path="grpo/tasks/failures.py",
+        old="            if error is not None and self.first is None:\n",
+        new="            if error is not None:\n",
+        tests=(
+            "tests/test_user_rewards.py::test_the_error_rate_is_of_the_last_window_and_names_the_first_error",
+        ),
+    ),
+    Mutation(
+        name="failure_window_unbounded",
+        item="64.3: the error rate is over the whole run, not the last 256 answers",
+        path="grpo/tasks/failures.py",
+        old="        self.recent: deque[bool] = deque(maxlen=window)\n",
+        new="        self.recent: deque[bool] = deque()\n",
+        tests=(
+            "tests/test_user_rewards.py::test_the_error_rate_is_of_the_last_window_and_names_the_first_error",
+        ),
+    ),
+    Mutation(
+        name="failure_bound_inclusive",
+        item="64.3: reward.max_error_rate=1.0 stops a reward that fails on everything",
+        path="grpo/tasks/failures.py",
+        old="failed > self.bound * seen:",
+        new="failed >= self.bound * seen:",
+        tests=(
+            "tests/test_user_rewards.py::test_the_rate_is_judged_from_exactly_the_least_answers_and_a_bound_of_one_allows_all",
+        ),
+    ),
+    Mutation(
+        name="failure_judged_after_more",
+        item="64.3: the rate is first judged at 33 answers, not 32",
+        path="grpo/tasks/failures.py",
+        old="(seen >= self.least or every_one)",
+        new="(seen > self.least or every_one)",
+        tests=(
+            "tests/test_user_rewards.py::test_the_rate_is_judged_from_exactly_the_least_answers_and_a_bound_of_one_allows_all",
+        ),
+    ),
+    Mutation(
+        name="failure_one_batch_not_judged",
+        item="64.3: a first batch that failed whole is not judged",
+        path="grpo/tasks/failures.py",
+        old="        every_one = len(results) > 1 and failed == seen",
+        new="        every_one = False",
+        tests=(
+            "tests/test_user_rewards.py::test_a_reward_failing_on_most_answers_stops_the_sampler_naming_it_and_its_first_error",
+        ),
+    ),
+    Mutation(
+        name="merge_base_flag_ignored",
+        item="64.6: merge-lora's --base loses to the run's model.path",
+        path="grpo/models/merge.py",
+        old='resolve_model_path(base or base_of(adapter), "--base")',
+        new='resolve_model_path(base_of(adapter) or base, "--base")',
+        tests=(
+            "tests/test_merge_lora.py::test_the_base_is_the_flag_s_then_the_run_s_then_the_adapter_s",
+        ),
+    ),
+    Mutation(
+        name="merge_final_link_not_resolved",
+        item="64.6: RUN/final is not followed into versions/, so the adapter's base wins",
+        path="grpo/models/merge.py",
+        old="    versions = adapter.resolve().parent",
+        new="    versions = adapter.absolute().parent",
+        tests=(
+            "tests/test_merge_lora.py::test_the_base_is_the_flag_s_then_the_run_s_then_the_adapter_s",
+        ),
+    ),
+    Mutation(
+        name="merge_without_tokenizer",
+        item="64.6: the merged model dir has no tokenizer",
+        path="grpo/models/merge.py",
+        old="        load_tokenizer(base_dir).save_pretrained(tmp)\n",
+        new="",
+        tests=(
+            "tests/test_merge_lora.py::test_the_merged_model_answers_as_the_adapter_on_its_base",
+        ),
+    ),
+    Mutation(
+        name="merge_without_umask",
+        item="64.8: the merged model's files keep the temporary dir's mode",
+        path="grpo/models/merge.py",
+        old="        as_umask_allows(tmp)\n",
+        new="",
+        tests=(
+            "tests/test_merge_lora.py::test_the_merged_model_answers_as_the_adapter_on_its_base",
+        ),
+    ),
+    Mutation(
+        name="merge_into_non_empty",
+        item="64.6: merge-lora writes into a non-empty directory",
+        path="grpo/models/merge.py",
+        old="    if out.exists() and any(out.iterdir()):\n",
+        new="    if out.exists() and not out.is_dir():\n",
+        tests=("tests/test_merge_lora.py::test_a_bad_merge_is_one_line_and_writes_nothing",),
+    ),
+    Mutation(
+        name="chat_template_only_as_a_file",
+        item="64.2: a template inside tokenizer_config.json is not found",
+        path="grpo/preflight.py",
+        old='    return bool(isinstance(config, dict) and config.get("chat_template"))\n',
+        new="    return False\n",
+        tests=(
+            "tests/test_preflight.py::test_second_sources_and_second_values_of_what_the_run_opens",
+        ),
+    ),
+    Mutation(
+        name="lora_full_names_refused",
+        item="64.2: a LoRA target given by its full module name is refused",
+        path="grpo/preflight.py",
+        old="    if missing := [t for t in targets if t not in parts and t not in names]:\n",
+        new="    if missing := [t for t in targets if t not in parts]:\n",
+        tests=(
+            "tests/test_preflight.py::test_what_the_run_opens_past_the_model_dir_is_opened_first",
+        ),
+    ),
+    Mutation(
+        name="writable_checks_the_parent",
+        item="64.2: the run dir's parent is checked for writing, not the run dir",
+        path="grpo/preflight.py",
+        old="    there = run_dir.resolve()\n    while",
+        new="    there = run_dir.resolve().parent\n    while",
+        tests=(
+            "tests/test_preflight.py::test_second_sources_and_second_values_of_what_the_run_opens",
+        ),
+    ),
+    Mutation(
+        name="test_rows_checked_from_interval_two",
+        item="64.2: data.test is not read when every version is evaluated",
+        path="grpo/preflight.py",
+        old="        if cfg.eval.interval > 0 and not cfg.data.mixture:",
+        new="        if cfg.eval.interval > 1 and not cfg.data.mixture:",
+        tests=(
+            "tests/test_preflight.py::test_second_sources_and_second_values_of_what_the_run_opens",
+        ),
+    ),
+    Mutation(
+        name="tokenizer_json_only",
+        item="64.2: a sentencepiece or BPE-vocabulary tokenizer is refused",
+        path="grpo/preflight.py",
+        old='TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")\n',
+        new='TOKENIZER_FILES = ("tokenizer.json",)\n',
+        tests=(
+            "tests/test_preflight.py::test_second_sources_and_second_values_of_what_the_run_opens",
         ),
     ),
 )
