@@ -132,7 +132,7 @@ def test_a_bad_mixture_entry_is_one_config_error(mixture, message):
 def test_an_entry_of_an_unknown_task_is_one_config_error():
     cfg = load_config(None, ["data.mixture=[{train: a, task: nope}, {train: b}]"])
     with pytest.raises(
-        ConfigError, match="entry 0: task: unknown task 'nope'; valid: arithmetic, gsm8k"
+        ConfigError, match="entry 0: task: unknown task 'nope'; valid: addition, arithmetic, gsm8k"
     ):
         task_for(cfg)  # as the sampler and the evaluations build it
     cfg = load_config(
