@@ -12,8 +12,8 @@ alternate, TRL first, REPEATS times at each size. Rows (the steps after the firs
 start-up): generated tokens per wall second, trained tokens (prompt + answer) per wall second,
 wall seconds a step, and the peak memory of all of a side's processes together.
 
-Learning: the demo as shipped (EOS kept) for its 12 steps on each side, then each final model
-evaluated by the project's evaluator (greedy, the demo's 32 held-out questions and its two
+Learning: the demo as shipped (EOS kept) for its steps on each side, then each final model
+evaluated by the project's evaluator (greedy, the demo's held-out questions and its two
 unseen phrasings); the table goes to bench/results/e2e_vs_trl_learning.md.
 
 The baseline is TRL 1.16.0 (bench/dev extra: requirements-dev.txt), HF generate under bfloat16
@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from bench.common import REPO, Result, launch_watched, machine, report, run_watched
@@ -45,7 +44,6 @@ SIZES = {  # name -> workload: what a full run measures and bench/results holds
 # first step of it here, so 3 repetitions of both sides would take over an hour.
 LARGER = {"large": Workload(questions=8, group=4, new_tokens=256, steps=2)}
 QUICK = Workload(questions=2, group=4, new_tokens=8, steps=3, micro_batch=4)
-LEARNING_STEPS = 12  # the demo's train.total_steps
 GIB = 1 << 30
 
 
@@ -94,9 +92,9 @@ TARGETS = {"generated": 2.0, "trained": 2.0, "step": 2.0, "memory": 1.0}
 
 SCENARIO = (
     "{workload}, every answer generated to its full length on both sides (EOS ignored), the "
-    "same {model}, GSM8K questions in the same order, system prompt, instructions and reward "
-    "(configs/cpu_demo.yaml); temperature {w.temperature}, lr {w.lr} constant, no KL term, "
-    "gradient clipping {w.max_grad_norm}, one optimizer step per batch in micro-batches of "
+    "same {model}, the demo's {task} questions in the same order, system prompt, instructions "
+    "and reward (configs/cpu_demo.yaml); temperature {w.temperature}, lr {w.lr} constant, no KL "
+    "term, gradient clipping {w.max_grad_norm}, one optimizer step per batch in micro-batches of "
     "{w.micro_batch}; baseline: TRL {trl} GRPOTrainer, one process, HF generate, "
     "{w.trl_precision} (what a TRL user runs on this machine); ours: the demo's config "
     "({ours}); {reps} alternating repetitions, TRL first; the steps after the first"
@@ -121,8 +119,11 @@ def throughput(name: str, w: Workload, reps: int, overrides: list[str], ours_not
             f"{side} " + " ".join(f"{k} {v[-1]:.3g}" for k, v in m.items())
             for side, m in measured.items()), flush=True)  # fmt: skip
     model = "tiny model" if quick else "SmolLM2-135M"
-    scenario = SCENARIO.format(workload=w.text(), model=model, w=w, trl=trl.__version__,
-                               ours=ours_note, reps=reps)  # fmt: skip
+    from grpo.config import load_config
+
+    task = load_config(str(CONFIG)).data.task
+    scenario = SCENARIO.format(workload=w.text(), model=model, task=task, w=w,
+                               trl=trl.__version__, ours=ours_note, reps=reps)  # fmt: skip
     results = []
     for key, suffix, unit, direction in ROWS:
         base, ours = measured["trl"][key], measured["ours"][key]
@@ -178,14 +179,26 @@ EVAL_COLUMNS = ("accuracy", "format_rate", "degenerate_frac", "response_len_mean
                 "format_rate@reworded", "format_rate@other_example")  # fmt: skip
 
 
+def demo_as_shipped() -> Workload:
+    """configs/cpu_demo.yaml's own shape, EOS kept: what README's first command trains."""
+    from grpo.config import load_config
+
+    cfg = load_config(str(CONFIG))
+    r, t = cfg.rollout, cfg.train
+    return Workload(questions=r.questions_per_step, group=r.group_size,
+                    new_tokens=r.max_new_tokens, steps=t.total_steps, fixed_length=False,
+                    temperature=r.temperature, lr=t.lr, micro_batch=t.micro_batch_size)  # fmt: skip
+
+
 def learning_table(initial: dict, ours: dict, trl: dict, ours_steps: list[dict],
                    trl_steps: list[dict]) -> str:  # fmt: skip
     """Markdown: the evaluations (initial model, each side's final one), then reward and answer
     length step by step."""
+    steps = len(ours_steps)
     head = "| model | " + " | ".join(EVAL_COLUMNS) + " |"
     lines = [head, "|" + "---|" * (len(EVAL_COLUMNS) + 1)]
-    for label, row in (("initial (v0)", initial), (f"ours v{LEARNING_STEPS}", ours),
-                       (f"TRL step {LEARNING_STEPS}", trl)):  # fmt: skip
+    for label, row in (("initial (v0)", initial), (f"ours v{steps}", ours),
+                       (f"TRL step {steps}", trl)):  # fmt: skip
         lines.append(f"| {label} | " + " | ".join(f"{row.get(c, float('nan')):.3g}"
                                                   for c in EVAL_COLUMNS) + " |")  # fmt: skip
     lines += ["", "| step | ours reward | TRL reward | ours length | TRL length |",
@@ -197,18 +210,17 @@ def learning_table(initial: dict, ours: dict, trl: dict, ours_steps: list[dict],
 
 
 def learning(out_file: Path, work_dir: Path) -> str:
-    """The demo as shipped on both sides (EOS kept), LEARNING_STEPS steps, then each final model
+    """The demo as shipped on both sides (EOS kept), its steps, then each final model
     through the same evaluator. Both runs stay in `work_dir` (their answers are to be read)."""
     from grpo.observe.metrics import EVAL_FILE
 
-    demo = SIZES["demo"]
-    w = replace(demo, fixed_length=False, steps=LEARNING_STEPS)
+    w = demo_as_shipped()
     work_dir.mkdir(parents=True, exist_ok=True)
     trl_rows, _ = run_trl(w, work_dir, [])
     trl_eval = evaluate_model(work_dir / "trl" / "model", work_dir / "trl_eval")
     (work_dir / "trl_eval.json").write_text(json.dumps(trl_eval) + "\n")
     # The demo's evaluation before and after training, as a user's run makes it.
-    ours_rows, _ = run_ours(w, work_dir, [f"eval.interval={LEARNING_STEPS}"])
+    ours_rows, _ = run_ours(w, work_dir, [f"eval.interval={w.steps}"])
     same_work(w, ours_work(ours_rows), trl_work(trl_rows))
     lines = (work_dir / "ours" / EVAL_FILE).read_text().splitlines()
     initial, final = json.loads(lines[0]), json.loads(lines[-1])

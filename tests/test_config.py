@@ -35,7 +35,7 @@ def test_yaml_then_overrides():
     assert cfg.algo.loss == "gspo"
     assert cfg.model.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.name == "x"
-    assert cfg.train.total_steps == 12  # from the YAML
+    assert cfg.train.total_steps == 8  # from the YAML
 
 
 def test_int_is_accepted_for_float():

@@ -210,7 +210,7 @@ def test_the_sampler_answers_only_where_it_loads_every_version_in_order():
     for override, why in (
         ("train.max_staleness=1", "train.max_staleness=1 \\(needs 0\\)"),
         ("rollout.mode=continuous", "rollout.mode=continuous \\(needs lockstep\\)"),
-        ("train.sync_interval=5", "eval.interval=12 \\(needs a multiple of train.sync_interval"),
+        ("train.sync_interval=5", "eval.interval=8 \\(needs a multiple of train.sync_interval"),
     ):
         with pytest.raises(ConfigError, match=f"^eval.engine=sampler: {why}"):
             load_config(DEMO, [override, "eval.engine=sampler"])

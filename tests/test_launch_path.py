@@ -296,7 +296,12 @@ def test_a_run_started_from_a_project_dir_finds_its_files_there(tmp_path, comman
     fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "GRPO_USER_DIR"}
     env.update(PYTHON=str(fake), REAL_PYTHON=PYTHON, STARTS=str(tmp_path / "s"))
-    overrides = ["model.path=model", "data.train=mine.jsonl", "data.reward=my_reward_xyz:reward"]
+    overrides = [
+        "model.path=model",
+        "data.task=gsm8k",
+        "data.train=mine.jsonl",
+        "data.reward=my_reward_xyz:reward",
+    ]
     proc = subprocess.run([*command, DEMO, *overrides], cwd=project, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
