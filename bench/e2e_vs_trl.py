@@ -38,6 +38,8 @@ from bench.workload import Workload, ours_overrides, same_work, step_work
 CONFIG = REPO / "configs" / "cpu_demo.yaml"
 REPEATS = 3
 SIZES = {  # name -> workload: what a full run measures and bench/results holds
+    # The GSM8K demo's size, which bench/results' rows were measured at (the demo itself now
+    # trains 4 x 8 answers of at most 48 tokens: `demo_as_shipped`).
     "demo": Workload(questions=4, group=4, new_tokens=128, steps=4),
 }
 # Twice the answers, twice as long: `--only large`. Not in a full run: TRL took 8-9 min for its
