@@ -224,27 +224,34 @@ class VllmRollout:
         # that is not the model's whole is refused here, before any reaches a worker.
         require_same_tensors(self.checkpoint, state, {"lm_head.weight"}, f"version {version}")
         fd = write_memfd(state, version)  # the workers map it: no copy crosses the RPC pipe
-        try:
-            self._load_in_workers([memfd_path(fd)], version, lambda n: n == len(state))
-        finally:
-            os.close(fd)
+        # Closed by the transfer once the workers are done with it, never by a timeout while a
+        # worker may still open /proc/<pid>/fd/<fd>: a reused number would name another file.
+        self._load_in_workers([memfd_path(fd)], version, lambda n: n == len(state),
+                              release=lambda: os.close(fd))  # fmt: skip
 
     def _reload_in_place(self, weights: list[Path], version: int) -> None:
         self._load_in_workers([str(p) for p in weights], version, lambda n: n >= 1)
 
     def _load_in_workers(
-        self, files: list[str], version: int, loaded: Callable[[int], bool]
+        self,
+        files: list[str],
+        version: int,
+        loaded: Callable[[int], bool],
+        release: Callable[[], None] = lambda: None,
     ) -> None:
         """The safetensors `files` into every worker through vLLM's weight-transfer calls,
         within rollout.vllm.reload_timeout_s; each worker must report `version` with a tensor
-        count that `loaded` accepts."""
+        count that `loaded` accepts. `release` runs when the calls end, timed out or not."""
         llm, timeout_s = self.llm, self.cfg.rollout.vllm.reload_timeout_s
 
         def transfer() -> list[dict]:
-            llm.collective_rpc("start_weight_update")
-            llm.collective_rpc("update_weights", args=(update_request(files, version),))
-            llm.collective_rpc("finish_weight_update")
-            return llm.collective_rpc("grpo_loaded")
+            try:
+                llm.collective_rpc("start_weight_update")
+                llm.collective_rpc("update_weights", args=(update_request(files, version),))
+                llm.collective_rpc("finish_weight_update")
+                return llm.collective_rpc("grpo_loaded")
+            finally:
+                release()
 
         results = within(
             timeout_s,
