@@ -19,7 +19,7 @@ from grpo.config import Config, ConfigError, load_config
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.broadcaster import Broadcaster
 from grpo.weights.collective.member import GroupMember, LeftGroup
-from grpo.weights.collective.membership import GroupInfo, invited
+from grpo.weights.collective.membership import MAX_FAILED_INCARNATIONS, GroupInfo, invited
 from grpo.weights.stream.follower import VersionFollower
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.server import VersionStore
@@ -274,6 +274,11 @@ def test_who_the_next_group_holds() -> None:
     assert invited({"a": ("i", "ready:3")}, (), {("a", "i"): 3}) == ("a",)
     # ... or when it is another process: a restarted sampler starts afresh.
     assert invited({"a": ("j", "ready:0")}, (), {("a", "i"): 3}) == ("a",)
+    # ... but not once it failed under MAX_FAILED_INCARNATIONS of them: a peer flipping its
+    # incarnation does not keep the group re-forming (its versions come by stream).
+    failed = {("a", str(k)): k + 1 for k in range(MAX_FAILED_INCARNATIONS)}
+    assert invited({"a": ("new", "ready:0"), "b": ready}, (), failed) == ("b",)
+    assert invited({"a": ("0", "ready:1")}, (), failed) == ("a",)  # an incarnation it knew
     assert invited({"a": ("i", "ready:x"), "b": ("i", "")}, (), {}) == ()
 
 

@@ -359,4 +359,12 @@ MUTATIONS = (
             "tests/test_rejection.py::test_other_frames_do_not_open_it",
         ),
     ),
+    Mutation(
+        name="flipped_incarnation_invited_forever",
+        item="62.6: a peer flipping its incarnation does not keep the group re-forming",
+        path="grpo/weights/collective/membership.py",
+        old="        return failed_incarnations[sid] < MAX_FAILED_INCARNATIONS\n",
+        new="        return True\n",
+        tests=(f"{COLLECTIVE}::test_who_the_next_group_holds",),
+    ),
 )

@@ -146,8 +146,8 @@ MUTATIONS = (
         name="failed_member_invited_again_at_once",
         item="42.5: the group re-forms without a dead or stalled member",
         path="grpo/weights/collective/membership.py",
-        old="        and left >= failed_in.get((sid, incarnation), 0)",
-        new="",
+        old="            return left >= failed_in[(sid, incarnation)]\n",
+        new="            return True\n",
         tests=(
             f"{GROUP}::test_who_the_next_group_holds",
             f"{GROUP}::test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again",
@@ -157,9 +157,9 @@ MUTATIONS = (
         name="restarted_sampler_counted_as_its_predecessor",
         item="42.5: a restarted sampler rejoins the group",
         path="grpo/weights/collective/membership.py",
-        old="        and left >= failed_in.get((sid, incarnation), 0)",
-        new="        and left >= max([g for (s, _), g in failed_in.items() if s == sid], "
-        "default=0)",
+        old="        return failed_incarnations[sid] < MAX_FAILED_INCARNATIONS\n",
+        new="        return left >= max((g for (s, _), g in failed_in.items() if s == sid), "
+        "default=0)\n",
         tests=(
             f"{GROUP}::test_who_the_next_group_holds",
             f"{CHAOS}::test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_"

@@ -3,6 +3,7 @@ trainer invites into the next one. Pure: the sampler's status reads it without t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,10 @@ from grpo.core.checksum import is_hex
 
 MAX_MEMBERS = 1024
 KEY_CHARS = 32  # a generation's secret: 128 random bits in hex (secrets.token_hex(16))
+# A sampler that failed groups under this many incarnations is not invited under a new one: it
+# takes versions by stream. Otherwise a peer flipping its incarnation would be invited afresh
+# each time and keep the group re-forming, each try waiting weights.collective_timeout_s out.
+MAX_FAILED_INCARNATIONS = 3
 
 
 @dataclass(frozen=True)
@@ -66,11 +71,18 @@ def invited(
 ) -> tuple[str, ...]:
     """Who the next group holds: the current `members`, and each sampler ready to join
     (`states`: sampler -> (incarnation, state)) that has left the generation it last failed in
-    (`failed_in`, by sampler and incarnation: a restarted sampler starts afresh)."""
+    (`failed_in`, by sampler and incarnation: a restarted sampler starts afresh, up to
+    MAX_FAILED_INCARNATIONS failed ones)."""
+    failed_incarnations = Counter(sid for sid, _ in failed_in)
+
+    def may_join(sid: str, incarnation: str, left: int) -> bool:
+        if (sid, incarnation) in failed_in:
+            return left >= failed_in[(sid, incarnation)]
+        return failed_incarnations[sid] < MAX_FAILED_INCARNATIONS
+
     ready = {
         sid
         for sid, (incarnation, state) in states.items()
-        if (left := left_generation(state)) is not None
-        and left >= failed_in.get((sid, incarnation), 0)
+        if (left := left_generation(state)) is not None and may_join(sid, incarnation, left)
     }
     return tuple(sorted(set(members) | ready))
