@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,12 +21,14 @@ class _HungEngine:
     each `update_weights` named, as a worker would open them."""
 
     def __init__(self) -> None:
-        self.release, self.finished = threading.Event(), threading.Event()
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.finished = threading.Event()
         self.files: list[str] = []
 
     def collective_rpc(self, method: str, args: tuple = ()):
         if method == "update_weights":
             self.files += args[0]["files"]
+            self.entered.set()
             self.release.wait(30)
         if method == "grpo_loaded":
             self.finished.set()
@@ -43,6 +46,7 @@ def test_the_memory_file_stays_open_until_a_timed_out_transfer_ends():
     engine.checkpoint = {"w": (2,)}
     with pytest.raises(TimeoutError, match="reload_timeout_s"):
         engine.load_tensors({"w": torch.ones(2)}, 1)
+    assert hung.entered.wait(10)  # on a loaded machine the thread may get there after 0.2 s
     (path,) = hung.files
     fd = int(path.rsplit("/", 1)[1])
     assert _names_the_version(fd)  # still its file: a late worker reads what it was sent
@@ -51,7 +55,7 @@ def test_the_memory_file_stays_open_until_a_timed_out_transfer_ends():
     for _ in range(100):  # the transfer's thread closes it as it ends
         if not _names_the_version(fd):
             return
-        threading.Event().wait(0.05)
+        time.sleep(0.05)
     raise AssertionError(f"descriptor {fd} still open after the transfer ended")
 
 
