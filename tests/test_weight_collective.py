@@ -7,6 +7,7 @@ ending with the straight run's weights bit for bit: tests/test_chaos.py.)"""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -16,10 +17,18 @@ import pytest
 
 from bench.common import free_port
 from grpo.config import Config, ConfigError, load_config
+from grpo.config.weights import host_port
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.broadcaster import Broadcaster
 from grpo.weights.collective.member import GroupMember, LeftGroup
 from grpo.weights.collective.membership import MAX_FAILED_INCARNATIONS, GroupInfo, invited
+from grpo.weights.collective.rendezvous import (
+    MAX_CONNECTIONS,
+    MAX_VALUE_BYTES,
+    RemoteStore,
+    Rendezvous,
+    keys_for,
+)
 from grpo.weights.stream.follower import VersionFollower
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.server import VersionStore
@@ -121,6 +130,7 @@ def test_every_version_reaches_every_member_bit_for_bit(run) -> None:
     for s in samplers:
         assert all(same(s.got[image.version], image) for image in sent)
     assert trainer.group is not None and trainer.group.members == ("sampler-0", "sampler-1")
+    assert len(trainer.broadcaster.meeting.table) == 0  # sealed once formed: nothing to set
     # The broadcaster notes a version's time once its broadcast returned, which can be just
     # after the members took it (seen once in a full suite run).
     wait_until(lambda: set(trainer.broadcaster.seconds) == {1, 2, 3}, "the broadcast times")
@@ -307,31 +317,97 @@ def listeners(port: int) -> set[str]:
 
 
 def test_the_rendezvous_listens_on_the_configured_address_alone() -> None:
-    """Issue 62, finding 3: TCPStore binds every interface ("::") whatever host it is given;
-    the trainer's listens on weights.collective_addr's host only."""
+    """Issue 62, finding 3: TCPStore bound every interface ("::") whatever host it was given;
+    the trainer's rendezvous listens on weights.collective_addr's host only."""
     port = free_port()
-    meeting = wire.meeting_point(f"tcp://127.0.0.1:{port}", True, TIMEOUT_S)
+    meeting = Rendezvous(f"tcp://127.0.0.1:{port}", TIMEOUT_S)
     try:
         assert listeners(port) == {"0100007F"}  # 127.0.0.1, and nothing on IPv6
     finally:
-        del meeting
+        meeting.close()
 
 
 def test_a_peer_without_the_generation_s_key_gets_no_seat() -> None:
     """Issue 62, finding 3: the trainer waits for sampler-0 in generation 1; an impostor that
-    reaches the store and knows the generation and rank, but not the key the trainer announced
-    over the control channel, meets nobody (the seats' keys used to be guessable)."""
+    reaches the rendezvous and knows the generation and rank, but not the key the trainer
+    announced over the control channel, meets nobody and can set nothing there (the seats'
+    keys used to be guessable, and TCPStore took any key)."""
     cfg = collective_config()
     store = VersionStore(keep=2, budget_bytes=1 << 20, delta=False)
     broadcaster = Broadcaster(cfg, store, lambda: {"sampler-0": ("i", "ready:0")})
     try:
         wait_until(lambda: broadcaster.announced is not None, "the group forming")
         addr = cfg.weights.collective_addr
-        meeting = wire.meeting_point(addr, False, TIMEOUT_S)
-        with pytest.raises(RuntimeError):
-            wire.form(meeting, 1, "0" * 32, 1, 2, wire.local_interface(addr), TIMEOUT_S)
+        impostor = RemoteStore(addr, TIMEOUT_S)
+        with pytest.raises(RuntimeError, match="refused a key outside the generation"):
+            wire.form(impostor, wire.prefix(1, "0" * 32), 1, 2, wire.local_interface(addr),
+                      TIMEOUT_S)  # fmt: skip
+        assert len(broadcaster.meeting.table) == 1  # the trainer's own seat, nothing else
     finally:
         broadcaster.close()
+
+
+def test_the_rendezvous_caps_what_one_generation_holds() -> None:
+    """Issue 62, item 2: keys only under the generation being formed, at most keys_for(size)
+    of them, each value at most MAX_VALUE_BYTES, and none once the group formed; a request
+    past the frame bounds closes its connection (24 values of 8 MiB grew a TCPStore's trainer
+    by 219 MiB)."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    meeting = Rendezvous(addr, TIMEOUT_S)
+    peer = RemoteStore(addr, TIMEOUT_S)
+    try:
+        meeting.table.open("generation-1-secret", size=2)
+        peer.set("generation-1-secret/0/1", b"address")
+        assert peer.get("generation-1-secret/0/1") == b"address"
+        with pytest.raises(RuntimeError, match="outside the generation"):
+            peer.set("generation-1-secre/x", b"")
+        with pytest.raises(RuntimeError, match="rendezvous at"):  # cut off, not read
+            peer.set("generation-1-secret/big", bytes(MAX_VALUE_BYTES + 1))
+        assert not peer.check(["generation-1-secret/big"])  # on a new connection
+        for k in range(keys_for(2) - 1):
+            peer.set(f"generation-1-secret/{k}", b"x")
+        with pytest.raises(RuntimeError, match=f"more than {keys_for(2)} keys"):
+            peer.set("generation-1-secret/one-more", b"x")
+        assert len(meeting.table) == keys_for(2)
+        meeting.table.seal()
+        assert len(meeting.table) == 0
+        meeting.table.open("generation-1-secret", size=2)  # the next one, its own bound
+        meeting.local.set("generation-1-secret/0/0", b"x")
+        with pytest.raises(RuntimeError, match="a value of 65537 bytes"):
+            meeting.local.set("generation-1-secret/0/0", bytes(MAX_VALUE_BYTES + 1))
+        meeting.table.seal()
+        with pytest.raises(RuntimeError, match="outside the generation"):
+            peer.set("generation-1-secret/0/1", b"address")
+        raw = socket.create_connection(host_port(addr), TIMEOUT_S)
+        raw.sendall(b"S" + (1 << 16 - 1).to_bytes(2, "big") + (8 << 20).to_bytes(4, "big"))
+        assert raw.recv(1) == b""  # closed unanswered, nothing read past the header
+        raw.close()
+        assert meeting.refused == 5
+    finally:
+        peer.close_connection()
+        meeting.close()
+
+
+def test_the_rendezvous_serves_a_bounded_number_of_connections() -> None:
+    """Issue 62, item 2: connections beyond MAX_CONNECTIONS are closed at once, and a held
+    one frees its place when it closes."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    meeting = Rendezvous(addr, TIMEOUT_S)
+    held = [socket.create_connection(host_port(addr), TIMEOUT_S) for _ in range(MAX_CONNECTIONS)]
+    try:
+        extra = socket.create_connection(host_port(addr), TIMEOUT_S)
+        assert extra.recv(1) == b""
+        extra.close()
+        held.pop().close()
+        wait_until(lambda: meeting._connections._value == 1, "a place freed")
+        meeting.table.open("generation-1-k", size=2)
+        peer = RemoteStore(addr, TIMEOUT_S)
+        peer.set("generation-1-k/0/1", b"a")
+        peer.close_connection()
+    finally:
+        for conn in held:
+            conn.close()
+        meeting.close()
 
 
 @pytest.mark.parametrize(

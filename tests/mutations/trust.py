@@ -62,25 +62,66 @@ MUTATIONS = (
     ),
     Mutation(
         name="rendezvous_on_every_interface",
-        item="62.3: the collective group's store listens on every interface again",
-        path="grpo/weights/collective/group.py",
-        old=(
-            "        listener = socket.create_server((hostname, port), family=family, "
-            "backlog=128)\n"
-            "        return dist.TCPStore(hostname, port, None, True, timeout=timeout, "
-            "wait_for_workers=False,\n"
-            "                             master_listen_fd=listener.detach())  # fmt: skip\n"
-        ),
-        new="        return dist.TCPStore(hostname, port, None, True, timeout=timeout)\n",
+        item="62.3: the collective group's rendezvous listens on every interface again",
+        path="grpo/weights/collective/rendezvous.py",
+        old="        self._listener = socket.create_server((hostname, port), family=family, "
+        "backlog=128)\n",
+        new="        self._listener = socket.create_server(('', port), family=socket.AF_INET6, "
+        "dualstack_ipv6=True)\n",
         tests=(f"{COLLECTIVE}::test_the_rendezvous_listens_on_the_configured_address_alone",),
     ),
     Mutation(
         name="rendezvous_keys_guessable",
-        item="62.3: a generation's keys in the store are generation-G/... again, for anyone",
+        item="62.3: a generation's keys in the rendezvous are generation-G/... again, for anyone",
         path="grpo/weights/collective/group.py",
-        old='    prefixed = dist.PrefixStore(f"generation-{generation}-{key}", store)',
-        new='    prefixed = dist.PrefixStore(f"generation-{generation}", store)',
+        old='    return f"generation-{generation}-{key}"\n',
+        new='    return f"generation-{generation}"\n',
         tests=(f"{COLLECTIVE}::test_a_peer_without_the_generation_s_key_gets_no_seat",),
+    ),
+    Mutation(
+        name="rendezvous_takes_any_key",
+        item="62.2: the rendezvous takes keys outside the generation being formed, as TCPStore",
+        path="grpo/weights/collective/rendezvous.py",
+        old="            if self._prefix is None or not key.startswith(self._prefix):\n",
+        new="            if False:\n",
+        tests=(
+            f"{COLLECTIVE}::test_a_peer_without_the_generation_s_key_gets_no_seat",
+            f"{COLLECTIVE}::test_the_rendezvous_caps_what_one_generation_holds",
+        ),
+    ),
+    Mutation(
+        name="rendezvous_keys_uncounted",
+        item="62.2: a generation's keys in the rendezvous are not capped in number",
+        path="grpo/weights/collective/rendezvous.py",
+        old="            elif key not in self._values and len(self._values) >= self._max_keys:\n",
+        new="            elif False:\n",
+        tests=(f"{COLLECTIVE}::test_the_rendezvous_caps_what_one_generation_holds",),
+    ),
+    Mutation(
+        name="rendezvous_values_unbounded",
+        item="62.2: the rendezvous reads a value of any size it is told",
+        path="grpo/weights/collective/rendezvous.py",
+        old="                if op not in (SET, GET) or key_len > MAX_KEY_BYTES or value_len > "
+        "MAX_VALUE_BYTES:\n",
+        new="                if op not in (SET, GET) or key_len > MAX_KEY_BYTES:\n",
+        tests=(f"{COLLECTIVE}::test_the_rendezvous_caps_what_one_generation_holds",),
+    ),
+    Mutation(
+        name="rendezvous_never_sealed",
+        item="62.2: a formed generation's rendezvous still takes keys",
+        path="grpo/weights/collective/broadcaster.py",
+        old="        self.meeting.table.seal()  # every member formed its group: it took that "
+        "header\n",
+        new="",
+        tests=(f"{COLLECTIVE}::test_every_version_reaches_every_member_bit_for_bit",),
+    ),
+    Mutation(
+        name="rendezvous_connections_unbounded",
+        item="62.2: the rendezvous serves any number of connections at once",
+        path="grpo/weights/collective/rendezvous.py",
+        old="        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)\n",
+        new="        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS * 100)\n",
+        tests=(f"{COLLECTIVE}::test_the_rendezvous_serves_a_bounded_number_of_connections",),
     ),
     Mutation(
         name="bucket_sums_back_to_xxh3",

@@ -30,6 +30,7 @@ import numpy as np
 from grpo.config import Config
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.membership import KEY_CHARS, GroupInfo, invited
+from grpo.weights.collective.rendezvous import Rendezvous
 from grpo.weights.stream.frames import Manifest
 from grpo.weights.stream.server import VersionStore
 
@@ -55,7 +56,7 @@ class Broadcaster:
         self.timeout_s = w.collective_timeout_s
         self.keepalive_s = w.collective_timeout_s / 4  # well within the members' bound
         self.interface = wire.local_interface(w.collective_addr)
-        self.meeting = wire.meeting_point(w.collective_addr, True, w.collective_timeout_s)
+        self.meeting = Rendezvous(w.collective_addr, w.collective_timeout_s)
         self.epoch = uuid.uuid4().hex[:12]
         self.generation, self.members = 0, ()
         self.group = None
@@ -111,12 +112,14 @@ class Broadcaster:
         self._incarnations = {sid: states[sid][0] for sid in members if sid in states}
         key = secrets.token_hex(KEY_CHARS // 2)
         self.announced = GroupInfo(self.epoch, self.generation, members, key).to_json()
-        size = len(members) + 1
-        self.group = wire.form(self.meeting, self.generation, key, 0, size, self.interface,
+        size, prefix = len(members) + 1, wire.prefix(self.generation, key)
+        self.meeting.table.open(prefix, size)
+        self.group = wire.form(self.meeting.local, prefix, 0, size, self.interface,
                                self.timeout_s)  # fmt: skip
         self._sent = None
         self.first = version if version is not None else self.last_queued + 1
         wire.exchange_header(self.group, [wire.KEEPALIVE, self.first])
+        self.meeting.table.seal()  # every member formed its group: it took that header
         log.info("weights: collective group %d formed with %s (versions from %d on)",
                  self.generation, ", ".join(members), self.first)  # fmt: skip
 
@@ -162,6 +165,7 @@ class Broadcaster:
             log.info("weights: closing once the collective group's operation under way ends, "
                      "within %.0f s (weights.collective_timeout_s)", self.timeout_s)  # fmt: skip
             self._thread.join(timeout=self.timeout_s + 5)
+        self.meeting.close()
 
 
 def _same_layout(manifest: Manifest, previous: Manifest) -> bool:

@@ -2,8 +2,9 @@
 
 Trainer rank 0 is rank 0 of a group of its own with the samplers it invited (ranks 1..n in the
 order it named them), made by torch.distributed over gloo: never the trainer's DeepSpeed
-group, which only its ranks share. The group meets at a TCPStore the trainer hosts on
-weights.collective_addr; each new membership is a new generation with keys of its own there.
+group, which only its ranks share. The group meets at the rendezvous the trainer hosts on
+weights.collective_addr (grpo.weights.collective.rendezvous); each new membership is a new
+generation with keys of its own there.
 Every operation is bounded by weights.collective_timeout_s: a member that dies fails the others'
 next operation at once, one that stalls fails it when the bound passes, and nobody waits
 longer.
@@ -45,20 +46,6 @@ REFORM = 3  # [REFORM, generation, 0, 0]: this group ends; its members join that
 MAX_MANIFEST_BYTES = 64 << 20
 
 
-def meeting_point(addr: str, host: bool, timeout_s: float) -> dist.TCPStore:
-    """The TCPStore at `addr`: served here (the trainer) or connected to (a sampler). The
-    trainer's listens on `addr`'s host alone: given a host, TCPStore still binds every
-    interface ("::"), so it is handed a socket bound here (it owns and closes it)."""
-    hostname, port = host_port(addr)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if host:
-        family = socket.AF_INET6 if ":" in hostname else socket.AF_INET
-        listener = socket.create_server((hostname, port), family=family, backlog=128)
-        return dist.TCPStore(hostname, port, None, True, timeout=timeout, wait_for_workers=False,
-                             master_listen_fd=listener.detach())  # fmt: skip
-    return dist.TCPStore(hostname, port, None, False, timeout=timeout)
-
-
 def local_interface(addr: str) -> str:
     """This host's address on the route to `addr`'s host: the one the group's connections
     use (gloo would otherwise take the address its hostname resolves to)."""
@@ -68,16 +55,20 @@ def local_interface(addr: str) -> str:
         return probe.getsockname()[0]
 
 
-def form(
-    store: dist.Store, generation: int, key: str, rank: int, size: int, interface: str,
-    timeout_s: float,
-) -> dist.ProcessGroup:  # fmt: skip
-    """Generation `generation`'s group, once all `size` ranks joined (within `timeout_s`,
-    else RuntimeError). Its keys in the store are its own, under `key`, the generation's
-    secret the trainer announces over the control channel: a stale member of an older
-    generation, or a peer that reaches the store but never heard the announcement, cannot
+def prefix(generation: int, key: str) -> str:
+    """Generation `generation`'s keys in the rendezvous: under `key`, the generation's secret
+    the trainer announces over the control channel, so that a stale member of an older
+    generation, or a peer that reaches the rendezvous but never heard the announcement, cannot
     take a seat in this one (the seats' keys were "generation-G/..." for anyone to guess)."""
-    prefixed = dist.PrefixStore(f"generation-{generation}-{key}", store)
+    return f"generation-{generation}-{key}"
+
+
+def form(
+    store: dist.Store, prefix: str, rank: int, size: int, interface: str, timeout_s: float
+) -> dist.ProcessGroup:
+    """The group whose keys in the rendezvous `store` are under `prefix`, once all `size`
+    ranks joined (within `timeout_s`, else RuntimeError)."""
+    prefixed = dist.PrefixStore(prefix, store)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = datetime.timedelta(seconds=timeout_s)
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=interface)]

@@ -22,6 +22,7 @@ import numpy as np
 from grpo.config import Config
 from grpo.weights.collective import group as wire
 from grpo.weights.collective.membership import GroupInfo
+from grpo.weights.collective.rendezvous import RemoteStore
 from grpo.weights.stream.buffers import BufferPool
 from grpo.weights.stream.frames import Manifest, bucket_sum
 from grpo.weights.stream.image import Image
@@ -91,10 +92,13 @@ class GroupMember:
 
     def _follow(self, info: GroupInfo, rank: int) -> None:
         """Join generation `info.generation` and take what it sends until it ends."""
-        meeting = wire.meeting_point(self.addr, False, self.timeout_s)
+        meeting = RemoteStore(self.addr, self.timeout_s)
         interface = wire.local_interface(self.addr)
-        group = wire.form(meeting, info.generation, info.key, rank, len(info.members) + 1,
-                          interface, self.timeout_s)  # fmt: skip
+        try:
+            group = wire.form(meeting, wire.prefix(info.generation, info.key), rank,
+                              len(info.members) + 1, interface, self.timeout_s)  # fmt: skip
+        finally:
+            meeting.close_connection()  # the group's own connections carry the rest
         self.state = f"member:{info.generation}"
         self._previous = None
         log.info("weights: joined collective group %d as rank %d", info.generation, rank)
