@@ -166,7 +166,7 @@ class WeightsConfig:
     window: int = knob(4, "stream: bucket requests in flight per transfer")
     collective_addr: str = knob(
         "tcp://127.0.0.1:5558",
-        "collective: the trainer's TCPStore, where the group meets (tcp://host:port; samplers "
+        "collective: the trainer's rendezvous, where the group meets (tcp://host:port; samplers "
         "connect to it). The group's traffic is not encrypted: beyond loopback it needs "
         "transport.allow_insecure",
     )

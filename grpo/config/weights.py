@@ -39,7 +39,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def host_port(addr: str) -> tuple[str, int]:
-    """weights.collective_addr (tcp://host:port) as the TCPStore takes it; ValueError else."""
+    """weights.collective_addr (tcp://host:port) as (host, port); ValueError else."""
     parts = urlsplit(addr)
     if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
         raise ValueError(f"weights.collective_addr must be tcp://host:port, got {addr!r}")
