@@ -8,7 +8,12 @@ unpacked), batches under the real sampler's id and sequence numbers whose conten
 an empty prompt, a wrong shape), control messages with bodies of the wrong types, and
 malformed requests to the weight server; and well-formed messages that a peer knowing only the
 sampler's id can send: stops in its name and in made-up ones, a batch numbered 2**40, a flood of
-heartbeats under made-up ids. Nothing it sends may be trained or obeyed: impersonating a
+heartbeats under made-up ids. Given `relay_addr` (weights.mode stream), it also advertises a
+relay of its own there under the made-up id "0x" (which sorts first: a forger's pick) and tries
+to buy that id's vouching with a batch under it, counting every request its relay is sent; given
+`rendezvous_addr` (weights.mode collective), it takes seats at the group's rendezvous under
+guessed keys, sets large values and malformed frames there, and opens more connections than it
+serves. Nothing it sends may be trained or obeyed: impersonating a
 sampler with everything it says is what CURVE keys prevent (docs/reliability.md), not
 validation.
 """
@@ -16,6 +21,7 @@ validation.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from collections import Counter
@@ -39,14 +45,16 @@ from grpo.wire.codec import (
 Frames = list[bytes]
 
 
-def _bad_batch(seq: int, spoil: Callable[[EpisodeBatch], None], groups: int = 4) -> Frames:
-    """A batch from 'sampler-0' numbered `seq`, well-formed on the wire, spoiled in place
-    after the checks a sender makes (the attacker skips them)."""
+def _bad_batch(
+    seq: int, spoil: Callable[[EpisodeBatch], None], groups: int = 4, sid: str = "sampler-0"
+) -> Frames:
+    """A batch from `sid` numbered `seq`, well-formed on the wire, spoiled in place after the
+    checks a sender makes (the attacker skips them)."""
     from tests.test_episode import make_batch
 
     made = make_batch(seed=seq, num_groups=groups, group_size=4, rollout=False)
     batch = EpisodeBatch.from_columns(
-        made.columns, 4, 0, seq, "sampler-0", {"gen_s": 1.0, "gen_tokens_per_s": 10.0}
+        made.columns, 4, 0, seq, sid, {"gen_s": 1.0, "gen_tokens_per_s": 10.0}
     )
     spoil(batch)
     return [bytes(f) for f in encode_batch(batch)]
@@ -144,6 +152,62 @@ def weight_attacks(rng: np.random.Generator) -> dict:
     }
 
 
+def relay_attacks(rng: np.random.Generator, relay_addr: str) -> dict:
+    """Name -> the next message a forger sends to be told as a relay (weights.mode stream)."""
+    return {
+        "heartbeat advertising a forger's relay": lambda: _message(
+            "heartbeat", {"sampler_id": "0x", "incarnation": "forger", "relay": relay_addr}
+        ),
+        # The shape is wrong: a batch that fits would be trained, which without CURVE nobody
+        # can tell from a sampler's (docs/reliability.md).
+        "batch under the forger's id": lambda: _bad_batch(
+            int(rng.integers(0, 16)), _no_spoil, groups=3, sid="0x"
+        ),
+    }
+
+
+def rendezvous_attacks(rng: np.random.Generator, addr: str) -> dict:
+    """Name -> a function that makes one attempt on the collective group's rendezvous."""
+    from grpo.config.weights import host_port
+    from grpo.weights.collective.rendezvous import MAX_CONNECTIONS, RemoteStore
+
+    def seat(key: str, value: bytes) -> Callable[[], None]:
+        def attempt() -> None:
+            store = RemoteStore(addr, 1.0)
+            try:
+                store.set(key.format(g=int(rng.integers(1, 6))), value)
+            except RuntimeError:
+                pass  # refused, as it must be
+            finally:
+                store.close_connection()
+
+        return attempt
+
+    def raw(data: bytes, hold: int = 1) -> Callable[[], None]:
+        def attempt() -> None:
+            conns = []
+            try:
+                for _ in range(hold):
+                    conns.append(socket.create_connection(host_port(addr), 1.0))
+                conns[0].sendall(data)
+            except OSError:
+                pass
+            finally:
+                for conn in conns:
+                    conn.close()
+
+        return attempt
+
+    return {
+        "seat under a guessed key": seat("generation-{g}/0/1", b"impostor"),
+        "seat under a guessed secret": seat("generation-{g}-" + "0" * 32 + "/0/1", b"x"),
+        "value of 60 KiB": seat("generation-{g}/0/2", bytes(60 << 10)),
+        "frame declaring 8 MiB": raw(b"S\x00\x04" + (8 << 20).to_bytes(4, "big") + b"gen-"),
+        "noise": raw(rng.bytes(64)),
+        "connection flood": raw(b"", hold=MAX_CONNECTIONS + 8),
+    }
+
+
 @dataclasses.dataclass
 class HostilePeer:
     """Sends the attacks above from a thread until `stop()`; `sent` counts them by
@@ -155,6 +219,9 @@ class HostilePeer:
     seqs: int = 16  # sequence numbers to impersonate: the run's, and some beyond
     pause_s: float = 0.02
     only: tuple[str, ...] = ()  # send only these episode attacks (the memory benchmark)
+    relay_addr: str | None = None  # where its forged relay listens (weights.mode stream)
+    rendezvous_addr: str | None = None  # weights.collective_addr (weights.mode collective)
+    relay_requests: int = 0  # what its relay was asked: nothing, if no forger is told
     sent: Counter = dataclasses.field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -186,19 +253,36 @@ class HostilePeer:
         push.connect(self.episodes_addr)
         if weights:
             dealer.connect(self.weights_addr)
+        if self.relay_addr:
+            episodes |= relay_attacks(rng, self.relay_addr)
+            relay = ctx.socket(zmq.ROUTER)
+            relay.setsockopt(zmq.LINGER, 0)
+            relay.bind(self.relay_addr)
         plan = [("episodes", k, f) for k, f in episodes.items()]
         plan += [("weights", k, f) for k, f in weights.items()]
+        if self.rendezvous_addr:
+            attempts = rendezvous_attacks(rng, self.rendezvous_addr)
+            plan += [("rendezvous", k, f) for k, f in attempts.items()]
         try:
             i = 0
             while not self._stop.is_set():
                 where, kind, make = plan[i % len(plan)]
                 i += 1
-                sock = push if where == "episodes" else dealer
-                try:
-                    sock.send_multipart(make(), copy=True)
+                if where == "rendezvous":
+                    make()
                     self.sent[(where, kind)] += 1
-                except zmq.Again:
-                    pass
+                else:
+                    try:
+                        (push if where == "episodes" else dealer).send_multipart(make())
+                        self.sent[(where, kind)] += 1
+                    except zmq.Again:
+                        pass
+                while self.relay_addr:
+                    try:
+                        relay.recv_multipart(zmq.NOBLOCK)
+                        self.relay_requests += 1
+                    except zmq.Again:
+                        break
                 while weights:  # drain the server's answers, which the attack ignores
                     try:
                         dealer.recv_multipart()
@@ -208,4 +292,6 @@ class HostilePeer:
         finally:
             push.close()
             dealer.close()
+            if self.relay_addr:
+                relay.close()
             ctx.term()

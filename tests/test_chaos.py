@@ -19,6 +19,7 @@ import pytest
 
 from bench.common import descendants, free_port, kill_tree, start_role
 from grpo.runtime.lifetime import alive
+from grpo.weights.collective.rendezvous import MAX_CONNECTIONS
 from tests.conftest import PYTHON, transport_overrides
 from tests.test_integration import _assert_no_stray_processes, tiny_config
 
@@ -306,14 +307,26 @@ def test_launch_sh_heals_a_sigkilled_sampler_and_trainer_rank(
 
 
 @pytest.mark.xdist_group("crash_tests")  # with the crash tests: one straight run for all
-def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straight_run):
+@pytest.mark.parametrize(
+    "weights",
+    [
+        "files",
+        pytest.param("stream", marks=pytest.mark.extended),
+        pytest.param("collective", marks=pytest.mark.extended),
+    ],
+)
+def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straight_run, weights):
     """The soak test: for the whole run a local peer sends malformed batches under the real
     sampler's id and sequence numbers, noise, truncated and oversized frames, headers that
-    swell when unpacked, control messages of the wrong types and malformed weight requests
+    swell when unpacked, control messages of the wrong types, malformed weight requests, and
+    well-formed stops, heartbeats and batches a peer knowing the sampler's id can send
     (tests/hostile_peer.py). The run completes, every batch trained once, and its weights
     equal the straight run's bit for bit: nothing the peer sent was trained, counted as seen
     or obeyed. Samplers fetch weights over ZeroMQ here, so the weight server is attacked
-    while it serves the real sampler."""
+    while it serves the real sampler: files fetched (files), versions streamed from the
+    trainer's memory while the peer advertises a relay of its own under a made-up id
+    (stream), or broadcast while it tries to take seats at the group's rendezvous
+    (collective)."""
     from tests.hostile_peer import HostilePeer
 
     config, overrides, run_dir, spool = setup(tmp_path, tiny_model_dir)
@@ -321,6 +334,10 @@ def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straig
     max_frame = 1 << 20
     overrides = [*overrides, f"transport.max_frame_bytes={max_frame}",
                  f"transport.weights_addr={weights_addr}"]  # fmt: skip
+    if weights != "files":
+        overrides += [o for o in weights_overrides(weights) if "weights_addr" not in o]
+    collective_addr = next((o.split("=", 1)[1] for o in overrides
+                            if o.startswith("weights.collective_addr")), None)  # fmt: skip
     addr = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.episodes_addr"))
     # The sampler as on a node of its own: its own output dir, weights fetched from the server.
     node = tmp_path / "sampler-node"
@@ -330,14 +347,21 @@ def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straig
         start("trainer", config, overrides, logs["trainer"]),
         start("sampler", config, [*overrides, f"output_dir={node}"], logs["sampler"]),
     ]
-    peer = HostilePeer(addr, weights_addr, max_frame).start()
+    peer = HostilePeer(
+        addr, weights_addr, max_frame,
+        relay_addr=f"tcp://127.0.0.1:{free_port()}" if weights == "stream" else None,
+        rendezvous_addr=collective_addr if weights == "collective" else None,
+    ).start()  # fmt: skip
     try:
         finish(procs, timeout=600)
     finally:
         sent = peer.stop()
     trainer, sampler = (logs[role].read_text() for role in ("trainer", "sampler"))
     assert all(p.returncode == 0 for p in procs), trainer[-3000:] + sampler[-3000:]
-    assert "fetched weights" in sampler or "fetched version" in sampler, sampler[-3000:]
+    took = {"files": r"fetched (weights|version)", "stream": r"version \d+ from tcp://",
+            "collective": r"version \d+ from the collective group"}[weights]  # fmt: skip
+    assert re.search(took, sampler), sampler[-3000:]
+    assert peer.relay_requests == 0  # the forger's relay was never told to the sampler
     rows = assert_exactly_once(run_dir, spool, sampler)
     diff = assert_same_as_straight(run_dir, straight_run)
     assert rows[-1]["rejected_frames"] > 0 and rows[-1]["rejected_batches"] > 0
@@ -349,11 +373,16 @@ def test_a_run_under_attack_ends_as_a_clean_run(tmp_path, tiny_model_dir, straig
     cap = 3 * (10 + refused.bit_length())  # three kinds, each at most this many lines
     lines = len(re.findall(r"dropped a malformed frame|refused a message|dropped batch", trainer))
     assert lines <= cap < refused, (refused, lines)
+    seats = sum(n for (where, _), n in sent.items() if where == "rendezvous")
+    seat_lines = len(re.findall(r"collective rendezvous (refused|turned away)", trainer))
+    if weights == "collective":  # each of the rendezvous' two kinds of refusal, as few lines
+        assert 0 < seat_lines <= 2 * (10 + (seats * (MAX_CONNECTIONS + 8)).bit_length())
     assert all(n > 0 for n in sent.values()) and len(sent) >= 20, sent
     counts = ", ".join(f"{where}/{kind} {n}" for (where, kind), n in sorted(sent.items()))
-    print(f"\nchaos/soak: sent {sum(sent.values())} hostile messages ({counts}); "
+    print(f"\nchaos/soak ({weights}): sent {sum(sent.values())} hostile messages ({counts}); "
           f"{rows[-1]['rejected_frames']} malformed frames and {rows[-1]['rejected_batches']} "
-          f"misfit batches rejected by the last step; final weights vs the straight run: "
+          f"misfit batches rejected by the last step; {lines} lines for them, {seat_lines} for "
+          f"{seats} attempts on the rendezvous; final weights vs the straight run: "
           f"max |diff| {diff}")  # fmt: skip
     _assert_no_stray_processes(config)
 
