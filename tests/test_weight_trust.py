@@ -93,6 +93,28 @@ def test_a_relay_s_xxh3_equal_buckets_under_the_trainer_s_identity_are_refused()
     assert rx.stats.fallbacks["source failed"] == 1
 
 
+class _Trickling(VersionStore):
+    """A relay's source that answers each bucket just within the silence bound (1 s here)."""
+
+    def bucket(self, version: int, base: int, index: int):
+        time.sleep(0.8)
+        return super().bucket(version, base, index)
+
+
+def test_a_relay_that_trickles_within_the_silence_bound_is_passed_over() -> None:
+    """Issue 62, read-only finding "a slow relay that is never passed over": each answer reset
+    the silence timer, so a relay sending a bucket every 0.8 s held the sampler 16 x 0.8 s on a
+    version of 16 buckets. A relay now gets timeout_s plus the version's bytes at
+    RELAY_FLOOR_BYTES_PER_S (2 MiB: 1.25 s here), then the trainer serves it."""
+    real = synthetic(1, QUICK)
+    slow = _Trickling(keep=8, budget_bytes=1 << 30)
+    slow.add(real)
+    got, rx, seconds = _receive(slow, _store(real), {1: real.manifest.identity})
+    assert all(np.array_equal(got.arrays[k], real.arrays[k]) for k in real.arrays)
+    assert rx.stats.fallbacks["source failed"] == 1 and rx.source != rx.passed_over[0]
+    assert seconds < 1.25 + 2.5, seconds  # the floor, then the trainer's quick answers
+
+
 def test_a_version_the_trainer_never_announced_is_refused() -> None:
     """A relay handing out version 10^12 to a receiver that takes newer versions (relays on):
     refused, after waiting for an announcement at most timeout_s."""

@@ -408,4 +408,15 @@ MUTATIONS = (
         new="        return True\n",
         tests=(f"{COLLECTIVE}::test_who_the_next_group_holds",),
     ),
+    Mutation(
+        name="trickling_relay_never_passed_over",
+        item="62 (read-only finding): a relay answering within the silence bound keeps a version",
+        path="grpo/weights/stream/client.py",
+        old="                    floor = time.monotonic() + allowed\n",
+        new="                    floor = time.monotonic() + 1e9\n",
+        tests=(
+            "tests/test_weight_trust.py::"
+            "test_a_relay_that_trickles_within_the_silence_bound_is_passed_over",
+        ),
+    ),
 )

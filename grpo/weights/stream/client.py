@@ -11,6 +11,7 @@ and logged:
     a delta whose result fails its checksum        -> that bucket as full copies
     a corrupt bucket (frame or full-copy checksum) -> asked again as full copies, 3 times at most
     a source silent for timeout_s, or refusing     -> the next source, keeping the buckets in
+    a relay slower than RELAY_FLOOR_BYTES_PER_S    -> the same (a trickle resets the silence)
 
 The root of trust is the trainer (`trusted`: the identity of each version it announced over
 the channel the sampler authenticates, grpo.weights.stream.frames.Manifest.identity). A manifest
@@ -49,6 +50,10 @@ log = logging.getLogger("grpo.transport")
 MAX_CORRUPT = 3
 MANIFEST_BYTES = 64 << 20  # the largest manifest taken: about half a million tensors
 HEADER_BYTES_PER_TENSOR = 1100  # a bucket header's entry: a name of up to 1024 characters
+# A relay gets timeout_s plus a version's bytes at this rate to send it whole: one answering a
+# bucket just within timeout_s each time was never passed over (a 1.5 GB model in 128 MiB
+# buckets, 12 x timeout_s). The trainer, the last source, has no floor: nothing comes after it.
+RELAY_FLOOR_BYTES_PER_S = 8 << 20
 
 
 def largest_frame(manifest: Manifest) -> int:
@@ -161,7 +166,11 @@ class Receiver:
                 base = (
                     held if self.delta and held is not None and held.compatible(manifest) else None
                 )
-                self._buckets(sock, addr, staging, base, sink, asked)
+                floor = None
+                if addr != sources[-1]:
+                    allowed = self.timeout_s + manifest.nbytes / RELAY_FLOOR_BYTES_PER_S
+                    floor = time.monotonic() + allowed
+                self._buckets(sock, addr, staging, base, sink, asked, floor)
                 image = staging.finish()
             except SourceFailed as e:
                 attempt.failed()
@@ -187,7 +196,14 @@ class Receiver:
     def _ask(self, sock: zmq.Socket, kind: str, **body: Any) -> None:
         sock.send_multipart(encode_message(Message(kind, body)))
 
-    def _recv(self, sock: zmq.Socket, addr: str, quiet_since: float) -> list[Any] | None:
+    def _recv(
+        self, sock: zmq.Socket, addr: str, quiet_since: float, floor: float | None = None
+    ) -> list[Any] | None:
+        """The next answer on `sock` within 0.1 s, else None; SourceFailed once the source
+        was silent for timeout_s, or past `floor` (a relay's time for the whole version)."""
+        if floor is not None and time.monotonic() > floor:
+            raise SourceFailed(f"slower than {RELAY_FLOOR_BYTES_PER_S >> 20} MiB/s, the floor "
+                               "a relay keeps to")  # fmt: skip
         if sock.poll(timeout=100):
             return sock.recv_multipart(copy=False)
         if time.monotonic() - quiet_since > self.timeout_s:
@@ -236,9 +252,10 @@ class Receiver:
         base: Image | None,
         sink: BucketSink | None,
         asked: dict[int, int],
+        floor: float | None,
     ) -> None:
         """Every bucket still missing, `window` requests in flight; `asked`: those already
-        sent (bucket index -> base asked from)."""
+        sent (bucket index -> base asked from); `floor`: when a relay must be done."""
         version = staging.manifest.version
         todo, full = [i for i in staging.missing() if i not in asked], set()
         corrupt, since = 0, time.monotonic()
@@ -248,7 +265,7 @@ class Receiver:
                 want = FULL_COPY if base is None or index in full else base.version
                 self._ask(sock, BUCKET, version=version, base=want, index=index)
                 asked[index] = want
-            frames = self._recv(sock, addr, since)
+            frames = self._recv(sock, addr, since, floor)
             if frames is None:
                 continue
             tag = frames[0].bytes
