@@ -25,6 +25,10 @@ Rows (median and spread of the repetitions, the limit measured in each):
 - weight_stream_collective_full, _lora: the same versions broadcast over weights.mode
   collective's gloo group (grpo.weights) from the same store to the same sampler process,
   against the same limit.
+
+Each row's notes also give the same case run again in the same invocation with XXH3-64 bucket
+sums in both processes (`--sums`, what the code used before issue 62 made them SHA-256):
+what the cryptographic sums cost.
 """
 
 from __future__ import annotations
@@ -69,7 +73,19 @@ def _state(model: Any, lora: bool) -> dict[str, Any]:
     return adapter_state(model) if lora else model.state_dict()
 
 
-def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
+def _use_sums(kind: str) -> None:
+    """Bucket sums of `kind` in this process from now on: "sha256" (the code's) or "xxh3"
+    (XXH3-64, zero-padded to a digest's width: the code before issue 62)."""
+    from grpo.core import checksum
+    from grpo.weights.stream import frames
+
+    def xxh3(parts: Any) -> str:
+        return format(checksum.checksum(parts), "064x")
+
+    frames.digest = checksum.digest if kind == "sha256" else xxh3
+
+
+def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int, sums: str) -> None:
     """The sampler's side: receives what the trainer says, answers with the clock at the end."""
     import torch
     import zmq
@@ -81,6 +97,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int) -> None:
 
     torch.set_num_threads(1)
     quiet_hf()
+    _use_sums(sums)
     model = _model(path, lora).eval()
     if lora:
         pack_adapter(model)  # as the sampler's Weights.hf_policy does
@@ -276,19 +293,23 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
 
 
-def _case(path: Path, lora: bool, reps: int) -> tuple[list[float], list[float], list[float], str]:
+def _case(
+    path: Path, lora: bool, reps: int, sums: str = "sha256"
+) -> tuple[list[float], list[float], list[float], str]:
     """(limits, streamed, broadcast, notes), one of each per repetition: full copies, deltas
     and the collective broadcast alternated, `reps` of each, the limit measured again in each
-    repetition."""
+    repetition; bucket sums of `sums` (_use_sums) in both processes."""
     import torch
     import zmq
 
     torch.set_num_threads(1)
+    _use_sums(sums)
     ctx = zmq.Context()
     trainer = _Trainer(path, lora, ctx)
     nbytes = sum(a.nbytes for a in trainer.store.newest.arrays.values())
     parent, child = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=_sampler, args=(child, path, lora, 1 << 40))
+    proc = mp.get_context("spawn").Process(target=_sampler,
+                                           args=(child, path, lora, 1 << 40, sums))  # fmt: skip
     proc.start()
     child.close()  # the sampler's end: its death must not leave a reader waiting on it
     try:
@@ -312,6 +333,7 @@ def _case(path: Path, lora: bool, reps: int) -> tuple[list[float], list[float], 
         if proc.is_alive():
             proc.kill()
         ctx.term()
+        _use_sums("sha256")
     limit, copy, wire = map(statistics.median, (limits, copies, wires))
     what = "LoRA adapter" if lora else "full weights"
     notes = (
@@ -337,7 +359,16 @@ def run(quick: bool = False) -> list[Result]:
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "tiny", base) if quick else base
         for name, lora in (("full", False), ("lora", True)):
-            limits, ours, group, notes = _case(path, lora, 2 if quick else 5)
+            reps = 2 if quick else 5
+            limits, ours, group, notes = _case(path, lora, reps)
+            x_limits, x_ours, x_group, _ = _case(path, lora, reps, sums="xxh3")
+            x_limit = statistics.median(x_limits)
+            notes += (
+                f"; the same case again with XXH3-64 bucket sums (the code before issue 62): "
+                f"full copies {_spread(x_ours)} (ratio to its limit "
+                f"{x_limit / statistics.median(x_ours):.2f}), broadcast {_spread(x_group)} "
+                f"({x_limit / statistics.median(x_group):.2f})"
+            )
             what = "the LoRA adapter (model.lora of the demo)" if lora else "the full weights"
             rows_name = {"stream": "weight_stream_sync_", "collective": "weight_stream_collective_"}
             for mode, seconds, target, how in (

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.mutations import in_ci_tier
-from tests.mutations.__main__ import apply, run
+from tests.mutations.__main__ import apply, copy_checkout, pytest_red, run
 from tests.mutations.catalogue import ALL
 
 
@@ -49,3 +49,15 @@ def test_the_runner_tests_the_code_it_mutated_from_any_directory() -> None:
     (mutation,) = [m for m in ALL if m.name == "help_fails_outside_the_checkout"]
     tier, tail = run(mutation)
     assert tier == "ci", tail
+
+
+def test_a_copy_s_run_dirs_resolve_inside_the_copy(tmp_path) -> None:
+    """The copy shares only the converted embedded model with the checkout: with the whole of
+    checkpoints/ linked, every run dir resolved into the checkout, and a test that compares
+    `launch-env`'s RUN_DIR with the copy's path went red under every mutation (a false red)."""
+    root = copy_checkout(tmp_path)
+    assert not (root / "checkpoints").is_symlink()
+    assert (root / "checkpoints" / "cpu_demo").resolve().is_relative_to(root.resolve())
+    placement = "tests/test_launch_path.py::test_placement_command_for_launch_sh"
+    red, tail = pytest_red(root, [placement], extended=False)
+    assert not red, tail

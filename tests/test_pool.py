@@ -186,12 +186,15 @@ def test_a_flood_of_made_up_ids_never_keeps_a_real_sampler_out_nor_decides_the_r
     for i in range(1024):
         pool.heard(f"fake-{i}", beat(GENERATING, i))
     assert len(pool.members) == MAX_UNVOUCHED and pool.evicted == 1024 - MAX_UNVOUCHED
+    clock.now = 1.0
     pool.heard("real", beat(GENERATING, 1, "r"))
+    pool.heard("fake-late", beat(GENERATING, 1))  # the table full: the oldest id goes, not
+    assert "real" in pool.members and "fake-960" not in pool.members  # the newest
     pool.vouch("real")  # its first batch admitted
     for i in range(1024, 2048):  # more fakes: never the vouched one evicted
         pool.heard(f"fake-{i}", beat(GENERATING, i))
     assert pool.counted() == ["real"] and len(pool.members) == MAX_UNVOUCHED + 1
-    clock.now = 11.0
+    clock.now = 12.0
     pool.heard("real", beat(GENERATING, 2, "r"))
     pool.check()  # the fakes go silent: the real sampler still sends, the run goes on
     assert pool.alive() == ["real"] and pool.none_left() is None
@@ -228,6 +231,10 @@ def test_a_stop_is_taken_only_from_the_process_heard_under_its_id():
     for i in range(1000):  # stops waiting for heartbeats that never come: a bounded table
         early.stopped(f"x-{i}", "forged", "x")
     assert len(early.stops_waiting) <= 64
+    batch_first, _ = make_pool()  # vouched by a batch before any heartbeat: no incarnation
+    batch_first.vouch("s2")  # yet, so a stop naming none is no more its than any other
+    batch_first.stopped("s2", "forged", None)
+    assert batch_first.alive() == ["s2"] and batch_first.none_left() is None
 
 
 def test_the_collective_snapshot_follows_each_sampler_s_state_and_drop():

@@ -21,9 +21,12 @@ WANT = Expected(groups=1, group_size=2, arrays=frozenset(), vocab_size=1000, max
                 max_staleness=2, sync_interval=2)  # fmt: skip
 
 
-def _batch(seq: int, version: int, sampler_id: str = "sampler-0") -> EpisodeBatch:
+def _batch(
+    seq: int, version: int, sampler_id: str = "sampler-0", token_versions: list[int] | None = None
+) -> EpisodeBatch:
+    versions = None if token_versions is None else np.array(token_versions, np.int64)
     eps = [Episode(np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32), None, None,
-                   float(i), {}, "stop", 7) for i in range(2)]  # fmt: skip
+                   float(i), {}, "stop", 7, token_versions=versions) for i in range(2)]  # fmt: skip
     return EpisodeBatch(eps, 2, policy_version=version, seq=seq, sampler_id=sampler_id)
 
 
@@ -61,6 +64,17 @@ def test_a_version_the_run_never_publishes_for_sampling_is_refused_when_it_arriv
     assert misfit(_batch(0, 10), WANT) is None
 
 
+def test_the_gate_judges_a_continuous_batch_by_its_newest_token_too() -> None:
+    """Continuous generation: the batch's version is its oldest token's; a token sampled with
+    weights the trainer has not made yet (its newest) refuses the batch, whatever its oldest."""
+    gate = StalenessGate(WANT)
+    ledger = _trained({"sampler-0": 4})  # the trainer holds version 4
+    for newest, refused in ((4, False), (6, True)):
+        why = gate.refusal(_batch(4, 2, token_versions=[2, newest]), ledger, {})
+        assert (why is not None) == refused, why
+        assert not refused or "a token of version 6, newer than the trainer's weights" in why
+
+
 def test_a_lone_sampler_outside_the_bound_is_refused_and_a_pool_s_is_counted():
     gate = StalenessGate(WANT)
     ledger = _trained({"sampler-0": 6})  # the trainer holds version 6: 4 and 6 are in bounds
@@ -68,6 +82,10 @@ def test_a_lone_sampler_outside_the_bound_is_refused_and_a_pool_s_is_counted():
     assert gate.refusal(_batch(6, 6), ledger, {}) is None
     assert "allows version 4 or newer" in gate.refusal(_batch(6, 2), ledger, {})
     assert "newer than the trainer's weights" in gate.refusal(_batch(6, 8), ledger, {})
+    # At step 7 the bound reaches back to the last version published (sync_interval 2): 4,
+    # which a bound counted in steps (5) would refuse.
+    assert gate.refusal(_batch(7, 4), _trained({"sampler-0": 7}), {}) is None
+    assert "allows version 4 or newer" in gate.refusal(_batch(7, 3), _trained({"sampler-0": 7}), {})
     assert gate.outside == 0
     # The same from a pool: sampler-1 had batches trained, or one held.
     for pool, held in ((_trained({"sampler-0": 4, "sampler-1": 2}), {}),

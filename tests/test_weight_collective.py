@@ -162,11 +162,19 @@ def test_a_version_cut_like_the_one_before_is_sent_without_its_manifest(run, mon
 
 
 def test_a_header_cut_like_a_version_never_sent_ends_the_membership(run) -> None:
+    """Before any version, and after one whose manifest holds another number of buckets than
+    the header's digests."""
     trainer, samplers = run(1)
     member = samplers[0].member
     wait_until(lambda: member.expects(1), "the group")
     with pytest.raises(LeftGroup, match="version 7 said to be cut like a version not sent"):
         member._manifest(None, 7, 0, (1, 2))
+    trainer.publish(version(1))
+    wait_until(lambda: 1 in samplers[0].got, "version 1")
+    assert len(member._previous.sums) == 3
+    for sums in (("ab" * 32,) * 2, ("ab" * 32,) * 4):
+        with pytest.raises(LeftGroup, match="version 2 said to be cut like a version not sent"):
+            member._manifest(None, 2, 0, sums)
 
 
 def test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again(run) -> None:
@@ -191,6 +199,9 @@ def test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again(run
         "a group without sampler-1",
     )
     assert waited < TIMEOUT_S + trainer.broadcaster.keepalive_s + 3.0, waited
+    # The failure is recorded by the member's incarnation and the generation it failed in:
+    # what keeps the broadcaster from inviting it again before it says it left (invited).
+    assert trainer.broadcaster.failed_in[("sampler-1", "incarnation")] == 1
     trainer.publish(version(2))
     wait_until(lambda: 2 in samplers[0].got, "version 2 in the new group")
     release.set()
@@ -204,12 +215,15 @@ def test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again(run
           f"rejoined {time.monotonic() - began:.1f} s after the stall began")  # fmt: skip
 
 
-def test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on(run) -> None:
+@pytest.mark.parametrize("tensor", ["layer0.weight", "layer3.weight", "layer5.weight"])
+def test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on(run, tensor) -> None:
+    """Whichever of the version's three buckets (the first, a middle one, the last) holds the
+    changed tensor."""
     trainer, samplers = run(1)
     member = samplers[0].member
     wait_until(lambda: member.expects(1), "the group")
     forged = version(1)
-    forged.arrays["layer3.weight"] = forged.arrays["layer3.weight"] ^ 1  # not its manifest's
+    forged.arrays[tensor] = forged.arrays[tensor] ^ 1  # not its manifest's
     trainer.publish(forged)
     trainer.publish(version(2))
     wait_until(lambda: 2 in samplers[0].got, "version 2")

@@ -28,8 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv"
 # Large or generated directories the copy links to instead of copying: the converted
 # embedded model is reused, the rest is not needed. The venv gets an overlay (`overlay_venv`).
-LINKED = ("checkpoints",)
-SKIPPED = (".git", "runs", "__pycache__", ".pytest_cache", ".ruff_cache")
+# The converted embedded model, shared: the copy's own checkpoints/ holds its runs, so that a
+# run dir resolves inside the copy (a link to the whole of checkpoints/ made every run dir
+# resolve into the checkout, and a test comparing it with the copy's path red whatever the
+# mutation).
+LINKED = ("checkpoints/base",)
+SKIPPED = (".git", "runs", "checkpoints", "__pycache__", ".pytest_cache", ".ruff_cache")
 
 
 def apply(mutation: Mutation, root: Path) -> None:
@@ -45,10 +49,11 @@ def apply(mutation: Mutation, root: Path) -> None:
 
 def copy_checkout(into: Path) -> Path:
     root = into / "repo"
-    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(*SKIPPED, *LINKED, ".venv"),
+    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(*SKIPPED, ".venv"),
                     symlinks=True)  # fmt: skip
     for name in LINKED:
         if (REPO / name).exists():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).symlink_to(REPO / name)
     if VENV.is_dir():
         overlay_venv(VENV, root)

@@ -1,4 +1,4 @@
-"""The suite's own machinery: a skip CI must not have."""
+"""The suite's own machinery: a skip CI must not have, the mutation runner's copy."""
 
 from __future__ import annotations
 
@@ -27,5 +27,13 @@ MUTATIONS = (
         import wandb_is_not_installed as wandb  # noqa: F401
 """,
         tests=("tests/test_evaluation.py::test_wandb_offline_run_records_the_scalars",),
+    ),
+    Mutation(
+        name="runner_links_all_checkpoints",
+        item="63.1: the mutation runner's copy links the checkout's whole checkpoints/ again",
+        path="tests/mutations/__main__.py",
+        old='LINKED = ("checkpoints/base",)\n',
+        new='LINKED = ("checkpoints",)\n',
+        tests=("tests/test_mutations.py::test_a_copy_s_run_dirs_resolve_inside_the_copy",),
     ),
 )
