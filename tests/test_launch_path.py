@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -164,6 +165,7 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 # start), the trainer waits to be stopped; anything else (launch-env) is the real Python.
 case " $* " in
   *" sampling_worker.py "*) echo "start $GRPO_RESTARTS left $GRPO_RESTARTS_LEFT" >> "$STARTS"
+                           echo "$*" >> "$STARTS.args"
                            exit "$FAKE_SAMPLER_CODE" ;;
   *" grpo.trainer.launch "*) exec sleep 60 ;;
 esac
@@ -191,8 +193,25 @@ def test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times(tmp_path, cod
     assert proc.returncode == code, proc.stderr
     started = (tmp_path / "s").read_text().splitlines()
     assert started == [f"start {n} left {2 - n}" for n in range(starts)], started
+    # each restart goes on from where the run was, the first start as the user asked
+    resumed = ["train.resume=auto" in line.split() for line in
+               (tmp_path / "s.args").read_text().splitlines()]  # fmt: skip
+    assert resumed == [n > 0 for n in range(starts)], resumed
     why = "its 2 restarts used up" if code == 1 else "a usage or config error"
     assert f"launch.sh: the sampler exited with code {code} ({why}); stopping" in proc.stderr
+
+
+def test_launch_sh_doubles_the_restart_delay_at_each_restart(tmp_path):
+    """GRPO_RESTART_DELAY_S is the first backoff; each restart of a role waits twice the one
+    before (1 s, then 2 s here: every other test sets the delay to 0, so nothing saw it)."""
+    command, env = fake_roles(tmp_path, 1, GRPO_MAX_RESTARTS="2", GRPO_RESTART_DELAY_S="1")
+    began = time.monotonic()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - began
+    assert proc.returncode == 1, proc.stderr
+    said = re.findall(r"restarting it in (\d+) s \(restart (\d) of 2\)", proc.stderr)
+    assert said == [("1", "1"), ("2", "2")], proc.stderr
+    assert took >= 3.0, took
 
 
 def fake_roles(tmp_path: Path, code: int, **env: str) -> tuple[list[str], dict[str, str]]:

@@ -13,11 +13,36 @@ tests green (the first error named, the window, the bound of 1.0, the least coun
 merge-lora's --base and RUN/final, whose fixtures named one base for run and adapter; a
 template inside tokenizer_config.json, a sentencepiece or BPE tokenizer, data.test at
 eval.interval 1, a run dir that is a file); each got a test. 14 are here: the fifteenth,
-dropping merge-lora's umask, is first_hour.py's `merged_model_private`."""
+dropping merge-lora's umask, is first_hour.py's `merged_model_private`.
+
+A third round, for collective mode's membership and member, vouching, the staleness gate and
+launch.sh's supervision: 25 slips, 9 left their features' whole test files green (a broadcast's
+first bucket unchecked, a header's digest count unchecked, the broadcaster's failure records
+unwired, the newest stranger evicted, a batch-first sampler's stop taken without an
+incarnation, sync_interval ignored by the gate, the oldest token read as the newest, the
+restart delay never doubling, a restart without train.resume=auto); each got a test. (Run
+first, every launch.sh slip looked red: the runner's copy linked the checkout's checkpoints/,
+so test_placement_command_for_launch_sh failed in any copy. The runner now links only the
+converted model: suite.py's `runner_links_all_checkpoints`.)"""
 
 from __future__ import annotations
 
 from tests.mutations import Mutation
+
+COLLECTIVE = "tests/test_weight_collective.py"
+STALLED = f"{COLLECTIVE}::test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again"
+CHECKSUMS = f"{COLLECTIVE}::test_a_version_failing_its_checksums_is_lost_but_the_group_goes_on"
+FLOOD = (
+    "tests/test_pool.py::"
+    "test_a_flood_of_made_up_ids_never_keeps_a_real_sampler_out_nor_decides_the_run"
+)
+BOUNDED = (
+    "tests/test_launch_path.py::test_launch_sh_restarts_a_dying_role_a_bounded_number_of_times"
+)
+LONE = (
+    "tests/test_staleness.py::"
+    "test_a_lone_sampler_outside_the_bound_is_refused_and_a_pool_s_is_counted"
+)
 
 MUTATIONS = (
     Mutation(
@@ -399,5 +424,227 @@ MUTATIONS = (
         tests=(
             "tests/test_preflight.py::test_second_sources_and_second_values_of_what_the_run_opens",
         ),
+    ),
+    Mutation(
+        name="coll_failed_member_needs_a_later_generation",
+        item="63.3 (round 3): a failed member is invited only after a later generation than the "
+        "one it left",
+        path="grpo/weights/collective/membership.py",
+        old="            return left >= failed_in[(sid, incarnation)]\n",
+        new="            return left > failed_in[(sid, incarnation)]\n",
+        tests=(STALLED,),
+    ),
+    Mutation(
+        name="coll_members_dropped_from_the_next_group",
+        item="63.3 (round 3): the next group holds only the samplers ready to join, not its "
+        "members",
+        path="grpo/weights/collective/membership.py",
+        old="    return tuple(sorted(set(members) | ready))\n",
+        new="    return tuple(sorted(ready))\n",
+        tests=(STALLED,),
+    ),
+    Mutation(
+        name="coll_duplicate_members_taken",
+        item="63.3 (round 3): an announcement naming a sampler twice is taken",
+        path="grpo/weights/collective/membership.py",
+        old="            and len(set(members)) == len(members)\n",
+        new="",
+        tests=(f"{COLLECTIVE}::test_a_group_announcement_is_taken_only_when_well_formed",),
+    ),
+    Mutation(
+        name="coll_rank_from_zero",
+        item="63.3 (round 3): a member's rank counts from 0, the trainer's own",
+        path="grpo/weights/collective/membership.py",
+        old="        return self.members.index(sampler_id) + 1 if sampler_id in self.members else "
+        "None\n",
+        new="        return self.members.index(sampler_id) if sampler_id in self.members else "
+        "None\n",
+        tests=(f"{COLLECTIVE}::test_every_version_reaches_every_member_bit_for_bit",),
+    ),
+    Mutation(
+        name="coll_expects_a_version_sent_and_not_taken",
+        item="63.3 (round 3): a version broadcast and refused is still expected from the group",
+        path="grpo/weights/collective/member.py",
+        old="        return first is not None and version >= first and version > self._last\n",
+        new="        return first is not None and version >= first\n",
+        tests=(f"{CHECKSUMS}[layer3.weight]",),
+    ),
+    Mutation(
+        name="coll_first_bucket_unchecked",
+        item="63.3 (round 3): a broadcast version's first bucket is not checked against its digest",
+        path="grpo/weights/collective/member.py",
+        old="            if bucket_sum([data]) != manifest.sums[index]:\n",
+        new="            if index and bucket_sum([data]) != manifest.sums[index]:\n",
+        tests=(f"{CHECKSUMS}[layer0.weight]",),
+    ),
+    Mutation(
+        name="coll_header_sums_count_unchecked",
+        item="63.3 (round 3): a header's digests are taken whatever their number",
+        path="grpo/weights/collective/member.py",
+        old="            if previous is None or len(sums) != len(previous.sums):\n",
+        new="            if previous is None:\n",
+        tests=(f"{COLLECTIVE}::test_a_header_cut_like_a_version_never_sent_ends_the_membership",),
+    ),
+    Mutation(
+        name="coll_failure_not_recorded",
+        item="63.3 (round 3): the broadcaster records no failure for a dropped group's members",
+        path="grpo/weights/collective/broadcaster.py",
+        old='            self.failed_in[(sid, self._incarnations.get(sid, ""))] = '
+        "self.generation\n",
+        new="            pass\n",
+        tests=(STALLED,),
+    ),
+    Mutation(
+        name="vouch_evicts_the_newest_stranger",
+        item="63.3 (round 3): a full table of ids not vouched for evicts the newest, not the "
+        "oldest",
+        path="grpo/delivery/pool.py",
+        old="            oldest = min(strangers, key=lambda s: (self.members[s].gone is None,\n",
+        new="            oldest = max(strangers, key=lambda s: (self.members[s].gone is None,\n",
+        tests=(FLOOD,),
+    ),
+    Mutation(
+        name="vouch_curve_samplers_wait_for_a_batch",
+        item="63.3 (round 3): under CURVE a sampler is vouched for only by its first batch",
+        path="grpo/delivery/pool.py",
+        old="            member.vouched = self.authenticated or sid in self.trusted\n",
+        new="            member.vouched = sid in self.trusted\n",
+        tests=(
+            "tests/test_pool.py::test_an_id_that_is_no_sampler_id_or_one_past_the_pool_s_bound_is_not_taken",
+        ),
+    ),
+    Mutation(
+        name="vouch_strangers_in_the_collective",
+        item="63.3 (round 3): ids not vouched for are in the broadcaster's snapshot",
+        path="grpo/delivery/pool.py",
+        old="                if m.gone is None and m.vouched and m.collective}  # fmt: skip\n",
+        new="                if m.gone is None and m.collective}  # fmt: skip\n",
+        tests=(FLOOD,),
+    ),
+    Mutation(
+        name="vouch_any_relay_when_none_listed",
+        item="63.3 (round 3): without CURVE and no relay_samplers, every vouched relay is told",
+        path="grpo/delivery/pool.py",
+        old="        told = [s for s in self.counted() if self.authenticated or s in "
+        "self.relay_ids]\n",
+        new="        told = [s for s in self.counted() if self.authenticated or not self.relay_ids "
+        "or s in self.relay_ids]\n",
+        tests=("tests/test_pool.py::test_without_curve_only_the_listed_samplers_relay",),
+    ),
+    Mutation(
+        name="vouch_counted_includes_strangers",
+        item="63.3 (round 3): ids not vouched for count among the samplers",
+        path="grpo/delivery/pool.py",
+        old="        return [sid for sid in self.alive() if self.members[sid].vouched]\n",
+        new="        return self.alive()\n",
+        tests=(FLOOD,),
+    ),
+    Mutation(
+        name="vouch_stop_from_a_member_without_incarnation",
+        item="63.3 (round 3): a stop naming no incarnation is taken for a sampler heard without "
+        "one",
+        path="grpo/delivery/pool.py",
+        old="            and member.incarnation is not None\n",
+        new="",
+        tests=(
+            "tests/test_pool.py::test_a_stop_is_taken_only_from_the_process_heard_under_its_id",
+        ),
+    ),
+    Mutation(
+        name="stale_sync_interval_ignored",
+        item="63.3 (round 3): the gate judges the bound as if every version were published",
+        path="grpo/delivery/admission.py",
+        old="                                                self.want.sync_interval, newest)  # "
+        "fmt: skip\n",
+        new="                                                1, newest)  # fmt: skip\n",
+        tests=(LONE,),
+    ),
+    Mutation(
+        name="stale_newest_off_by_one",
+        item="63.3 (round 3): a token one version newer than the trainer's weights passes",
+        path="grpo/core/staleness.py",
+        old="    if newest is not None and newest > step:\n",
+        new="    if newest is not None and newest > step + 1:\n",
+        tests=(
+            "tests/test_staleness.py::test_the_trainer_takes_exactly_the_versions_the_sampler_waits_for[0-1]",
+        ),
+    ),
+    Mutation(
+        name="stale_oldest_token_read_as_newest",
+        item="63.3 (round 3): the gate reads a batch's oldest token as its newest",
+        path="grpo/delivery/admission.py",
+        old="        newest = int(versions.max()) if versions is not None and versions.size else "
+        "None\n",
+        new="        newest = int(versions.min()) if versions is not None and versions.size else "
+        "None\n",
+        tests=(
+            "tests/test_staleness.py::test_the_gate_judges_a_continuous_batch_by_its_newest_token_too",
+        ),
+    ),
+    Mutation(
+        name="stale_held_ignored_for_lone",
+        item="63.3 (round 3): a sampler is lone while another one's batches are held",
+        path="grpo/delivery/admission.py",
+        old="        lone = ledger.consumed.keys() | set(held) <= {batch.sampler_id}\n",
+        new="        lone = ledger.consumed.keys() <= {batch.sampler_id}\n",
+        tests=(LONE,),
+    ),
+    Mutation(
+        name="stale_samplers_counted_as_steps",
+        item="63.3 (round 3): the gate counts samplers, not trained batches, as steps",
+        path="grpo/delivery/admission.py",
+        old="        step = sum(len(seqs) for seqs in ledger.consumed.values())\n",
+        new="        step = len(ledger.consumed)\n",
+        tests=(LONE,),
+    ),
+    Mutation(
+        name="launch_config_error_restarted",
+        item="63.3 (round 3): launch.sh restarts a role that exited with a config error (2)",
+        path="launch.sh",
+        old="    if ((code != 2 && restarts[$role] < MAX_RESTARTS)); then\n",
+        new="    if ((restarts[$role] < MAX_RESTARTS)); then\n",
+        tests=(f"{BOUNDED}[2-1]",),
+    ),
+    Mutation(
+        name="launch_delay_never_doubles",
+        item="63.3 (round 3): launch.sh waits GRPO_RESTART_DELAY_S before every restart alike",
+        path="launch.sh",
+        old="      delay=$((RESTART_DELAY_S << restarts[$role]))\n",
+        new="      delay=$RESTART_DELAY_S\n",
+        tests=(
+            "tests/test_launch_path.py::test_launch_sh_doubles_the_restart_delay_at_each_restart",
+        ),
+    ),
+    Mutation(
+        name="launch_one_restart_too_many",
+        item="63.3 (round 3): launch.sh restarts a role GRPO_MAX_RESTARTS + 1 times",
+        path="launch.sh",
+        old="    if ((code != 2 && restarts[$role] < MAX_RESTARTS)); then\n",
+        new="    if ((code != 2 && restarts[$role] <= MAX_RESTARTS)); then\n",
+        tests=(f"{BOUNDED}[1-3]",),
+    ),
+    Mutation(
+        name="launch_restarts_left_never_falls",
+        item="63.3 (round 3): a restarted role is told it has all its restarts left",
+        path="launch.sh",
+        old="GRPO_RESTARTS_LEFT=$((MAX_RESTARTS - restarts[$role]))\n",
+        new="GRPO_RESTARTS_LEFT=$MAX_RESTARTS\n",
+        tests=(f"{BOUNDED}[1-3]",),
+    ),
+    Mutation(
+        name="launch_restart_without_resume",
+        item="63.3 (round 3): launch.sh restarts a role without train.resume=auto",
+        path="launch.sh",
+        old='      launch "$role" "$@" train.resume=auto\n',
+        new='      launch "$role" "$@"\n',
+        tests=(f"{BOUNDED}[1-3]",),
+    ),
+    Mutation(
+        name="launch_signal_waits_out_the_backoff",
+        item="63.3 (round 3): SIGTERM to launch.sh leaves a restart's backoff sleeping",
+        path="launch.sh",
+        old="stop_backoff; stop_all; wait; exit 130' INT TERM\n",
+        new="stop_all; wait; exit 130' INT TERM\n",
+        tests=("tests/test_launch_path.py::test_sigterm_ends_a_restart_backoff_at_once",),
     ),
 )
