@@ -519,7 +519,9 @@ MUTATIONS = (
         path="grpo/delivery/pool.py",
         old="                if m.gone is None and m.vouched and m.collective}  # fmt: skip\n",
         new="                if m.gone is None and m.collective}  # fmt: skip\n",
-        tests=(FLOOD,),
+        tests=(
+            "tests/test_pool.py::test_the_collective_snapshot_follows_each_sampler_s_state_and_drop",
+        ),
     ),
     Mutation(
         name="vouch_any_relay_when_none_listed",
