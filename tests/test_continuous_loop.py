@@ -6,6 +6,7 @@ tests/test_continuous_runs.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from grpo.config import load_config
 from grpo.rollout.slots import Answer, Request
@@ -101,3 +102,33 @@ def test_without_exact_resume_a_cut_rebuilds_no_cache():
     loop = Cut([admitted(0, [[0], [0]]), admitted(1, [[0], [0]])], "rollout.exact_resume=false")
     engine = Engine()
     assert loop.cut(engine, seq=0, batch=0) is not None and engine.rebuilds == 0
+
+
+@pytest.mark.parametrize(("lag", "ahead"), [(0, 1), (1, 1), (2, 2), (3, 2)])
+def test_after_a_cut_the_version_loaded_is_the_one_a_batch_ahead_needs(lag, ahead):
+    """After the cut of batch b the sampler loads the version batch b + 2 needs, b + 1 below a
+    lag of 2: at a lag of 1, b + 2 needs version b + 1, which only batch b's training makes (the
+    sampler would wait for it with its slots idle). Lags 1 and 3 besides the 0 and 2 every run
+    uses."""
+    settings = ["rollout.mode=continuous", f"train.max_staleness={lag}",
+                "algo.rollout_correction=decoupled", "train.keep_versions=8"]  # fmt: skip
+    cfg = load_config(None, settings)
+    assert Continuous(cfg).ahead == ahead
+
+
+def test_a_group_lands_in_the_batch_its_place_and_the_live_samplers_say():
+    """With n samplers the run's batches move n at a time: this sampler's k-th batch of groups
+    is the run's batch first + k * n (exact for one sampler, an estimate for several)."""
+    cfg = load_config(None, ["rollout.mode=continuous", "rollout.questions_per_step=2",
+                             "train.max_staleness=0"])  # fmt: skip
+    pacing = Continuous(cfg)
+    assert [pacing.landing(n, 5, 1) for n in range(5)] == [5, 5, 6, 6, 7]
+    assert [pacing.landing(n, 5, 3) for n in range(5)] == [5, 5, 8, 8, 11]
+    assert pacing.landing(2, 5, 0) == 6  # no sampler counted yet: as one
+
+
+def test_the_paced_share_is_of_the_loop_s_steps_and_reset_at_each_cut():
+    loop = Cut([admitted(0, [[0], [0]]), admitted(1, [[0], [0]])])
+    loop.pacing.paced, loop.loop.steps = 3, 4
+    stats = loop.cut(Engine(), seq=0, batch=0)[3]
+    assert stats["paced_share"] == 0.75 and loop.pacing.paced == 0
