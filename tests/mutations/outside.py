@@ -23,7 +23,17 @@ incarnation, sync_interval ignored by the gate, the oldest token read as the new
 restart delay never doubling, a restart without train.resume=auto); each got a test. (Run
 first, every launch.sh slip looked red: the runner's copy linked the checkout's checkpoints/,
 so test_placement_command_for_launch_sh failed in any copy. The runner now links only the
-converted model: suite.py's `runner_links_all_checkpoints`.)"""
+converted model: suite.py's `runner_links_all_checkpoints`.)
+
+A fourth round, for the pacings, the slot table, samples, hub ids and the wake: 26 slips, 17
+left their features' test files green: the look-ahead at a lag of 1 and the landing with
+several samplers (every test ran lags 0 and 2 with one sampler), lock-step's flat groups and
+round seeds, the paced share's upper bound, the slot table's reseat refusals and an old saved
+answer, an evaluation row's prompt (every fixture evaluated question 0 first), all five of the
+hub-id slips (the suite ran offline, which granted "never downloaded"; now a stand-in hub that
+would answer records every request), and the wake in the endpoint and in the sampler's wiring
+(the wait's own 5-s look hid both). Each got a test. One more, a group discarded at the bound,
+looked green only because a run it hangs was stopped: a unit test catches it."""
 
 from __future__ import annotations
 
@@ -648,5 +658,262 @@ MUTATIONS = (
         old="stop_backoff; stop_all; wait; exit 130' INT TERM\n",
         new="stop_all; wait; exit 130' INT TERM\n",
         tests=("tests/test_launch_path.py::test_sigterm_ends_a_restart_backoff_at_once",),
+    ),
+    Mutation(
+        name="pace_ahead_two_at_lag_one",
+        item="63.3 (round 4): after a cut, the version of the batch two ahead is loaded at a lag "
+        "of 1",
+        path="grpo/sampler/pacing.py",
+        old="        self.ahead = 2 if (cfg.train.max_staleness or 0) >= 2 else 1\n",
+        new="        self.ahead = 2 if (cfg.train.max_staleness or 0) >= 1 else 1\n",
+        tests=(
+            "tests/test_continuous_loop.py::test_after_a_cut_the_version_loaded_is_the_one_a_batch_ahead_needs[1-1]",
+        ),
+    ),
+    Mutation(
+        name="pace_landing_ignores_other_samplers",
+        item="63.3 (round 4): a group's batch is estimated as if the sampler were alone",
+        path="grpo/sampler/pacing.py",
+        old="        return first + n // self.Q * max(alive, 1)\n",
+        new="        return first + n // self.Q\n",
+        tests=(
+            "tests/test_continuous_loop.py::test_a_group_lands_in_the_batch_its_place_and_the_live_samplers_say",
+        ),
+    ),
+    Mutation(
+        name="pace_discards_a_group_at_the_bound",
+        item="63.3 (round 4): a group whose oldest token is exactly the bound is discarded",
+        path="grpo/sampler/pacing.py",
+        old="            (late if g.oldest < need else chosen).append(g)\n",
+        new="            (late if g.oldest <= need else chosen).append(g)\n",
+        tests=(
+            "tests/test_continuous_loop.py::test_a_batch_is_its_first_groups_in_admission_order_once_they_are_all_scored",
+        ),
+    ),
+    Mutation(
+        name="pace_flat_groups_first",
+        item="63.3 (round 4): past the round cap, flat groups fill the batch before the ones that "
+        "teach",
+        path="grpo/sampler/pacing.py",
+        old="        chosen = (kept + flat)[: self.Q]  # past the cap, flat groups fill (zero "
+        "advantage)\n",
+        new="        chosen = (flat + kept)[: self.Q]  # past the cap, flat groups fill (zero "
+        "advantage)\n",
+        tests=(
+            "tests/test_lock_step.py::test_past_the_round_cap_the_groups_that_teach_come_before_the_flat_ones",
+        ),
+    ),
+    Mutation(
+        name="pace_rounds_share_a_seed",
+        item="63.3 (round 4): every round of dynamic sampling draws with the batch's seed",
+        path="grpo/sampler/pacing.py",
+        old="            self.round_seed = self.seed + loop.seq + self.rounds * 1_000_003  # batch "
+        "and round\n",
+        new="            self.round_seed = self.seed + loop.seq  # batch and round\n",
+        tests=(
+            "tests/test_lock_step.py::test_each_round_of_dynamic_sampling_draws_with_seeds_of_its_own",
+        ),
+    ),
+    Mutation(
+        name="pace_admits_at_the_bound_s_version_too_late",
+        item="63.3 (round 4): continuous admission waits for a version newer than the bound needs",
+        path="grpo/sampler/pacing.py",
+        old="            if engine.version < loop.needed(batch):\n",
+        new="            if engine.version <= loop.needed(batch):\n",
+        tests=(
+            "tests/test_generation_loop.py::test_a_slot_engine_of_your_own_runs_both_pacings[continuous]",
+        ),
+    ),
+    Mutation(
+        name="pace_paced_share_a_count",
+        item="63.3 (round 4): the paced share is a count of steps, not a share",
+        path="grpo/sampler/pacing.py",
+        old='            "paced_share": self.paced / max(loop.steps, 1),\n',
+        new='            "paced_share": float(self.paced),\n',
+        tests=(
+            "tests/test_continuous_loop.py::test_the_paced_share_is_of_the_loop_s_steps_and_reset_at_each_cut",
+        ),
+    ),
+    Mutation(
+        name="slots_full_engine_refused",
+        item="63.3 (round 4): answers filling the last free slots are refused",
+        path="grpo/rollout/slots.py",
+        old="        if len(requests) > len(free):\n",
+        new="        if len(requests) >= len(free):\n",
+        tests=(
+            "tests/test_slot_table.py::test_new_answers_take_the_lowest_free_slots_up_to_a_full_engine",
+        ),
+    ),
+    Mutation(
+        name="slots_reseat_into_an_occupied_slot",
+        item="63.3 (round 4): a saved answer is restored into a slot another holds",
+        path="grpo/rollout/slots.py",
+        old="            if not 0 <= a.slot < self.slots or self.answers[a.slot] is not None:\n",
+        new="            if not 0 <= a.slot < self.slots:\n",
+        tests=(
+            "tests/test_slot_table.py::test_saved_answers_go_back_into_their_own_slots_and_nowhere_else",
+        ),
+    ),
+    Mutation(
+        name="slots_reseat_beyond_the_table",
+        item="63.3 (round 4): a saved answer of a negative slot wraps into the last one",
+        path="grpo/rollout/slots.py",
+        old="            if not 0 <= a.slot < self.slots or self.answers[a.slot] is not None:\n",
+        new="            if self.answers[a.slot] is not None:\n",
+        tests=(
+            "tests/test_slot_table.py::test_saved_answers_go_back_into_their_own_slots_and_nowhere_else",
+        ),
+    ),
+    Mutation(
+        name="slots_answers_lose_their_token_versions",
+        item="63.3 (round 4): a slot engine's answers carry no token versions",
+        path="grpo/rollout/slots.py",
+        old="            token_versions=np.asarray(self.versions, np.int32),\n",
+        new="            token_versions=None,\n",
+        tests=("tests/test_rollout_plugin.py::test_toy_engine_built_by_name_decodes_in_its_slots",),
+    ),
+    Mutation(
+        name="slots_restored_turns_default_zero",
+        item="63.3 (round 4): an answer saved before multi-turn restores with zero turns",
+        path="grpo/rollout/slots.py",
+        old='            int(s.get("turns", 1)),\n',
+        new='            int(s.get("turns", 0)),\n',
+        tests=(
+            "tests/test_slot_table.py::test_an_answer_saved_before_multi_turn_restores_as_one_turn_without_tools",
+        ),
+    ),
+    Mutation(
+        name="samples_worst_first",
+        item="63.3 (round 4): samples.jsonl lists a step's worst answer first",
+        path="grpo/observe/samples.py",
+        old='    order = np.argsort(-rewards, kind="stable")\n',
+        new='    order = np.argsort(rewards, kind="stable")\n',
+        tests=(
+            "tests/test_samples.py::test_answers_are_chosen_best_first_worst_last_and_the_rest_between",
+        ),
+    ),
+    Mutation(
+        name="samples_answer_is_the_prompt",
+        item="63.3 (round 4): a sample row's answer is its prompt's text",
+        path="grpo/observe/samples.py",
+        old='            "answer": decode(episode.completion_ids.tolist()),\n',
+        new='            "answer": decode(episode.prompt_ids.tolist()),\n',
+        tests=(
+            "tests/test_samples.py::test_a_step_s_rows_hold_each_answer_with_its_own_prompt_and_version",
+        ),
+    ),
+    Mutation(
+        name="samples_eval_prompt_of_the_first_question",
+        item="63.3 (round 4): every evaluation answer is shown under the first question",
+        path="grpo/observe/samples.py",
+        old='        "prompt": decode(list(prompts[r.index].ids)), "answer": r.answer,\n',
+        new='        "prompt": decode(list(prompts[0].ids)), "answer": r.answer,\n',
+        tests=("tests/test_samples.py::test_each_evaluation_answer_is_under_its_own_question",),
+    ),
+    Mutation(
+        name="samples_eval_group_id_zero",
+        item="63.3 (round 4): every evaluation row names question 0",
+        path="grpo/observe/samples.py",
+        old='        "step": version, "version": version, "sampler_id": EVAL, "group_id": '
+        "r.index,\n",
+        new='        "step": version, "version": version, "sampler_id": EVAL, "group_id": 0,\n',
+        tests=("tests/test_samples.py::test_each_evaluation_answer_is_under_its_own_question",),
+    ),
+    Mutation(
+        name="samples_version_is_the_step",
+        item="63.3 (round 4): a sample row's version is the step that trained it",
+        path="grpo/observe/samples.py",
+        old='            "version": batch.policy_version,\n',
+        new='            "version": step,\n',
+        tests=(
+            "tests/test_samples.py::test_a_step_s_rows_hold_each_answer_with_its_own_prompt_and_version",
+        ),
+    ),
+    Mutation(
+        name="hub_model_downloaded",
+        item="63.3 (round 4): a model hub id not in the cache is downloaded",
+        path="grpo/models/embedded.py",
+        old="        snapshot = Path(snapshot_download(repo_id, local_files_only=True))\n",
+        new="        snapshot = Path(snapshot_download(repo_id))\n",
+        tests=(
+            "tests/test_hub_ids.py::test_a_model_hub_id_is_read_from_the_cache_and_never_downloaded",
+        ),
+    ),
+    Mutation(
+        name="hub_id_prefix_matched",
+        item="63.3 (round 4): a missing a/b/c path is looked up as hub id a/b",
+        path="grpo/models/embedded.py",
+        old="    if HUB_ID.fullmatch(path) and not p.exists():\n",
+        new="    if HUB_ID.match(path) and not p.exists():\n",
+        tests=("tests/test_hub_ids.py::test_a_missing_path_of_three_parts_is_no_hub_id",),
+    ),
+    Mutation(
+        name="hub_snapshot_without_config_taken",
+        item="63.3 (round 4): a cached snapshot without config.json is taken for a model",
+        path="grpo/models/embedded.py",
+        old='    return snapshot if (snapshot / "config.json").is_file() else None\n',
+        new="    return snapshot\n",
+        tests=("tests/test_hub_ids.py::test_a_cached_snapshot_without_a_model_config_is_no_model",),
+    ),
+    Mutation(
+        name="hub_adapter_base_dir_relative",
+        item="63.3 (round 4): an adapter names a relative base dir as given",
+        path="grpo/models/embedded.py",
+        old="        return str(p.resolve())\n",
+        new="        return path\n",
+        tests=(
+            "tests/test_hub_ids.py::test_an_adapter_names_a_relative_base_dir_by_its_absolute_path",
+        ),
+    ),
+    Mutation(
+        name="hub_dataset_downloaded",
+        item="63.3 (round 4): a dataset hub name not in the cache is downloaded",
+        path="grpo/tasks/sources.py",
+        old='        return Path(snapshot_download(name, repo_type="dataset", '
+        "local_files_only=True))\n",
+        new='        return Path(snapshot_download(name, repo_type="dataset"))\n',
+        tests=(
+            "tests/test_hub_ids.py::test_a_dataset_hub_name_is_looked_up_as_a_dataset_in_the_cache_only",
+        ),
+    ),
+    Mutation(
+        name="hub_dataset_looked_up_as_a_model",
+        item="63.3 (round 4): a dataset hub name is looked up among models",
+        path="grpo/tasks/sources.py",
+        old='        return Path(snapshot_download(name, repo_type="dataset", '
+        "local_files_only=True))\n",
+        new="        return Path(snapshot_download(name, local_files_only=True))\n",
+        tests=(
+            "tests/test_hub_ids.py::test_a_dataset_hub_name_is_looked_up_as_a_dataset_in_the_cache_only",
+        ),
+    ),
+    Mutation(
+        name="wake_does_nothing",
+        item="63.3 (round 4): the sampler endpoint's wake does nothing (waits look again after 5 "
+        "s)",
+        path="grpo/delivery/sampler_endpoint.py",
+        old='        messages (a weights version came in)."""\n        self._news.set()\n',
+        new='        messages (a weights version came in)."""\n',
+        tests=("tests/test_wake.py::test_a_wait_looks_again_as_soon_as_it_is_woken",),
+    ),
+    Mutation(
+        name="wake_not_wired_to_the_weights",
+        item="63.3 (round 4): the sampler's Weights hands the receiver a wake that wakes nothing",
+        path="grpo/sampler/weights.py",
+        old="            wake=endpoint.wake,\n",
+        new="            wake=lambda: None,\n",
+        tests=(
+            "tests/test_wake.py::test_the_sampler_hands_its_endpoint_s_wake_to_the_weights_receiver",
+        ),
+    ),
+    Mutation(
+        name="wake_not_wired_to_the_follower",
+        item="63.3 (round 4): the stream follower is given no wake for a version that came in",
+        path="grpo/weights/modes/stream.py",
+        old="            changed=link.wake,\n",
+        new="            changed=lambda: None,\n",
+        tests=(
+            "tests/test_weight_modes.py::test_each_mode_hands_the_sampler_the_version_the_trainer_published[stream]",
+        ),
     ),
 )
