@@ -172,12 +172,16 @@ def weights_overrides(mode: str) -> list[str]:
 
 
 # The stream variant is in the extended tier (tests/conftest.py): serving and fetching versions
-# from memory, test_weight_streaming.py.
+# from memory, test_weight_streaming.py. So is the shared_dir one: CI's
+# test_launch_sh_heals_a_sigkilled_sampler_and_trainer_rank kills and resumes both roles of a
+# shared_dir run and ends bit for bit as the straight run, and the collective variant here
+# keeps the two crashes in one run.
 STREAM = pytest.param("stream", marks=pytest.mark.extended)
+SHARED_DIR = pytest.param("shared_dir", marks=pytest.mark.extended)
 
 
 @pytest.mark.xdist_group("crash_tests")  # with the others, so straight_run runs once
-@pytest.mark.parametrize("weights", ["shared_dir", STREAM, "collective"])
+@pytest.mark.parametrize("weights", [SHARED_DIR, STREAM, "collective"])
 def test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_once(
     tmp_path, tiny_model_dir, straight_run, weights
 ):

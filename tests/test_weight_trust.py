@@ -297,7 +297,9 @@ REFUSALS = {
 }
 
 
-@pytest.mark.slow
+# Extended tier: each of its tricks is refused in CI by the unit tests above (a forged version,
+# XXH3-equal buckets, a version never announced, another tiling, a trickle), over real sockets.
+@pytest.mark.extended
 def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
     tmp_path, tiny_model_dir
 ):
