@@ -118,8 +118,9 @@ class _PollingStore(dist.Store):
     def get(self, key: str) -> bytes:
         deadline = time.monotonic() + self.timeout_s
         while (value := self._try_get(key)) is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the rendezvous had no {key!r} within {self.timeout_s:g} s")
+            if time.monotonic() > deadline:  # the key's tail: its head is the secret
+                raise RuntimeError(f"the rendezvous had no key .../{key.partition('/')[2]} "
+                                   f"within {self.timeout_s:g} s")  # fmt: skip
             time.sleep(POLL_S)
         return value
 
