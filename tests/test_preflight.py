@@ -14,6 +14,7 @@ import grpo.preflight as preflight_module
 from grpo.config import ConfigError, load_config
 from grpo.preflight import preflight
 from grpo.wire.keys import generate
+from tests.conftest import free_port
 
 
 def config(model_dir, *overrides: str):
@@ -48,6 +49,31 @@ def test_a_port_another_process_holds_is_named_with_the_process(tiny_model_dir, 
     held = f"transport.episodes_addr=tcp://127.0.0.1:{held_port}"
     preflight(config(tiny_model_dir, *second_node, held), "trainer")
     preflight(config(tiny_model_dir), "both")  # the default ports are free here
+
+
+def test_the_collective_rendezvous_port_is_probed_with_the_others(tiny_model_dir, held_port):
+    """weights.mode collective listens on a fourth port, weights.collective_addr: one held is
+    named before the run, as the other three are."""
+    cfg = config(tiny_model_dir, "weights.mode=collective",
+                 f"transport.weights_addr=tcp://127.0.0.1:{free_port()}",
+                 f"weights.collective_addr=tcp://127.0.0.1:{held_port}")  # fmt: skip
+    with pytest.raises(ConfigError, match=f"weights.collective_addr: cannot listen on "
+                       f"tcp://127.0.0.1:{held_port}: Address already in use"):  # fmt: skip
+        preflight(cfg, "trainer")
+
+
+def test_resume_always_needs_a_complete_training_state(tiny_model_dir, tmp_path):
+    """A state dir that a crash left half-written (no completion marker) is not resumed from."""
+    from grpo.core.durable import TRAIN_STATE_MARKER, train_state_dir
+
+    cfg = config(tiny_model_dir, f"output_dir={tmp_path}", "train.resume=always")
+    state = train_state_dir(cfg.run_dir)
+    state.mkdir(parents=True)
+    (state / "rank0.pt").write_bytes(b"half")
+    with pytest.raises(ConfigError, match="no complete training state in"):
+        preflight(cfg, "trainer")
+    (state / TRAIN_STATE_MARKER).write_text("")
+    preflight(cfg, "trainer")
 
 
 def test_listening_beyond_loopback_needs_keys_or_a_word(tiny_model_dir):

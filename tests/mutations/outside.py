@@ -33,7 +33,10 @@ answer, an evaluation row's prompt (every fixture evaluated question 0 first), a
 hub-id slips (the suite ran offline, which granted "never downloaded"; now a stand-in hub that
 would answer records every request), and the wake in the endpoint and in the sampler's wiring
 (the wait's own 5-s look hid both). Each got a test. One more, a group discarded at the bound,
-looked green only because a run it hangs was stopped: a unit test catches it."""
+looked green only because a run it hangs was stopped: a unit test catches it.
+
+A fifth round, for preflight: 8 slips, 2 left its tests green (the collective rendezvous' port
+never probed, a half-written training state taken by --resume); each got a test."""
 
 from __future__ import annotations
 
@@ -915,5 +918,84 @@ MUTATIONS = (
         tests=(
             "tests/test_weight_modes.py::test_each_mode_hands_the_sampler_the_version_the_trainer_published[stream]",
         ),
+    ),
+    Mutation(
+        name="pre_test_set_read_without_evaluation",
+        item="63.3 (round 5): data.test is opened by a run that never evaluates",
+        path="grpo/preflight.py",
+        old="        if cfg.eval.interval > 0 and not cfg.data.mixture:  # both roles may ask its "
+        "questions\n",
+        new="        if cfg.eval.interval >= 0 and not cfg.data.mixture:  # both roles may ask its "
+        "questions\n",
+        tests=(
+            "tests/test_preflight.py::test_a_dataset_s_rows_are_read_as_the_sampler_will_read_them",
+        ),
+    ),
+    Mutation(
+        name="pre_lora_full_module_names_refused",
+        item="63.3 (round 5): a LoRA target given by its full module name is refused",
+        path="grpo/preflight.py",
+        old="    if missing := [t for t in targets if t not in parts and t not in names]:\n",
+        new="    if missing := [t for t in targets if t not in parts]:\n",
+        tests=(
+            "tests/test_preflight.py::test_what_the_run_opens_past_the_model_dir_is_opened_first",
+        ),
+    ),
+    Mutation(
+        name="pre_empty_chat_template_taken",
+        item="63.3 (round 5): an empty chat_template in tokenizer_config.json passes for a "
+        "template",
+        path="grpo/preflight.py",
+        old='    return bool(isinstance(config, dict) and config.get("chat_template"))\n',
+        new='    return isinstance(config, dict) and "chat_template" in config\n',
+        tests=(
+            "tests/test_preflight.py::test_second_sources_and_second_values_of_what_the_run_opens",
+        ),
+    ),
+    Mutation(
+        name="pre_a_rank_per_core_refused",
+        item="63.3 (round 5): a trainer rank per CPU core is refused",
+        path="grpo/preflight.py",
+        old="    if num_ranks > (cores or 1):\n",
+        new="    if num_ranks >= (cores or 1):\n",
+        tests=(
+            "tests/test_preflight.py::test_the_attention_kernel_and_the_ranks_must_fit_the_node",
+        ),
+    ),
+    Mutation(
+        name="pre_collective_port_unchecked",
+        item="63.3 (round 5): the collective rendezvous' port is not probed before the run",
+        path="grpo/preflight.py",
+        old='    if w.mode == "collective":\n        listening["weights.collective_addr"] = '
+        "w.collective_addr\n",
+        new="",
+        tests=(
+            "tests/test_preflight.py::test_the_collective_rendezvous_port_is_probed_with_the_others",
+        ),
+    ),
+    Mutation(
+        name="pre_sampler_keys_unchecked",
+        item="63.3 (round 5): a sampler's CURVE keys are not read before it starts",
+        path="grpo/preflight.py",
+        old="        if sampler:\n            ClientKeys.load(directory, cfg.rollout.sampler_id)\n",
+        new="",
+        tests=("tests/test_preflight.py::test_each_role_s_keys_are_read_before_it_starts",),
+    ),
+    Mutation(
+        name="pre_keys_checked_only_on_a_node_of_both",
+        item="63.3 (round 5): CURVE keys are read only on a node running both roles",
+        path="grpo/preflight.py",
+        old="    if cfg.transport.curve_dir and (listens or sampler):\n",
+        new="    if cfg.transport.curve_dir and listens and sampler:\n",
+        tests=("tests/test_preflight.py::test_each_role_s_keys_are_read_before_it_starts",),
+    ),
+    Mutation(
+        name="pre_half_written_state_resumed",
+        item="63.3 (round 5): --resume takes a state dir without its completion marker",
+        path="grpo/preflight.py",
+        old='        if cfg.train.resume == "always" and not (state / '
+        "TRAIN_STATE_MARKER).is_file():\n",
+        new='        if cfg.train.resume == "always" and not state.is_dir():\n',
+        tests=("tests/test_preflight.py::test_resume_always_needs_a_complete_training_state",),
     ),
 )
