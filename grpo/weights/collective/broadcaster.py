@@ -111,9 +111,9 @@ class Broadcaster:
         self.members = members
         self._incarnations = {sid: states[sid][0] for sid in members if sid in states}
         key = secrets.token_hex(KEY_CHARS // 2)
-        self.announced = GroupInfo(self.epoch, self.generation, members, key).to_json()
         size, prefix = len(members) + 1, wire.prefix(self.generation, key)
-        self.meeting.table.open(prefix, size)
+        self.meeting.table.open(prefix, size)  # before any member can hear of it
+        self.announced = GroupInfo(self.epoch, self.generation, members, key).to_json()
         self.group = wire.form(self.meeting.local, prefix, 0, size, self.interface,
                                self.timeout_s)  # fmt: skip
         self._sent = None
