@@ -79,8 +79,8 @@ MUTATIONS = (
         name="full_copy_answered_with_a_delta_asked_again",
         item="42.3: a source that never sends what is asked fails, the next one is tried",
         path="grpo/weights/stream/client.py",
-        old="                if bucket.base not in (wanted, FULL_COPY):",
-        new="                if False:",
+        old="            if bucket.base not in (wanted, FULL_COPY):",
+        new="            if False:",
         tests=(
             f"{LIVE}::test_a_relay_answering_full_copy_requests_with_deltas_is_left_for_the_next_"
             "source",
@@ -323,16 +323,16 @@ MUTATIONS = (
         name="staging_copies_the_socket_s_buffer",
         item="42.7: a received bucket's tensors are views of the socket's buffer, not a copy",
         path="grpo/weights/stream/image.py",
-        old="            self.flats[index] = whole if whole.flags.writeable else whole.copy()\n",
-        new="            self.flats[index] = whole.copy()\n",
+        old="        self.flats[index] = whole if whole.flags.writeable else whole.copy()\n",
+        new="        self.flats[index] = whole.copy()\n",
         tests=(f"{FLAT}[one bucket]",),
     ),
     Mutation(
         name="staging_keeps_a_read_only_payload",
         item="42.7: a read-only payload (a relay's bytes) is copied: a staged tensor is writable",
         path="grpo/weights/stream/image.py",
-        old="            self.flats[index] = whole if whole.flags.writeable else whole.copy()\n",
-        new="            self.flats[index] = whole\n",
+        old="        self.flats[index] = whole if whole.flags.writeable else whole.copy()\n",
+        new="        self.flats[index] = whole\n",
         tests=(f"{FLAT}[one each]",),
     ),
     Mutation(
@@ -461,10 +461,10 @@ MUTATIONS = (
         name="corrupt_full_copy_fails_its_source_at_once",
         item="42.3/42.7: a full copy failing its checksum is asked again before its source fails",
         path="grpo/weights/stream/client.py",
-        old="                if bucket is not None and bucket.base != FULL_COPY:",
-        new="                if bucket is not None and bucket.base == FULL_COPY:\n"
-        '                    raise SourceFailed(f"a full copy: {e}") from None\n'
-        "                if bucket is not None:",
+        old="        if bucket is not None and bucket.base != FULL_COPY:",
+        new="        if bucket is not None and bucket.base == FULL_COPY:\n"
+        '            raise SourceFailed(f"a full copy: {e}") from None\n'
+        "        if bucket is not None:",
         tests=(
             f"{RECEIVER}::test_a_full_copy_that_fails_its_checksum_is_asked_again_then_its_source_"
             "passed_over",
@@ -594,6 +594,18 @@ MUTATIONS = (
         new="",
         tests=(
             f"{MODES}::test_each_mode_hands_the_sampler_the_version_the_trainer_published[stream]",
+        ),
+    ),
+    Mutation(
+        name="received_full_copy_taken_unchecked",
+        item="62.1: a received full copy is taken whatever its digest (checked off the loop)",
+        path="grpo/weights/stream/client.py",
+        old="            if sum_.result() == self.staging.manifest.sums[index]:\n",
+        new="            if True:\n",
+        tests=(
+            f"{TRUST}::test_a_relay_s_xxh3_equal_buckets_under_the_trainer_s_identity_are_refused",
+            f"{RECEIVER}::test_a_full_copy_that_fails_its_checksum_is_asked_again_then_its_source_"
+            "passed_over",
         ),
     ),
 )

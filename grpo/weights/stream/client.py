@@ -26,13 +26,14 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from grpo.weights.stream.connections import Connections, SourceFailed
-from grpo.weights.stream.frames import FULL_COPY, Bucket, Manifest, decode_bucket
+from grpo.weights.stream.frames import FULL_COPY, Bucket, Manifest, bucket_sum, decode_bucket
 from grpo.weights.stream.image import ApplyError, Image, Staging
 from grpo.weights.stream.server import (
     BUCKET,
@@ -170,7 +171,7 @@ class Receiver:
                 if addr != sources[-1]:
                     allowed = self.timeout_s + manifest.nbytes / RELAY_FLOOR_BYTES_PER_S
                     floor = time.monotonic() + allowed
-                self._buckets(sock, addr, staging, base, sink, asked, floor)
+                Buckets(self, sock, addr, staging, base, sink, asked, floor).take()
                 image = staging.finish()
             except SourceFailed as e:
                 attempt.failed()
@@ -244,8 +245,17 @@ class Receiver:
             check_announced(manifest, self.trusted, self.timeout_s)
         return manifest
 
-    def _buckets(
+
+class Buckets:
+    """One source's answers for every bucket a staging still misses, `window` requests in
+    flight (`asked`: those already sent, bucket index -> base asked from; `floor`: when a relay
+    must be done). A full copy's digest is computed on a thread of its own while the next
+    buckets come in (SHA-256 of a 538 MB version is 0.4 s of a core: in the loop it was on the
+    critical path); the bucket is taken, or asked again, once that is known."""
+
+    def __init__(
         self,
+        rx: Receiver,
         sock: zmq.Socket,
         addr: str,
         staging: Staging,
@@ -253,65 +263,103 @@ class Receiver:
         sink: BucketSink | None,
         asked: dict[int, int],
         floor: float | None,
-    ) -> None:
-        """Every bucket still missing, `window` requests in flight; `asked`: those already
-        sent (bucket index -> base asked from); `floor`: when a relay must be done."""
-        version = staging.manifest.version
-        todo, full = [i for i in staging.missing() if i not in asked], set()
-        corrupt, since = 0, time.monotonic()
-        while todo or asked:
-            while todo and len(asked) < self.window:
-                index = todo.pop(0)
-                want = FULL_COPY if base is None or index in full else base.version
-                self._ask(sock, BUCKET, version=version, base=want, index=index)
-                asked[index] = want
-            frames = self._recv(sock, addr, since, floor)
-            if frames is None:
-                continue
-            tag = frames[0].bytes
-            index = INDEX.unpack(tag[1:])[0] if len(tag) == 1 + INDEX.size else None
-            if index not in asked:
-                continue  # an answer to a request given up on: never taken
-            since = time.monotonic()
-            wanted = asked.pop(index)
-            if tag[:1] != BUCKET_TAG:
-                self._refused(frames, index, full, todo)
-                continue
-            bucket = None
-            try:
-                bucket = decode_bucket(frames[1:], self.max_bytes)
-                if bucket.base not in (wanted, FULL_COPY):  # never what was asked: give up on it
-                    raise SourceFailed(f"bucket {index} came as a delta from version "
-                                       f"{bucket.base}, asked from {wanted}")  # fmt: skip
-                staging.apply(bucket, base if bucket.base != FULL_COPY else None)
-            except (FrameError, ApplyError) as e:
-                # a delta not decoding to its checksum: a wrong base, asked as full copies;
-                # frames or full copies failing theirs: asked again, MAX_CORRUPT times at most
-                if bucket is not None and bucket.base != FULL_COPY:
-                    self.stats.fell_back("delta mismatch", f"{addr}: {e}")
-                else:
-                    corrupt += 1
-                    if corrupt > MAX_CORRUPT:
-                        raise SourceFailed(f"{corrupt} buckets fail their checksums, the last: "
-                                           f"{e}") from None  # fmt: skip
-                    self.stats.fell_back("corrupt bucket", f"{addr}, bucket {index}: {e}")
-                full.add(index)
-                todo.append(index)
-                continue
-            self.stats.bytes += sum(f.buffer.nbytes for f in frames)
-            self.stats.progress += 1
-            if sink is not None:
-                sink(index, frames[1:], bucket)
+    ):
+        self.rx, self.sock, self.addr, self.staging, self.base = rx, sock, addr, staging, base
+        self.sink, self.asked, self.floor = sink, asked, floor
+        self.todo = [i for i in staging.missing() if i not in asked]
+        self.full: set[int] = set()  # asked again as full copies
+        self.corrupt, self.since = 0, time.monotonic()
+        # bucket index -> (its digest being computed, its bytes, its frames, the bucket)
+        self.checking: dict[int, tuple[Future[str], Any, list[Any], Bucket]] = {}
 
-    def _refused(self, frames: list[Any], index: int, full: set[int], todo: list[int]) -> None:
+    def take(self) -> None:
+        rx, version = self.rx, self.staging.manifest.version
+        with ThreadPoolExecutor(1, thread_name_prefix="bucket-digest") as digests:
+            while self.todo or self.asked or self.checking:
+                waiting_on_digests = not (self.todo or self.asked)
+                self._settle(block=waiting_on_digests)
+                if waiting_on_digests:  # that time was ours, not the source's silence
+                    self.since = time.monotonic()
+                while self.todo and len(self.asked) < rx.window:
+                    index = self.todo.pop(0)
+                    full = self.base is None or index in self.full
+                    want = FULL_COPY if full else self.base.version
+                    rx._ask(self.sock, BUCKET, version=version, base=want, index=index)
+                    self.asked[index] = want
+                if self.asked and (frames := rx._recv(self.sock, self.addr, self.since,
+                                                      self.floor)) is not None:  # fmt: skip
+                    self._answer(frames, digests)
+
+    def _answer(self, frames: list[Any], digests: ThreadPoolExecutor) -> None:
+        tag = frames[0].bytes
+        index = INDEX.unpack(tag[1:])[0] if len(tag) == 1 + INDEX.size else None
+        if index not in self.asked:
+            return  # an answer to a request given up on: never taken
+        self.since = time.monotonic()
+        wanted = self.asked.pop(index)
+        if tag[:1] != BUCKET_TAG:
+            self._refused(frames, index)
+            return
+        bucket = None
+        try:
+            bucket = decode_bucket(frames[1:], self.rx.max_bytes)
+            if bucket.base not in (wanted, FULL_COPY):  # never what was asked: give up on it
+                raise SourceFailed(f"bucket {index} came as a delta from version "
+                                   f"{bucket.base}, asked from {wanted}")  # fmt: skip
+            if bucket.base == FULL_COPY:
+                whole = self.staging.unchecked_full(bucket)
+                self.checking[index] = (digests.submit(bucket_sum, [whole]), whole, frames,
+                                        bucket)  # fmt: skip
+                return
+            self.staging.apply(bucket, self.base)
+        except (FrameError, ApplyError) as e:
+            self._failed(index, bucket, e)
+            return
+        self._took(index, frames, bucket)
+
+    def _settle(self, block: bool) -> None:
+        """Take or ask again each full copy whose digest is known (`block`: wait for one)."""
+        if block:
+            wait([c[0] for c in self.checking.values()], return_when=FIRST_COMPLETED)
+        for index in [i for i, c in self.checking.items() if c[0].done()]:
+            sum_, whole, frames, bucket = self.checking.pop(index)
+            if sum_.result() == self.staging.manifest.sums[index]:
+                self.staging.accept(index, whole)
+                self._took(index, frames, bucket)
+            else:
+                self._failed(index, bucket, ApplyError(f"bucket {index} does not match its "
+                                                       "checksum"))  # fmt: skip
+
+    def _failed(self, index: int, bucket: Bucket | None, e: Exception) -> None:
+        # a delta not decoding to its checksum: a wrong base, asked as full copies;
+        # frames or full copies failing theirs: asked again, MAX_CORRUPT times at most
+        stats = self.rx.stats
+        if bucket is not None and bucket.base != FULL_COPY:
+            stats.fell_back("delta mismatch", f"{self.addr}: {e}")
+        else:
+            self.corrupt += 1
+            if self.corrupt > MAX_CORRUPT:
+                raise SourceFailed(f"{self.corrupt} buckets fail their checksums, the last: "
+                                   f"{e}") from None  # fmt: skip
+            stats.fell_back("corrupt bucket", f"{self.addr}, bucket {index}: {e}")
+        self.full.add(index)
+        self.todo.append(index)
+
+    def _took(self, index: int, frames: list[Any], bucket: Bucket) -> None:
+        self.rx.stats.bytes += sum(f.buffer.nbytes for f in frames)
+        self.rx.stats.progress += 1
+        if self.sink is not None:
+            self.sink(index, frames[1:], bucket)
+
+    def _refused(self, frames: list[Any], index: int) -> None:
         try:
             reply = decode(frames[1:], max_frame_bytes=MAX_REQUEST_BYTES)
         except FrameError as e:
             raise SourceFailed(f"a malformed answer: {e}") from None
         reason = reply.body.get("reason") if isinstance(reply, Message) else None
-        if reason == NO_BASE and index not in full:
-            self.stats.fell_back("base not kept", f"bucket {index}")
-            full.add(index)
-            todo.append(index)
+        if reason == NO_BASE and index not in self.full:
+            self.rx.stats.fell_back("base not kept", f"bucket {index}")
+            self.full.add(index)
+            self.todo.append(index)
             return
         raise SourceFailed(f"bucket {index}: {reason}")
