@@ -85,6 +85,6 @@ def test_the_extended_tier_runs_only_when_asked():
 
     crash = "test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_exactly_once"
     default, extended = collected(), collected("--extended")
-    assert f"tests/test_chaos.py::{crash}[shared_dir]" in default
+    assert f"tests/test_chaos.py::{crash}[collective]" in default
     assert f"tests/test_chaos.py::{crash}[stream]" not in default
     assert set(default) < set(extended) and f"tests/test_chaos.py::{crash}[stream]" in extended
