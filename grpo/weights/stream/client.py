@@ -33,7 +33,7 @@ from typing import Any
 import zmq
 
 from grpo.weights.stream.connections import Connections, SourceFailed
-from grpo.weights.stream.frames import FULL_COPY, Bucket, Manifest, bucket_sum, decode_bucket
+from grpo.weights.stream.frames import FULL_COPY, Bucket, Manifest, decode_bucket
 from grpo.weights.stream.image import ApplyError, Image, Staging
 from grpo.weights.stream.server import (
     BUCKET,
@@ -52,8 +52,9 @@ MAX_CORRUPT = 3
 MANIFEST_BYTES = 64 << 20  # the largest manifest taken: about half a million tensors
 HEADER_BYTES_PER_TENSOR = 1100  # a bucket header's entry: a name of up to 1024 characters
 # A relay gets timeout_s plus a version's bytes at this rate to send it whole: one answering a
-# bucket just within timeout_s each time was never passed over (a 1.5 GB model in 128 MiB
-# buckets, 12 x timeout_s). The trainer, the last source, has no floor: nothing comes after it.
+# bucket just within timeout_s each time was never passed over (a 1.5 GB model in the default
+# 64 MiB buckets: 24 x timeout_s). The trainer, the last source, has no floor: nothing comes
+# after it.
 RELAY_FLOOR_BYTES_PER_S = 8 << 20
 
 
@@ -269,8 +270,8 @@ class Buckets:
         self.todo = [i for i in staging.missing() if i not in asked]
         self.full: set[int] = set()  # asked again as full copies
         self.corrupt, self.since = 0, time.monotonic()
-        # bucket index -> (its digest being computed, its bytes, its frames, the bucket)
-        self.checking: dict[int, tuple[Future[str], Any, list[Any], Bucket]] = {}
+        # bucket index -> (its full copy being checked and staged, its frames, the bucket)
+        self.checking: dict[int, tuple[Future[None], list[Any], Bucket]] = {}
 
     def take(self) -> None:
         rx, version = self.rx, self.staging.manifest.version
@@ -306,9 +307,8 @@ class Buckets:
             if bucket.base not in (wanted, FULL_COPY):  # never what was asked: give up on it
                 raise SourceFailed(f"bucket {index} came as a delta from version "
                                    f"{bucket.base}, asked from {wanted}")  # fmt: skip
-            if bucket.base == FULL_COPY:
-                whole = self.staging.unchecked_full(bucket)
-                self.checking[index] = (digests.submit(bucket_sum, [whole]), whole, frames,
+            if bucket.base == FULL_COPY:  # checked on the thread while the next ones come in
+                self.checking[index] = (digests.submit(self.staging.apply, bucket, None), frames,
                                         bucket)  # fmt: skip
                 return
             self.staging.apply(bucket, self.base)
@@ -318,17 +318,17 @@ class Buckets:
         self._took(index, frames, bucket)
 
     def _settle(self, block: bool) -> None:
-        """Take or ask again each full copy whose digest is known (`block`: wait for one)."""
+        """Take or ask again each full copy whose check ended (`block`: wait for one)."""
         if block:
             wait([c[0] for c in self.checking.values()], return_when=FIRST_COMPLETED)
         for index in [i for i, c in self.checking.items() if c[0].done()]:
-            sum_, whole, frames, bucket = self.checking.pop(index)
-            if sum_.result() == self.staging.manifest.sums[index]:
-                self.staging.accept(index, whole)
-                self._took(index, frames, bucket)
-            else:
-                self._failed(index, bucket, ApplyError(f"bucket {index} does not match its "
-                                                       "checksum"))  # fmt: skip
+            staged, frames, bucket = self.checking.pop(index)
+            try:
+                staged.result()
+            except ApplyError as e:
+                self._failed(index, bucket, e)
+                continue
+            self._took(index, frames, bucket)
 
     def _failed(self, index: int, bucket: Bucket | None, e: Exception) -> None:
         # a delta not decoding to its checksum: a wrong base, asked as full copies;

@@ -157,14 +157,22 @@ class Staging:
         version's bucket, is encoded against another base than `base`, or its tensors do not
         match the bucket's checksum: a wrong base, a corrupt delta."""
         m, index = self.manifest, bucket.index
+        if bucket.version != m.version or not 0 <= index < len(m.buckets):
+            raise ApplyError(f"bucket {index} of version {bucket.version} is not ours")
+        specs = m.bucket_specs(index)
         if bucket.base == FULL_COPY:
-            whole = self.unchecked_full(bucket)
+            size = m.bucket_nbytes[index]
+            if bucket.payload.nbytes != size:
+                raise ApplyError(f"bucket {index} holds {bucket.payload.nbytes} bytes, "
+                                 f"its tensors {size}")  # fmt: skip
+            # the tensors view the payload: the socket's buffer, the receiver's own once
+            # received (a read-only one, a relay's or a test's bytes, is copied)
+            whole = np.frombuffer(bucket.payload, np.uint8)
             if bucket_sum([whole]) != m.sums[index]:
                 raise ApplyError(f"bucket {index} does not match its checksum")
-            self.accept(index, whole)
+            self.flats[index] = whole if whole.flags.writeable else whole.copy()
+            self.done.add(index)
             return
-        self._ours(bucket)
-        specs = m.bucket_specs(index)
         if [t[0] for t in bucket.tensors] != [s.name for s in specs]:
             raise ApplyError(f"bucket {index} holds other tensors than the manifest's")
         if base is None or base.version != bucket.base:
@@ -182,30 +190,6 @@ class Staging:
             raise ApplyError(f"bucket {index} does not match its checksum after decoding its "
                              "deltas")  # fmt: skip
         self.arrays.update(decoded)
-        self.done.add(index)
-
-    def _ours(self, bucket: Bucket) -> None:
-        if bucket.version != self.manifest.version or not 0 <= bucket.index < len(
-            self.manifest.buckets
-        ):
-            raise ApplyError(f"bucket {bucket.index} of version {bucket.version} is not ours")
-
-    def unchecked_full(self, bucket: Bucket) -> np.ndarray:
-        """A full copy's bytes, checked to be this version's bucket and of its size, not yet
-        against its digest: `accept` them once they match it (the receiver hashes a bucket on
-        a thread of its own while the next one comes in)."""
-        self._ours(bucket)
-        size = self.manifest.bucket_nbytes[bucket.index]
-        if bucket.payload.nbytes != size:
-            raise ApplyError(f"bucket {bucket.index} holds {bucket.payload.nbytes} bytes, "
-                             f"its tensors {size}")  # fmt: skip
-        return np.frombuffer(bucket.payload, np.uint8)
-
-    def accept(self, index: int, whole: np.ndarray) -> None:
-        """Bucket `index`'s full copy, matched against its digest, staged. The tensors view
-        the payload: the socket's buffer, the receiver's own once received (a read-only one,
-        a relay's or a test's bytes, is copied)."""
-        self.flats[index] = whole if whole.flags.writeable else whole.copy()
         self.done.add(index)
 
     def missing(self) -> list[int]:
