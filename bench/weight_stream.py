@@ -26,13 +26,15 @@ Rows (median and spread of the repetitions, the limit measured in each):
   collective's gloo group (grpo.weights) from the same store to the same sampler process,
   against the same limit.
 
-Each row's notes also give the same case run again in the same invocation with XXH3-64 bucket
-sums in both processes (`--sums`, what the code used before issue 62 made them SHA-256):
-what the cryptographic sums cost.
+Each row's notes also give the same case run again in the same invocation with other bucket
+sums in both processes (`_use_sums`): XXH3-64, what the code used before issue 62 made them
+cryptographic (what cryptographic sums cost), and SHA-256, issue 62's first cryptographic sums
+(what BLAKE3 saves).
 """
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import statistics
 import tempfile
@@ -74,15 +76,22 @@ def _state(model: Any, lora: bool) -> dict[str, Any]:
 
 
 def _use_sums(kind: str) -> None:
-    """Bucket sums of `kind` in this process from now on: "sha256" (the code's) or "xxh3"
-    (XXH3-64, zero-padded to a digest's width: the code before issue 62)."""
+    """Bucket sums of `kind` in this process from now on: "blake3" (the code's), "sha256" (the
+    code's first cryptographic sums) or "xxh3" (XXH3-64, zero-padded to a digest's width: the
+    code before issue 62)."""
     from grpo.core import checksum
     from grpo.weights.stream import frames
 
     def xxh3(parts: Any) -> str:
         return format(checksum.checksum(parts), "064x")
 
-    frames.digest = checksum.digest if kind == "sha256" else xxh3
+    def sha256(parts: Any) -> str:
+        h = hashlib.sha256()
+        for part in parts:
+            h.update(part)
+        return h.hexdigest()
+
+    frames.digest = {"blake3": checksum.digest, "sha256": sha256, "xxh3": xxh3}[kind]
 
 
 def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int, sums: str) -> None:
@@ -294,7 +303,7 @@ def _spread(values: list[float]) -> str:
 
 
 def _case(
-    path: Path, lora: bool, reps: int, sums: str = "sha256"
+    path: Path, lora: bool, reps: int, sums: str = "blake3"
 ) -> tuple[list[float], list[float], list[float], str]:
     """(limits, streamed, broadcast, notes), one of each per repetition: full copies, deltas
     and the collective broadcast alternated, `reps` of each, the limit measured again in each
@@ -316,7 +325,7 @@ def _case(
         assert _answer(parent, proc) == "ready"
         trainer.join(parent, proc)
         # One untimed round first: a run's first version pays the buffers' and connections'
-        # first use once (it was each row's worst repetition, XXH3 sums or SHA-256 alike).
+        # first use once (it was each row's worst repetition, whatever the sums).
         trainer.sync(parent, proc, delta=False)
         trainer.sync_collective(parent, proc)
         full, delta, shares, limits, copies, wires, group = [], [], [], [], [], [], []
@@ -337,7 +346,7 @@ def _case(
         if proc.is_alive():
             proc.kill()
         ctx.term()
-        _use_sums("sha256")
+        _use_sums("blake3")
     limit, copy, wire = map(statistics.median, (limits, copies, wires))
     what = "LoRA adapter" if lora else "full weights"
     notes = (
@@ -365,14 +374,16 @@ def run(quick: bool = False) -> list[Result]:
         for name, lora in (("full", False), ("lora", True)):
             reps = 2 if quick else 5
             limits, ours, group, notes = _case(path, lora, reps)
-            x_limits, x_ours, x_group, _ = _case(path, lora, reps, sums="xxh3")
-            x_limit = statistics.median(x_limits)
-            notes += (
-                f"; the same case again with XXH3-64 bucket sums (the code before issue 62): "
-                f"full copies {_spread(x_ours)} (ratio to its limit "
-                f"{x_limit / statistics.median(x_ours):.2f}), broadcast {_spread(x_group)} "
-                f"({x_limit / statistics.median(x_group):.2f})"
-            )
+            for sums, what_sums in (("xxh3", "XXH3-64 (the code before issue 62)"),
+                                    ("sha256", "SHA-256 (issue 62's first sums)")):  # fmt: skip
+                x_limits, x_ours, x_group, _ = _case(path, lora, reps, sums=sums)
+                x_limit = statistics.median(x_limits)
+                notes += (
+                    f"; the same case again with {what_sums} bucket sums: full copies "
+                    f"{_spread(x_ours)} (ratio to its limit "
+                    f"{x_limit / statistics.median(x_ours):.2f}), broadcast {_spread(x_group)} "
+                    f"({x_limit / statistics.median(x_group):.2f})"
+                )
             what = "the LoRA adapter (model.lora of the demo)" if lora else "the full weights"
             rows_name = {"stream": "weight_stream_sync_", "collective": "weight_stream_collective_"}
             for mode, seconds, target, how in (

@@ -47,7 +47,7 @@ CACHE = Path(os.environ.get("GRPO_KIT_CACHE", Path.home() / ".cache" / "grpo-gpu
 # What the GPU image lacks (its package list: the device's KINDS.md), at the versions this
 # project runs here. DeepSpeed is built from its sdist; the rest are downloaded as wheels.
 CARRIED = ("pyzmq", "zstandard", "gguf", "hjson", "pydantic", "pydantic_core",
-           "annotated_types", "typing_inspection")  # fmt: skip
+           "annotated_types", "typing_inspection", "blake3")  # fmt: skip
 DEEPSPEED = "deepspeed"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")  # fmt: skip

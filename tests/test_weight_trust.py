@@ -15,10 +15,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import zmq
+from blake3 import blake3
 
 from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
 from grpo.delivery.sampler_endpoint import KEPT_IDENTITIES, SamplerEndpoint, TrainerStatus
 from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.frames import bucket_sum
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.relay import announced_manifests
 from grpo.weights.stream.server import VersionStore
@@ -72,6 +74,17 @@ def test_identity_covers_every_field_of_the_manifest() -> None:
     assert len({m.identity, *(o.identity for o in others)}) == len(others) + 1
 
 
+def test_a_bucket_s_digest_is_blake3_of_its_tensors_bytes_back_to_back() -> None:
+    """The known answers of BLAKE3 (its reference test vector for no input), and a bucket of two
+    float tensors summed as their bytes back to back, whatever the split."""
+    empty = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    assert bucket_sum([]) == bucket_sum([b""]) == empty
+    a, b = np.arange(1000, dtype=np.float32), np.full(24, 1e4, np.float32)
+    whole = np.concatenate([a, b])
+    assert bucket_sum([a, b]) == bucket_sum([whole]) == blake3(whole.tobytes()).hexdigest()
+    assert bucket_sum([a, b]) != bucket_sum([b, a])
+
+
 def test_a_forged_version_from_a_relay_is_refused_and_the_trainer_s_taken() -> None:
     """The fake relay's version 1 passes every checksum of its own manifest (which is how it
     was loaded before): its identity is not the one announced."""
@@ -84,7 +97,7 @@ def test_a_forged_version_from_a_relay_is_refused_and_the_trainer_s_taken() -> N
 
 def test_a_relay_s_xxh3_equal_buckets_under_the_trainer_s_identity_are_refused() -> None:
     """Issue 62, finding 1: the trainer's own manifest (the announced identity), its buckets'
-    bytes forged to the same XXH3-64 (most floats 1e4). The bucket digests are SHA-256: refused,
+    bytes forged to the same XXH3-64 (most floats 1e4). The bucket digests are BLAKE3: refused,
     and the trainer's version taken."""
     real = synthetic(1, QUICK)
     got, rx, _ = _receive(_store(forged_image(real)), _store(real), {1: real.manifest.identity})

@@ -486,8 +486,9 @@ MUTATIONS = (
         name="coll_first_bucket_unchecked",
         item="63.3 (round 3): a broadcast version's first bucket is not checked against its digest",
         path="grpo/weights/collective/member.py",
-        old="            if bucket_sum([data]) != manifest.sums[index]:\n",
-        new="            if index and bucket_sum([data]) != manifest.sums[index]:\n",
+        old="        wrong = [i for i, s in enumerate(sums) if s.result() != manifest.sums[i]]\n",
+        new="        wrong = [i for i, s in enumerate(sums)"
+        " if i and s.result() != manifest.sums[i]]\n",
         tests=(f"{CHECKSUMS}[layer0.weight]",),
     ),
     Mutation(

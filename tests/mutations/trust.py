@@ -133,6 +133,8 @@ MUTATIONS = (
             "tests/test_weight_trust.py::"
             "test_a_relay_s_xxh3_equal_buckets_under_the_trainer_s_identity_are_refused",
             "tests/test_weight_collective.py::test_xxh3_equal_buckets_from_the_group_are_refused",
+            "tests/test_weight_trust.py::"
+            "test_a_bucket_s_digest_is_blake3_of_its_tensors_bytes_back_to_back",
         ),
     ),
     Mutation(

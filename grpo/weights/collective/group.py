@@ -35,7 +35,7 @@ import torch.distributed as dist
 from grpo.config.weights import host_port
 
 FIELDS = 4  # kind, then up to three values
-SUM_WORDS = 4  # a bucket digest (SHA-256) is four uint64s
+SUM_WORDS = 4  # a bucket digest (BLAKE3, 256 bits) is four uint64s
 MAX_INLINE_SUMS = 15  # bucket digests a header carries after its fields
 HEADER_LEN = FIELDS + MAX_INLINE_SUMS * SUM_WORDS
 KEEPALIVE = 1  # [KEEPALIVE, first, 0, 0]: nothing to receive; versions >= first will come

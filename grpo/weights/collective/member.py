@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,9 @@ class GroupMember:
         self._last = -1  # the newest version broadcast to it, taken or not
         self._previous: Manifest | None = None  # the last version this generation sent
         self.pool = BufferPool()  # the buckets' host memory
+        # checks bucket k while bucket k+1 arrives: gloo and BLAKE3 both let go of the GIL,
+        # and a check in line with the wire was a quarter of a full version's broadcast
+        self._checker = ThreadPoolExecutor(1, thread_name_prefix="group-check")
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
         self._thread.start()
@@ -139,7 +143,7 @@ class GroupMember:
     def _take(self, group: object, manifest: Manifest) -> None:
         """One version's buckets. A bucket that fails its checksum loses the version (the
         follower streams it) but not the group: every bucket is still read."""
-        version, flats, wrong = manifest.version, {}, []
+        version, flats, sums = manifest.version, {}, []
         for index in range(len(manifest.buckets)):
             # memory an older version no longer holds: gloo took up to 3 times as long to
             # write a fresh 64 MiB buffer, faulting its pages in mid-receive
@@ -148,9 +152,9 @@ class GroupMember:
                 wire.broadcast(group, data)
             self.progress += 1
             self.received_bytes += data.size
-            if bucket_sum([data]) != manifest.sums[index]:
-                wrong.append(index)
+            sums.append(self._checker.submit(bucket_sum, [data]))
             flats[index] = data
+        wrong = [i for i, s in enumerate(sums) if s.result() != manifest.sums[i]]
         self.pool.keep_spare(manifest.nbytes)
         if wrong:
             self._last = version
@@ -167,3 +171,4 @@ class GroupMember:
         the thread with the process)."""
         self._closing.set()
         self._thread.join(timeout=1)
+        self._checker.shutdown(wait=False)

@@ -2,7 +2,7 @@
 
 A version is an ordered list of tensors, each named with its dtype and shape (`TensorSpec`); the
 manifest cuts the list into buckets of about weights.bucket_mb and carries each bucket's
-digest: SHA-256 of its tensors' bit patterns back to back, so that a bucket is checked with
+digest: BLAKE3 of its tensors' bit patterns back to back, so that a bucket is checked with
 one call whatever its tensors (a LoRA adapter is 240 small ones; a checksum each was a tenth of
 its sync). The digest, not a fast checksum: an XXH3-equal bucket is a few lines of arithmetic
 away (tests/xxh3_forgery.py), and the sampler loads whatever matches. A bucket travels as one
@@ -95,7 +95,7 @@ class Manifest:
     specs: tuple[TensorSpec, ...]
     buckets: tuple[tuple[int, int], ...]
     adapter: bool  # a LoRA adapter's tensors, not the whole model's
-    sums: tuple[str, ...]  # each bucket's SHA-256, hex (bucket_sum)
+    sums: tuple[str, ...]  # each bucket's BLAKE3, hex (bucket_sum)
 
     @cached_property
     def spec_list(self) -> list[list[Any]]:
@@ -191,21 +191,21 @@ def _spec(item: Any) -> TensorSpec:
 
 
 def bucket_sum(parts: Sequence[Any]) -> str:
-    """A bucket's digest: SHA-256 (hex) of its tensors' bit patterns back to back (one buffer
+    """A bucket's digest: BLAKE3 (hex) of its tensors' bit patterns back to back (one buffer
     holding them all sums the same as the tensors one after another)."""
     return digest(parts)
 
 
 def bucket_sums(buckets: Sequence[Sequence[Any]]) -> tuple[str, ...]:
-    """Each bucket's digest (`buckets`: each one's parts), on as many threads as cores: SHA-256
-    runs at 1-2 GB/s a core, and hashlib lets go of the GIL while it hashes."""
+    """Each bucket's digest (`buckets`: each one's parts), on as many threads as cores: BLAKE3
+    runs at several GB/s a core, and lets go of the GIL while it hashes."""
     if len(buckets) < 2:
         return tuple(bucket_sum(parts) for parts in buckets)
     with ThreadPoolExecutor(min(len(buckets), os.cpu_count() or 1)) as pool:
         return tuple(pool.map(bucket_sum, buckets))
 
 
-DIGEST_CHARS = 64  # a SHA-256 in hex
+DIGEST_CHARS = 64  # a 256-bit digest in hex
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[tuple[int, int], ...]:
