@@ -16,6 +16,12 @@ def always_raises(completion: str, sample: dict) -> float:
     raise RuntimeError("boom")
 
 
+def beyond_the_bound(completion: str, sample: dict) -> float:
+    """A finite reward no advantage can hold (over grpo.core.columns.VALUE_LIMIT): the sampler
+    scores it 0 with a reward_error."""
+    return 1e39
+
+
 def raises_on_every_fourth(completion: str, sample: dict) -> float:
     """Fails on a quarter of the answers (those whose length is a multiple of 4): a rate of
     failures under the default bound."""

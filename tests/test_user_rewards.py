@@ -213,6 +213,22 @@ def test_a_reward_failing_on_most_answers_stops_the_sampler_naming_it_and_its_fi
         rewards.close()
 
 
+def test_a_reward_beyond_the_bound_on_every_answer_stops_the_sampler_as_one_that_raises():
+    """A finite reward over the trainer's bound scores 0 with a reward_error
+    (checked_rewards); on every answer it is a failing reward, counted as such."""
+    from grpo.tasks.failures import RewardFailingError
+
+    rewards = _rewards("tests.rewards_for_tests:beyond_the_bound")
+    try:
+        with pytest.raises(
+            RewardFailingError,
+            match="failed on 4 of the last 4 answers.*not a finite number within",
+        ):
+            rewards.score_all([("x" * n, {}) for n in range(1, 5)])
+    finally:
+        rewards.close()
+
+
 def test_a_reward_with_the_wrong_signature_is_refused_when_loaded():
     expected = (
         r"^reward tests.rewards_for_tests:takes_one_argument takes \(completion\), which cannot "
@@ -256,6 +272,11 @@ def test_the_rate_is_judged_from_exactly_the_least_answers_and_a_bound_of_one_al
     rate.add(_results(["e"] * 16 + [None] * 15))  # 16 of 31: too few answers to judge
     with pytest.raises(RewardFailingError, match="failed on 17 of the last 32 answers"):
         rate.add(_results(["e"]))  # the 32nd answer: judged
+    lone = FailureRate("r", bound=0.5)
+    lone.add(_results(["e"]))  # a lone answer, failed: no batch to judge the reward by
+    lone.add(_results(["e"]))
+    with pytest.raises(RewardFailingError, match="failed on 4 of the last 4 answers"):
+        lone.add(_results(["e", "e"]))  # a batch, and every answer so far failed
     anything = FailureRate("r", bound=1.0)  # reward.max_error_rate=1.0: never stop
     for _ in range(3):
         anything.add(_results(["e"] * 100))

@@ -68,10 +68,12 @@ class SamplerRewards:
         return stats
 
     def score_all(self, calls: Sequence[tuple[str, Row]]) -> list[Scored]:
-        rule = self.rules.score_all(calls)
+        # checked before they are counted: a reward that returns 1e39 on every answer fails as
+        # surely as one that raises, and would otherwise train the run on zeros
+        rule = checked_rewards(self.rules.score_all(calls))
         self.failures.add(rule)
         if self.service is None:
-            return checked_rewards(rule)
+            return rule
         model = self.service.score([self.item(text, row) for text, row in calls])
         r = self.cfg.reward
         return checked_rewards(combine(rule, model, r.rule_weight, r.model_weight))

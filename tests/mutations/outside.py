@@ -57,6 +57,20 @@ LONE = (
     "test_a_lone_sampler_outside_the_bound_is_refused_and_a_pool_s_is_counted"
 )
 
+MERGE = "tests/test_merge_lora.py"
+USER_REWARDS = "tests/test_user_rewards.py"
+TESTS_OF = {  # round 6: the test each slip turned red
+    "BASE": f"{MERGE}::test_the_base_is_the_flag_s_then_the_run_s_then_the_adapter_s",
+    "BAD": f"{MERGE}::test_a_bad_merge_is_one_line_and_writes_nothing",
+    "ANSWERS": f"{MERGE}::test_the_merged_model_answers_as_the_adapter_on_its_base",
+    "LEAST_T": f"{USER_REWARDS}::"
+    "test_the_rate_is_judged_from_exactly_the_least_answers_and_a_bound_of_one_allows_all",
+    "MOST": f"{USER_REWARDS}::"
+    "test_a_reward_failing_on_most_answers_stops_the_sampler_naming_it_and_its_first_error",
+    "BEYOND": f"{USER_REWARDS}::"
+    "test_a_reward_beyond_the_bound_on_every_answer_stops_the_sampler_as_one_that_raises",
+}
+
 MUTATIONS = (
     Mutation(
         name="clean_keeps_the_oldest",
@@ -998,5 +1012,64 @@ MUTATIONS = (
         "TRAIN_STATE_MARKER).is_file():\n",
         new='        if cfg.train.resume == "always" and not state.is_dir():\n',
         tests=("tests/test_preflight.py::test_resume_always_needs_a_complete_training_state",),
+    ),
+    Mutation(
+        name="merge_adapter_config_before_the_run",
+        item="63.3 (round 6): the run's config looked for in the adapter dir",
+        path="grpo/models/merge.py",
+        old='    if versions.name == "versions" and (run / "config.yaml").is_file():\n',
+        new='    if versions.name == "versions" and (adapter / "config.yaml").is_file():\n',
+        tests=(TESTS_OF["BASE"],),
+    ),
+    Mutation(
+        name="merge_written_in_place",
+        item="63.3 (round 6): the merged model is written in place, not beside and renamed",
+        path="grpo/models/merge.py",
+        old='    tmp = out.with_name(f".{out.name}.tmp")\n',
+        new="    tmp = out\n",
+        tests=(TESTS_OF["ANSWERS"],),
+    ),
+    Mutation(
+        name="merge_error_exit_zero",
+        item="63.3 (round 6): a failed merge exits 0",
+        path="grpo/models/merge.py",
+        old='        print(f"merge-lora: {e}", file=sys.stderr)\n        return 2\n',
+        new='        print(f"merge-lora: {e}", file=sys.stderr)\n        return 0\n',
+        tests=(TESTS_OF["BAD"],),
+    ),
+    Mutation(
+        name="fail_lone_answer_batch_stops",
+        item="63.3 (round 6): a lone failed answer counts as a whole failed batch",
+        path="grpo/tasks/failures.py",
+        old="every_one = len(results) > 1 and",
+        new="every_one = len(results) > 0 and",
+        tests=(TESTS_OF["LEAST_T"],),
+    ),
+    Mutation(
+        name="fail_bound_not_wired",
+        item="63.3 (round 6): reward.max_error_rate never reaches the sampler's failure rate",
+        path="grpo/sampler/rewards.py",
+        old="reward_name(task, cfg.data.reward), r.max_error_rate)",
+        new="reward_name(task, cfg.data.reward), 1.0)",
+        tests=(TESTS_OF["MOST"],),
+    ),
+    Mutation(
+        name="fail_out_of_bound_not_counted",
+        item="63.3 (round 6): a reward over the trainer's bound is zeroed, not counted as failed",
+        path="grpo/sampler/rewards.py",
+        old="        rule = checked_rewards(self.rules.score_all(calls))\n"
+        "        self.failures.add(rule)\n",
+        new="        rule = self.rules.score_all(calls)\n"
+        "        self.failures.add(rule)\n"
+        "        rule = checked_rewards(rule)\n",
+        tests=(TESTS_OF["BEYOND"],),
+    ),
+    Mutation(
+        name="fail_not_counted",
+        item="63.3 (round 6): the sampler never counts its rewards' failures",
+        path="grpo/sampler/rewards.py",
+        old="        self.failures.add(rule)\n",
+        new="",
+        tests=(TESTS_OF["MOST"],),
     ),
 )
