@@ -28,7 +28,7 @@ minutes a run. A low learning rate keeps the length distribution from drifting o
 What it shows (2026-11-26): 2.02x (ratios per pair 2.14, 2.18, 1.82). While generating,
 continuous makes 525 tokens/s at a slot occupancy of 0.61 against lock-step's 141 tokens/s
 with 0.40 of its row-steps making a token: about 1.5x from keeping the slots full and 2.4x
-from the cost of a decode step (HFContinuous's own loop against HF generate with its stop-
+from the cost of a decode step (HFSlotEngine's own loop against HF generate with its stop-
 string criterion, on a model this small). End to end both are below that: the sampler also
 scores the old log-probs at each cut and waits there for the version of the batch after next
 (the staleness bound keeps 0.38 of its steps from admitting). The notes carry each part, so
@@ -167,7 +167,7 @@ TOKENS_SCENARIO = (
     "per batch, what a user runs without continuous batching"
 )
 UPDATE_SCENARIO = (
-    "HFContinuous with SmolLM2-135M, 16 answers in flight (32 prompt + 80 generated tokens "
+    "HFSlotEngine with SmolLM2-135M, 16 answers in flight (32 prompt + 80 generated tokens "
     "cached), one weight update then the next decode step; ours: kv_on_update keep; baseline: "
     "kv_on_update recompute, the project's own exact mode (rebuild every cache under the new "
     "weights), not an outside alternative"
@@ -249,8 +249,8 @@ def _update_cost(tmp: Path, quick: bool) -> Result:
 
     from grpo.models.convert import ensure_embedded_base
     from grpo.models.loading import load_tokenizer
-    from grpo.rollout.hf_slots import HFContinuous
-    from grpo.rollout.slots import Request
+    from grpo.rollout.hf_slots import HFSlotEngine
+    from grpo.rollout.slots import SlotRequest
     from tests.tiny_model import build_tiny_model
 
     base = ensure_embedded_base()
@@ -261,9 +261,9 @@ def _update_cost(tmp: Path, quick: bool) -> Result:
     rng = np.random.default_rng(0)
     ids = rng.integers(100, len(tokenizer) - 100, size=(slots, prompt_len)).astype(np.int32)
     # no stop string, no EOS reached in the steps taken (a cap beyond them): none finishes
-    engine = HFContinuous(model, tokenizer, slots, temperature=1.0)
+    engine = HFSlotEngine(model, tokenizer, slots, temperature=1.0)
     engine.eos = set()
-    engine.admit([Request(i, ids[i], i, 10_000) for i in range(slots)])
+    engine.admit([SlotRequest(i, ids[i], i, 10_000) for i in range(slots)])
     for _ in range(grown):
         engine.step()
     times: dict[str, list[float]] = {"keep": [], "recompute": []}
@@ -283,7 +283,7 @@ def _update_cost(tmp: Path, quick: bool) -> Result:
     step = statistics.median(steps)
     keep, recompute = statistics.median(times["keep"]), statistics.median(times["recompute"])
     name = "tiny model" if quick else "SmolLM2-135M"
-    note = (f"HFContinuous, {name}, {slots} answers in flight, {cached} cached tokens each "
+    note = (f"HFSlotEngine, {name}, {slots} answers in flight, {cached} cached tokens each "
             f"(prompt {prompt_len} + answer), {torch.get_num_threads()} threads; "
             f"weights_changed + next step, median (min-max) of {len(times['keep'])} each, "
             f"alternating: keep {_spread(times['keep'], '.3f')} s = {keep / step:.2f} decode "

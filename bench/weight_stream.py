@@ -102,7 +102,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int, sums: str) -> No
 
     from grpo.models.loading import pack_adapter
     from grpo.weights.collective.member import GroupMember
-    from grpo.weights.stream.client import Receiver
+    from grpo.weights.stream.client import VersionFetcher
     from grpo.weights.stream.torch_bits import LoadPlan, image_from_state
 
     torch.set_num_threads(1)
@@ -114,7 +114,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int, sums: str) -> No
     ctx = zmq.Context()
     # weights.delta false and true, as the sampler's follower makes them: given the version
     # held, keeping their connections from one version to the next
-    receivers = {delta: Receiver(ctx, None, max_bytes, TIMEOUT_S, delta=delta, reuse=True)
+    receivers = {delta: VersionFetcher(ctx, None, max_bytes, TIMEOUT_S, delta=delta, reuse=True)
                  for delta in (False, True)}  # fmt: skip
     targets = _state(model, lora)
     held = image_from_state(0, targets, 1 << 26, lora)  # version 0, as seeded

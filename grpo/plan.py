@@ -53,10 +53,10 @@ class LossPlan:
 
     def __call__(
         self, old_logp: Tensor, logp: Tensor, advantages: Tensor, mask: Tensor,
-        weights: Tensor | None = None,
+        is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
-        """`weights`: the rollout correction's, passed only when there are some."""
-        extra = {} if weights is None else {"weights": weights}
+        """`is_weights`: the rollout correction's, passed only when there are some."""
+        extra = {} if is_weights is None else {"is_weights": is_weights}
         return self.fn(old_logp, logp, advantages, mask, **self.options, **extra)
 
 
@@ -103,7 +103,7 @@ class ExperiencePlan:
     values, GAE, runs in the update instead)."""
 
     shaping: tuple[Overlong, ...]
-    kl_kind: str
+    kl_reward_kind: str  # the estimator of the KL measured here (not the loss's kl_kind)
     kl_in_reward: bool
     mask_truncated: bool
     correction: Correction | None
@@ -252,7 +252,7 @@ def plan_experience(cfg: Config, advantage: Advantage | None = None) -> Experien
     return ExperiencePlan(
         shaping=(Overlong(cfg.rollout.max_new_tokens, algo.overlong_buffer,
                           algo.overlong_factor),) if algo.overlong_buffer else (),
-        kl_kind=algo.kl_reward_kind,
+        kl_reward_kind=algo.kl_reward_kind,
         kl_in_reward=algo.kl_in_reward,
         mask_truncated=algo.mask_truncated,
         correction=correction,
@@ -317,11 +317,11 @@ def _check_loss_options(cfg: Config, loss: Callable) -> None:
         "clip_low": algo.clip_low,
         "clip_high": algo.clip_high,
         "clip_c": algo.clip_c,
-        "weights": None if algo.rollout_correction == "none" else algo.rollout_correction,
+        "is_weights": None if algo.rollout_correction == "none" else algo.rollout_correction,
     }
     for option, value in given.items():
         if value is not None and option not in params:
-            key = "algo.rollout_correction" if option == "weights" else f"algo.{option}"
+            key = "algo.rollout_correction" if option == "is_weights" else f"algo.{option}"
             raise ConfigError(
                 f"{key}: the policy loss {algo.loss!r} takes no {option!r}; "
                 f"leave it null (or none) for this loss"

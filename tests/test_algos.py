@@ -323,4 +323,4 @@ def test_built_in_losses_follow_the_policy_loss_contract(name):
     options = params[4:]
     assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in options), name
     # every built-in loss takes an aggregation and the rollout correction's weights
-    assert {"agg", "weights"} <= {p.name for p in options}, name
+    assert {"agg", "is_weights"} <= {p.name for p in options}, name

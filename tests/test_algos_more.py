@@ -455,7 +455,7 @@ def test_rollout_correction_weights_scale_the_loss(name):
     torch.manual_seed(0)
     base, _ = policy_loss(name, old, logp, adv, mask)
     torch.manual_seed(0)
-    doubled, _ = policy_loss(name, old, logp, adv, mask, weights=torch.full_like(mask, 2.0))
+    doubled, _ = policy_loss(name, old, logp, adv, mask, is_weights=torch.full_like(mask, 2.0))
     assert doubled.item() == pytest.approx(2 * base.item(), rel=1e-9)
 
 
@@ -486,7 +486,7 @@ def test_two_optimizer_steps_of_a_tiny_policy(name):
     settled = plan_loss(cfg)
     for _ in range(2):
         # exactly the call grpo.trainer.objective makes
-        loss, metrics = settled(old, model(prev, tokens), adv, mask, weights=None)
+        loss, metrics = settled(old, model(prev, tokens), adv, mask, is_weights=None)
         assert torch.isfinite(loss) and all(torch.isfinite(v) for v in metrics.values())
         model.zero_grad()
         loss.backward()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grpo.config import load_config
-from grpo.rollout.slots import Answer, Request
+from grpo.rollout.slots import Answer, SlotRequest
 from grpo.sampler.episodes import Group
 from grpo.sampler.generation import Admitted, GenerationLoop
 from grpo.sampler.pacing import Continuous
@@ -39,7 +39,7 @@ def admitted(index: int, versions: list[list[int]], scored: bool = True) -> Admi
     prompt = Prompt(index, {}, np.zeros(3, np.int32), position=index)
     answers = [
         Answer(
-            Request(10 * index + k, prompt.ids, 0, 64),
+            SlotRequest(10 * index + k, prompt.ids, 0, 64),
             k,
             list(range(len(v))),
             [0.0] * len(v),

@@ -77,10 +77,10 @@ def test_weights_scale_the_token_losses(loss):
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
     args = dict(agg="token-mean", clip_low=0.2, clip_high=0.2)
     plain, _ = policy_loss(loss, old, logp, adv, MASK, **args)
-    ones, _ = policy_loss(loss, old, logp, adv, MASK, weights=torch.ones(2, 3), **args)
+    ones, _ = policy_loss(loss, old, logp, adv, MASK, is_weights=torch.ones(2, 3), **args)
     assert torch.allclose(plain, ones)
     w = torch.tensor([[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]])
-    weighted, _ = policy_loss(loss, old, logp, adv, MASK, weights=w, **args)
+    weighted, _ = policy_loss(loss, old, logp, adv, MASK, is_weights=w, **args)
     only_first, _ = policy_loss(loss, old, logp, adv, MASK * torch.tensor([[1.0], [0.0]]), **args)
     # row 2 weighs nothing and row 1 twice; token-mean still divides by all 5 tokens
     assert weighted.item() == pytest.approx(2 * only_first.item() * 3 / 5, rel=1e-5)

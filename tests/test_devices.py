@@ -135,7 +135,7 @@ def test_micro_batch_loss_stays_on_the_model_device(loss, extra):
     exp, _ = build_experience(
         batch, plan_experience(cfg), kl_coef=0.0
     )  # CPU tensors, as a step builds them
-    exp = replace(exp, weights=torch.ones_like(exp.mask))  # as with a rollout correction
+    exp = replace(exp, is_weights=torch.ones_like(exp.mask))  # as with a rollout correction
     loss_t, mask, metrics = micro_batch_loss(
         StandInLM(META), exp.rows([1, 0]), plan_objective(cfg), 0
     )

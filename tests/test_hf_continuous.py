@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from grpo.models.loading import load_causal_lm, load_tokenizer
-from grpo.rollout.hf_slots import HFContinuous, sample_rows, uniforms
-from grpo.rollout.slots import Answer, Request
+from grpo.rollout.hf_slots import HFSlotEngine, sample_rows, uniforms
+from grpo.rollout.slots import Answer, SlotRequest
 from grpo.scoring.kernels import Truncation, kept_log_mass
 
 T = 0.9
@@ -23,17 +23,19 @@ def model_and_tokenizer(tiny_model_dir):
     return load_causal_lm(tiny_model_dir, "float32", "sdpa").eval(), load_tokenizer(tiny_model_dir)
 
 
-def requests(tokenizer, n: int, max_new: int, first_uid: int = 0) -> list[Request]:
+def requests(tokenizer, n: int, max_new: int, first_uid: int = 0) -> list[SlotRequest]:
     """n requests with prompts of different lengths (so the cache has padding)."""
     texts = ["What is 2 + 3?", "Name a prime number larger than ten please.", "Hi"]
     out = []
     for uid in range(first_uid, first_uid + n):
         ids = tokenizer(texts[uid % 3] + " x" * (uid % 4))["input_ids"]
-        out.append(Request(uid, np.asarray(ids, np.int32), seed=1000 + uid, max_new_tokens=max_new))
+        out.append(
+            SlotRequest(uid, np.asarray(ids, np.int32), seed=1000 + uid, max_new_tokens=max_new)
+        )
     return out
 
 
-def run_to_end(engine: HFContinuous, todo: list[Request]) -> list[Answer]:
+def run_to_end(engine: HFSlotEngine, todo: list[SlotRequest]) -> list[Answer]:
     """Admit as slots free up, step until every request finished."""
     todo, done = list(todo), []
     while todo or engine.in_flight():
@@ -78,7 +80,7 @@ def test_sample_rows_draws_by_inverse_cdf_from_the_truncated_distribution():
 @pytest.mark.parametrize("truncation", [Truncation(), Truncation(top_p=0.9, top_k=40)])
 def test_answers_in_refilled_slots_carry_a_fresh_forwards_logprobs(model_and_tokenizer, truncation):
     model, tokenizer = model_and_tokenizer
-    engine = HFContinuous(model, tokenizer, slots=3, temperature=T, truncation=truncation)
+    engine = HFSlotEngine(model, tokenizer, slots=3, temperature=T, truncation=truncation)
     answers = run_to_end(engine, requests(tokenizer, 7, max_new=12))
     assert [a.request.uid for a in answers] == list(range(7))  # 7 answers through 3 slots
     for a in answers:
@@ -91,8 +93,8 @@ def test_answers_in_refilled_slots_carry_a_fresh_forwards_logprobs(model_and_tok
 
 def test_an_answers_tokens_do_not_depend_on_the_slots_it_shares(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    alone = run_to_end(HFContinuous(model, tokenizer, 1, T), requests(tokenizer, 1, 10))
-    shared = run_to_end(HFContinuous(model, tokenizer, 4, T), requests(tokenizer, 5, 10))
+    alone = run_to_end(HFSlotEngine(model, tokenizer, 1, T), requests(tokenizer, 1, 10))
+    shared = run_to_end(HFSlotEngine(model, tokenizer, 4, T), requests(tokenizer, 5, 10))
     assert shared[0].tokens == alone[0].tokens
 
 
@@ -103,7 +105,7 @@ def test_a_version_changing_mid_answer_shows_in_each_tokens_version_and_logprob(
     _, tokenizer = model_and_tokenizer
     model = load_causal_lm(tiny_model_dir, "float32", "sdpa").eval()  # changed below
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    engine = HFContinuous(model, tokenizer, 2, T, kv_on_update=kv_on_update)
+    engine = HFSlotEngine(model, tokenizer, 2, T, kv_on_update=kv_on_update)
     engine.admit(requests(tokenizer, 2, max_new=16))
     for _ in range(5):
         assert engine.step() == []
@@ -130,7 +132,7 @@ def test_a_version_changing_mid_answer_shows_in_each_tokens_version_and_logprob(
 def test_a_restored_engine_decodes_on_bit_for_bit(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     todo = requests(tokenizer, 6, max_new=14)
-    first = HFContinuous(model, tokenizer, 3, T, truncation=Truncation(top_p=0.95))
+    first = HFSlotEngine(model, tokenizer, 3, T, truncation=Truncation(top_p=0.95))
     first.admit(todo[:3])
     for _ in range(4):
         first.step()
@@ -139,7 +141,7 @@ def test_a_restored_engine_decodes_on_bit_for_bit(model_and_tokenizer):
     assert saved and all(0 < len(s["tokens"]) < 14 for s in saved)
     uninterrupted = run_to_end(first, todo[3:])  # the rest admitted as slots free up
 
-    second = HFContinuous(model, tokenizer, 3, T, truncation=Truncation(top_p=0.95))
+    second = HFSlotEngine(model, tokenizer, 3, T, truncation=Truncation(top_p=0.95))
     second.restore([Answer.from_state(s) for s in saved])
     resumed = run_to_end(second, todo[3:])
 

@@ -28,8 +28,9 @@ ALLOWED = {
     "delivery": {"core", "config", "runtime", "wire", "weights", "delivery"},
     "algos": {"core", "algos"},
 }
-MAX_MODULE_LINES = 400
-MAX_CLASS_LINES = 200
+# A smoke alarm, not a shape: a module past it is doing several jobs. Classes have no cap (a
+# 200-line one had classes squeezed under it by folding docstrings, issue 60).
+MAX_MODULE_LINES = 600
 
 
 def _unit(dotted: str) -> str:
@@ -133,18 +134,12 @@ def test_no_module_imports_one_that_imports_it_back():
     assert circle is None, "module circle: " + " -> ".join(circle or [])
 
 
-def test_no_module_or_class_is_too_long_to_read():
+def test_no_module_is_too_long_to_read():
     too_long = []
-    for path, tree in _modules().items():
-        name = path.relative_to(GRPO.parent)
+    for path in _modules():
         lines = len(path.read_text().splitlines())
         if lines > MAX_MODULE_LINES:
-            too_long.append(f"{name}: {lines} lines")
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                span = node.end_lineno - node.lineno + 1
-                if span > MAX_CLASS_LINES:
-                    too_long.append(f"{name}:{node.name}: {span} lines")
+            too_long.append(f"{path.relative_to(GRPO.parent)}: {lines} lines")
     assert not too_long, "over the limits: " + "; ".join(too_long)
 
 

@@ -13,7 +13,7 @@ import pytest
 from grpo.config import load_config
 from grpo.rollout.base import EngineContext
 from grpo.rollout.registry import ENGINES, get_engine, register_engine
-from grpo.rollout.slots import Request
+from grpo.rollout.slots import SlotRequest
 from grpo.weights.version import Version
 
 TOY = "tests.plugins.toy_engine:build"
@@ -31,9 +31,11 @@ def _toy_engine(stop_event: threading.Event | None = None):
     return get_engine(TOY)(ctx)
 
 
-def _requests(seed: int = 7) -> list[Request]:
+def _requests(seed: int = 7) -> list[SlotRequest]:
     prompts = [np.arange(k + 3, dtype=np.int32) for k in range(3)]
-    return [Request(4 * k + j, prompts[k], seed + 4 * k + j, 8) for k in range(3) for j in range(4)]
+    return [
+        SlotRequest(4 * k + j, prompts[k], seed + 4 * k + j, 8) for k in range(3) for j in range(4)
+    ]
 
 
 def _until_done(engine) -> list:

@@ -6,20 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grpo.rollout.slots import Answer, Request, SlotTable
+from grpo.rollout.slots import Answer, SlotRequest, SlotTable
 
 
 def answer(slot: int, uid: int = 0) -> Answer:
-    return Answer(Request(uid, np.zeros(2, np.int32), 7, 4), slot)
+    return Answer(SlotRequest(uid, np.zeros(2, np.int32), 7, 4), slot)
 
 
 def test_new_answers_take_the_lowest_free_slots_up_to_a_full_engine() -> None:
     table = SlotTable(3)
-    table.seat([Request(0, np.zeros(2, np.int32), 0, 4)])
-    seated = table.seat([Request(k, np.zeros(2, np.int32), 0, 4) for k in (1, 2)])
+    table.seat([SlotRequest(0, np.zeros(2, np.int32), 0, 4)])
+    seated = table.seat([SlotRequest(k, np.zeros(2, np.int32), 0, 4) for k in (1, 2)])
     assert [a.slot for a in seated] == [1, 2] and table.free_slots() == []
     with pytest.raises(ValueError, match="1 answers admitted, 0 slots free"):
-        table.seat([Request(3, np.zeros(2, np.int32), 0, 4)])
+        table.seat([SlotRequest(3, np.zeros(2, np.int32), 0, 4)])
 
 
 def test_saved_answers_go_back_into_their_own_slots_and_nowhere_else() -> None:

@@ -12,7 +12,7 @@ import pytest
 from grpo.models.loading import load_tokenizer
 from grpo.rollout.base import Generation, Sampling
 from grpo.rollout.multi_turn import MultiTurnEngine, Turns
-from grpo.rollout.slots import Answer, Request
+from grpo.rollout.slots import Answer, SlotRequest
 from grpo.rollout.tool_slots import ToolSlots
 from tests.plugins.tool_engine import CALLS, ToolEngine, ToolSlotEngine
 from tests.test_multi_turn import CALCULATOR, chat_prompt, ids_of
@@ -32,9 +32,9 @@ def tool_slots(tok, max_turns: int, turn_tokens: int = 0, slots: int = 3) -> Too
     return ToolSlots(engine, Turns(tok, CALCULATOR, turn_tokens), max_turns, stop=())
 
 
-def requests(tok, budget: int) -> list[Request]:
+def requests(tok, budget: int) -> list[SlotRequest]:
     """Answer j's script is CALLS[j]: a call, a failing call, no call."""
-    return [Request(j, prompt_of(tok), j, budget) for j in range(len(CALLS))]
+    return [SlotRequest(j, prompt_of(tok), j, budget) for j in range(len(CALLS))]
 
 
 def finish(slots: ToolSlots) -> None:
@@ -124,15 +124,15 @@ def test_the_hf_slot_engine_calls_the_calculator_token_in_token_out(base_model_d
     import torch
 
     from grpo.models.loading import load_causal_lm
-    from grpo.rollout.hf_slots import HFContinuous
+    from grpo.rollout.hf_slots import HFSlotEngine
     from tests.test_multi_turn import few_shot_prompt
 
     tok = load_tokenizer(base_model_dir)
     model = load_causal_lm(base_model_dir, "float32", "sdpa").eval()
-    engine = HFContinuous(model, tok, slots=2, temperature=1e-4, stop=CALCULATOR.stop_strings)
+    engine = HFSlotEngine(model, tok, slots=2, temperature=1e-4, stop=CALCULATOR.stop_strings)
     slots = ToolSlots(engine, Turns(tok, CALCULATOR), max_turns=3, stop=())
     prompt = few_shot_prompt(tok)
-    (answer,) = slots.admit([Request(0, prompt, 0, 40)])
+    (answer,) = slots.admit([SlotRequest(0, prompt, 0, 40)])
     finish(slots)
     g = answer.generation()
     text = tok.decode(g.completion_ids)

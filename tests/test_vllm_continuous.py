@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo.models.loading import load_causal_lm, load_tokenizer
-from grpo.rollout.slots import Answer, Request
+from grpo.rollout.slots import Answer, SlotRequest
 from grpo.scoring.score import score_pairs
 from grpo.weights.version import Version
 from tests.test_vllm import (
@@ -33,7 +33,7 @@ SLOTS, MAX_NEW = 4, 24
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    from grpo.rollout.vllm_slots import VllmContinuous
+    from grpo.rollout.vllm_slots import VllmSlotEngine
 
     cfg = vllm_config(
         "rollout.mode=continuous",
@@ -42,7 +42,7 @@ def engine(base_model_dir):
         f"rollout.max_new_tokens={MAX_NEW}",
         "algo.rollout_correction=decoupled",  # continuous with a lag needs a behaviour weight
     )
-    eng = VllmContinuous(cfg, base_model_dir)
+    eng = VllmSlotEngine(cfg, base_model_dir)
     assert eng.slots == SLOTS
     yield eng
     eng.close()
@@ -58,8 +58,8 @@ def asked(base_model_dir):
     return prompts(load_tokenizer(base_model_dir), QUESTIONS)
 
 
-def requests(asked, first: int, n: int, max_new: int = MAX_NEW) -> list[Request]:
-    return [Request(uid, asked[uid % len(asked)], 1000 + uid, max_new)
+def requests(asked, first: int, n: int, max_new: int = MAX_NEW) -> list[SlotRequest]:
+    return [SlotRequest(uid, asked[uid % len(asked)], 1000 + uid, max_new)
             for uid in range(first, first + n)]  # fmt: skip
 
 

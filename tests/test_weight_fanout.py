@@ -14,7 +14,7 @@ import zmq
 
 from bench.weight_fanout import MAX_BYTES, QUICK, chaos, fan_out, network, synthetic
 from grpo.weights.stream import server
-from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.client import VersionFetcher
 from grpo.weights.stream.image import Staging
 from grpo.weights.stream.node import RelayNode
 from grpo.weights.stream.relay import RelaySource
@@ -57,7 +57,7 @@ def test_a_request_parked_past_its_time_is_refused_so_the_receiver_moves_on(monk
     ctx = zmq.Context()
     try:
         with serving(stuck, ctx) as relay, serving(store, ctx) as trainer:
-            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            rx = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=5)
             t0 = time.monotonic()
             got = rx.receive([relay, trainer], 1, None)
             elapsed = time.monotonic() - t0
@@ -78,7 +78,7 @@ def test_a_relay_refuses_at_once_a_version_older_than_its_own() -> None:
             for version in (1, 2):
                 store.add(synthetic(version, QUICK))
                 relay.receive(version, [trainer])
-            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            rx = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=5)
             t0 = time.monotonic()
             got = rx.receive([relay.addr, trainer], 1, None)
             elapsed = time.monotonic() - t0
@@ -100,7 +100,7 @@ def test_a_child_that_hears_of_a_version_before_its_parent_still_gets_it_from_th
     try:
         with serving(store, ctx) as trainer:
             store.add(synthetic(1, QUICK))
-            child = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            child = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=5)
             asking = threading.Thread(
                 target=lambda: got.append(child.receive([parent.addr, trainer], 1, None))
             )
@@ -133,7 +133,7 @@ def test_children_wait_for_a_slow_relay_while_its_buckets_keep_coming(monkeypatc
     serving_thread = threading.Thread(target=loop.run, daemon=True)
     serving_thread.start()
     parent = RelayNode.on_loopback(ctx, MAX_BYTES, timeout_s=5).start()
-    child, got = Receiver(ctx, None, MAX_BYTES, timeout_s=5), []
+    child, got = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=5), []
     try:
         asking = threading.Thread(
             target=lambda: got.append(child.receive([parent.addr, trainer], 1, None))
@@ -191,7 +191,7 @@ def test_relays_speak_curve_with_their_own_keys_and_refuse_strangers(tmp_path) -
             time.sleep(0.05)
         child = followers[1].receiver
         # a stranger with the relay's right key but a key of its own nobody authorised
-        stranger = Receiver(ctx, None, MAX_BYTES, timeout_s=1)
+        stranger = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=1)
         public, secret = zmq.curve_keypair()
         own = ClientKeys(public, secret, relay_key(tmp_path, "sampler-0"))
         stranger.secure = lambda sock, addr: own.apply(sock)

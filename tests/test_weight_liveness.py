@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
-from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.client import VersionFetcher
 from grpo.weights.stream.image import Image, encode_image_bucket
 from grpo.weights.stream.server import VersionStore
 from tests.test_weight_streaming import serving
@@ -33,7 +33,7 @@ class DeltaOnly:
         return encode_image_bucket(self.image, index, self.base)[0]
 
 
-def _receive_in_time(rx: Receiver, sources: list[str], held: Image | None) -> list:
+def _receive_in_time(rx: VersionFetcher, sources: list[str], held: Image | None) -> list:
     """receive() in a thread: [image], or [] if it had not returned after 20 s."""
     got: list = []
     thread = threading.Thread(target=lambda: got.append(rx.receive(sources, 1, held)), daemon=True)
@@ -53,7 +53,7 @@ def test_a_relay_answering_full_copy_requests_with_deltas_is_left_for_the_next_s
     ctx = zmq.Context()
     try:
         with serving(DeltaOnly(real, relay_base), ctx) as relay, serving(store, ctx) as trainer:
-            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            rx = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=5)
             got = _receive_in_time(rx, [relay, trainer], held)
     finally:
         ctx.destroy(linger=0)  # sockets a broken receiver left open, too
@@ -76,9 +76,9 @@ def test_an_address_that_is_not_one_and_missing_keys_fall_through_to_the_trainer
     ctx = zmq.Context()
     try:
         with serving(store, ctx) as trainer:
-            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=5)
+            rx = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=5)
             got = _receive_in_time(rx, ["tcp://127.0.0.1:notaport", "nonsense", trainer], None)
-            keyed = Receiver(ctx, secure, MAX_BYTES, timeout_s=5)
+            keyed = VersionFetcher(ctx, secure, MAX_BYTES, timeout_s=5)
             keyed_got = _receive_in_time(keyed, ["tcp://127.0.0.1:1", trainer], None)
     finally:
         ctx.destroy(linger=0)  # sockets a broken receiver left open, too
@@ -98,7 +98,7 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
 
     class Follower:
         def __init__(self) -> None:
-            self.receiver = Receiver(zmq.Context.instance(), None, MAX_BYTES, timeout_s=1)
+            self.receiver = VersionFetcher(zmq.Context.instance(), None, MAX_BYTES, timeout_s=1)
             self.asked = 0
 
         def want(self, version: int) -> None:
@@ -184,7 +184,7 @@ def test_a_frame_larger_than_the_version_allows_is_refused_before_it_is_held() -
     ctx = zmq.Context()
     try:
         with serving(Swelling(real), ctx) as relay, serving(store, ctx) as trainer:
-            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=1)
+            rx = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=1)
             got = _receive_in_time(rx, [relay, trainer], None)
     finally:
         ctx.destroy(linger=0)

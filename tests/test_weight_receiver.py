@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import pytest
 import zmq
 
-from grpo.weights.stream.client import Receiver, largest_frame
+from grpo.weights.stream.client import VersionFetcher, largest_frame
 from grpo.weights.stream.frames import FULL_COPY
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.server import PENDING, StreamServer, VersionStore
@@ -53,7 +53,7 @@ def _receive_three(ctx: zmq.Context, reuse: bool) -> tuple[list[Image], int]:
     store = VersionStore(keep=2, budget_bytes=64 * MB)
     got: list[Image] = []
     with counted(store, ctx) as (addr, accepted):
-        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False, reuse=reuse)
+        rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False, reuse=reuse)
         for v in (1, 2, 3):
             store.add(model(v))
             got.append(rx.receive([addr], v, got[-1] if got else None))
@@ -87,7 +87,9 @@ def test_a_source_that_failed_is_connected_to_afresh() -> None:
         relay = f"tcp://127.0.0.1:{silent.bind_to_random_port('tcp://127.0.0.1')}"
         monitor = silent.get_monitor_socket(zmq.EVENT_ACCEPTED)
         with counted(store, ctx) as (trainer, accepted):
-            rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=0.3, delta=False, reuse=True)
+            rx = VersionFetcher(
+                ctx, None, max_bytes=64 * MB, timeout_s=0.3, delta=False, reuse=True
+            )
             store.add(model(1))
             with pytest.raises(ValueError, match="could not receive version 1"):
                 rx.receive([relay], 1, None)
@@ -142,7 +144,7 @@ def test_the_first_buckets_are_asked_for_with_the_manifest() -> None:
     ctx = zmq.Context()
     try:
         with counted(store, ctx) as (addr, _):
-            rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+            rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5)
             got = rx.receive([addr], 2, model(1))
             rx.close()
     finally:
@@ -164,7 +166,7 @@ def test_buckets_asked_ahead_in_another_tiling_are_not_read() -> None:
     ctx = zmq.Context()
     try:
         with counted(store, ctx) as (addr, _):
-            rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=1, delta=False)
+            rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=1, delta=False)
             got = rx.receive([addr], 2, held)
             rx.close()
     finally:
@@ -185,7 +187,7 @@ def test_a_manifest_of_other_tensors_than_the_held_version_s_is_read_as_its_own(
     ctx = zmq.Context()
     try:
         with counted(store, ctx) as (addr, _):
-            rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=1)
+            rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=1)
             got = rx.receive([addr], 2, held)
             rx.close()
     finally:
@@ -223,11 +225,11 @@ def test_a_full_copy_that_fails_its_checksum_is_asked_again_then_its_source_pass
         store.add(model(1))
     ctx = zmq.Context()
     try:
-        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False)
+        rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False)
         with counted(once, ctx) as (addr, _):
             got = rx.receive([addr], 1, None)
         assert same(got, model(1)) and rx.stats.fallbacks["corrupt bucket"] == 1
-        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False)
+        rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5, delta=False)
         with counted(always, ctx) as (relay, _), counted(clean, ctx) as (trainer, _):
             got = rx.receive([relay, trainer], 1, None)
     finally:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
-from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.client import VersionFetcher
 from grpo.weights.stream.frames import FULL_COPY, decode_bucket
 from grpo.weights.stream.image import ApplyError, Image, Staging, encode_image_bucket
 from grpo.weights.stream.relay import RelaySource, upstream
@@ -71,7 +71,7 @@ def test_a_version_arrives_whole_then_by_delta(ctx: zmq.Context) -> None:
     store = VersionStore(keep=2, budget_bytes=64 * MB)
     store.add(model(1))
     with serving(store, ctx) as addr:
-        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+        rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5)
         v1 = rx.receive([addr], 1, None)
         full_bytes = rx.stats.bytes
         store.add(model(2))
@@ -85,7 +85,7 @@ def test_a_base_the_trainer_dropped_falls_back_to_full_copies(ctx: zmq.Context) 
     store = VersionStore(keep=1, budget_bytes=64 * MB)
     store.add(model(3))
     with serving(store, ctx) as addr:
-        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+        rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5)
         got = rx.receive([addr], 3, model(1))
     assert same(got, model(3))
     assert rx.stats.fallbacks["base not kept"] == len(got.manifest.buckets)
@@ -100,7 +100,7 @@ def test_a_wrong_base_fails_its_checksum_and_is_fetched_whole(ctx: zmq.Context) 
     drifted = model(1, seed=7)
     drifted = Image(model(1).manifest, drifted.arrays)
     with serving(store, ctx) as addr:
-        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+        rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5)
         got = rx.receive([addr], 2, drifted)
     assert same(got, model(2))
     assert rx.stats.fallbacks["delta mismatch"] == len(got.manifest.buckets)
@@ -241,7 +241,7 @@ def test_a_dead_source_is_passed_over_for_the_next(ctx: zmq.Context) -> None:
     dead = ctx.socket(zmq.ROUTER)  # bound, never answers: a relay hung or SIGSTOPped
     port = dead.bind_to_random_port("tcp://127.0.0.1")
     with serving(store, ctx) as addr:
-        rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=0.5)
+        rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=0.5)
         got = rx.receive([f"tcp://127.0.0.1:{port}", addr], 1, None)
     dead.close()
     assert same(got, model(1)) and rx.stats.fallbacks["source failed"] == 1
@@ -260,7 +260,7 @@ def test_a_chain_of_relays_passes_a_version_down_bucket_by_bucket(ctx: zmq.Conte
         got: list[Image] = []
 
         def receive(i: int) -> None:
-            rx = Receiver(ctx, None, max_bytes=64 * MB, timeout_s=5)
+            rx = VersionFetcher(ctx, None, max_bytes=64 * MB, timeout_s=5)
             relay = relays[i] if i < len(relays) else None
             image = rx.receive(
                 chain[i],

@@ -19,7 +19,7 @@ from blake3 import blake3
 
 from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
 from grpo.delivery.sampler_endpoint import KEPT_IDENTITIES, SamplerEndpoint, TrainerStatus
-from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.client import VersionFetcher
 from grpo.weights.stream.frames import bucket_sum
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.relay import announced_manifests
@@ -46,7 +46,7 @@ def _receive(fake: VersionStore, trainer: VersionStore, announced: dict[int, str
     ctx = zmq.Context()
     try:
         with serving(fake, ctx) as relay, serving(trainer, ctx) as root:
-            rx = Receiver(ctx, None, MAX_BYTES, timeout_s=1, trusted=lambda: announced)
+            rx = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=1, trusted=lambda: announced)
             t0 = time.monotonic()
             got = rx.receive([relay, root], 1, None, **kw)
             return got, rx, time.monotonic() - t0
@@ -239,7 +239,7 @@ def _initial_weights(ctx: zmq.Context, addr: str, procs: list) -> Image:
     deadline = time.monotonic() + 300
     while True:
         try:
-            return Receiver(ctx, None, MAX_BYTES, timeout_s=60).receive([addr], 0, None)
+            return VersionFetcher(ctx, None, MAX_BYTES, timeout_s=60).receive([addr], 0, None)
         except ValueError:
             assert time.monotonic() < deadline and procs[0].poll() is None, "no version 0"
             time.sleep(0.5)
@@ -255,7 +255,7 @@ class Hostile(Forger):
 
     def __init__(self, base: Image, trainer: str, ctx: zmq.Context, stall_s: float):
         super().__init__(base)
-        self.receiver = Receiver(ctx, None, MAX_BYTES, timeout_s=10)
+        self.receiver = VersionFetcher(ctx, None, MAX_BYTES, timeout_s=10)
         self.trainer, self.stall_s, self.real = trainer, stall_s, {}
         self.asked, self.tricks = 0, {}  # version -> the trick its manifest request got
         self.played: Counter[str] = Counter()  # each trick's bytes as they went out

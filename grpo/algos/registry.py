@@ -27,7 +27,7 @@ def register_policy_loss(name: str) -> Callable:
     """Decorator: register a policy loss under `name` (ValueError if taken).
 
     A policy loss has the signature
-    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c, weights)
+    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c, is_weights)
     -> (loss, metrics)`, taking only the options it uses, and its keyword defaults are the
     loss's own defaults: the one place they are written (the config's `null` means them;
     docs/configuration.md lists them, read from here). Hyper-parameters the config has no key

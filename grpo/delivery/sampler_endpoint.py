@@ -60,7 +60,7 @@ class TrainerStatus:
     activity: Snapshot | None = None  # what the trainer last said it was doing
     relays: dict[str, str] = field(default_factory=dict)  # live samplers' relay addresses
     # weights.mode: stream: the identity of each version the trainer holds in memory, the only
-    # versions this sampler takes from any source (grpo.weights.stream.client.Receiver)
+    # versions this sampler takes from any source (grpo.weights.stream.client.VersionFetcher)
     manifests: dict[int, str] = field(default_factory=dict)
     # weights.mode collective: the group the trainer formed, as it said it (its reader,
     # grpo.weights.collective.membership.GroupInfo.from_json, checks it)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from grpo.rollout.base import RolloutEngine, Sampling
-from grpo.rollout.slots import Answer, Request, SlotTable
+from grpo.rollout.slots import Answer, SlotRequest, SlotTable
 from grpo.weights.version import Version
 
 
@@ -30,7 +30,7 @@ class GenerateSlots(SlotTable):
         self.stop_event = engine.stop_event
         self.version = 0
 
-    def admit(self, requests: list[Request]) -> list[Answer]:
+    def admit(self, requests: list[SlotRequest]) -> list[Answer]:
         if len(requests) % self.sampling.n:
             raise ValueError(f"admit whole groups of {self.sampling.n}: got {len(requests)}")
         return self.seat(requests)

@@ -31,21 +31,21 @@ from transformers import DynamicCache
 
 from grpo.rollout.base import EngineContext
 from grpo.rollout.hf import HFRollout, eos_ids
-from grpo.rollout.slots import Answer, Request, SlotTable
+from grpo.rollout.slots import Answer, SlotRequest, SlotTable
 from grpo.scoring.kernels import Truncation, kept_tokens
 from grpo.weights.version import Version
 
 NO_TRUNCATION = Truncation()
 
 
-def build(ctx: EngineContext) -> HFContinuous | HFRollout:
+def build(ctx: EngineContext) -> HFSlotEngine | HFRollout:
     """rollout.backend: hf. Samples with the sampler's own policy, so a reload of the sampler's
     weights is a reload of the engine's: lock-step with generate() (HFRollout, a batch's
     answers in one call), continuous with this module's slots."""
     r = ctx.cfg.rollout
     if r.mode != "continuous":
         return HFRollout(ctx.policy(), ctx.tokenizer, ctx.stop_event, cache=r.hf_cache)
-    return HFContinuous(
+    return HFSlotEngine(
         ctx.policy(),
         ctx.tokenizer,
         slots=r.slots or r.questions_per_step * r.group_size,
@@ -82,7 +82,7 @@ def sample_rows(
     return tokens.squeeze(-1).tolist(), chosen.tolist()
 
 
-class HFContinuous(SlotTable):
+class HFSlotEngine(SlotTable):
     """The SlotEngine protocol (grpo.rollout.slots) on an HF causal LM."""
 
     def __init__(
@@ -116,7 +116,7 @@ class HFContinuous(SlotTable):
 
     # ------------------------------------------------------------------ the protocol
 
-    def admit(self, requests: list[Request]) -> list[Answer]:
+    def admit(self, requests: list[SlotRequest]) -> list[Answer]:
         answers = self.seat(requests)
         self.pending += [a.slot for a in answers]
         return answers

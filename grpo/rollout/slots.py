@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Request:
+class SlotRequest:
     """One answer to generate."""
 
     uid: int  # unique in the run and deterministic: the sampler's admission counter
@@ -52,7 +52,7 @@ class Request:
 class Answer:
     """A request's progress, appended to by the engine at each decode step."""
 
-    request: Request
+    request: SlotRequest
     slot: int  # the engine's slot (row) it decodes in; restore() puts it back there
     tokens: list[int] = field(default_factory=list)
     # The log-prob of each token under the weights that sampled it, at the sampling
@@ -112,7 +112,7 @@ class Answer:
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> Answer:
-        request = Request(
+        request = SlotRequest(
             int(s["uid"]), np.asarray(s["prompt_ids"], np.int32), int(s["seed"]),
             int(s["max_new_tokens"]),
         )  # fmt: skip
@@ -146,7 +146,7 @@ class SlotEngine(Protocol):
         """Slots with no answer in them, lowest first."""
         ...
 
-    def admit(self, requests: list[Request]) -> list[Answer]:
+    def admit(self, requests: list[SlotRequest]) -> list[Answer]:
         """Start these answers in the lowest free slots (there must be enough); their prompts
         are prefilled by the next step. Returns their Answer records."""
         ...
@@ -199,7 +199,7 @@ class SlotTable:
     def in_flight(self) -> list[Answer]:
         return [a for a in self.answers if a is not None]
 
-    def seat(self, requests: list[Request]) -> list[Answer]:
+    def seat(self, requests: list[SlotRequest]) -> list[Answer]:
         """New answers for these requests in the lowest free slots (ValueError when fewer are
         free)."""
         free = self.free_slots()

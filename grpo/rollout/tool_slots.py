@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grpo.rollout.multi_turn import TURN_SEED, Turns
-from grpo.rollout.slots import Answer, Request, SlotEngine
+from grpo.rollout.slots import Answer, SlotEngine, SlotRequest
 from grpo.tools import Toolbox
 from grpo.weights.version import Version
 
@@ -68,7 +68,7 @@ class ToolSlots:
     def in_flight(self) -> list[Answer]:
         return sorted(self.answers.values(), key=lambda a: a.slot)
 
-    def admit(self, requests: list[Request]) -> list[Answer]:
+    def admit(self, requests: list[SlotRequest]) -> list[Answer]:
         answers = [Answer(r, -1, mask=[], turns=0) for r in requests]
         self._start_turns(answers)
         return answers
@@ -109,10 +109,10 @@ class ToolSlots:
         answer.tool_calls += 1
         answer.tool_errors += int(end.error)
 
-    def _turn_request(self, answer: Answer, start: int) -> Request:
+    def _turn_request(self, answer: Answer, start: int) -> SlotRequest:
         """The engine's request for `answer`'s current turn, which begins at token `start`."""
         r, k = answer.request, answer.turns
-        return Request(
+        return SlotRequest(
             r.uid * self.max_turns + k,
             np.concatenate([r.prompt_ids, np.asarray(answer.tokens[:start], np.int32)]),
             (r.seed + k * TURN_SEED) % 2**62,

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from grpo.config import Config
 from grpo.rollout.base import EngineContext
-from grpo.rollout.slots import Answer, Request, SlotTable
+from grpo.rollout.slots import Answer, SlotRequest, SlotTable
 from grpo.rollout.vllm import VllmRollout
 
 log = logging.getLogger("grpo.vllm")
@@ -66,12 +66,12 @@ log = logging.getLogger("grpo.vllm")
 _IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
-def build(ctx: EngineContext) -> VllmContinuous | VllmRollout:
+def build(ctx: EngineContext) -> VllmSlotEngine | VllmRollout:
     """rollout.backend: vllm. Its own engine processes, loaded from the initial weights:
     lock-step with LLM.generate (VllmRollout), continuous with this module's slots."""
     if ctx.cfg.rollout.mode != "continuous":
         return VllmRollout(ctx.cfg, ctx.model_path, ctx.stop_event)
-    return VllmContinuous(ctx.cfg, ctx.model_path, ctx.stop_event, ctx.stop_strings)
+    return VllmSlotEngine(ctx.cfg, ctx.model_path, ctx.stop_event, ctx.stop_strings)
 
 
 def request_seed(seed: int, tokens: int) -> int:
@@ -99,7 +99,7 @@ def _in_process_core() -> Iterator[None]:
         vllm.envs.disable_envs_cache()
 
 
-class VllmContinuous(VllmRollout, SlotTable):
+class VllmSlotEngine(VllmRollout, SlotTable):
     """grpo.rollout.slots.SlotEngine on VllmRollout's engine (its weight loading
     unchanged: the sampler calls load, then weights_changed)."""
 
@@ -128,7 +128,7 @@ class VllmContinuous(VllmRollout, SlotTable):
 
     # ------------------------------------------------------------------ slots
 
-    def admit(self, requests: list[Request]) -> list[Answer]:
+    def admit(self, requests: list[SlotRequest]) -> list[Answer]:
         answers = self.seat(requests)
         for a in answers:
             self._add(a)

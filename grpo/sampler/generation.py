@@ -19,7 +19,7 @@ from typing import Protocol
 from grpo.config import Config
 from grpo.core.episode import EpisodeBatch
 from grpo.core.staleness import required_version
-from grpo.rollout.slots import Answer, Request, SlotEngine
+from grpo.rollout.slots import Answer, SlotEngine, SlotRequest
 from grpo.runtime.progress import ACTIVITY, GENERATING
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker, Group
@@ -155,7 +155,7 @@ class GenerationLoop:
         start = self.shard.position
         prompt = self.shard.draw(1)[0]
         uids = range(self.uid, self.uid + r.group_size)
-        requests = [Request(uid, prompt.ids, seed(uid), r.max_new_tokens) for uid in uids]
+        requests = [SlotRequest(uid, prompt.ids, seed(uid), r.max_new_tokens) for uid in uids]
         self.uid += r.group_size
         drawn = (start, self.shard.position)
         self.groups.append(Admitted(prompt, engine.admit(requests), engine.version, drawn))

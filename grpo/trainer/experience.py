@@ -35,7 +35,7 @@ class Experience:
     ref_logp: torch.Tensor | None  # (N, C) under the reference; None: no KL term uses it
     token_rewards: torch.Tensor  # (N, C) the shaped score on the last token, minus KL in reward
     rollout_logp: torch.Tensor | None = None  # (N, C) the engine's, when it reports them
-    weights: torch.Tensor | None = None  # (N, C) rollout-correction weights, when on
+    is_weights: torch.Tensor | None = None  # (N, C) rollout-correction importance weights
     advantages: torch.Tensor | None = None  # (N, C), once computed
     returns: torch.Tensor | None = None  # (N, C) value targets (PPO)
     old_values: torch.Tensor | None = None  # (N, C) the critic's before its update (PPO)
@@ -125,20 +125,20 @@ def build_experience(
     if old is not None and ref is not None:
         # With algo.kl_in_reward every token also pays kl_coef * KL between the sampling
         # policy and the reference (PPO-RLHF style); the score sits on the last token.
-        kl = kl_penalty(old, ref, plan.kl_kind) * mask  # (N, C)
+        kl = kl_penalty(old, ref, plan.kl_reward_kind) * mask  # (N, C)
         metrics["rollout_kl_to_ref"] = float(masked_mean(kl, mask))
         if plan.kl_in_reward:
             rewards = rewards - kl_coef * kl
     # DAPO: an answer cut at max_new_tokens says nothing about its ending
     loss_mask = mask.clone()
     loss_mask[[plan.mask_truncated and r == "length" for r in c.finish_reason]] = 0.0
-    weights = None
+    is_weights = None
     if rollout is not None and old is not None:
         # rollout_logp is already on the full vocabulary (grpo.scoring.score.score_for_training),
         # so the ratio compares like with like under top-p / top-k too.
         metrics["rollout_vs_old_logp_abs_diff"] = logp_abs_diff(old, rollout, mask)
         if (fix := plan.correction) is not None:
-            weights, more = rollout_correction_weights(old, rollout, mask, fix.spec,
+            is_weights, more = rollout_correction_weights(old, rollout, mask, fix.spec,
                                                        fix.threshold, fix.bands)  # fmt: skip
             metrics |= more
             # Rejected tokens leave the loss altogether, as verl's rejection sampling.
@@ -153,7 +153,7 @@ def build_experience(
         ref_logp=ref,
         token_rewards=rewards,
         rollout_logp=rollout,
-        weights=weights,
+        is_weights=is_weights,
         token_versions=padded("token_versions", torch.int64),
     )
     if teacher is not None and old is not None:

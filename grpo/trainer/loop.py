@@ -53,7 +53,7 @@ from grpo.trainer.ranks import (
     max_across_ranks,
     wait_for_rank0,
 )
-from grpo.trainer.step import Models, Shard, StepResult, train_step
+from grpo.trainer.step import Models, RankGroups, StepResult, train_step
 from grpo.weights.modes.base import TrainerLink
 from grpo.weights.publisher import Publisher, keep_initial, publishes_here, weights_to_publish
 from grpo.wire import messages
@@ -82,7 +82,7 @@ class Trainer:
         self.cfg = cfg
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.plan = plan_run(cfg, self.world)
-        self.shard = Shard(self.rank, cfg.rollout.questions_per_step // self.world)
+        self.shard = RankGroups(self.rank, cfg.rollout.questions_per_step // self.world)
         torch.manual_seed(cfg.train.seed)
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)

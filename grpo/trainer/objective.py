@@ -41,14 +41,14 @@ def micro_batch_loss(
     # No old-policy pass (grpo.config.passes): these weights sampled the batch and have not
     # been updated on it yet, so this forward's log-probs are the old ones.
     old = logp.detach() if part.old_logp is None else part.old_logp.to(device)
-    ref, is_w = (None if t is None else t.to(device) for t in (part.ref_logp, part.weights))
+    ref, is_w = (None if t is None else t.to(device) for t in (part.ref_logp, part.is_weights))
     if agg == "seq-mean-token-sum-norm":
         # Dr. GRPO divides by a constant, the longest possible answer, not by this
         # micro-batch's longest: widen the loss inputs (not the forward) to it.
         width = max(mask.shape[1], objective.max_new_tokens)
         old, adv, mask, logp, entropy = (widen(t, width) for t in (old, adv, mask, logp, entropy))
         ref, is_w = (None if t is None else widen(t, width) for t in (ref, is_w))
-    pg_loss, pg_metrics = objective.policy(old, logp, adv, mask, weights=is_w)  # correction
+    pg_loss, pg_metrics = objective.policy(old, logp, adv, mask, is_weights=is_w)  # correction
     loss = pg_loss
     kl = None if ref is None else kl_penalty(logp, ref, objective.kl_kind)
     if kl is not None and objective.kl_coef:

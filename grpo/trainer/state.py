@@ -36,7 +36,7 @@ log = logging.getLogger("grpo.trainer")
 
 
 @dataclass
-class Resumed:
+class ResumedTraining:
     step: int
     version: int
     kl_reward_coef: float
@@ -118,7 +118,9 @@ def save(
     dist.barrier()
 
 
-def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) -> Resumed | None:
+def load(
+    state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]
+) -> ResumedTraining | None:
     """Restore the state COMPLETE names; None if there is none. Refuses a state saved by a
     different world size or batch shape, saying which key differs."""
     marker = read_marker(state_dir)
@@ -144,7 +146,7 @@ def load(state_dir: Path, engines: dict[str, Any], fingerprint: dict[str, Any]) 
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
-    return Resumed(
+    return ResumedTraining(
         step=int(client["step"]),
         version=int(client["version"]),
         kl_reward_coef=float(client["kl_reward_coef"]),

@@ -39,7 +39,7 @@ class Models:
 
 
 @dataclass(frozen=True)
-class Shard:
+class RankGroups:
     """This rank's part of every batch: whole groups, the same on every step."""
 
     rank: int
@@ -71,7 +71,7 @@ def train_step(
     plan: RunPlan,
     step: int,
     kl_reward_coef: float,
-    shard: Shard,
+    shard: RankGroups,
     pad_id: int,
     seconds: Stopwatch,
 ) -> StepResult:

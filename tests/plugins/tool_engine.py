@@ -20,7 +20,7 @@ import numpy as np
 
 from grpo.config.engines import EngineAbilities
 from grpo.rollout.base import EngineContext, Generation, Sampling
-from grpo.rollout.slots import Answer, Request, SlotTable
+from grpo.rollout.slots import Answer, SlotRequest, SlotTable
 from grpo.tools import RESULT_CLOSE, RESULT_OPEN
 from grpo.weights.version import Version
 
@@ -102,9 +102,9 @@ class ToolSlotEngine(ToolEngine, SlotTable):
         assert "</calc>" in stop, f"the calculator's closing tag is not a stop string: {stop}"
         SlotTable.__init__(self, slots)
         self.version = 0
-        self.requests: list[Request] = []  # every turn admitted: for the tests
+        self.requests: list[SlotRequest] = []  # every turn admitted: for the tests
 
-    def admit(self, requests: list[Request]) -> list[Answer]:
+    def admit(self, requests: list[SlotRequest]) -> list[Answer]:
         self.requests += requests
         return self.seat(requests)
 

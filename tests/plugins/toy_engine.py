@@ -18,7 +18,7 @@ import numpy as np
 
 from grpo.config.engines import EngineAbilities
 from grpo.rollout.base import EngineContext
-from grpo.rollout.slots import Answer, Request, SlotTable
+from grpo.rollout.slots import Answer, SlotRequest, SlotTable
 from grpo.weights.version import Version
 
 RANGE = 64  # how many token ids the answers are drawn from
@@ -50,7 +50,7 @@ class ToyEngine(SlotTable):
         self.loaded: list[int] = []  # the versions load() was given
         self.changed_under: list[int] = []  # answers in flight at each version change
 
-    def admit(self, requests: list[Request]) -> list[Answer]:
+    def admit(self, requests: list[SlotRequest]) -> list[Answer]:
         return self.seat(requests)
 
     def step(self) -> list[Answer]:
@@ -74,7 +74,7 @@ class ToyEngine(SlotTable):
         return finished
 
     @staticmethod
-    def plan(request: Request) -> tuple[bool, int]:
+    def plan(request: SlotRequest) -> tuple[bool, int]:
         """Whether the answer ends with EOS, and its length: seeded by the answer alone."""
         rng = np.random.default_rng((request.seed, 1 << 30))
         cap = request.max_new_tokens

@@ -47,11 +47,11 @@ def _clipped_surrogate(
     clip_low: float,
     clip_high: float,
     clip_c: float | None,
-    weights: Tensor | None,
+    is_weights: Tensor | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO pessimistic surrogate on an importance ratio (B, T), shared by PPO and GSPO.
 
-    `weights` (B, T), without gradient, scale each token's loss before aggregation: the
+    `is_weights` (B, T), without gradient, scale each token's loss before aggregation: the
     rollout correction's importance weights (grpo.algos.correction)."""
     advantages = token_advantages(advantages)  # sequence-level (B,) are fine too
     loss_mat, clipped = pessimistic_surrogate(ratio, advantages, clip_low, clip_high)  # (B, T)
@@ -64,7 +64,7 @@ def _clipped_surrogate(
         cap = -advantages * clip_c
         dual_clipped = (advantages < 0) & (loss_mat > cap)
         loss_mat = torch.where(dual_clipped, cap, loss_mat)
-    loss = weighted_agg(loss_mat, mask, agg, weights)
+    loss = weighted_agg(loss_mat, mask, agg, is_weights)
 
     with torch.no_grad():
         m = mask.to(ratio.dtype)
@@ -87,7 +87,7 @@ def ppo_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_c: float | None = None,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Token-level clipped surrogate (PPO, as used by GRPO/DAPO).
 
@@ -96,7 +96,7 @@ def ppo_policy_loss(
     """
     return _clipped_surrogate(
         token_ratio(old_logp, logp), advantages, mask, old_logp, logp,
-        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, weights=weights,
+        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, is_weights=is_weights,
     )  # fmt: skip
 
 
@@ -111,7 +111,7 @@ def gspo_policy_loss(
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
     clip_c: float | None = None,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): clip a sequence-level ratio instead of token ratios.
 
@@ -131,7 +131,7 @@ def gspo_policy_loss(
     ratio = torch.exp(clamp_log_ratio(log_s))  # (B, T)
     return _clipped_surrogate(
         ratio, advantages, mask, old_logp, logp,
-        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, weights=weights,
+        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, is_weights=is_weights,
     )  # fmt: skip
 
 
@@ -145,7 +145,7 @@ def sapo_policy_loss(
     agg: str = "seq-mean-token-mean",
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): a soft gate, no hard clip.
 
@@ -165,7 +165,7 @@ def sapo_policy_loss(
     tau = torch.where(adv > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))  # (B, T)
     s = torch.sigmoid(tau * (ratio - 1.0))  # (B, T)
     loss_mat = -(s * (4.0 / tau)) * adv  # (B, T)
-    loss = weighted_agg(loss_mat, mask, agg, weights)
+    loss = weighted_agg(loss_mat, mask, agg, is_weights)
     m = mask.to(logp.dtype)
     with torch.no_grad():
         metrics = {"gate_weight_mean": masked_mean(4.0 * s * (1.0 - s), m)}
@@ -183,7 +183,7 @@ def geo_mean_policy_loss(
     agg: str = "seq-mean-token-mean",
     clip_low: float = 0.4,
     clip_high: float = 0.4,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (Geometric-Mean Policy Optimization, arXiv:2507.20673): geometric mean of token ratios.
 
@@ -197,7 +197,7 @@ def geo_mean_policy_loss(
     tokens, so the default seq-mean-token-mean is the mean over sequences of -J_i (verl's
     `geo_mean`, which ignores loss_agg_mode); token-mean would weigh sequences by length.
     Defaults: the paper's range (e^-0.4, e^0.4), clip_low = clip_high = 0.4 (verl's GMPO
-    example; verl's generic default would be 0.2). `weights` enter per sequence as their
+    example; verl's generic default would be 0.2). `is_weights` enter per sequence as their
     geometric mean, as in verl. Matches verl's `geo_mean` except that log-ratios are clamped
     to +-20 first (verl leaves that clamp commented out; it matters only past e^20).
     Metrics: clip_frac (tokens whose clipped log-ratio was the one used), approx_kl,
@@ -213,8 +213,8 @@ def geo_mean_policy_loss(
     seq_ratio = torch.exp((log_r_used * m).sum(dim=-1) / length)  # (B,)
     seq_adv = (adv * m).sum(dim=-1) / length  # (B,)
     seq_loss = -seq_adv * seq_ratio  # (B,)
-    if weights is not None:
-        log_w = torch.log(weights.detach() + 1e-10)  # (B, T)
+    if is_weights is not None:
+        log_w = torch.log(is_weights.detach() + 1e-10)  # (B, T)
         seq_loss = seq_loss * torch.exp((log_w * m).sum(dim=-1) / length)
     loss = agg_loss(seq_loss[:, None].expand_as(logp), mask, agg)
     with torch.no_grad():

@@ -20,13 +20,13 @@ MAX_LOG_RATIO = 20.0
 class PolicyLoss(Protocol):
     """The calling convention of a policy loss (grpo.algos.registry.register_policy_loss):
 
-    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c, weights, ...)
+    `fn(old_logp, logp, advantages, mask, *, agg, clip_low, clip_high, clip_c, is_weights, ...)
     -> (loss, metrics)`.
 
     old_logp, logp, mask: (B, T); logp carries the gradient. advantages: (B, T), or (B,) for
     one per sequence. The options are keywords: agg (one of AGG_MODES), clip_low and
     clip_high (the trust region, [1 - clip_low, 1 + clip_high] for a ratio clip), clip_c (a
-    dual clip or a truncation cap), weights ((B, T), no gradient: the rollout correction's
+    dual clip or a truncation cap), is_weights ((B, T), no gradient: the rollout correction's
     importance weights, grpo.algos.correction), then hyper-parameters the config has no key
     for. A loss takes only the options it uses, and its keyword defaults are its own defaults,
     written nowhere else: the trainer and the config read the signature to find what `null`
@@ -102,12 +102,12 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor
     raise ValueError(f"unknown loss aggregation {mode!r}; valid: {list(AGG_MODES)}")
 
 
-def weighted_agg(loss_mat: Tensor, mask: Tensor, agg: str, weights: Tensor | None) -> Tensor:
+def weighted_agg(loss_mat: Tensor, mask: Tensor, agg: str, is_weights: Tensor | None) -> Tensor:
     """agg_loss of the per-token losses (B, T), each first scaled by its weight (no gradient)
-    when `weights` is given: the rollout correction's importance weights
+    when `is_weights` is given: the rollout correction's importance weights
     (grpo.algos.correction)."""
-    if weights is not None:
-        loss_mat = loss_mat * weights.detach()
+    if is_weights is not None:
+        loss_mat = loss_mat * is_weights.detach()
     return agg_loss(loss_mat, mask, agg)
 
 
@@ -154,7 +154,7 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Dispatch to the policy loss `name` (registered, or `package.module:function`).
 
-    `options` (agg, clip_low, clip_high, clip_c, weights) are passed only when not None, so
+    `options` (agg, clip_low, clip_high, clip_c, is_weights) are passed only when not None, so
     that the loss's own defaults (its signature's) apply otherwise; a
     user's loss need not take the ones it has no use for.
     """

@@ -55,7 +55,7 @@ def clip_cov_policy_loss(
     clip_cov_ratio: float = 2e-4,
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov (arXiv:2505.22617, Sec. 4): no gradient for a few high-covariance tokens.
 
@@ -82,7 +82,7 @@ def clip_cov_policy_loss(
         n_clip = max(int(clip_cov_ratio * float(m.sum())), 1)
         detached = _clip_cov_choice(candidates, n_clip)  # (B, T)
     loss_mat = loss_mat.masked_fill(detached, 0.0)  # (B, T)
-    loss = weighted_agg(loss_mat, mask, agg, weights)
+    loss = weighted_agg(loss_mat, mask, agg, is_weights)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean(ppo_clipped.to(m.dtype), m),
@@ -101,7 +101,7 @@ def kl_cov_policy_loss(
     agg: str = "token-mean",
     kl_cov_ratio: float = 2e-4,
     ppo_kl_coef: float = 0.1,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov (arXiv:2505.22617, Sec. 4): a KL penalty on the highest-covariance tokens.
 
@@ -131,7 +131,7 @@ def kl_cov_policy_loss(
             penalised[top] = True
         penalised = penalised.view_as(valid)  # (B, T)
     loss_mat = -adv * ratio + ppo_kl_coef * log_r.abs() * penalised  # (B, T)
-    loss = weighted_agg(loss_mat, mask, agg, weights)
+    loss = weighted_agg(loss_mat, mask, agg, is_weights)
     with torch.no_grad():
         metrics = {"kl_cov_frac": masked_mean(penalised.to(m.dtype), m)}
     return loss, metrics | ratio_metrics(old_logp, logp, ratio, m)

@@ -30,7 +30,7 @@ def cispo_policy_loss(
     agg: str = "token-mean",
     clip_low: float = 1.0,
     clip_high: float = 0.2,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585, Sec. 3.1): clip the importance weight, not the update.
 
@@ -49,7 +49,7 @@ def cispo_policy_loss(
     ratio = token_ratio(old_logp, logp)  # (B, T)
     weight = clip_ratio(ratio, clip_low, clip_high).detach()  # (B, T), stop-gradient
     loss_mat = -weight * adv * logp  # (B, T)
-    loss = weighted_agg(loss_mat, mask, agg, weights)
+    loss = weighted_agg(loss_mat, mask, agg, is_weights)
     m = mask.to(logp.dtype)
     with torch.no_grad():
         clipped = (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)  # (B, T)
@@ -66,7 +66,7 @@ def _dppo_loss(
     *,
     agg: str,
     clip_c: float,
-    weights: Tensor | None,
+    is_weights: Tensor | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO's loss once the trust-region mask `inside` (B, T, bool) is known:
     -A * sg(min(r, clip_c)) * log pi on the tokens inside, 0 outside."""
@@ -74,7 +74,7 @@ def _dppo_loss(
     ratio = token_ratio(old_logp, logp)  # (B, T)
     weight = ratio.clamp(max=clip_c).detach()  # (B, T), truncated IS weight, stop-gradient
     loss_mat = -adv * weight * logp * inside.detach().to(logp.dtype)  # (B, T)
-    loss = weighted_agg(loss_mat, mask, agg, weights)
+    loss = weighted_agg(loss_mat, mask, agg, is_weights)
     m = mask.to(logp.dtype)
     with torch.no_grad():
         metrics = {
@@ -95,7 +95,7 @@ def dppo_tv_policy_loss(
     clip_low: float = 0.15,
     clip_high: float = 0.15,
     clip_c: float = 20.0,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-TV (Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement
     Learning", arXiv:2602.04879): a trust region on the probability change, not the ratio.
@@ -118,7 +118,7 @@ def dppo_tv_policy_loss(
         dp = torch.exp(logp.detach()) - torch.exp(old_logp)  # (B, T)
         inside = torch.where(adv > 0, dp <= clip_high, dp >= -clip_low)  # (B, T)
     return _dppo_loss(
-        old_logp, logp, advantages, mask, inside, agg=agg, clip_c=clip_c, weights=weights
+        old_logp, logp, advantages, mask, inside, agg=agg, clip_c=clip_c, is_weights=is_weights
     )
 
 
@@ -133,7 +133,7 @@ def dppo_kl_policy_loss(
     clip_low: float = 0.05,
     clip_high: float = 0.05,
     clip_c: float = 20.0,
-    weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-KL (Qi et al. 2026, arXiv:2602.04879): DPPO with a KL trust region.
 
@@ -155,5 +155,5 @@ def dppo_kl_policy_loss(
             adv > 0, (kl <= clip_high) | (p <= p_old), (kl <= clip_low) | (p >= p_old)
         )
     return _dppo_loss(
-        old_logp, logp, advantages, mask, inside, agg=agg, clip_c=clip_c, weights=weights
+        old_logp, logp, advantages, mask, inside, agg=agg, clip_c=clip_c, is_weights=is_weights
     )

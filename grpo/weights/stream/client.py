@@ -105,7 +105,7 @@ class SyncStats:
 BucketSink = Callable[[int, list[Any], Bucket], None]
 
 
-class Receiver:
+class VersionFetcher:
     """Takes versions from sources over DEALER sockets (grpo.weights.stream.connections: new
     for each attempt at a source; with `reuse`, kept from a version received whole for the
     next, its owner calling close() from the thread that receives)."""
@@ -257,7 +257,7 @@ class Buckets:
 
     def __init__(
         self,
-        rx: Receiver,
+        rx: VersionFetcher,
         sock: zmq.Socket,
         addr: str,
         staging: Staging,

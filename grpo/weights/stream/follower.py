@@ -22,7 +22,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from grpo.config import Config
-from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.client import VersionFetcher
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.node import RelayNode
 from grpo.weights.stream.relay import sources
@@ -87,14 +87,14 @@ class VersionFollower:
         the weights it starts with, the base of its and its children's first delta (other bits
         than the trainer's version 0: full copies). `keys`: its CURVE keys (transport.curve_dir)
         for the trainer, relays and its own relay. `trusted()`: the identity of each version the
-        trainer announced, the only manifests taken from any source (stream.client.Receiver).
+        trainer announced, the only manifests taken from any source (stream.client.VersionFetcher).
         `changed()`: a version came in or failed (the sampler's wait looks again at once)."""
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
         self.keys, self.curve_dir = keys, Path(t.curve_dir)
         self._auth: ThreadAuthenticator | None = None
-        self.receiver = Receiver(
+        self.receiver = VersionFetcher(
             ctx,
             None if keys is None else SourceKeys(keys, self.curve_dir, self.trainer_addr, relays),
             t.max_version_bytes,

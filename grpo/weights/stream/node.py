@@ -1,5 +1,5 @@
 """A relaying sampler's weights side, without its engine: a StreamServer thread serving a
-RelaySource, and a Receiver whose manifest, buckets and finished versions feed that source, so
+RelaySource, and a VersionFetcher whose manifest, buckets and finished versions feed that source, so
 that every bucket it has checked is served on to its children while the rest is still coming
 (grpo.weights.stream.relay). The sampler's VersionFollower relays through one; benchmarks and
 tests make theirs with RelayNode.on_loopback.
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from grpo.weights.stream.client import Receiver
+from grpo.weights.stream.client import VersionFetcher
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.relay import RelaySource
 from grpo.weights.stream.server import MAX_REQUEST_BYTES, StreamServer
@@ -32,7 +32,7 @@ class RelayNode:
     def __init__(
         self,
         router: zmq.Socket,
-        receiver: Receiver,
+        receiver: VersionFetcher,
         delta: bool = True,
         failed: Callable[[str], None] | None = None,
     ):
@@ -55,7 +55,7 @@ class RelayNode:
             ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(MAX_REQUEST_BYTES, REQUEST_HWM)
         )
         router.bind_to_random_port("tcp://127.0.0.1")
-        return cls(router, Receiver(ctx, None, max_bytes, timeout_s, window, delta), delta)
+        return cls(router, VersionFetcher(ctx, None, max_bytes, timeout_s, window, delta), delta)
 
     def start(self) -> RelayNode:
         self._thread.start()
@@ -68,8 +68,8 @@ class RelayNode:
     def receive(
         self, version: int, sources: Sequence[str], delta: bool = True, newer: bool = False
     ) -> Image:
-        """Version `version` (`newer`: or a newer one, Receiver.receive), complete and checked,
-        now also served to this node's children; ValueError if no source could give it.
+        """Version `version` (`newer`: or a newer one, VersionFetcher.receive), complete and
+        checked, now also served to this node's children; ValueError if no source could give it.
         `delta`: ask against the version held (else full copies)."""
         image = self.receiver.receive(
             sources,

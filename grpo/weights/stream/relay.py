@@ -50,7 +50,7 @@ class RelaySource:
         self._received: dict[int, tuple[int, list[Any]]] = {}  # index -> (base, frames)
         # (manifest identity, base, index) -> frames encoded here, for what it holds or takes in
         self._encoded: dict[tuple[str, int, int], list[Any]] = {}
-        self.progress = 0  # buckets taken in (grpo.weights.stream.server.Source)
+        self.progress = 0  # buckets taken in (grpo.weights.stream.server.VersionSource)
 
     def started(self, staging: Staging) -> None:
         with self._lock:

@@ -6,8 +6,8 @@ relaying sampler's, over one ROUTER socket each.
                     ── wbucket {version, base, index} ───────▶  (several in flight)
                     ◀── [b"B" + index, bucket frames] | [b"M" + index, missing]
 
-What is served comes from a `Source`: the trainer's `VersionStore` (the versions it keeps, each
-bucket encoded once per base and shared by every receiver asking with that base), or a relay's
+What is served comes from a `VersionSource`: the trainer's `VersionStore` (the versions it keeps,
+each bucket encoded once per base and shared by every receiver asking with that base), or a relay's
 (grpo.weights.stream.relay), which may hold a bucket back until it has it: the request is
 parked, not refused, until PARK_S pass with no bucket coming into the source (a relay still
 receiving keeps its children waiting; a stuck one lets them go to their next source). Like
@@ -38,13 +38,13 @@ log = logging.getLogger("grpo.transport")
 MANIFEST, BUCKET = "wmanifest", "wbucket"
 BUCKET_TAG, MESSAGE_TAG = b"B", b"M"
 INDEX = struct.Struct("<q")
-PENDING = object()  # a Source's answer: not yet, ask again soon
+PENDING = object()  # a VersionSource's answer: not yet, ask again soon
 PARK_S = 2.0
 MAX_REQUEST_BYTES = 1 << 16
 NO_BASE = "no such base"  # MISSING's reason when the receiver's base is not kept: ask full
 
 
-class Source(Protocol):
+class VersionSource(Protocol):
     progress: int  # buckets taken in so far: parked requests wait while it moves
 
     def manifest(self, version: int, newer: bool = False) -> Manifest | None | object:
@@ -183,7 +183,7 @@ class StreamServer:
     def __init__(
         self,
         router: zmq.Socket,
-        source: Source,
+        source: VersionSource,
         closing: threading.Event,
         failed: Callable[[str], None],
         limiter: TokenBucket | None = None,
