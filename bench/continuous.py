@@ -36,7 +36,7 @@ a change to any shows.
 
 Row 2, `continuous_update_cost_keep_vs_recompute`: in process, the HF continuous engine on the
 embedded SmolLM2-135M with 16 answers in flight, each about 110 tokens (prompt and answer);
-`weights_changed(v)` and the next step, on one thread as the pinned sampler of row 1, timed
+the engine's `load(v)` and the next step, on one thread as the pinned sampler of row 1, timed
 with kv_on_update keep (the cache stays) and recompute (the cache of every answer in flight
 rebuilt in one forward), alternating, median of REPS each; seconds per update, and as a
 multiple of one decode step (median of the steps between). Baseline = recompute, ours = keep.
@@ -229,7 +229,7 @@ def end_to_end(tmp: Path, quick: bool) -> Result:
 
 
 def update_cost(tmp: Path, quick: bool) -> Result:
-    """weights_changed(v) + the next step with 16 answers in flight, keep against recompute,
+    """load(v) + the next step with 16 answers in flight, keep against recompute,
     on one thread."""
     import torch
 
@@ -251,6 +251,7 @@ def _update_cost(tmp: Path, quick: bool) -> Result:
     from grpo.models.loading import load_tokenizer
     from grpo.rollout.hf_slots import HFSlotEngine
     from grpo.rollout.slots import SlotRequest
+    from grpo.weights.version import Version
     from tests.tiny_model import build_tiny_model
 
     base = ensure_embedded_base()
@@ -276,7 +277,7 @@ def _update_cost(tmp: Path, quick: bool) -> Result:
             steps.append(time.perf_counter() - t0)
             engine.kv_on_update, version = mode, version + 1
             t0 = time.perf_counter()
-            engine.weights_changed(version)
+            engine.load(Version(version, False))
             assert not engine.step(), "an answer finished"
             times[mode].append(time.perf_counter() - t0)
     cached = engine.mask.shape[1]
@@ -285,7 +286,7 @@ def _update_cost(tmp: Path, quick: bool) -> Result:
     name = "tiny model" if quick else "SmolLM2-135M"
     note = (f"HFSlotEngine, {name}, {slots} answers in flight, {cached} cached tokens each "
             f"(prompt {prompt_len} + answer), {torch.get_num_threads()} threads; "
-            f"weights_changed + next step, median (min-max) of {len(times['keep'])} each, "
+            f"load(v) + next step, median (min-max) of {len(times['keep'])} each, "
             f"alternating: keep {_spread(times['keep'], '.3f')} s = {keep / step:.2f} decode "
             f"steps, recompute {_spread(times['recompute'], '.3f')} s = "
             f"{recompute / step:.1f} decode steps; a decode step {step:.3f} s "

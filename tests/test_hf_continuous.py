@@ -13,6 +13,7 @@ from grpo.models.loading import load_causal_lm, load_tokenizer
 from grpo.rollout.hf_slots import HFSlotEngine, sample_rows, uniforms
 from grpo.rollout.slots import Answer, SlotRequest
 from grpo.scoring.kernels import Truncation, kept_log_mass
+from grpo.weights.version import Version
 
 T = 0.9
 
@@ -113,7 +114,7 @@ def test_a_version_changing_mid_answer_shows_in_each_tokens_version_and_logprob(
         torch.manual_seed(1)
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
-    engine.weights_changed(1)
+    engine.load(Version(1, False))  # the sampler loaded its policy: the engine learns it
     answers = run_to_end(engine, [])
     after = {k: v.clone() for k, v in model.state_dict().items()}
     for a in answers:

@@ -50,7 +50,7 @@ def test_toy_engine_built_by_name_decodes_in_its_slots():
     assert engine.slots == 12 and engine.free_slots() == list(range(12))
     answers = engine.admit(_requests())
     assert [a.slot for a in answers] == list(range(12)) and engine.free_slots() == []
-    engine.weights_changed(3)
+    engine.load(Version(3, False))
     finished = _until_done(engine)
     assert sorted(a.request.uid for a in finished) == list(range(12))
     assert engine.free_slots() == list(range(12))
@@ -72,8 +72,8 @@ def test_toy_engine_built_by_name_decodes_in_its_slots():
     _until_done(again)
     assert alone[0].tokens == answers[5].tokens
 
-    engine.load(Version(3, False))
-    assert engine.loaded == [3]
+    engine.load(Version(4, False))
+    assert engine.loaded == [3, 4] and engine.version == 4
     engine.close()
 
 

@@ -152,7 +152,6 @@ def test_a_version_changes_mid_answer(engine, asked, hf_base, new_model, kv, mon
     k = 6
     assert all(len(a.tokens) == k for a in answers if a not in early)
     engine.load(Version(v0 + 1, False, state=streamed(new_model, v0 + 1)))
-    engine.weights_changed(v0 + 1)
     done = list(early)
     while engine.in_flight():
         done += engine.step()
@@ -179,7 +178,6 @@ def test_a_version_changes_mid_answer(engine, asked, hf_base, new_model, kv, mon
     assert other_mean > 5 * new_mean  # the two modes' references can be told apart
     # back to the base weights for the other tests of this module
     engine.load(Version(v0 + 2, False, state=streamed(hf_base, v0 + 2)))
-    engine.weights_changed(v0 + 2)
 
 
 def test_restored_answers_continue_to_completion(engine, asked, hf_base):
@@ -231,7 +229,6 @@ def test_an_engine_restart_carries_the_answers_in_flight_over(
     before = {a.request.uid: list(a.tokens) for a in answers}
     assert engine.load(Version.from_dir(base_model_dir, v0 + 1)) == "restart"
     assert engine.llm is not first
-    engine.weights_changed(v0 + 1)
     for _ in range(4 * MAX_NEW):  # bounded: answers the new engine lost would never finish
         if not engine.in_flight():
             break

@@ -55,10 +55,9 @@ class GenerateSlots(SlotTable):
         return waiting
 
     def load(self, version: Version) -> Any:
-        return self.engine.load(version)
-
-    def weights_changed(self, version: int) -> None:
-        self.version = version
+        how = self.engine.load(version)
+        self.version = version.number
+        return how
 
     def rebuild_cache(self) -> None:
         """No cache outlives a step."""

@@ -140,11 +140,6 @@ class HFSlotEngine(SlotTable):
         order = sorted(sampled)
         return self._append(order, torch.stack([sampled[s] for s in order]))
 
-    def weights_changed(self, version: int) -> None:
-        self.version = version
-        if self.kv_on_update == "recompute":
-            self.rebuild_cache()
-
     @torch.no_grad()
     def rebuild_cache(self) -> None:
         """The cache of every answer in flight (prompt and tokens but the last) recomputed in
@@ -168,7 +163,10 @@ class HFSlotEngine(SlotTable):
         self.rebuild_cache()
 
     def load(self, version: Version) -> None:
-        """Nothing to do: the model is the sampler's policy, which the sampler reloads."""
+        """No weights to load (the model is the sampler's policy, which the sampler loaded)."""
+        self.version = version.number
+        if self.kv_on_update == "recompute":
+            self.rebuild_cache()
 
     def close(self) -> None:
         self.cache = None

@@ -161,14 +161,12 @@ class SlotEngine(Protocol):
         ...
 
     def load(self, version: Version) -> Any:
-        """The RolloutEngine's load (grpo.rollout.base): serve `version` from the next step on,
-        all or nothing; the sampler calls weights_changed right after."""
-        ...
-
-    def weights_changed(self, version: int) -> None:
-        """The weights now hold `version` (loaded by the sampler between two steps): tokens
-        from the next step on record it; with rollout.kv_on_update: recompute, the cache of
-        the answers in flight is rebuilt under the new weights first."""
+        """Serve `version` from the next step on, all or nothing (the RolloutEngine's load,
+        grpo.rollout.base; an engine on the sampler's HF policy has nothing to load, the
+        sampler loaded the policy first). The one call by which an engine learns a version:
+        it becomes `self.version`, which tokens from the next step on record, and with
+        rollout.kv_on_update: recompute the cache of the answers in flight is rebuilt under
+        the new weights first."""
         ...
 
     def rebuild_cache(self) -> None:

@@ -141,9 +141,6 @@ class ToolSlots:
     def load(self, version: Version) -> Any:
         return self.engine.load(version)
 
-    def weights_changed(self, version: int) -> None:
-        self.engine.weights_changed(version)
-
     def rebuild_cache(self) -> None:
         self.engine.rebuild_cache()
 

@@ -60,6 +60,7 @@ from grpo.config import Config
 from grpo.rollout.base import EngineContext
 from grpo.rollout.slots import Answer, SlotRequest, SlotTable
 from grpo.rollout.vllm import VllmRollout
+from grpo.weights.version import Version
 
 log = logging.getLogger("grpo.vllm")
 
@@ -100,8 +101,8 @@ def _in_process_core() -> Iterator[None]:
 
 
 class VllmSlotEngine(VllmRollout, SlotTable):
-    """grpo.rollout.slots.SlotEngine on VllmRollout's engine (its weight loading
-    unchanged: the sampler calls load, then weights_changed)."""
+    """grpo.rollout.slots.SlotEngine on VllmRollout's engine (its weight loading, then the
+    answers in flight moved onto the new weights)."""
 
     def __init__(
         self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None,
@@ -179,7 +180,13 @@ class VllmSlotEngine(VllmRollout, SlotTable):
             finished.append(a)
         return sorted(finished, key=lambda a: a.slot)
 
-    def weights_changed(self, version: int) -> None:
+    def load(self, version: Version) -> str:
+        how = super().load(version)
+        self._serve_in_flight(version.number)
+        return how
+
+    def _serve_in_flight(self, version: int) -> None:
+        """The answers in flight onto the weights just loaded, as rollout.kv_on_update says."""
         self.version = version
         engine = self.llm.llm_engine
         if self._old_adapter is not None:
@@ -276,8 +283,8 @@ class VllmSlotEngine(VllmRollout, SlotTable):
         return any(s in text and s not in before for s in stops)
 
     def _use_adapter(self, vdir: Path, version: int) -> str:
-        """As VllmRollout's, but the old adapter stays loaded until weights_changed has moved
-        the answers in flight off it."""
+        """As VllmRollout's, but the old adapter stays loaded until _serve_in_flight has
+        moved the answers in flight off it."""
         previous = self.lora_request
         self.lora_request = None  # the base class removes nothing when it finds none
         how = super()._use_adapter(vdir, version)

@@ -104,8 +104,6 @@ def restore_into(loop: GenerationLoop, engine: SlotEngine, resumed: Resumed) -> 
     """A resumed state's weights and answers into a new engine."""
     if resumed.version != loop.weights.version:
         loop.weights.wait_for_version(lambda: resumed.version)
-    if loop.weights.version != engine.version:
-        engine.weights_changed(loop.weights.version)
     if resumed.answers:
         engine.restore(resumed.answers)
         resumed.answers = []

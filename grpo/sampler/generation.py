@@ -143,8 +143,7 @@ class GenerationLoop:
     def load_for(self, engine: SlotEngine, needed: Callable[[], int]) -> None:
         """Wait until the version `needed()` is out and load it (into the engine too)."""
         self.weights.wait_for_version(needed)
-        if self.weights.version != engine.version:
-            engine.weights_changed(self.weights.version)
+        assert engine.version == self.weights.version, "an engine the weights never loaded"
 
     # ------------------------------------------------------------------ groups
 

@@ -114,4 +114,31 @@ MUTATIONS = (
         new="                    view[lo:hi].copy_(flat)\n",
         tests=(STREAMED_TEST,),
     ),
+    Mutation(
+        name="hf_slot_load_keeps_the_old_version",
+        item="60.2: an engine learns a version in one call, load (the HF slot engine)",
+        path="grpo/rollout/hf_slots.py",
+        old="        self.version = version.number\n        if self.kv_on_update",
+        new="        if self.kv_on_update",
+        tests=(
+            "tests/test_hf_continuous.py::"
+            "test_a_version_changing_mid_answer_shows_in_each_tokens_version_and_logprob",
+        ),
+    ),
+    Mutation(
+        name="vllm_slot_load_leaves_the_answers_in_flight",
+        item="60.2: vLLM's slot engine moves the answers in flight onto what load loaded",
+        path="grpo/rollout/vllm_slots.py",
+        old="        how = super().load(version)\n        self._serve_in_flight(version.number)\n",
+        new="        how = super().load(version)\n",
+        tests=("tests/test_vllm_continuous.py::test_a_version_changes_mid_answer",),
+    ),
+    Mutation(
+        name="generate_slots_load_keeps_the_old_version",
+        item="60.2: lock-step's slot engine learns the version its load was given",
+        path="grpo/rollout/generate_slots.py",
+        old="        self.version = version.number\n        return how\n",
+        new="        return how\n",
+        tests=("tests/test_integration.py::test_three_steps_two_ranks_with_reloads",),
+    ),
 )

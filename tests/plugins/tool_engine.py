@@ -122,8 +122,9 @@ class ToolSlotEngine(ToolEngine, SlotTable):
             self.release(a.slot)
         return finished
 
-    def weights_changed(self, version: int) -> None:
-        self.version = version
+    def load(self, version: Version) -> None:
+        """No weights: the version alone."""
+        self.version = version.number
 
     def rebuild_cache(self) -> None:
         """No cache."""

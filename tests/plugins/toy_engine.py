@@ -85,9 +85,7 @@ class ToyEngine(SlotTable):
     def load(self, version: Version) -> None:
         """No weights to load: remember which version the sampler asked for."""
         self.loaded.append(version.number)
-
-    def weights_changed(self, version: int) -> None:
-        self.version = version
+        self.version = version.number
         self.changed_under.append(len(self.in_flight()))
 
     def rebuild_cache(self) -> None:
