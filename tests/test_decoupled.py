@@ -131,7 +131,7 @@ def test_the_trainer_s_loss_is_areal_s_decoupled_ppo():
     assert metrics["correction_clipped_frac"] == pytest.approx(2 / 8)
     assert float(step_metrics["clip_frac"]) > 0 and float(step_metrics["dual_clip_frac"]) > 0
     # masked tokens stay in the token-mean's denominator (AReaL divides by the loss mask)
-    assert exp.loss_mask.sum() == 8 and exp.weights[0, 2] == 0 and exp.weights[1, 0] == 0
+    assert exp.loss_mask.sum() == 8 and exp.is_weights[0, 2] == 0 and exp.is_weights[1, 0] == 0
     # without its cap the loss differs: the two masked tokens would count
     uncapped = areal_decoupled_loss(logp.detach(), prox, behav, adv, mask, 0.2, 0.28, 3.0, None)
     assert uncapped.item() != pytest.approx(want.item(), rel=1e-3)
@@ -155,14 +155,14 @@ def test_each_token_is_weighted_with_its_own_behaviour_log_prob():
         loss, _, _ = micro_batch_loss(model, exp, plan_objective(cfg), 0)
         runs.append((exp, loss.item()))
         expected = torch.exp(_padded(shift)) * (torch.exp(_padded(shift)) <= CAP) * exp.mask
-        assert torch.allclose(exp.weights, expected, atol=1e-6)
+        assert torch.allclose(exp.is_weights, expected, atol=1e-6)
         logp = _now(model, cfg)
         prox = logp + _padded(PROX_SHIFT)
         want = areal_decoupled_loss(logp, prox, prox - _padded(shift), exp.advantages,
                                     exp.mask > 0, 0.2, 0.28, 3.0, CAP)  # fmt: skip
         assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-7)
     (first, loss_a), (second, loss_b) = runs
-    changed = (first.weights != second.weights).nonzero().tolist()
+    changed = (first.is_weights != second.is_weights).nonzero().tolist()
     assert changed == [[0, 3], [0, 4]]  # the later version's tokens, and only those
     assert loss_a != pytest.approx(loss_b, rel=1e-4)
     assert first.token_versions[0].tolist() == [3, 3, 3, 4, 4]

@@ -261,7 +261,7 @@ def test_the_trainer_applies_the_configured_corrections():
         overrides = ["rollout.backend=vllm", f"algo.rollout_correction={mode}",
                      f"algo.rollout_{mode}_band=[0.5, 3]", "algo.kl_loss_coef=0"]  # fmt: skip
         exp, metrics = build_experience(batch, plan_experience(load_config(None, overrides)), 0.0)
-        assert exp.weights.tolist() == kept and exp.loss_mask.tolist() == loss_mask
+        assert exp.is_weights.tolist() == kept and exp.loss_mask.tolist() == loss_mask
         assert metrics[f"correction_{mode}_token_frac"] == pytest.approx(2 / 5)
         assert metrics["correction_masked_seq_frac"] == pytest.approx(1 / 2)
 
@@ -314,7 +314,7 @@ def test_every_band_arrives_from_the_config_at_the_trainer(key):
 
     def kept(*more: str) -> list[float]:
         exp, _ = build_experience(batch, plan_experience(load_config(None, [*base, *more])), 0.0)
-        return (exp.weights * exp.loss_mask)[:, 0].gt(0).float().tolist()
+        return (exp.is_weights * exp.loss_mask)[:, 0].gt(0).float().tolist()
 
     default, users = kept(), kept(f"algo.{key}={band}")
     assert default[1] == users[1] == 1.0  # a ratio of 1 is in every band

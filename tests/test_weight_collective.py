@@ -161,6 +161,41 @@ def test_a_version_cut_like_the_one_before_is_sent_without_its_manifest(run, mon
     assert sent == [manifest, *buckets, *buckets, *buckets] and manifest not in buckets
 
 
+def test_versions_of_more_buckets_than_a_header_holds_go_with_their_manifest(
+    run, monkeypatch
+) -> None:
+    """A header carries at most MAX_INLINE_SUMS digests (a 6 GB model in 64 MiB buckets has
+    94): a version of more buckets goes with its whole manifest every time, never as a header
+    of some of its digests, and reaches the member bit for bit."""
+    sent: list[int] = []
+    header, broadcast = wire.HEADER_LEN * 8, wire.broadcast
+
+    def spy(group, data: np.ndarray) -> None:
+        if threading.current_thread().name == "broadcaster" and data.size != header:
+            sent.append(data.size)
+        broadcast(group, data)
+
+    def many(v: int, n: int) -> Image:  # one 128-byte tensor a bucket
+        rng = np.random.default_rng(v)
+        bits = [rng.integers(-(2**31), 2**31, 32, dtype=np.int32) for _ in range(n)]
+        tensors = [(f"layer{i}.weight", "float32", (4, 8), b) for i, b in enumerate(bits)]
+        return Image.build(v, tensors, 128)
+
+    monkeypatch.setattr(wire, "broadcast", spy)
+    trainer, samplers = run(1)
+    wait_until(lambda: samplers[0].member.expects(1), "the group")
+    images = [many(v, wire.MAX_INLINE_SUMS + 5) for v in (1, 2, 3)]
+    assert len(images[0].manifest.buckets) == wire.MAX_INLINE_SUMS + 5
+    for image in images:
+        trainer.publish(image)
+    wait_until(lambda: len(samplers[0].got) == 3, "three versions", timeout=10)
+    assert all(same(samplers[0].got[image.version], image) for image in images)
+    buckets = list(images[0].manifest.bucket_nbytes)
+    manifests = [sent[k * (len(buckets) + 1)] for k in range(3)]
+    assert sent == [part for m in manifests for part in (m, *buckets)]
+    assert not set(manifests) & set(buckets)
+
+
 def test_a_header_cut_like_a_version_never_sent_ends_the_membership(run) -> None:
     """Before any version, and after one whose manifest holds another number of buckets than
     the header's digests."""

@@ -405,6 +405,47 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
     assert forgotten == [3]
 
 
+def test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall(tmp_path):
+    """The fetch of version 3 failed against the restarted trainer ("it has no version 3")
+    before its first heartbeat said it restarted: the sampler stopped at once, naming version
+    3 (a chaos run in CI). It now listens to the trainer's next heartbeats first: they say
+    it restarted, and the sampler waits for version 3 again and loads it."""
+    import threading
+    from types import SimpleNamespace
+
+    from grpo.config import Config
+    from grpo.sampler.weights import Weights
+
+    weights = Weights(Config(output_dir=str(tmp_path)), tmp_path / "model")
+    status = SimpleNamespace(version=3, restarts=0)
+    waits: list[str] = []
+
+    def wait_until(ready, what: str) -> None:
+        waits.append(what)
+        if not ready():  # the heartbeat after the failure: the trainer restarted
+            status.restarts, status.version = 1, 3
+
+    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
+        status=status, stopped=threading.Event(), wait_until=wait_until
+    )
+    asked: list[int] = []
+
+    def reload(version: int) -> None:
+        asked.append(version)
+        if len(asked) == 1:  # the trainer's restart not heard yet
+            weights.failed_reloads[version] = "tcp://trainer: it has no version 3"
+            weights.failed_under[version] = status.restarts
+        else:
+            weights.version = version
+
+    forgotten: list[int] = []
+    weights.receiver = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
+    weights.reload = reload  # type: ignore[method-assign]
+    weights.wait_for_version(lambda: 3)
+    assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
+    assert forgotten == [3] and any("after version 3 failed" in w for w in waits)
+
+
 def test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it(tmp_path):
     """Issue 62 (low): a failure recorded while the trainer restarted stuck when the new
     trainer came back at that very version (resumed from its state): the sampler stopped

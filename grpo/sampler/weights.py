@@ -201,13 +201,35 @@ class Weights:
         Either may be older than the one this sampler had, after a trainer restart."""
         endpoint = self.endpoint
         assert endpoint is not None
+        while True:
+            oldest, target = self._load_needed(needed)
+            if endpoint.stopped.is_set() or target not in self.failed_reloads:
+                return
+            if self.version >= oldest or not self._trainer_restarts(target):
+                break
+            self._forget_failure(target)
+        # Weights older than the bound would make a batch the trainer trains as if it were
+        # fresher: a stall with its name, never a silent run on old weights.
+        if self.version < oldest:
+            raise PeerError(
+                f"cannot sample the next batch: it needs version {oldest} or newer, this "
+                f"sampler has version {self.version}, and version {target} could not be "
+                f"loaded: {self.failed_reloads[target]}"
+            )
+
+    def _load_needed(self, needed: Callable[[], int]) -> tuple[int, int]:
+        """Wait for `needed()` and load it, or the newest (see wait_for_version), forgetting a
+        failure the trainer's restart made moot; (the oldest version allowed, the one loaded
+        or failed)."""
+        endpoint = self.endpoint
+        assert endpoint is not None
         status = endpoint.status
         while True:
             endpoint.wait_until(lambda: status.version >= needed(), "a newer version")
             oldest = needed()
             target = oldest if self.cfg.rollout.num_samplers == 1 else status.version
             if endpoint.stopped.is_set():
-                return
+                return oldest, target
             if target != self.version and target not in self.failed_reloads:
                 self.reload(target)
             if target in self.failed_reloads and (
@@ -216,16 +238,28 @@ class Weights:
                 # The trainer restarted meanwhile (older, or from the state of that very
                 # version): it will publish it again, and an earlier failure says nothing of
                 # the new incarnation's.
-                del self.failed_reloads[target]
-                assert self.receiver is not None
-                self.receiver.forget_failure(target)
+                self._forget_failure(target)
                 continue
-            break
-        # Weights older than the bound would make a batch the trainer trains as if it were
-        # fresher: a stall with its name, never a silent run on old weights.
-        if target in self.failed_reloads and self.version < oldest:
-            raise PeerError(
-                f"cannot sample the next batch: it needs version {oldest} or newer, this "
-                f"sampler has version {self.version}, and version {target} could not be "
-                f"loaded: {self.failed_reloads[target]}"
-            )
+            return oldest, target
+
+    def _forget_failure(self, target: int) -> None:
+        del self.failed_reloads[target]
+        assert self.receiver is not None
+        self.receiver.forget_failure(target)
+
+    def _trainer_restarts(self, target: int) -> bool:
+        """Whether the trainer's next heartbeats (two of them at most) say it restarted, or
+        announce a version older than `target`: a fetch that failed against a trainer coming
+        back ("it has no version 3", asked just before its first heartbeat said it resumed
+        from an older state) is no stall yet. A chaos run stopped so, one time in a CI run."""
+        endpoint = self.endpoint
+        assert endpoint is not None
+        status, restarts = endpoint.status, self.failed_under.get(target)
+        deadline = time.monotonic() + 2 * self.cfg.transport.heartbeat_s
+
+        def restarted() -> bool:
+            return status.restarts != restarts or status.version < target
+
+        endpoint.wait_until(lambda: restarted() or time.monotonic() > deadline,
+                            f"the trainer's word after version {target} failed")  # fmt: skip
+        return restarted()

@@ -1072,4 +1072,17 @@ MUTATIONS = (
         new="",
         tests=(TESTS_OF["MOST"],),
     ),
+    Mutation(
+        name="coll_header_digests_unbounded",
+        item="63.2 (pattern 4, a second value): a version of more buckets than a header holds "
+        "goes as a header of some of its digests",
+        path="grpo/weights/collective/broadcaster.py",
+        old="        and manifest.adapter == previous.adapter\n"
+        "        and len(manifest.sums) <= wire.MAX_INLINE_SUMS\n",
+        new="        and manifest.adapter == previous.adapter\n",
+        tests=(
+            f"{COLLECTIVE}::"
+            "test_versions_of_more_buckets_than_a_header_holds_go_with_their_manifest",
+        ),
+    ),
 )

@@ -608,4 +608,15 @@ MUTATIONS = (
             "passed_over",
         ),
     ),
+    Mutation(
+        name="failed_fetch_a_stall_before_the_restart_shows",
+        item="a fetch that failed just before the trainer's restart is heard stops the sampler",
+        path="grpo/sampler/weights.py",
+        old="            if self.version >= oldest or not self._trainer_restarts(target):\n",
+        new="            if self.version >= oldest or target in self.failed_reloads:\n",
+        tests=(
+            "tests/test_weight_stream.py::"
+            "test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall",
+        ),
+    ),
 )
