@@ -392,8 +392,9 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
     def reload(version: int) -> None:
         asked.append(version)
         if len(asked) == 1:  # meanwhile the trainer restarted at version 2
-            status.version = 2
             weights.failed_reloads[version] = "tcp://trainer: it has no version 3"
+            weights.failed_under[version] = status.restarts  # as reload records it
+            status.version = 2
         else:
             weights.version = version
 
@@ -444,6 +445,43 @@ def test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall(tm
     weights.wait_for_version(lambda: 3)
     assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
     assert forgotten == [3] and any("after version 3 failed" in w for w in waits)
+
+
+def test_a_sampler_within_the_bound_tries_a_failed_version_again_after_a_restart(tmp_path):
+    """One of two samplers holds version 2, within the bound, and its fetch of the newest, 3,
+    failed: it samples on with version 2 and does not ask again. Once the trainer restarted
+    it asks again (the failure was the old incarnation's) without waiting for anything."""
+    import threading
+    from types import SimpleNamespace
+
+    from grpo.config import load_config
+    from grpo.sampler.weights import Weights
+
+    cfg = load_config(None, [f"output_dir={tmp_path}", "rollout.num_samplers=2"])
+    weights = Weights(cfg, tmp_path / "model")
+    weights.version = 2
+    status = SimpleNamespace(version=3, restarts=0)
+    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
+        status=status, stopped=threading.Event(), wait_until=lambda ready, what: None
+    )
+    asked: list[int] = []
+
+    def reload(version: int) -> None:
+        asked.append(version)
+        if status.restarts == 0:
+            weights.failed_reloads[version] = "tcp://trainer: the bytes fail the manifest"
+            weights.failed_under[version] = 0
+        else:
+            weights.version = version
+
+    weights.receiver = SimpleNamespace(forget_failure=lambda v: None)  # type: ignore[assignment]
+    weights.reload = reload  # type: ignore[method-assign]
+    weights.wait_for_version(lambda: 2)
+    weights.wait_for_version(lambda: 2)
+    assert asked == [3] and weights.version == 2  # failed once, not asked again
+    status.restarts = 1
+    weights.wait_for_version(lambda: 2)
+    assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
 
 
 def test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it(tmp_path):

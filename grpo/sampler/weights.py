@@ -205,7 +205,10 @@ class Weights:
             oldest, target = self._load_needed(needed)
             if endpoint.stopped.is_set() or target not in self.failed_reloads:
                 return
-            if self.version >= oldest or not self._trainer_restarts(target):
+            # Within the bound the sampler samples on; below it, it gives the trainer two
+            # heartbeats to say it restarted before it calls the failure a stall.
+            grace = 0.0 if self.version >= oldest else 2 * self.cfg.transport.heartbeat_s
+            if not self._trainer_restarts(target, grace):
                 break
             self._forget_failure(target)
         # Weights older than the bound would make a batch the trainer trains as if it were
@@ -218,48 +221,40 @@ class Weights:
             )
 
     def _load_needed(self, needed: Callable[[], int]) -> tuple[int, int]:
-        """Wait for `needed()` and load it, or the newest (see wait_for_version), forgetting a
-        failure the trainer's restart made moot; (the oldest version allowed, the one loaded
-        or failed)."""
+        """Wait for `needed()` and load it, or the newest (see wait_for_version); (the oldest
+        version allowed, the one loaded or failed)."""
         endpoint = self.endpoint
         assert endpoint is not None
         status = endpoint.status
-        while True:
-            endpoint.wait_until(lambda: status.version >= needed(), "a newer version")
-            oldest = needed()
-            target = oldest if self.cfg.rollout.num_samplers == 1 else status.version
-            if endpoint.stopped.is_set():
-                return oldest, target
-            if target != self.version and target not in self.failed_reloads:
-                self.reload(target)
-            if target in self.failed_reloads and (
-                status.version < target or status.restarts != self.failed_under.get(target)
-            ):
-                # The trainer restarted meanwhile (older, or from the state of that very
-                # version): it will publish it again, and an earlier failure says nothing of
-                # the new incarnation's.
-                self._forget_failure(target)
-                continue
-            return oldest, target
+        endpoint.wait_until(lambda: status.version >= needed(), "a newer version")
+        oldest = needed()
+        target = oldest if self.cfg.rollout.num_samplers == 1 else status.version
+        stopped = endpoint.stopped.is_set()
+        if not stopped and target != self.version and target not in self.failed_reloads:
+            self.reload(target)
+        return oldest, target
 
     def _forget_failure(self, target: int) -> None:
         del self.failed_reloads[target]
         assert self.receiver is not None
         self.receiver.forget_failure(target)
 
-    def _trainer_restarts(self, target: int) -> bool:
-        """Whether the trainer's next heartbeats (two of them at most) say it restarted, or
-        announce a version older than `target`: a fetch that failed against a trainer coming
-        back ("it has no version 3", asked just before its first heartbeat said it resumed
-        from an older state) is no stall yet. A chaos run stopped so, one time in a CI run."""
+    def _trainer_restarts(self, target: int, grace_s: float) -> bool:
+        """Whether the trainer restarted since `target` failed (a new incarnation, or one that
+        announces an older version: it resumed from an older state), as its heartbeats say by
+        now or within `grace_s`: it will publish `target` again, and the failure says nothing
+        of the new incarnation's. A failure only just before the restart is heard ("it has no
+        version 3", asked of the trainer coming back) is no stall: a chaos run stopped so, one
+        time in a CI run."""
         endpoint = self.endpoint
         assert endpoint is not None
         status, restarts = endpoint.status, self.failed_under.get(target)
-        deadline = time.monotonic() + 2 * self.cfg.transport.heartbeat_s
 
         def restarted() -> bool:
             return status.restarts != restarts or status.version < target
 
-        endpoint.wait_until(lambda: restarted() or time.monotonic() > deadline,
-                            f"the trainer's word after version {target} failed")  # fmt: skip
+        if grace_s > 0 and not restarted():
+            deadline = time.monotonic() + grace_s
+            endpoint.wait_until(lambda: restarted() or time.monotonic() > deadline,
+                                f"the trainer's word after version {target} failed")  # fmt: skip
         return restarted()

@@ -290,8 +290,8 @@ MUTATIONS = (
         name="failure_outlives_a_trainer_restart",
         item="62 (low): a version failure recorded while the trainer restarts sticks again",
         path="grpo/sampler/weights.py",
-        old="status.version < target or status.restarts != self.failed_under.get(target)",
-        new="status.version < target",
+        old="            return status.restarts != restarts or status.version < target\n",
+        new="            return status.version < target\n",
         tests=(
             "tests/test_weight_stream.py::"
             "test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it",

@@ -261,8 +261,8 @@ MUTATIONS = (
         name="version_lost_to_a_restart_is_fatal",
         item="42.4: a version the restarted trainer has not republished yet is waited for",
         path="grpo/sampler/weights.py",
-        old="            if target in self.failed_reloads and (\n",
-        new="            if False and (\n",
+        old="            return status.restarts != restarts or status.version < target\n",
+        new="            return status.restarts != restarts\n",
         tests=(
             "tests/test_weight_stream.py::test_a_version_lost_to_a_trainer_restart_is_waited_"
             "for_again",
@@ -612,11 +612,23 @@ MUTATIONS = (
         name="failed_fetch_a_stall_before_the_restart_shows",
         item="a fetch that failed just before the trainer's restart is heard stops the sampler",
         path="grpo/sampler/weights.py",
-        old="            if self.version >= oldest or not self._trainer_restarts(target):\n",
-        new="            if self.version >= oldest or target in self.failed_reloads:\n",
+        old="            grace = 0.0 if self.version >= oldest else "
+        "2 * self.cfg.transport.heartbeat_s\n",
+        new="            grace = 0.0\n",
         tests=(
             "tests/test_weight_stream.py::"
             "test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall",
+        ),
+    ),
+    Mutation(
+        name="failure_within_the_bound_never_retried",
+        item="a sampler within the bound tries a failed version again once the trainer restarted",
+        path="grpo/sampler/weights.py",
+        old="            if not self._trainer_restarts(target, grace):\n",
+        new="            if grace == 0 or not self._trainer_restarts(target, grace):\n",
+        tests=(
+            "tests/test_weight_stream.py::"
+            "test_a_sampler_within_the_bound_tries_a_failed_version_again_after_a_restart",
         ),
     ),
 )
