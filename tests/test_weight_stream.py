@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgpack
 import pytest
 import zmq
 
+from grpo.config import Config
+from grpo.sampler.weights import Weights
 from grpo.weights import files as weight_stream
 from grpo.weights.dirs import publish_version, verify_version, version_dir
 from grpo.weights.files import CHUNK_BYTES, MAX_REQUEST_BYTES, WeightFetcher, _reply, serve
+from grpo.weights.modes.base import Receiver, Unavailable
 from grpo.weights.serving import WeightsServer
+from grpo.weights.version import Version
 from grpo.wire import messages
+from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message
 from grpo.wire.trainer_channel import TrainerChannel
 from tests.conftest import free_port, transport_overrides
@@ -335,31 +343,50 @@ def test_pruning_keeps_the_newest_versions_by_number(tmp_path):
     assert names == [".v000005.tmp", "v1000000", "v999999"]
 
 
+class _ScriptedReceiver(Receiver):
+    """A mode's receiver whose fetches a test scripts: `fetch(number)` says why the fetch of
+    version `number` fails (raised as Unavailable), or None: the version comes whole. It keeps
+    the versions asked for and the failures it was told to forget."""
+
+    def __init__(self, fetch: Callable[[int], str | None]):
+        self.fetch, self.asked, self.forgotten = fetch, [], []
+
+    def get(self, number: int) -> Version:
+        self.asked.append(number)
+        if why := self.fetch(number):
+            raise Unavailable(why)
+        return Version(number, False, state={})
+
+    def forget_failure(self, number: int) -> None:
+        self.forgotten.append(number)
+
+
+def _on_a_stand_in_trainer(
+    tmp_path: Path, fetch: Callable[[int], str | None], samplers: int = 1
+) -> tuple[Weights, SimpleNamespace, _ScriptedReceiver]:
+    """A sampler's Weights (no model loaded) following a stand-in trainer whose status, at
+    version 3 and no restart, the test moves; its endpoint's wait returns at once unless the
+    test replaces it; versions fetched through a _ScriptedReceiver, failures recorded by the
+    real Weights.reload."""
+    cfg = Config(output_dir=str(tmp_path))
+    cfg.rollout.num_samplers = samplers
+    weights = Weights(cfg, tmp_path / "model")
+    status = SimpleNamespace(version=3, restarts=0)
+    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
+        status=status, stopped=threading.Event(), wait_until=lambda ready, what: None
+    )
+    weights.receiver = receiver = _ScriptedReceiver(fetch)
+    return weights, status, receiver
+
+
 def test_a_sampler_that_cannot_get_the_version_it_needs_stops_naming_it(tmp_path):
     """finding 3: a sampler whose fetch of the version the next batch needs failed logged
     "keeping version 0" and sampled on with the old weights, beyond train.max_staleness. It now
     stops, naming the version and the cause."""
-    import threading
-    from types import SimpleNamespace
-
-    from grpo.config import Config
-    from grpo.sampler.weights import Weights
-    from grpo.weights.modes.base import Receiver, Unavailable
-    from grpo.wire.channels import PeerError
-
-    class Unreachable(Receiver):
-        def get(self, number: int):
-            raise Unavailable(f"could not fetch version {number}: the weights server is gone")
-
-    cfg = Config(output_dir=str(tmp_path))
-    weights = Weights(cfg, tmp_path / "model")
-    status = SimpleNamespace(version=2, restarts=0)
-    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
-        status=status,
-        stopped=threading.Event(),
-        wait_until=lambda ready, what: None,
+    weights, status, _ = _on_a_stand_in_trainer(
+        tmp_path, lambda n: f"could not fetch version {n}: the weights server is gone"
     )
-    weights.receiver = Unreachable()
+    status.version = 2
     why = r"needs version 2 or newer.* version 2 could not be loaded: could not fetch version 2"
     with pytest.raises(PeerError, match=why + ": the weights server is gone"):
         weights.wait_for_version(lambda: 2)
@@ -370,40 +397,22 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
     """The trainer announced version 3 and died; restarted from its state of step 2, it has no
     version 3 when the sampler asks. The sampler waits for the restarted trainer to publish it
     again rather than stopping (a chaos run once ended so: "it has no version 3")."""
-    import threading
-    from types import SimpleNamespace
 
-    from grpo.config import Config
-    from grpo.sampler.weights import Weights
-
-    cfg = Config(output_dir=str(tmp_path))
-    weights = Weights(cfg, tmp_path / "model")
-    status = SimpleNamespace(version=3, restarts=0)
+    def fetch(version: int) -> str | None:
+        if receiver.asked == [3]:  # meanwhile the trainer restarted at version 2
+            status.version = 2
+            return "tcp://trainer: it has no version 3"
+        return None
 
     def wait_until(ready, what: str) -> None:
         if not ready():
             status.version = 3  # the restarted trainer publishes it again
 
-    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
-        status=status, stopped=threading.Event(), wait_until=wait_until
-    )
-    asked: list[int] = []
-
-    def reload(version: int) -> None:
-        asked.append(version)
-        if len(asked) == 1:  # meanwhile the trainer restarted at version 2
-            weights.failed_reloads[version] = "tcp://trainer: it has no version 3"
-            weights.failed_under[version] = status.restarts  # as reload records it
-            status.version = 2
-        else:
-            weights.version = version
-
-    forgotten: list[int] = []  # the stream follower keeps a failure until told otherwise
-    weights.receiver = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
-    weights.reload = reload  # type: ignore[method-assign]
+    weights, status, receiver = _on_a_stand_in_trainer(tmp_path, fetch)
+    weights.endpoint.wait_until = wait_until  # type: ignore[union-attr]
     weights.wait_for_version(lambda: 3)
-    assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
-    assert forgotten == [3]
+    assert receiver.asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
+    assert receiver.forgotten == [3]  # the stream follower keeps a failure until told otherwise
 
 
 def test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall(tmp_path):
@@ -411,14 +420,6 @@ def test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall(tm
     before its first heartbeat said it restarted: the sampler stopped at once, naming version
     3 (a chaos run in CI). It now listens to the trainer's next heartbeats first: they say
     it restarted, and the sampler waits for version 3 again and loads it."""
-    import threading
-    from types import SimpleNamespace
-
-    from grpo.config import Config
-    from grpo.sampler.weights import Weights
-
-    weights = Weights(Config(output_dir=str(tmp_path)), tmp_path / "model")
-    status = SimpleNamespace(version=3, restarts=0)
     waits: list[str] = []
 
     def wait_until(ready, what: str) -> None:
@@ -426,62 +427,32 @@ def test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall(tm
         if not ready():  # the heartbeat after the failure: the trainer restarted
             status.restarts, status.version = 1, 3
 
-    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
-        status=status, stopped=threading.Event(), wait_until=wait_until
+    weights, status, receiver = _on_a_stand_in_trainer(  # the trainer's restart not heard yet
+        tmp_path,
+        lambda n: "tcp://trainer: it has no version 3" if n == 3 and status.restarts == 0 else None,
     )
-    asked: list[int] = []
-
-    def reload(version: int) -> None:
-        asked.append(version)
-        if len(asked) == 1:  # the trainer's restart not heard yet
-            weights.failed_reloads[version] = "tcp://trainer: it has no version 3"
-            weights.failed_under[version] = status.restarts
-        else:
-            weights.version = version
-
-    forgotten: list[int] = []
-    weights.receiver = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
-    weights.reload = reload  # type: ignore[method-assign]
+    weights.endpoint.wait_until = wait_until  # type: ignore[union-attr]
     weights.wait_for_version(lambda: 3)
-    assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
-    assert forgotten == [3] and any("after version 3 failed" in w for w in waits)
+    assert receiver.asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
+    assert receiver.forgotten == [3] and any("after version 3 failed" in w for w in waits)
 
 
 def test_a_sampler_within_the_bound_tries_a_failed_version_again_after_a_restart(tmp_path):
     """One of two samplers holds version 2, within the bound, and its fetch of the newest, 3,
     failed: it samples on with version 2 and does not ask again. Once the trainer restarted
     it asks again (the failure was the old incarnation's) without waiting for anything."""
-    import threading
-    from types import SimpleNamespace
-
-    from grpo.config import load_config
-    from grpo.sampler.weights import Weights
-
-    cfg = load_config(None, [f"output_dir={tmp_path}", "rollout.num_samplers=2"])
-    weights = Weights(cfg, tmp_path / "model")
-    weights.version = 2
-    status = SimpleNamespace(version=3, restarts=0)
-    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
-        status=status, stopped=threading.Event(), wait_until=lambda ready, what: None
+    weights, status, receiver = _on_a_stand_in_trainer(
+        tmp_path,
+        lambda n: "tcp://trainer: the bytes fail the manifest" if status.restarts == 0 else None,
+        samplers=2,
     )
-    asked: list[int] = []
-
-    def reload(version: int) -> None:
-        asked.append(version)
-        if status.restarts == 0:
-            weights.failed_reloads[version] = "tcp://trainer: the bytes fail the manifest"
-            weights.failed_under[version] = 0
-        else:
-            weights.version = version
-
-    weights.receiver = SimpleNamespace(forget_failure=lambda v: None)  # type: ignore[assignment]
-    weights.reload = reload  # type: ignore[method-assign]
+    weights.version = 2
     weights.wait_for_version(lambda: 2)
     weights.wait_for_version(lambda: 2)
-    assert asked == [3] and weights.version == 2  # failed once, not asked again
+    assert receiver.asked == [3] and weights.version == 2  # failed once, not asked again
     status.restarts = 1
     weights.wait_for_version(lambda: 2)
-    assert asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
+    assert receiver.asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
 
 
 def test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it(tmp_path):
@@ -489,30 +460,17 @@ def test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it(
     trainer came back at that very version (resumed from its state): the sampler stopped
     with "version 3 could not be loaded" though the new trainer served it. A failure counts
     only for the trainer incarnation it happened under."""
-    import threading
-    from types import SimpleNamespace
+    weights, status, receiver = _on_a_stand_in_trainer(tmp_path, lambda n: None)
+    reload = weights.reload
 
-    from grpo.config import Config
-    from grpo.sampler.weights import Weights
+    def failing_first(version: int) -> None:
+        if receiver.asked:
+            return reload(version)
+        receiver.asked.append(version)  # the trainer died mid-fetch; its successor is at 3 too
+        weights.failed_reloads[version] = "tcp://trainer: the weights server is gone"
+        weights.failed_under[version] = status.restarts
+        status.restarts = 1  # heard between the failure's record and the sampler's next look
 
-    weights = Weights(Config(output_dir=str(tmp_path)), tmp_path / "model")
-    status = SimpleNamespace(version=3, restarts=0)
-    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
-        status=status, stopped=threading.Event(), wait_until=lambda ready, what: None
-    )
-    asked: list[int] = []
-
-    def reload(version: int) -> None:
-        asked.append(version)
-        if len(asked) == 1:  # the trainer died mid-fetch; its successor is at version 3 too
-            weights.failed_reloads[version] = "tcp://trainer: the weights server is gone"
-            weights.failed_under[version] = status.restarts
-            status.restarts = 1
-        else:
-            weights.version = version
-
-    forgotten: list[int] = []
-    weights.receiver = SimpleNamespace(forget_failure=forgotten.append)  # type: ignore[assignment]
-    weights.reload = reload  # type: ignore[method-assign]
+    weights.reload = failing_first  # type: ignore[method-assign]
     weights.wait_for_version(lambda: 3)
-    assert asked == [3, 3] and weights.version == 3 and forgotten == [3]
+    assert receiver.asked == [3, 3] and weights.version == 3 and receiver.forgotten == [3]
