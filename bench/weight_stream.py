@@ -110,7 +110,7 @@ def _sampler(conn: Any, path: Path, lora: bool, max_bytes: int, sums: str) -> No
     _use_sums(sums)
     model = _model(path, lora).eval()
     if lora:
-        pack_adapter(model)  # as the sampler's Weights.hf_policy does
+        pack_adapter(model)  # as the sampler's SharedPolicy.module does
     ctx = zmq.Context()
     # weights.delta false and true, as the sampler's follower makes them: given the version
     # held, keeping their connections from one version to the next

@@ -162,13 +162,14 @@ def evaluate_versions(
     `show`: print its greedy answers to the first `show` questions (grpo.observe.samples)."""
     from grpo.eval import questions as q
     from grpo.models.loading import load_tokenizer, resolve_model_path
+    from grpo.models.shared_policy import SharedPolicy
     from grpo.observe import samples
     from grpo.plan import check_names
     from grpo.rollout.hf import HFRollout
     from grpo.rollout.multi_turn import with_tools
-    from grpo.sampler.weights import Weights
     from grpo.tasks import RewardRunner, run_reward, task_for
     from grpo.weights.dirs import verify_version, version_dir
+    from grpo.weights.in_use import PolicyCopy
     from grpo.weights.version import Version
 
     check_names(cfg)
@@ -179,8 +180,8 @@ def evaluate_versions(
     prompts = q.eval_prompts(cfg, task, tokenizer)
     variants = q.variant_prompts(cfg, task, tokenizer)
     spec = q.EvalSpec.from_config(cfg)
-    weights = Weights(cfg, model_path)
-    policy = weights.hf_policy()
+    shared = SharedPolicy(cfg, model_path)
+    policy, copy = shared.module(), PolicyCopy(shared)
     markers = task.count_markers
     for v in versions:  # all present before the first (minutes of) generation
         if v:
@@ -189,7 +190,7 @@ def evaluate_versions(
     with RewardRunner(reward_fn, cfg.reward.workers, cfg.reward.timeout_s) as rewards:
         for v in versions:
             if v:
-                weights.load_into_policy(Version.from_dir(version_dir(cfg.run_dir, v), v))
+                copy.load(Version.from_dir(version_dir(cfg.run_dir, v), v))
             row, results = q.evaluate_answers(engine, prompts, tokenizer, rewards, spec, v,
                                               progress, markers)  # fmt: skip
             if show > 0:

@@ -354,7 +354,7 @@ def test_sampler_keeps_its_weights_when_a_version_is_corrupt(tmp_path, tiny_mode
     from tests.test_integration import tiny_config
 
     sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))
-    policy = sampler.weights.hf_policy()
+    policy = sampler.policy.module()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
 
     def save_shifted(tmp: Path) -> None:
@@ -391,7 +391,7 @@ def test_a_sharded_version_is_published_verified_and_reloaded(tmp_path, tiny_mod
     from tests.test_integration import tiny_config
 
     sampler = Sampler(load_config(tiny_config(tmp_path, tiny_model_dir)))
-    policy = sampler.weights.hf_policy()
+    policy = sampler.policy.module()
     shifted = {k: v + 0.25 for k, v in policy.state_dict().items()}
 
     def save_sharded(tmp: Path) -> None:  # a copy: save_pretrained empties the dict it is given

@@ -44,14 +44,15 @@ class Published:
         self.reload_s = 0.0
         self.engine = None
 
-    def wait_for_version(self, needed) -> None:
+    def serve(self, needed) -> int:
         number = needed()
         if number != self.version:
             assert self.engine is not None
             self.engine.load(Version(number, False))
             self.version = number
+        return self.version
 
-    def stream_stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float]:
         return {}
 
 
@@ -73,7 +74,7 @@ def run_loop(tokenizer, mode: str, *overrides: str) -> tuple[list[EpisodeBatch],
     weights = Published()
     rewards = SamplerRewards(cfg, task)
     try:
-        batches = BatchMaker(cfg, tokenizer, rewards, shard, weights)  # type: ignore[arg-type]
+        batches = BatchMaker(cfg, tokenizer, rewards, shard, weights, None)  # type: ignore[arg-type]
         engine = build_engine(EngineContext(cfg, None, tokenizer, threading.Event(), no_policy))  # type: ignore[arg-type]
         weights.engine = engine
         loop = GenerationLoop(cfg, shard, batches, weights, pacing_for(cfg))  # type: ignore[arg-type]

@@ -48,7 +48,7 @@ class Slots(Engine):
 
 def loop_of(pacing: LockStep) -> GenerationLoop:
     cfg = load_config(None, SETTINGS)
-    weights = SimpleNamespace(version=0, wait_for_version=lambda needed: None)
+    weights = SimpleNamespace(version=0, serve=lambda needed: 0)
     loop = GenerationLoop(cfg, Shard(), Batches(), weights, pacing)  # type: ignore[arg-type]
     loop.seq = 4
     return loop

@@ -10,7 +10,7 @@ import pytest
 from grpo.core.staleness import required_version
 from grpo.delivery.pool import SamplerPool
 from grpo.runtime.progress import GENERATING, WAITING, Activity, Snapshot, StallClock, Watchdog
-from grpo.sampler.weights import expected_batch
+from grpo.sampler.loop import expected_batch
 
 
 class Clock:

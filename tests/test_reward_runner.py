@@ -326,11 +326,11 @@ def test_batch_maker_scores_through_the_runner_and_timeouts_reach_the_metrics():
                              "rollout.group_size=3", "reward.workers=3"])  # fmt: skip
     prompts = [Prompt(i, {"q": i}, np.array([5, 6], dtype=np.int32)) for i in (7, 9)]
     shard = SimpleNamespace(position=0)
-    weights = SimpleNamespace(version=0, reload_s=0.0, stream_stats=dict)
+    weights = SimpleNamespace(version=0, reload_s=0.0, stats=dict)
     gens = _Engine().generate([p.ids for p in prompts], SimpleNamespace(n=3))
 
     with RewardRunner(hangs_on_five, cfg.reward.workers, timeout_s=0.5) as runner:
-        maker = BatchMaker(cfg, _Tokenizer(), runner, shard, weights)
+        maker = BatchMaker(cfg, _Tokenizer(), runner, shard, weights, SimpleNamespace())
         groups = maker.score_groups(prompts, gens)
         batch = maker.batch(0, groups, 0, {"gen_s": 1.0, "gen_tokens": 12.0})
     got = [(e.group_id, e.reward, e.reward_info) for e in batch.episodes]

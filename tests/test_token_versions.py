@@ -157,9 +157,11 @@ def test_the_sampler_s_episodes_carry_the_engine_s_versions():
     cfg = load_config(None, ["train.logprobs_on=trainer", "rollout.questions_per_step=1",
                              "rollout.group_size=2"])  # fmt: skip
     rewards = SimpleNamespace(stats=dict)
-    weights = SimpleNamespace(version=6, reload_s=0.0, stream_stats=dict)
+    weights = SimpleNamespace(version=6, reload_s=0.0, stats=dict)
     tokenizer = SimpleNamespace(pad_token_id=0)
-    maker = BatchMaker(cfg, tokenizer, rewards, SimpleNamespace(position=0), weights)
+    maker = BatchMaker(
+        cfg, tokenizer, rewards, SimpleNamespace(position=0), weights, SimpleNamespace()
+    )
     prompt = Prompt(4, {"q": 4}, np.array([5, 6], np.int32))
 
     def gen(versions: list[int] | None) -> Generation:

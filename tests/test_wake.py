@@ -1,6 +1,6 @@
 """The wake (issue 63's list): a sampler waiting for a version looks again the moment the
 version is in, not at its wait's next 5-s look. Through the real SamplerEndpoint, and the
-sampler's Weights as it wires the endpoint's wake into the weights mode's receiver."""
+endpoint's weights link as it wires the endpoint's wake into the weights mode's receiver."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 from grpo.config import TransportConfig, load_config
 from grpo.delivery.sampler_endpoint import SamplerEndpoint
 from grpo.delivery.spool import Spool
-from grpo.sampler.weights import Weights
+from grpo.models.shared_policy import SharedPolicy
+from grpo.weights.in_use import WeightsInUse
 from tests.conftest import free_port
 
 
@@ -39,23 +40,24 @@ def test_a_wait_looks_again_as_soon_as_it_is_woken(tmp_path) -> None:
 
 
 def test_the_sampler_hands_its_endpoint_s_wake_to_the_weights_receiver(tmp_path) -> None:
-    """The wiring, through the real Weights.connect: the mode's receiver is told to wake the
-    endpoint's waits (a receiver given anything else is waited out at every version)."""
+    """The wiring, through the real SamplerEndpoint.weights_link and WeightsInUse.connect: the
+    mode's receiver is told to wake the endpoint's waits (a receiver given anything else is
+    waited out at every version)."""
     cfg = load_config(None, [f"output_dir={tmp_path}"])
-    weights = Weights(cfg, tmp_path)
+    weights = WeightsInUse(cfg, SharedPolicy(cfg, tmp_path))
     links = []
-    receiver = SimpleNamespace(close=lambda: None, relay_address=lambda: None,
-                               collective_state=lambda: None)  # fmt: skip
 
     def build(cfg, link):
         links.append(link)
-        return receiver
+        return SimpleNamespace(close=lambda: None)
 
     weights.mode = SimpleNamespace(from_memory=False, receiver=build)
-    channel = SimpleNamespace(ctx=None, keys=None, limits=None, secure=None)
-    endpoint = SimpleNamespace(sampler_id="sampler-0", channel=channel, before_close=[],
-                               status=SimpleNamespace(), wake=lambda: None,
-                               wait_until=lambda *a, **k: None)  # fmt: skip
-    weights.connect(endpoint, engine=None)  # type: ignore[arg-type]
+    transport = TransportConfig(episodes_addr=f"tcp://127.0.0.1:{free_port()}",
+                                control_addr=f"tcp://127.0.0.1:{free_port()}")  # fmt: skip
+    sampler = SamplerEndpoint(transport, "sampler-0", Spool(tmp_path / "spool", max_batches=4))
+    try:
+        weights.connect(sampler.weights_link(tmp_path, weights.seed()), sampler, engine=None)
+    finally:
+        sampler.close()
     (link,) = links
-    assert link.wake is endpoint.wake
+    assert link.wake == sampler.wake

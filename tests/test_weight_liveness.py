@@ -5,7 +5,6 @@ that is not one, a source whose keys cannot be had."""
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -93,7 +92,7 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     `waiting`, which no stall limit watches.)"""
     from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
     from grpo.runtime.progress import ACTIVITY, RECEIVING
-    from grpo.sampler.weights import Weights, receiving_wait
+    from grpo.weights.in_use import WeightsInUse
     from grpo.weights.modes.stream import StreamReceiver
 
     class Follower:
@@ -115,13 +114,12 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     endpoint.status, endpoint.stopped = TrainerStatus(), threading.Event()
     endpoint._news, endpoint._sync, endpoint.on_wait = threading.Event(), lambda: None, None
     endpoint._news.set()  # no 5 s waits between the checks
-    weights = Weights.__new__(Weights)
+    weights = WeightsInUse.__new__(WeightsInUse)
     receiver = StreamReceiver.__new__(StreamReceiver)  # as connect makes it, but this follower
     receiver.follower = Follower()  # type: ignore[assignment]
-    receiver.wait = receiving_wait(endpoint)
-    weights.receiver, weights.endpoint, weights.failed_reloads = receiver, endpoint, {}
-    weights.policy = weights.engine = None
-    weights.mode = SimpleNamespace(name="stream")  # type: ignore[assignment]
+    receiver.wait = endpoint.wait_receiving
+    weights.receiver, weights.trainer, weights.failed_reloads = receiver, endpoint, {}
+    weights.consumers = []
     weights.version = 0
 
     def wake() -> None:
@@ -245,7 +243,7 @@ def test_a_kept_version_that_does_not_read_back_stops_the_resume_saying_how_to_g
 
 def test_a_forgotten_failure_is_not_tried_again_before_the_version_is_wanted() -> None:
     """A restarted trainer has not published version 3 yet when a lone sampler asks for it: the
-    sampler forgets that failure (grpo.sampler.weights) and waits for 3 to be announced again.
+    sampler forgets that failure (grpo.weights.in_use) and waits for 3 to be announced again.
     Its follower used to try 3 again at once, fail again, and report that stale failure when the
     sampler asked for 3 once it was out: the sampler stopped (a chaos run in collective mode)."""
     import time

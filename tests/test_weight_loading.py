@@ -8,6 +8,8 @@ import torch
 
 from grpo.config import load_config
 from grpo.models.loading import adapter_state, apply_lora, load_causal_lm, pack_adapter
+from grpo.models.shared_policy import SharedPolicy
+from grpo.weights.in_use import PolicyCopy
 from grpo.weights.stream.image import Image
 from grpo.weights.stream.torch_bits import LoadPlan, image_from_state
 from grpo.weights.version import Version
@@ -41,11 +43,9 @@ def test_a_streamed_adapter_goes_into_the_sampler_s_packed_policy_one_copy_a_buc
     """The sampler's policy holds its adapter in one buffer (pack_adapter), back to back in the
     order a version lists it: each bucket of a version is one copy into it, and the policy then
     samples as the trainer's model does. The plan is made once for the versions of the model."""
-    from grpo.sampler.weights import Weights
-
     cfg = _lora_cfg(tmp_path, tiny_model_dir)
-    weights = Weights(cfg, tiny_model_dir)
-    policy = weights.hf_policy()
+    shared = SharedPolicy(cfg, tiny_model_dir)
+    policy, copy = shared.module(), PolicyCopy(shared)
     storages = {p.untyped_storage().data_ptr() for n, p in policy.named_parameters()
                 if "lora_" in n}  # fmt: skip
     assert len(storages) == 1, "the adapter is not in one buffer"
@@ -54,9 +54,9 @@ def test_a_streamed_adapter_goes_into_the_sampler_s_packed_policy_one_copy_a_buc
         trainer = _trained(tiny_model_dir, cfg, seed)
         image = image_from_state(version, adapter_state(trainer), BUCKET_BYTES, True)
         assert len(image.manifest.buckets) > 1
-        weights.load_into_policy(Version.from_image(image))
-        plans.append(weights._plan)
-        assert all(span is not None for span, _, _ in weights._plan.buckets)
+        copy.load(Version.from_image(image))
+        plans.append(copy._plan)
+        assert all(span is not None for span, _, _ in copy._plan.buckets)
         assert torch.equal(_logits(policy), _logits(trainer))
         ours, theirs = adapter_state(policy), adapter_state(trainer)
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
@@ -90,22 +90,21 @@ def test_a_version_of_another_model_is_refused_before_anything_is_copied(
 ) -> None:
     """An adapter of another rank (other shapes), or with a tensor missing: refused when the
     plan is made, the policy's tensors as they were."""
-    from grpo.sampler.weights import Weights
-
     cfg = _lora_cfg(tmp_path, tiny_model_dir)
-    weights = Weights(cfg, tiny_model_dir)
-    before = {k: t.clone() for k, t in adapter_state(weights.hf_policy()).items()}
+    shared = SharedPolicy(cfg, tiny_model_dir)
+    copy = PolicyCopy(shared)
+    before = {k: t.clone() for k, t in adapter_state(shared.module()).items()}
     other_rank = _trained(tiny_model_dir, _lora_cfg(tmp_path, tiny_model_dir, "model.lora.r=4"), 1)
     other = image_from_state(1, adapter_state(other_rank), BUCKET_BYTES, True)
     with pytest.raises(RuntimeError, match="version 1 does not match the policy: .*other shapes"):
-        weights.load_into_policy(Version.from_image(other))
+        copy.load(Version.from_image(other))
     real = image_from_state(2, adapter_state(_trained(tiny_model_dir, cfg, 2)), 1 << 30, True)
     specs = real.manifest.specs
     short = Image.of_buckets(2, specs[:-1], ((0, len(specs) - 1),),
                              {0: real.flats[0][: -specs[-1].nbytes]}, True)  # fmt: skip
     with pytest.raises(RuntimeError, match="version 2 does not match the policy: missing"):
-        weights.load_into_policy(Version.from_image(short))
-    after = adapter_state(weights.hf_policy())
+        copy.load(Version.from_image(short))
+    after = adapter_state(shared.module())
     assert all(torch.equal(after[k], before[k]) for k in before)
 
 

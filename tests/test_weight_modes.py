@@ -60,8 +60,9 @@ class Waiter:
 
 
 def _link(publisher: Publisher, run_dir: Path, ctx: zmq.Context) -> SamplerLink:
-    """A sampler's link as Weights.connect makes it, the trainer's heartbeats read straight
-    from its publisher (what grpo.delivery.trainer_endpoint sends in every one)."""
+    """A sampler's link as SamplerEndpoint.weights_link makes it, the trainer's heartbeats
+    read straight from its publisher (what grpo.delivery.trainer_endpoint sends in every
+    one)."""
     waiter = Waiter()
     return SamplerLink(
         run_dir=run_dir, sampler_id="sampler-0", ctx=ctx, keys=None,
@@ -145,7 +146,8 @@ def test_the_sampler_holds_the_version_its_receiver_handed_over(tmp_path):
     """With relays a receiver may hand over a newer version than the one asked for
     (grpo.weights.stream.follower.VersionFollower.image): the sampler's version, which its
     batches carry, is the one it loaded."""
-    from grpo.sampler.weights import Weights
+    from grpo.models.shared_policy import SharedPolicy
+    from grpo.weights.in_use import WeightsInUse
     from grpo.weights.modes.base import Receiver
     from grpo.weights.version import Version
 
@@ -153,7 +155,43 @@ def test_the_sampler_holds_the_version_its_receiver_handed_over(tmp_path):
         def get(self, number: int) -> Version:
             return Version(number + 2, adapter=False, state={})
 
-    weights = Weights(Config(output_dir=str(tmp_path)), tmp_path / "model")
+    cfg = Config(output_dir=str(tmp_path))
+    weights = WeightsInUse(cfg, SharedPolicy(cfg, tmp_path / "model"))
     weights.receiver = Newer()
     weights.reload(3)
     assert weights.version == 5
+
+
+def test_a_served_version_goes_into_every_consumer_that_samples_with_it(tmp_path):
+    """WeightsInUse.serve, the sampler's one call per version: it waits for the version the
+    pacing needs, receives it and loads it into the engine (the HF policy too once something
+    loaded it), and returns the version now served."""
+    import threading
+    from types import SimpleNamespace
+
+    from grpo.models.shared_policy import SharedPolicy
+    from grpo.weights.in_use import WeightsInUse
+    from grpo.weights.modes.base import Receiver
+    from grpo.weights.version import Version
+
+    class Engine:
+        def __init__(self) -> None:
+            self.loaded: list[int] = []
+
+        def load(self, version: Version) -> None:
+            self.loaded.append(version.number)
+
+    class Whole(Receiver):
+        def get(self, number: int) -> Version:
+            return Version(number, adapter=False, state={})
+
+    cfg = Config(output_dir=str(tmp_path))
+    weights = WeightsInUse(cfg, SharedPolicy(cfg, tmp_path / "model"))
+    weights.mode = SimpleNamespace(receiver=lambda cfg, link: Whole())  # type: ignore[assignment]
+    status = SimpleNamespace(version=4, restarts=0)
+    trainer = SimpleNamespace(status=status, stopped=threading.Event(),
+                              wait_until=lambda ready, what: None)  # fmt: skip
+    engine = Engine()
+    weights.connect(None, trainer, engine)  # type: ignore[arg-type]
+    assert weights.serve(lambda: 4) == 4 and engine.loaded == [4]
+    assert weights.serve(lambda: 4) == 4 and engine.loaded == [4]  # served already: no reload

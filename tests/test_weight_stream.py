@@ -13,10 +13,11 @@ import pytest
 import zmq
 
 from grpo.config import Config
-from grpo.sampler.weights import Weights
+from grpo.models.shared_policy import SharedPolicy
 from grpo.weights import files as weight_stream
 from grpo.weights.dirs import publish_version, verify_version, version_dir
 from grpo.weights.files import CHUNK_BYTES, MAX_REQUEST_BYTES, WeightFetcher, _reply, serve
+from grpo.weights.in_use import WeightsInUse
 from grpo.weights.modes.base import Receiver, Unavailable
 from grpo.weights.serving import WeightsServer
 from grpo.weights.version import Version
@@ -363,16 +364,16 @@ class _ScriptedReceiver(Receiver):
 
 def _on_a_stand_in_trainer(
     tmp_path: Path, fetch: Callable[[int], str | None], samplers: int = 1
-) -> tuple[Weights, SimpleNamespace, _ScriptedReceiver]:
-    """A sampler's Weights (no model loaded) following a stand-in trainer whose status, at
+) -> tuple[WeightsInUse, SimpleNamespace, _ScriptedReceiver]:
+    """A sampler's WeightsInUse (no model loaded) following a stand-in trainer whose status, at
     version 3 and no restart, the test moves; its endpoint's wait returns at once unless the
     test replaces it; versions fetched through a _ScriptedReceiver, failures recorded by the
-    real Weights.reload."""
+    real WeightsInUse.reload."""
     cfg = Config(output_dir=str(tmp_path))
     cfg.rollout.num_samplers = samplers
-    weights = Weights(cfg, tmp_path / "model")
+    weights = WeightsInUse(cfg, SharedPolicy(cfg, tmp_path / "model"))
     status = SimpleNamespace(version=3, restarts=0)
-    weights.endpoint = SimpleNamespace(  # type: ignore[assignment]
+    weights.trainer = SimpleNamespace(  # type: ignore[assignment]
         status=status, stopped=threading.Event(), wait_until=lambda ready, what: None
     )
     weights.receiver = receiver = _ScriptedReceiver(fetch)
@@ -389,7 +390,7 @@ def test_a_sampler_that_cannot_get_the_version_it_needs_stops_naming_it(tmp_path
     status.version = 2
     why = r"needs version 2 or newer.* version 2 could not be loaded: could not fetch version 2"
     with pytest.raises(PeerError, match=why + ": the weights server is gone"):
-        weights.wait_for_version(lambda: 2)
+        weights.serve(lambda: 2)
     assert weights.version == 0
 
 
@@ -409,8 +410,8 @@ def test_a_version_lost_to_a_trainer_restart_is_waited_for_again(tmp_path):
             status.version = 3  # the restarted trainer publishes it again
 
     weights, status, receiver = _on_a_stand_in_trainer(tmp_path, fetch)
-    weights.endpoint.wait_until = wait_until  # type: ignore[union-attr]
-    weights.wait_for_version(lambda: 3)
+    weights.trainer.wait_until = wait_until  # type: ignore[union-attr]
+    weights.serve(lambda: 3)
     assert receiver.asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
     assert receiver.forgotten == [3]  # the stream follower keeps a failure until told otherwise
 
@@ -431,8 +432,8 @@ def test_a_failure_just_before_the_trainer_s_restart_shows_is_not_yet_a_stall(tm
         tmp_path,
         lambda n: "tcp://trainer: it has no version 3" if n == 3 and status.restarts == 0 else None,
     )
-    weights.endpoint.wait_until = wait_until  # type: ignore[union-attr]
-    weights.wait_for_version(lambda: 3)
+    weights.trainer.wait_until = wait_until  # type: ignore[union-attr]
+    weights.serve(lambda: 3)
     assert receiver.asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
     assert receiver.forgotten == [3] and any("after version 3 failed" in w for w in waits)
 
@@ -447,11 +448,11 @@ def test_a_sampler_within_the_bound_tries_a_failed_version_again_after_a_restart
         samplers=2,
     )
     weights.version = 2
-    weights.wait_for_version(lambda: 2)
-    weights.wait_for_version(lambda: 2)
+    weights.serve(lambda: 2)
+    weights.serve(lambda: 2)
     assert receiver.asked == [3] and weights.version == 2  # failed once, not asked again
     status.restarts = 1
-    weights.wait_for_version(lambda: 2)
+    weights.serve(lambda: 2)
     assert receiver.asked == [3, 3] and weights.version == 3 and not weights.failed_reloads
 
 
@@ -472,5 +473,5 @@ def test_a_version_that_failed_before_a_trainer_restart_is_tried_again_after_it(
         status.restarts = 1  # heard between the failure's record and the sampler's next look
 
     weights.reload = failing_first  # type: ignore[method-assign]
-    weights.wait_for_version(lambda: 3)
+    weights.serve(lambda: 3)
     assert receiver.asked == [3, 3] and weights.version == 3 and receiver.forgotten == [3]

@@ -156,7 +156,7 @@ class StalenessGate:
     """The staleness bound, judged when a batch is about to be trained: it must have been
     sampled with weights the bound allows for that step (grpo.core.staleness.lag_misfit). A
     lone sampler's pacing is exact, so its batch outside the bound is a lie or a bug: refused.
-    A pool's pacing is an estimate (grpo.sampler.weights.expected_batch: a slow sampler's batch
+    A pool's pacing is an estimate (grpo.sampler.loop.expected_batch: a slow sampler's batch
     can be trained later than it expected), so there such a batch is trained, counted
     (`outside`, in the metrics row as stale_batches) and reported at a bounded rate."""
 

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from grpo.config import TransportConfig
@@ -28,6 +29,8 @@ from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.runtime.refusals import note
+from grpo.weights.modes.base import Receiver, SamplerLink
+from grpo.weights.stream.image import Image
 from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.wire import messages
 from grpo.wire.codec import FrameError, Message
@@ -222,6 +225,43 @@ class SamplerEndpoint:
             return
         log.warning("the trainer passed over batches %s (lost on the way): resending", lost)
         self._resend(lost)
+
+    # ------------------------------------------------------------------ weights
+
+    def weights_link(self, run_dir: Path, seed: Image | None) -> SamplerLink:
+        """What the weights mode's receiver takes from this endpoint (grpo.weights.in_use):
+        the channel's context and keys, and what the trainer's heartbeats said. `seed`:
+        version 0 in memory, the first delta's base."""
+        status, channel = self.status, self.channel
+        return SamplerLink(
+            run_dir=run_dir,
+            sampler_id=self.sampler_id,
+            ctx=channel.ctx,
+            keys=channel.keys,
+            limits=channel.limits,
+            secure=channel.secure,
+            announced=lambda: status.version,
+            relays=lambda: status.relays,
+            manifests=lambda: status.manifests,
+            group=lambda: status.group,
+            wait=self.wait_receiving,
+            wake=self.wake,
+            seed=seed,
+        )
+
+    def carry(self, receiver: Receiver) -> None:
+        """Tell `receiver`'s relay address and collective state in this sampler's heartbeats,
+        and close it before the channel's context ends."""
+        self.before_close.append(receiver.close)
+        self.channel.relay_address = receiver.relay_address
+        if receiver.collective_state() is not None:
+            self.channel.collective_state = receiver.collective_state
+
+    def wait_receiving(self, ready: Callable[[], bool], what: str) -> None:
+        """How a receiver waits for a version: in the sampler's own `receiving weights` phase,
+        which the receiver ticks as buckets come in (a transfer that stops is a stall with its
+        name, not an idle wait)."""
+        self.wait_until(ready, what, own_phase=True)
 
     # ------------------------------------------------------------------ waits
 

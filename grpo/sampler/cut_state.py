@@ -103,7 +103,7 @@ def load_state(loop: GenerationLoop, spool_dir: Path, seq: int) -> Resumed:
 def restore_into(loop: GenerationLoop, engine: SlotEngine, resumed: Resumed) -> None:
     """A resumed state's weights and answers into a new engine."""
     if resumed.version != loop.weights.version:
-        loop.weights.wait_for_version(lambda: resumed.version)
+        loop.weights.serve(lambda: resumed.version)
     if resumed.answers:
         engine.restore(resumed.answers)
         resumed.answers = []

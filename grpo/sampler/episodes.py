@@ -12,6 +12,7 @@ from grpo.config import Config
 from grpo.config.passes import scored_by
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.models.loading import load_reference
+from grpo.models.shared_policy import SharedPolicy
 from grpo.observe.metrics import peak_memory_gib
 from grpo.rollout.base import Generation, Sampling
 from grpo.rollout.multi_turn import tool_info
@@ -19,11 +20,11 @@ from grpo.runtime.lifetime import restarts
 from grpo.runtime.progress import ACTIVITY, REWARDING, SCORING
 from grpo.sampler.data import Shard
 from grpo.sampler.teacher import teacher_scorer
-from grpo.sampler.weights import Weights
 from grpo.scoring.kernels import Truncation
 from grpo.scoring.score import score_for_training
 from grpo.tasks import Row
 from grpo.tasks.encoding import Prompt
+from grpo.weights.in_use import WeightsInUse
 
 
 class AnswerScorer(Protocol):
@@ -57,30 +58,37 @@ class BatchMaker:
     scores the answers (the sampler's, which closes it)."""
 
     def __init__(
-        self, cfg: Config, tokenizer, rewards: AnswerScorer, shard: Shard, weights: Weights
+        self,
+        cfg: Config,
+        tokenizer,
+        rewards: AnswerScorer,
+        shard: Shard,
+        weights: WeightsInUse,
+        policy: SharedPolicy,
     ):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.rewards = rewards
         self.shard = shard
         self.weights = weights
+        self.policy = policy
         self.sampling = Sampling.from_config(cfg)
         scored = scored_by(cfg, "sampler")
         self.old_pass = "old_logp" in scored
         self.reference = None
         if self.old_pass:
-            weights.hf_policy()
+            policy.module()
         if "ref_logp" in scored:
             self.reference = load_reference(
-                weights.model_path, cfg.model.dtype, cfg.model.attn_implementation
-            ).to(weights.device)
+                policy.model_path, cfg.model.dtype, cfg.model.attn_implementation
+            ).to(policy.device)
         # On-policy distillation's teacher (teacher.path), in this process (refused here if its
         # tokenizer differs) or, teacher.where: service, the reward service's through the
         # rewards' connection to it (`teacher_service`, grpo.sampler.rewards).
         self.teacher = None
         if cfg.teacher.path:
             self.teacher = teacher_scorer(
-                cfg, tokenizer, weights.model_path, weights.device,
+                cfg, tokenizer, policy.model_path, policy.device,
                 service_client=getattr(rewards, "teacher_service", None),
             )  # fmt: skip
 
@@ -100,7 +108,7 @@ class BatchMaker:
             "peak_mem_gib": peak_memory_gib(),
             # Reward calls timed out, workers killed and replaced: totals so far.
             **self.rewards.stats(),
-            **self.weights.stream_stats(),
+            **self.weights.stats(),
             "restarts": float(restarts()),  # by launch.sh, so far
         }
         group_size = self.cfg.rollout.group_size
@@ -158,7 +166,7 @@ class BatchMaker:
         # The distribution the answers were sampled from: its temperature and truncation.
         s = self.sampling
         return score_for_training(
-            self.weights.policy if self.old_pass else None,
+            self.policy.module() if self.old_pass else None,
             self.reference,
             [g.prompt_ids for g in gens],
             [g.completion_ids for g in gens],

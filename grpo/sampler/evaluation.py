@@ -24,8 +24,8 @@ from grpo.rollout.base import RolloutEngine
 from grpo.rollout.generate_slots import GenerateSlots
 from grpo.rollout.slots import SlotEngine
 from grpo.runtime.progress import ACTIVITY, EVALUATING
-from grpo.sampler.weights import Weights
 from grpo.tasks import Task
+from grpo.weights.in_use import WeightsInUse
 
 log = logging.getLogger("grpo.sampler")
 
@@ -56,7 +56,7 @@ class SamplerEvaluation:
         self._busy = False  # loading a version waits too: no answering inside an answer
 
     def answer_if_asked(
-        self, endpoint: SamplerEndpoint, weights: Weights, engine: RolloutEngine
+        self, endpoint: SamplerEndpoint, weights: WeightsInUse, engine: RolloutEngine
     ) -> None:
         """Answer the evaluation the trainer asks for, once per trainer process and version.
         A version older than the sampler's is not asked by a trainer this sampler follows: it
@@ -73,7 +73,7 @@ class SamplerEvaluation:
             return
         if version < weights.version:
             return
-        if version in weights.failed_reloads:  # wait_for_version tries it again, and says why
+        if version in weights.failed_reloads:  # serve tries it again, and says why
             return
         self._busy = True
         try:

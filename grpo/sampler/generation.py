@@ -23,8 +23,8 @@ from grpo.rollout.slots import Answer, SlotEngine, SlotRequest
 from grpo.runtime.progress import ACTIVITY, GENERATING
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker, Group
-from grpo.sampler.weights import Weights
 from grpo.tasks.encoding import Prompt
+from grpo.weights.in_use import WeightsInUse
 from grpo.wire.channels import PeerError
 
 
@@ -99,7 +99,7 @@ class GenerationLoop:
     metrics report; `pacing` decides the rest (see the module)."""
 
     def __init__(
-        self, cfg: Config, shard: Shard, batches: BatchMaker, weights: Weights, pacing: Pacing
+        self, cfg: Config, shard: Shard, batches: BatchMaker, weights: WeightsInUse, pacing: Pacing
     ):
         self.cfg = cfg
         self.shard = shard
@@ -142,8 +142,8 @@ class GenerationLoop:
 
     def load_for(self, engine: SlotEngine, needed: Callable[[], int]) -> None:
         """Wait until the version `needed()` is out and load it (into the engine too)."""
-        self.weights.wait_for_version(needed)
-        assert engine.version == self.weights.version, "an engine the weights never loaded"
+        served = self.weights.serve(needed)
+        assert engine.version == served, "an engine the weights never loaded"
 
     # ------------------------------------------------------------------ groups
 

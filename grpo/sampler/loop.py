@@ -24,6 +24,7 @@ from grpo.core.episode import EpisodeBatch
 from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
 from grpo.delivery.spool import Spool
 from grpo.models.loading import load_tokenizer, resolve_model_path
+from grpo.models.shared_policy import SharedPolicy
 from grpo.observe.metrics import mean
 from grpo.rollout.base import EngineContext
 from grpo.rollout.registry import build_engine
@@ -35,12 +36,23 @@ from grpo.sampler.evaluation import SamplerEvaluation, whole_batch_engine
 from grpo.sampler.generation import GenerationLoop, RunView
 from grpo.sampler.pacing import pacing_for
 from grpo.sampler.rewards import SamplerRewards
-from grpo.sampler.weights import Weights, expected_batch
 from grpo.tasks import task_for
+from grpo.weights.in_use import WeightsInUse
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.sampler")
+
+
+def expected_batch(trained: dict[str, int], sampler_id: str, made: int, alive: int) -> int:
+    """Which batch of the run (counted from 0) the one this sampler makes next is expected to
+    be, from the trainer's last heartbeat: all batches trained so far, then this sampler's
+    `made - trained[sampler_id]` still on their way, with one from each other live sampler
+    between two of ours. A lone sampler's is exactly `made`. With none of its own on the way
+    it is the trainer's next, so a sampler never waits for a version only its own batch could
+    bring, whichever samplers died."""
+    on_the_way = max(made - trained.get(sampler_id, 0), 0)
+    return sum(trained.values()) + on_the_way * max(alive, 1)
 
 
 class Sampler:
@@ -58,8 +70,9 @@ class Sampler:
         self.shard = Shard(cfg, task, tokenizer)
         self.spool = Spool(cfg.spool_path, cfg.rollout.spool_max_batches)
         self.next_seq = self.shard.resume(self.spool)
-        self.weights = Weights(cfg, model_path)
-        self.batches = BatchMaker(cfg, tokenizer, self.rewards, self.shard, self.weights)
+        self.policy = policy = SharedPolicy(cfg, model_path)
+        self.weights = WeightsInUse(cfg, policy)
+        self.batches = BatchMaker(cfg, tokenizer, self.rewards, self.shard, self.weights, policy)
         self.engine: SlotEngine | None = None
         self.pacing = pacing_for(cfg)
         self.generation = GenerationLoop(cfg, self.shard, self.batches, self.weights, self.pacing)
@@ -84,7 +97,8 @@ class Sampler:
         )
         self.rewards.stop_on(endpoint.stopped)
         self.engine = engine = self.make_engine(endpoint.stopped)
-        self.weights.connect(endpoint, engine)
+        link = endpoint.weights_link(cfg.run_dir, self.weights.seed())
+        endpoint.carry(self.weights.connect(link, endpoint, engine))
         signalled = _stop_on_signals(endpoint)
         failed = ""
         try:
@@ -111,10 +125,10 @@ class Sampler:
         """The engine rollout.backend names, built from the sampler's parts."""
         context = EngineContext(
             self.cfg,
-            self.weights.model_path,
+            self.policy.model_path,
             self.tokenizer,
             stop_event,
-            policy=self.weights.hf_policy,
+            policy=self.policy.module,
         )
         return build_engine(context)
 

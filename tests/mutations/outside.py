@@ -916,9 +916,9 @@ MUTATIONS = (
     ),
     Mutation(
         name="wake_not_wired_to_the_weights",
-        item="63.3 (round 4): the sampler's Weights hands the receiver a wake that wakes nothing",
-        path="grpo/sampler/weights.py",
-        old="            wake=endpoint.wake,\n",
+        item="63.3 (round 4): the sampler's endpoint hands the receiver a wake that wakes nothing",
+        path="grpo/delivery/sampler_endpoint.py",
+        old="            wake=self.wake,\n",
         new="            wake=lambda: None,\n",
         tests=(
             "tests/test_wake.py::test_the_sampler_hands_its_endpoint_s_wake_to_the_weights_receiver",

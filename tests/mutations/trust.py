@@ -289,7 +289,7 @@ MUTATIONS = (
     Mutation(
         name="failure_outlives_a_trainer_restart",
         item="62 (low): a version failure recorded while the trainer restarts sticks again",
-        path="grpo/sampler/weights.py",
+        path="grpo/weights/in_use.py",
         old="            return status.restarts != restarts or status.version < target\n",
         new="            return status.version < target\n",
         tests=(

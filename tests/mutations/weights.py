@@ -99,9 +99,9 @@ MUTATIONS = (
     Mutation(
         name="streamed_version_awaited_idle",
         item="42.3: a streamed transfer that stops is a stall with its name",
-        path="grpo/sampler/weights.py",
-        old="endpoint.wait_until(ready, what, own_phase=True)",
-        new="endpoint.wait_until(ready, what)",
+        path="grpo/delivery/sampler_endpoint.py",
+        old="        self.wait_until(ready, what, own_phase=True)",
+        new="        self.wait_until(ready, what)",
         tests=(
             f"{LIVE}::test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one",
         ),
@@ -260,7 +260,7 @@ MUTATIONS = (
     Mutation(
         name="version_lost_to_a_restart_is_fatal",
         item="42.4: a version the restarted trainer has not republished yet is waited for",
-        path="grpo/sampler/weights.py",
+        path="grpo/weights/in_use.py",
         old="            return status.restarts != restarts or status.version < target\n",
         new="            return status.restarts != restarts\n",
         tests=(
@@ -306,7 +306,7 @@ MUTATIONS = (
     Mutation(
         name="sampler_records_the_version_it_asked_for",
         item="42.1: the sampler holds the version its receiver handed over",
-        path="grpo/sampler/weights.py",
+        path="grpo/weights/in_use.py",
         old="        self.version = version.number\n",
         new="        self.version = number\n",
         tests=(f"{MODES}::test_the_sampler_holds_the_version_its_receiver_handed_over",),
@@ -611,7 +611,7 @@ MUTATIONS = (
     Mutation(
         name="failed_fetch_a_stall_before_the_restart_shows",
         item="a fetch that failed just before the trainer's restart is heard stops the sampler",
-        path="grpo/sampler/weights.py",
+        path="grpo/weights/in_use.py",
         old="            grace = 0.0 if self.version >= oldest else "
         "2 * self.cfg.transport.heartbeat_s\n",
         new="            grace = 0.0\n",
@@ -623,12 +623,20 @@ MUTATIONS = (
     Mutation(
         name="failure_within_the_bound_never_retried",
         item="a sampler within the bound tries a failed version again once the trainer restarted",
-        path="grpo/sampler/weights.py",
+        path="grpo/weights/in_use.py",
         old="            if not self._trainer_restarts(target, grace):\n",
         new="            if grace == 0 or not self._trainer_restarts(target, grace):\n",
         tests=(
             "tests/test_weight_stream.py::"
             "test_a_sampler_within_the_bound_tries_a_failed_version_again_after_a_restart",
         ),
+    ),
+    Mutation(
+        name="engine_left_out_of_the_consumers",
+        item="60.1: a version the sampler serves goes into the engine, not the HF policy alone",
+        path="grpo/weights/in_use.py",
+        old="            self.consumers.append(engine)\n",
+        new="            pass\n",
+        tests=(f"{MODES}::test_a_served_version_goes_into_every_consumer_that_samples_with_it",),
     ),
 )

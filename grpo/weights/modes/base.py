@@ -1,6 +1,6 @@
 """What a weights mode is: a trainer end on rank 0, beside the versions it keeps, and a
 receiver on each sampler. The registry (grpo.weights.modes) names every mode; the trainer's
-Publisher and the sampler's Weights talk to these interfaces alone, never to a mode by name."""
+Publisher and the sampler's WeightsInUse talk to these interfaces alone, never to a mode by name."""
 
 from __future__ import annotations
 
