@@ -26,6 +26,7 @@ from grpo.config import Config, ConfigError, load_config
 from grpo.config.data import parse_variants
 from grpo.config.passes import scored_by
 from grpo.config.peer_names import peer_algorithm
+from grpo.core.paths import REPO_ROOT
 from grpo.preflight import preflight
 from grpo.rollout.registry import check_engine_name
 from grpo.scoring.kernels import Truncation
@@ -355,6 +356,9 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(argv[0], argv[1:])
         check_names(cfg)
+        # launch.sh runs the roles from the repository, where a relative output_dir is: from the
+        # user's own dir the check would open (and pass or fail on) a run dir the run never uses.
+        cfg.output_dir = str(REPO_ROOT / cfg.output_dir)
         preflight(cfg)  # what a run of both roles on this machine will open
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

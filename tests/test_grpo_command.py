@@ -3,6 +3,8 @@ with the nearest one (issue 64, item 5)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from grpo.__main__ import TOOLS, main
@@ -32,3 +34,23 @@ def test_a_mistyped_tool_gets_the_nearest_one(capsys):
     assert "no tool 'zzz'; usage: grpo {launch," in err and "did you mean" not in err
     assert main([]) == 2
     assert capsys.readouterr().err.startswith("usage: grpo {launch,")
+
+
+def test_grpo_check_from_the_user_s_dir_opens_the_run_dir_launch_sh_writes(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """launch.sh runs the roles from the repository, where a relative output_dir is; `grpo
+    check` run from the user's own dir opened that dir's `checkpoints/` instead, so a file of
+    that name there failed a config whose run would work (and a writable dir there passed one
+    whose run would not)."""
+    from tests.conftest import free_port
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").write_text("my notes, not the runs\n")
+    ports = [f"transport.{k}_addr=tcp://127.0.0.1:{free_port()}"
+             for k in ("episodes", "control", "weights")]  # fmt: skip
+    demo = Path(__file__).resolve().parents[1] / "configs" / "cpu_demo.yaml"
+    args = ["check", str(demo), f"model.path={tiny_model_dir}",
+            "rollout.backend=hf", "output_dir=checkpoints", *ports]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.strip() == "config ok"

@@ -503,4 +503,15 @@ MUTATIONS = (
         new='    log.debug("trainer: loading the policy from %s into DeepSpeed',
         tests=("tests/test_integration.py::test_three_steps_two_ranks_with_reloads",),
     ),
+    Mutation(
+        name="check_opens_the_user_s_run_dir",
+        item="64.2/9: grpo check from the user's dir opens the run dir launch.sh writes",
+        path="grpo/plan.py",
+        old="        cfg.output_dir = str(REPO_ROOT / cfg.output_dir)\n",
+        new="",
+        tests=(
+            "tests/test_grpo_command.py::"
+            "test_grpo_check_from_the_user_s_dir_opens_the_run_dir_launch_sh_writes",
+        ),
+    ),
 )
