@@ -93,7 +93,8 @@ launch() {  # ROLE [config and overrides]: (re)start one role, in a process grou
   export GRPO_RESTARTS=${restarts[$role]} GRPO_RESTARTS_LEFT=$((MAX_RESTARTS - restarts[$role]))
   case $role in
     trainer) start_trainer "$@" & ;;
-    # One progress bar per terminal: the trainer's (steps, reward, KL); ROLE=sampler shows its own.
+    # One writer of bars per terminal: the trainer's (its evaluations; each step is a line, not a
+    # bar: grpo/observe/step_line.py); ROLE=sampler alone shows a bar of its batches.
     sampler) TQDM_DISABLE=1 start_sampler "$@" & ;;
     "reward service") start_reward "$@" & ;;
   esac

@@ -35,7 +35,7 @@ def setup_logging(role: str) -> None:
     for noisy in ("DeepSpeed", "deepspeed", "transformers", "httpx", "urllib3", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # Weight-loading progress bars and a deprecation inside DeepSpeed's ZeRO all-gather are noise
-    # in a run log; our own progress bar is the trainer's.
+    # in a run log; a step is one line of the trainer's (grpo/observe/step_line.py).
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     from transformers.utils import logging as hf_logging
 

@@ -230,3 +230,41 @@ def test_every_key_the_trl_and_verl_mapping_names_is_ours():
         except AttributeError:
             missing.append(key)
     assert not missing, f"docs/running.md names keys the config does not have: {missing}"
+
+
+def test_the_demo_s_durations_are_quoted_from_the_benchmarks_alone():
+    """Issue 64, item 9: README and the demo's config disagreed on how long the demo takes, and
+    README's float32 figure had been guessed. Durations live in docs/benchmarks.md: each one
+    README's opening quotes is a measured row there, in bold, and the config quotes none (it
+    sends the reader to README)."""
+    opening = README.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    quoted = re.findall(r"\b(\d+ min \d+ s)\b", opening)
+    assert quoted, "README's opening gives the demo's duration as measured (N min M s)"
+    assert not re.search(r"\b\d+ minutes\b|\babout \d+ in float32", opening), (
+        "README's opening rounds the demo's duration: quote docs/benchmarks.md's row"
+    )
+    bench = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    unmeasured = [q for q in quoted if f"**{q}**" not in bench]
+    assert not unmeasured, f"README quotes durations docs/benchmarks.md has no row of: {unmeasured}"
+    demo = (REPO / "configs" / "cpu_demo.yaml").read_text(encoding="utf-8")
+    comments = " ".join(line.strip().lstrip("#").strip() for line in demo.splitlines())
+    assert "how long it takes on 2 cores: README" in comments
+    assert not re.search(r"\b\d+ (?:min|minutes)\b", demo), "the demo config quotes a duration"
+
+
+def test_the_demo_s_answer_form_is_the_one_the_reward_pays():
+    """README's demo example (its v8 answer) is what the demo's reward calls worked and right:
+    the issue found README saying the answers *end* with `#### N` while they began with it."""
+    from grpo.tasks import get_task
+
+    text = README.read_text(encoding="utf-8")
+    example = re.search(r"Its v8:\n\n((?:    .+\n)+)", text)
+    assert example, "README's demo example (indented, after 'Its v8:') is gone"
+    answer = "\n".join(line[4:] for line in example.group(1).splitlines())
+    total = re.search(r"(\d+) \+ (\d+) = (\d+)", answer)
+    assert total and int(total.group(1)) + int(total.group(2)) == int(total.group(3))
+    task = get_task("addition")
+    row = {"question": "", "answer": f"working\n#### {total.group(3)}"}
+    reward = task.reward(answer, row)
+    score, info = reward if isinstance(reward, tuple) else (reward, {})
+    assert score == 1.0 and info.get("formatted") and info.get("correct"), (score, info)
