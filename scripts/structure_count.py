@@ -71,12 +71,13 @@ HOPS = (  # the announcement, added to the trainer's heartbeats and read from th
     ("grpo/delivery/sampler_endpoint.py:TrainerStatus.take",),
 )
 STEP = ("grpo/trainer/loop.py:Trainer.step",)
+_EXPERIENCE = "grpo/trainer/experience.py"
 STAGES = (
     ("grpo/trainer/scoring.py:score_on_ranks",),
-    ("grpo/trainer/experience.py:build_experience", "grpo/trainer/step.py:build_experience"),
-    ("grpo/trainer/experience.py:estimate_advantages", "grpo/trainer/step.py:estimate_advantages"),
-    ("grpo/trainer/objective.py:micro_batch_loss", "grpo/trainer/step.py:micro_batch_loss"),
-)  # fmt: skip
+    (f"{_EXPERIENCE}:padded_experience", f"{_EXPERIENCE}:build_experience"),
+    (f"{_EXPERIENCE}:with_advantages", f"{_EXPERIENCE}:estimate_advantages"),
+    ("grpo/trainer/step.py:micro_batch_loss", "grpo/trainer/objective.py:micro_batch_loss"),
+)
 
 
 def legs(mode: str) -> list[tuple[tuple[Place, ...], tuple[Place, ...]]]:

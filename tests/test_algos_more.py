@@ -485,7 +485,7 @@ def test_two_optimizer_steps_of_a_tiny_policy(name):
     cfg = load_config(None, [f"algo.loss={name}"])
     settled = plan_loss(cfg)
     for _ in range(2):
-        # exactly the call grpo.trainer.objective makes
+        # exactly the call grpo.trainer.step.micro_batch_loss makes
         loss, metrics = settled(old, model(prev, tokens), adv, mask, is_weights=None)
         assert torch.isfinite(loss) and all(torch.isfinite(v) for v in metrics.values())
         model.zero_grad()

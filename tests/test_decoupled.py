@@ -23,8 +23,9 @@ from grpo.config import ConfigError, load_config
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.plan import plan_experience, plan_objective
 from grpo.scoring.forward import pairs_logprobs
-from grpo.trainer.experience import build_experience, token_version_metrics
-from grpo.trainer.objective import micro_batch_loss
+from grpo.trainer.experience import token_version_metrics
+from grpo.trainer.step import micro_batch_loss
+from tests.experience import build_experience
 from tests.test_devices import StandInLM
 
 

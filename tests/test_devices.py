@@ -28,8 +28,8 @@ from grpo.rollout.hf import _StopWhenSet
 from grpo.scoring.forward import pairs_logprobs
 from grpo.scoring.kernels import Truncation
 from grpo.trainer.critic import completion_values
-from grpo.trainer.experience import build_experience
-from grpo.trainer.objective import micro_batch_loss
+from grpo.trainer.step import micro_batch_loss
+from tests.experience import build_experience
 
 META = torch.device("meta")
 V = 50

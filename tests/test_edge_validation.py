@@ -32,10 +32,10 @@ from grpo.plan import plan_experience
 from grpo.reward_service.protocol import parse_scores
 from grpo.runtime.progress import ACTIVITY
 from grpo.sampler.rewards import checked_rewards
-from grpo.trainer.experience import build_experience
 from grpo.wire import messages
 from grpo.wire.codec import FrameError, decode, encode_batch, seal
 from tests.conftest import free_port
+from tests.experience import build_experience
 from tests.test_episode import make_batch
 
 FITS = Expected(groups=3, group_size=4, arrays=frozenset({"old_logp", "ref_logp"}),

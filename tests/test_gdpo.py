@@ -16,7 +16,7 @@ from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch, reward_components
 from grpo.plan import plan_experience
 from grpo.tasks.gsm8k import reward as gsm8k_reward
-from grpo.trainer.experience import build_experience
+from tests.experience import build_experience
 
 
 def loop_gdpo(parts: list[list[float]], group_size: int) -> list[float]:

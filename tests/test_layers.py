@@ -145,7 +145,7 @@ def test_no_module_is_too_long_to_read():
 
 # What a training step runs below the loop (grpo.trainer.loop): each stage reads the part of
 # the run plan it needs (grpo.plan), never the whole Config.
-STEP_MODULES = ("step", "experience", "update", "objective", "scoring", "ranks")
+STEP_MODULES = ("step", "experience", "scoring", "ranks")
 
 
 def test_no_function_of_a_step_takes_the_config():

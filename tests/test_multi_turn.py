@@ -20,8 +20,8 @@ from grpo.scoring.kernels import Truncation
 from grpo.scoring.score import score_for_training
 from grpo.tasks import get_task, score
 from grpo.tools import Toolbox, get_tool
-from grpo.trainer.experience import build_experience
-from grpo.trainer.objective import micro_batch_loss
+from grpo.trainer.step import micro_batch_loss
+from tests.experience import build_experience
 from tests.plugins.tool_engine import FINAL, LOGP, ToolEngine
 
 CALCULATOR = Toolbox([get_tool("calculator")])

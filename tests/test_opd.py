@@ -22,9 +22,9 @@ from grpo.models.embedded import ModelError
 from grpo.models.loading import load_tokenizer
 from grpo.plan import plan_experience
 from grpo.scoring.teacher import check_same_tokenizer, load_teacher, tokenizer_difference
-from grpo.trainer.experience import build_experience
 from grpo.wire.codec import FrameError, decode, encode_batch, seal
 from tests.conftest import run_launch, transport_overrides
+from tests.experience import build_experience
 
 OPD = ["algo.advantage=opd", "teacher.path=/some/teacher"]
 

@@ -12,8 +12,8 @@ from grpo.config.passes import scored_by, scoring_passes
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.plan import plan_experience, plan_objective
 from grpo.scoring.forward import pairs_logprobs
-from grpo.trainer.experience import build_experience
-from grpo.trainer.objective import micro_batch_loss
+from grpo.trainer.step import micro_batch_loss
+from tests.experience import build_experience
 from tests.test_devices import COMPLETIONS, PROMPTS, StandInLM
 
 

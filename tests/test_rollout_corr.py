@@ -247,7 +247,7 @@ def test_the_trainer_applies_the_configured_corrections():
     from grpo.config import load_config
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.plan import plan_experience
-    from grpo.trainer.experience import build_experience
+    from tests.experience import build_experience
 
     old = [np.log([4.0, 1.0, 0.3], dtype=np.float32), np.zeros(2, np.float32)]
     eps = tuple(
@@ -300,7 +300,7 @@ def test_every_band_arrives_from_the_config_at_the_trainer(key):
     from grpo.config import load_config
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.plan import plan_experience
-    from grpo.trainer.experience import build_experience
+    from tests.experience import build_experience
 
     spec, band, ratio = BAND_CASES[key]
     eps = tuple(

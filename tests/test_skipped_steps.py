@@ -14,7 +14,7 @@ The two dtypes reach the skip by different code in DeepSpeed's ZeRO-1/2 optimize
 
 Either way the optimizer sets `overflow`, zeroes the gradients and returns; the engine's
 `_take_model_step` counts it in `engine.skipped_steps` and `get_global_grad_norm()` is inf.
-The trainer reads both: `train_on_batch` (grpo/trainer/update.py) leaves the norm out of the
+The trainer reads both: `update` (grpo/trainer/step.py) leaves the norm out of the
 step's metrics, and the trainer's step reads `skipped_steps` of each engine before and after
 the update and turns the difference into a warning and the `policy_steps_skipped` metric.
 
@@ -23,7 +23,7 @@ gradients are bf16 and the optimizer keeps fp32 master partitions. A bf16 "overf
 inf or NaN in a bf16 gradient (bf16 has fp32's exponent range, so what overflows one
 overflows the other); a hook puts one into the gradient of the embedding, in the dtype the
 backward produced, for the first step only. The loss itself stays finite, as it does when
-only the backward overflows (a non-finite loss is refused earlier, by grpo.trainer.update).
+only the backward overflows (a non-finite loss is refused earlier, by grpo.trainer.step).
 """
 
 import json
@@ -37,7 +37,7 @@ import pytest
 from tests.conftest import REPO
 
 # The trainer's own start-up and engine: join_trainer_world (a world of one over an
-# in-process store, gloo) and policy_engine with the configured dtype, then train_on_batch;
+# in-process store, gloo) and policy_engine with the configured dtype, then update;
 # the skipped count is the engine's, which the trainer's step reads.
 _SCRIPT = textwrap.dedent(
     """
@@ -49,10 +49,10 @@ _SCRIPT = textwrap.dedent(
     from grpo.config import load_config
     from grpo.core.episode import Episode, EpisodeBatch
     from grpo.trainer.engines import policy_engine
-    from grpo.trainer.experience import build_experience
+    from tests.experience import build_experience
     from grpo.trainer.process import join_trainer_world, without_deepspeed_shm_op
     from grpo.plan import plan_experience, plan_update
-    from grpo.trainer.update import train_on_batch
+    from grpo.trainer.step import update
 
     without_deepspeed_shm_op()  # as run_trainer does on CPU
     join_trainer_world("gloo", timedelta(seconds=60))
@@ -90,13 +90,13 @@ _SCRIPT = textwrap.dedent(
         batch = EpisodeBatch(eps, 2, policy_version=0, seq=0)
         exp, _ = build_experience(batch, plan_experience(cfg), 0.0)
         before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-        first = train_on_batch(engine, exp, plan_update(cfg, 1), pad_id=0)
+        first = update(engine, None, exp, plan_update(cfg, 1), pad_id=0)
         unchanged = all(torch.equal(before[n], p) for n, p in engine.module.named_parameters())
         fired_first, fired[:] = list(fired), []
         skipped_first = engine.skipped_steps
         poisoned["on"] = False
         try:
-            second = train_on_batch(engine, exp, plan_update(cfg, 1), pad_id=0)
+            second = update(engine, None, exp, plan_update(cfg, 1), pad_id=0)
         except FloatingPointError as e:  # the first step was applied and left NaN weights
             second = {"error": str(e)}
         params = list(engine.module.named_parameters())

@@ -17,8 +17,9 @@ from grpo.core.episode import Episode, EpisodeBatch
 from grpo.delivery.admission import Expected, misfit
 from grpo.plan import plan_experience
 from grpo.rollout.base import Generation
-from grpo.trainer.experience import build_experience, token_version_metrics
+from grpo.trainer.experience import token_version_metrics
 from grpo.wire.codec import FrameError, decode, encode_batch, seal
+from tests.experience import build_experience
 from tests.test_episode import (
     assert_batches_identical,
     assert_episodes_identical,

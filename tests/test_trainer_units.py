@@ -18,7 +18,8 @@ from grpo.algos import (
 from grpo.config import load_config
 from grpo.core.episode import Episode, EpisodeBatch
 from grpo.plan import plan_experience, plan_update
-from grpo.trainer.experience import build_experience, shaped_rewards
+from grpo.trainer.experience import shaped_rewards
+from tests.experience import build_experience
 
 
 def compute_advantages(batch, cfg, kl_coef: float = 0.0):
@@ -135,30 +136,30 @@ def one_rank():
     dist.destroy_process_group()
 
 
-def test_the_registered_gae_whitened_across_one_rank_equals_the_pure_gae(one_rank):
+def test_the_registered_gae_whitened_over_the_batch_equals_the_pure_gae():
     """algo.advantage=gae is a registered estimator that declares the critic's values: the
-    plan gives it gamma and lam, the update whitens it over the ranks' tokens and adds the
-    values back for the critic's targets: on one rank, exactly verl's GAE."""
+    plan gives it gamma and lam, and the one place every estimator runs (with_advantages)
+    whitens it over the batch's tokens and adds the values back for the critic's targets:
+    exactly verl's GAE."""
     from grpo.algos import gae
-    from grpo.trainer.update import whiten_across_ranks
 
     torch.manual_seed(0)
-    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float32)
-    rewards, values = torch.randn(2, 4) * mask, torch.randn(2, 4) * mask
-    plan = plan_update(load_config(None, ["algo.advantage=gae", "algo.gamma=0.9",
-                                          "algo.lam=0.8"]), 1)  # fmt: skip
+    cfg = load_config(None, ["algo.advantage=gae", "algo.gamma=0.9", "algo.lam=0.8",
+                             "rollout.questions_per_step=2", "rollout.group_size=2"])  # fmt: skip
+    plan = plan_experience(cfg)
     assert plan.advantage.estimator.needs_critic
-    raw = plan.advantage(rewards, mask, values=values)
-    ref_adv, ref_returns = gae(rewards, values, mask, 0.9, 0.8)
-    assert torch.allclose(whiten_across_ranks(raw, mask), ref_adv, atol=1e-5)
-    assert torch.allclose((raw + values) * mask, ref_returns, atol=1e-6)
-    ppo = plan_experience(load_config(None, ["algo.advantage=gae"]))
-    exp, _ = build_experience(_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4]), ppo, 0.0)
-    assert exp.advantages is None  # the update's, once the critic has scored the rows
+    batch = _batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 4])
+    without, _ = build_experience(batch, plan, 0.0)
+    values = torch.randn(without.mask.shape) * without.mask
+    exp, _ = build_experience(batch, plan, 0.0, values=values)
+    ref_adv, ref_returns = gae(exp.token_rewards, values, exp.mask, 0.9, 0.8)
+    assert torch.allclose(exp.advantages, ref_adv, atol=1e-6)
+    assert torch.allclose(exp.returns, ref_returns, atol=1e-6)
+    assert torch.equal(exp.old_values, values)
 
 
 def test_mini_batches_are_consecutive_rows_once_per_epoch(one_rank):
-    from grpo.trainer.update import mini_batches
+    from grpo.trainer.step import mini_batches
 
     cfg = load_config(None, ["train.ppo_epochs=2", "train.mini_batch_size=2",
                              "rollout.questions_per_step=2", "rollout.group_size=2"])  # fmt: skip
@@ -194,7 +195,7 @@ class RecordingEngine:
 def test_optimizer_step_weights_each_micro_batch_by_its_share(one_rank, token_mean):
     """A loss of 1 per micro-batch shows its weight: its share of the mini-batch's tokens (or
     of its sequences), summing to 1; the accumulation boundary is the last micro-batch."""
-    from grpo.trainer.update import optimizer_step
+    from grpo.trainer.step import optimizer_step
 
     cfg = load_config(None, ["train.micro_batch_size=2"])
     mini, _ = build_experience(

@@ -111,12 +111,13 @@ _SCRIPT = textwrap.dedent(
     from grpo.trainer.critic import Critic
     from grpo.trainer.engines import deepspeed_config, policy_engine, reference_model
     from grpo.eval.in_training import VersionEvaluator
-    from grpo.trainer.experience import build_experience
+    from tests.experience import build_experience
     from grpo.trainer.process import without_deepspeed_shm_op
     from grpo.weights.publisher import weights_to_publish
     from grpo.trainer.scoring import score_on_ranks
     from grpo.plan import plan_experience, plan_scoring, plan_update
-    from grpo.trainer.update import ppo_update, train_on_batch
+    from grpo.trainer.ranks import gather_rows
+    from grpo.trainer.step import update
 
     tiny, tmp, files = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
     without_deepspeed_shm_op()
@@ -162,7 +163,7 @@ _SCRIPT = textwrap.dedent(
 
         def step(self, seq):
             plan = plan_update(self.cfg, 2)
-            self.metrics.append(train_on_batch(self.engine, self.mine(seq), plan, pad))
+            self.metrics.append(update(self.engine, None, self.mine(seq), plan, pad))
 
         def publish(self, name):  # what Trainer.publish does, every rank entering
             with weights_to_publish(self.engine, self.cfg.model.lora.enabled) as write:
@@ -273,10 +274,12 @@ _SCRIPT = textwrap.dedent(
     scored = score_on_ranks(zero3.engine.module, zero3.reference, BATCHES[0], plan_scoring(gae), 1,
                             pad)
     exp, _ = build_experience(scored, plan_experience(gae), 0.0)
-    mine = exp.rows(range(2 * rank, 2 * rank + 2))
-    before = critic.values(mine, pad)
-    metrics = ppo_update(zero3.engine, critic, mine, plan_update(gae, 2), pad, train_policy=False)
-    after = critic.values(mine, pad)
+    rows, width = range(2 * rank, 2 * rank + 2), exp.mask.shape[1]
+    before = critic.values(exp.rows(rows), width, pad)
+    exp, _ = build_experience(scored, plan_experience(gae), 0.0, values=gather_rows(before))
+    metrics = update(zero3.engine, critic, exp.rows(rows), plan_update(gae, 2), pad,
+                     train_policy=False)
+    after = critic.values(exp.rows(rows), width, pad)
     out["critic"] = {"vf_loss": metrics["vf_loss"],
                      "moved": float((after - before).abs().max())}
     if rank == 0:

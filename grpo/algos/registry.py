@@ -7,8 +7,8 @@ Each table has one calling convention, so a caller can use any registered name w
 knowing which it is: outcome estimators map per-sequence rewards (N,) to (N,), token
 estimators map per-token rewards (B, T) to (B, T). What an estimator takes beyond that is
 declared where it registers (`needs`, from ESTIMATOR_INPUTS): the trainer reads no signature.
-An estimator that needs the critic's values (GAE) runs in the update, on each rank's rows once
-the critic has scored them, and makes the run build a critic.
+An estimator that needs the critic's values (GAE) makes the run build a critic; it runs where
+every estimator does (grpo.trainer.experience.with_advantages), on the whole batch's values.
 """
 
 from collections.abc import Callable, Iterable
@@ -47,8 +47,8 @@ def get_policy_loss(name: str) -> Callable:
 #                (on-policy distillation: the teacher's and the old policy's log-probs)
 #   lam          keyword `lam`: GAE's lambda, algo.lam
 #   values       keyword `values` (B, T): the critic's values before the update. The run builds
-#                a critic, and the estimator runs in the update, on each rank's rows; its
-#                advantages are whitened over all ranks' tokens after it.
+#                a critic; the estimator's advantages are whitened over the batch's tokens
+#                after it.
 ESTIMATOR_INPUTS = frozenset({"gamma", "components", "teacher", "lam", "values"})
 _NEEDS: dict[Callable, tuple[str, ...]] = {}
 

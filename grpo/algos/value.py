@@ -3,7 +3,7 @@ advantages and the critic's regression targets, and the clipped value loss that 
 
 GAE is also the registered token estimator "gae" (`gae_advantages`), which declares the
 critic's values among its inputs: the trainer builds a critic for it and whitens its
-advantages over every rank's tokens. All tensors are (B, T) and aligned with `mask` (1.0 on
+advantages over the batch's tokens. All tensors are (B, T) and aligned with `mask` (1.0 on
 real response tokens, 0 on padding).
 """
 
@@ -56,7 +56,7 @@ def gae_advantages(
     token_rewards: Tensor, mask: Tensor, *, values: Tensor, gamma: float, lam: float
 ) -> Tensor:
     """GAE's advantages before whitening, (B, T): returns - values on the valid tokens (the
-    critic's targets are these plus `values`). The trainer whitens them over all ranks'
+    critic's targets are these plus `values`). The trainer whitens them over the batch's
     tokens, as `gae` whitens over its own."""
     _, returns = gae(token_rewards, values, mask, gamma, lam)
     return (returns - values) * mask

@@ -2,7 +2,7 @@
 
 V(s_t) for completion token t is read at the position that predicts token t (the same
 alignment as the policy's logits, from the same forward: grpo.scoring.forward), so values line
-up with the response mask. Its optimizer steps are the policy's (grpo.trainer.update), with
+up with the response mask. Its optimizer steps are the policy's (grpo.trainer.step), with
 the value loss of :meth:`Critic.micro_batch_loss`.
 """
 
@@ -65,9 +65,10 @@ class Critic:
                                  pad_id)  # fmt: skip
 
     @torch.no_grad()
-    def values(self, exp: Experience, pad_id: int) -> torch.Tensor:
-        """(N, C) values before any update, on the CPU like the experience (micro-batched)."""
-        out = torch.zeros_like(exp.mask)
+    def values(self, exp: Experience, width: int, pad_id: int) -> torch.Tensor:
+        """(N, width) values before any update (width at least the longest answer's), on the
+        CPU like the experience (micro-batched)."""
+        out = torch.zeros(len(exp), width)
         micro = self.engine.train_micro_batch_size_per_gpu()
         for start in range(0, len(exp), micro):
             part = exp.rows(slice(start, start + micro))
@@ -80,7 +81,7 @@ class Critic:
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped value loss of the micro-batch `part` towards `part.returns`, centred on
         `part.old_values`, as a token mean; its (B, C) mask and its metrics (0-d tensors), on
-        the critic's device, as grpo.trainer.objective.micro_batch_loss gives the policy's."""
+        the critic's device, as grpo.trainer.step.micro_batch_loss gives the policy's."""
         assert part.returns is not None and part.old_values is not None
         values, _ = self._values(part, pad_id)
         # the experience's mask, not the forward's: no value loss on a tool's tokens

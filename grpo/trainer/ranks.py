@@ -65,6 +65,14 @@ def max_across_ranks(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 
 
+def gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Each rank's (n, C) rows of the same shape, back to back in rank order: (world * n, C)."""
+    t = t.contiguous().to(comm_device())
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.cat(out).cpu()
+
+
 def micro_batches(
     sizes: Sequence[tuple[int, int]], micro: int, max_tokens: int, packed: bool
 ) -> list[list[int]]:

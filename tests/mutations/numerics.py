@@ -28,7 +28,7 @@ MUTATIONS = (
     Mutation(
         name="skipped_step_norm_reported",
         item="8: a skipped step's gradient norm is left out, not reported as inf",
-        path="grpo/trainer/update.py",
+        path="grpo/trainer/step.py",
         old="if grad_norm is not None and math.isfinite(float(grad_norm)):",
         new="if grad_norm is not None:",
         tests=(SKIP_TEST,),
@@ -60,7 +60,7 @@ MUTATIONS = (
     Mutation(
         name="zero3_gradient_1pct_off",
         item="14: ZeRO-3's first-step gradient norm matches ZeRO-2's",
-        path="grpo/trainer/update.py",
+        path="grpo/trainer/step.py",
         old="accumulate_backward(engine, loss * share, last=i == len(parts) - 1)",
         new="accumulate_backward(engine, loss * share * (1.01 if engine.zero_optimization_stage()"
         " == 3 else 1.0), last=i == len(parts) - 1)",
@@ -69,7 +69,7 @@ MUTATIONS = (
     Mutation(
         name="zero3_drops_a_micro_batch",
         item="14: ZeRO-3 with offload trains to ZeRO-2's weights",
-        path="grpo/trainer/update.py",
+        path="grpo/trainer/step.py",
         old="accumulate_backward(engine, loss * share, last=i == len(parts) - 1)",
         new="accumulate_backward(engine, loss * share * (0.0 if engine.zero_optimization_stage()"
         " == 3 and i == 0 and len(parts) > 1 else 1.0), last=i == len(parts) - 1)",
@@ -79,7 +79,7 @@ MUTATIONS = (
         # from the second step on only: the first-step checks pass, the weights' must fail
         name="zero3_drops_a_micro_batch_after_the_first_step",
         item="14: ZeRO-3 with offload trains to ZeRO-2's weights (the weights' own check)",
-        path="grpo/trainer/update.py",
+        path="grpo/trainer/step.py",
         old="accumulate_backward(engine, loss * share, last=i == len(parts) - 1)",
         new="accumulate_backward(engine, loss * share * (0.0 if engine.zero_optimization_stage()"
         " == 3 and i == 0 and len(parts) > 1 and engine.global_steps > 0 else 1.0),"

@@ -9,7 +9,7 @@ LAYERS = "tests/test_layers.py"
 ABILITIES = "tests/test_engine_abilities.py"
 LOOP = "tests/test_generation_loop.py"
 GAE_TEST = (
-    "tests/test_trainer_units.py::test_the_registered_gae_whitened_across_one_rank_equals_the_"
+    "tests/test_trainer_units.py::test_the_registered_gae_whitened_over_the_batch_equals_the_"
     "pure_gae"
 )
 OBJECTIVE = (
@@ -153,10 +153,18 @@ MUTATIONS = (
     ),
     Mutation(
         name="critic_estimator_run_without_the_critic",
-        item="44.1: an estimator of the critic's values runs in the update, not the experience",
+        item="44.1: an estimator of the critic's values is given the critic's values",
         path="grpo/trainer/experience.py",
-        old="    if not plan.advantage.estimator.needs_critic:",
-        new="    if True:",
+        old='        given["values"] = values\n',
+        new="        pass\n",
+        tests=(GAE_TEST,),
+    ),
+    Mutation(
+        name="gae_left_unwhitened",
+        item="60.4: GAE's advantages, at the one place every estimator runs, are whitened",
+        path="grpo/trainer/experience.py",
+        old="        token_adv = masked_whiten(token_adv, exp.mask)\n",
+        new="        pass\n",
         tests=(GAE_TEST,),
     ),
     Mutation(
