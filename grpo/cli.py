@@ -16,6 +16,7 @@ from grpo.runtime.host_memory import keep_freed_memory
 from grpo.runtime.lifetime import die_with_parent
 from grpo.runtime.placement import placement_for, visible_gpus
 from grpo.runtime.progress import ACTIVITY, STARTING
+from grpo.tasks.failures import RewardFailingError
 from grpo.trainer.launch import told_torchrun
 
 USAGE = """usage: {prog} CONFIG.yaml [section.key=value ...] [--resume]
@@ -97,6 +98,14 @@ def main(role: str, argv: list[str]) -> int:
         from grpo.trainer.process import run_trainer
 
         return run_trainer(cfg)
+    except RewardFailingError as e:
+        # The user's reward failed past reward.max_error_rate (or on a whole first batch): a
+        # restart would score the same questions with the same function, so it is the run's
+        # input, not a crash. 2: launch.sh stops the run, named, instead of restarting the
+        # sampler three times (a 1-step run of a reward that raised on every answer took
+        # minutes and three rotated run dirs to end with exit 1).
+        log.error("%s", e)
+        return 2
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         # Bad data paths, reward specs, model dirs, a diverged loss: one line naming the culprit
         # (GRPO_DEBUG=1 shows it).

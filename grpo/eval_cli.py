@@ -63,8 +63,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="ask the questions again with this answer instruction in place of the task's "
         "(repeatable; added to the run's eval.prompt_variants)",
     )
-    p.add_argument("--show", type=int, default=0, metavar="N",
-                   help="print each version's greedy answers to the first N questions")  # fmt: skip
+    p.add_argument(
+        "--show",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print each version's greedy answers to the first N questions",
+    )
     return p.parse_args(argv)
 
 
@@ -134,8 +139,9 @@ def eval_config(run_dir: Path, args: argparse.Namespace, model: str = "") -> Con
 def table(rows: list[dict]) -> str:
     """The markdown table of `rows`; a mixture's entries get a pass@1 column each."""
     keys = {k for r in rows for k in r}
-    passes = sorted((k for k in keys if k.startswith("pass@") and "/" not in k),
-                    key=lambda k: int(k[5:]))  # fmt: skip
+    passes = sorted(
+        (k for k in keys if k.startswith("pass@") and "/" not in k), key=lambda k: int(k[5:])
+    )
     sources = sorted(k.removeprefix("accuracy/") for k in keys if k.startswith("accuracy/"))
     variants = sorted({k.partition("@")[2] for k in keys if k.startswith("format_rate@")})
     head = ["version", "pass@1 (greedy)", "format", "degenerate", *passes]
@@ -155,9 +161,12 @@ def table(rows: list[dict]) -> str:
 
 
 def evaluate_versions(
-    cfg: Config, versions: list[int], progress: bool = True, out: Path | None = None,
+    cfg: Config,
+    versions: list[int],
+    progress: bool = True,
+    out: Path | None = None,
     show: int = 0,
-) -> list[dict]:  # fmt: skip
+) -> list[dict]:
     """Each version in turn, with the HF policy (a LoRA run's adapter on its base model);
     `show`: print its greedy answers to the first `show` questions (grpo.observe.samples)."""
     from grpo.eval import questions as q
@@ -191,8 +200,9 @@ def evaluate_versions(
         for v in versions:
             if v:
                 copy.load(Version.from_dir(version_dir(cfg.run_dir, v), v))
-            row, results = q.evaluate_answers(engine, prompts, tokenizer, rewards, spec, v,
-                                              progress, markers)  # fmt: skip
+            row, results = q.evaluate_answers(
+                engine, prompts, tokenizer, rewards, spec, v, progress, markers
+            )
             if show > 0:
                 print(samples.show(samples.eval_rows(results[:show], v, prompts, tokenizer.decode)))
             for name, asked in variants.items():

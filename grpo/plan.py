@@ -53,9 +53,13 @@ class LossPlan:
     agg: str  # how the other terms are averaged: the loss's aggregation, else FALLBACK_AGG
 
     def __call__(
-        self, old_logp: Tensor, logp: Tensor, advantages: Tensor, mask: Tensor,
+        self,
+        old_logp: Tensor,
+        logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
         is_weights: Tensor | None = None,
-    ) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """`is_weights`: the rollout correction's, passed only when there are some."""
         extra = {} if is_weights is None else {"is_weights": is_weights}
         return self.fn(old_logp, logp, advantages, mask, **self.options, **extra)
@@ -196,8 +200,7 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     else:
         _check_phrasings(cfg)
     if cfg.rollout.tools:
-        _looked_up("rollout.tools", Toolbox.named,
-                   cfg.rollout.tools)  # fmt: skip
+        _looked_up("rollout.tools", Toolbox.named, cfg.rollout.tools)
     _check_trackers(cfg)
     advantage = plan_advantage(cfg)
     return RunPlan(
@@ -239,8 +242,9 @@ def plan_update(
 
 def plan_scoring(cfg: Config) -> ScoringPlan:
     r = cfg.rollout
-    return ScoringPlan(Truncation(r.top_p, r.top_k), r.temperature, cfg.packed,
-                       cfg.train.micro_batch_size)  # fmt: skip
+    return ScoringPlan(
+        Truncation(r.top_p, r.top_k), r.temperature, cfg.packed, cfg.train.micro_batch_size
+    )
 
 
 def plan_experience(cfg: Config, advantage: Advantage | None = None) -> ExperiencePlan:
@@ -251,14 +255,15 @@ def plan_experience(cfg: Config, advantage: Advantage | None = None) -> Experien
         bands = MappingProxyType(algo.correction_bands())
         correction = Correction(algo.rollout_correction, algo.rollout_correction_threshold, bands)
     return ExperiencePlan(
-        shaping=(Overlong(cfg.rollout.max_new_tokens, algo.overlong_buffer,
-                          algo.overlong_factor),) if algo.overlong_buffer else (),
+        shaping=(Overlong(cfg.rollout.max_new_tokens, algo.overlong_buffer, algo.overlong_factor),)
+        if algo.overlong_buffer
+        else (),
         kl_reward_kind=algo.kl_reward_kind,
         kl_in_reward=algo.kl_in_reward,
         mask_truncated=algo.mask_truncated,
         correction=correction,
         advantage=advantage or plan_advantage(cfg),
-    )  # fmt: skip
+    )
 
 
 def plan_advantage(cfg: Config) -> Advantage:

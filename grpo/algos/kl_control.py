@@ -34,6 +34,8 @@ class KlControl:
         if not self.adaptive:
             return coef
         if current_kl is None:
-            raise ValueError("adaptive KL control needs the batch's KL to the reference: "
-                             "both the old-policy and the reference log-probs")  # fmt: skip
+            raise ValueError(
+                "adaptive KL control needs the batch's KL to the reference: "
+                "both the old-policy and the reference log-probs"
+            )
         return adaptive_kl_coef(coef, current_kl, self.target, self.horizon, n_steps)

@@ -70,8 +70,10 @@ def _registering(registry: Registry, name: str, needs: Iterable[str]) -> Callabl
     needs = tuple(needs)
     unknown = set(needs) - ESTIMATOR_INPUTS
     if unknown:
-        raise ValueError(f"estimator {name!r} needs {sorted(unknown)}: an estimator may "
-                         f"declare {sorted(ESTIMATOR_INPUTS)}")  # fmt: skip
+        raise ValueError(
+            f"estimator {name!r} needs {sorted(unknown)}: an estimator may "
+            f"declare {sorted(ESTIMATOR_INPUTS)}"
+        )
     register = registry.register(name)
 
     def decorate(fn: Callable) -> Callable:

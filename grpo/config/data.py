@@ -94,8 +94,9 @@ def _entry(raw: Any, default_task: str) -> MixtureEntry:
     name = strings["name"] or task
     if not _NAME.fullmatch(name):
         raise ValueError(f"name {name!r} must be letters, digits and _ . - / only (a metric key)")
-    return MixtureEntry(name, strings["train"], strings["test"], task, strings["reward"],
-                        float(weight))  # fmt: skip
+    return MixtureEntry(
+        name, strings["train"], strings["test"], task, strings["reward"], float(weight)
+    )
 
 
 def parse_mixture(entries: list[Any], default_task: str) -> tuple[MixtureEntry, ...]:
@@ -129,8 +130,10 @@ def check_mixture(mixture: list[Any], task: str, train: str, test: str, reward: 
     except ValueError as e:
         raise ConfigError(f"data.mixture: {e}") from None
     if len(entries) < 2:
-        raise ConfigError("data.mixture has one entry: a mixture needs two or more datasets "
-                          "(one dataset is data.task / data.train)")  # fmt: skip
+        raise ConfigError(
+            "data.mixture has one entry: a mixture needs two or more datasets "
+            "(one dataset is data.task / data.train)"
+        )
 
 
 # ---------------------------------------------------------------------------

@@ -54,6 +54,8 @@ def abilities(backend: str) -> EngineAbilities:
     except ValueError as e:
         raise ConfigError(f"rollout.backend: {e}") from None
     if not isinstance(declared, EngineAbilities):
-        raise ConfigError(f"rollout.backend: {backend}'s abilities must be an EngineAbilities, "
-                          f"not {type(declared).__name__}")  # fmt: skip
+        raise ConfigError(
+            f"rollout.backend: {backend}'s abilities must be an EngineAbilities, "
+            f"not {type(declared).__name__}"
+        )
     return declared

@@ -19,12 +19,15 @@ def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
 
 
-def require_signs(section_name: str, values: Any, positive: tuple[str, ...],
-                  non_negative: tuple[str, ...] = ()) -> None:  # fmt: skip
+def require_signs(
+    section_name: str, values: Any, positive: tuple[str, ...], non_negative: tuple[str, ...] = ()
+) -> None:
     """ConfigError naming the first key of `section_name` (`values`: the section) that is not
     > 0 among `positive`, or below 0 among `non_negative`."""
-    for names, bad, what in ((positive, lambda v: v <= 0, "> 0"),
-                             (non_negative, lambda v: v < 0, ">= 0")):  # fmt: skip
+    for names, bad, what in (
+        (positive, lambda v: v <= 0, "> 0"),
+        (non_negative, lambda v: v < 0, ">= 0"),
+    ):
         for name in names:
             value = getattr(values, name)
             if bad(value):

@@ -58,12 +58,16 @@ def check_name(name: str) -> None:
     component, and none of output_dir's own entries (name=base moved the embedded model aside,
     name=../x any directory)."""
     if not name or name in (".", "..") or "/" in name or "\0" in name or len(name) > 200:
-        raise ConfigError("name must be one path component (no '/', not '.' or '..', 1-200 "
-                          "characters): outputs go to output_dir/<name>; got "
-                          f"{name!r:.80}")  # fmt: skip
+        raise ConfigError(
+            "name must be one path component (no '/', not '.' or '..', 1-200 "
+            "characters): outputs go to output_dir/<name>; got "
+            f"{name!r:.80}"
+        )
     if name in RESERVED_NAMES:
-        raise ConfigError(f"name {name!r} is output_dir's own ({', '.join(RESERVED_NAMES)} are "
-                          "reserved): pick another run name")  # fmt: skip
+        raise ConfigError(
+            f"name {name!r} is output_dir's own ({', '.join(RESERVED_NAMES)} are "
+            "reserved): pick another run name"
+        )
 
 
 def _check_batch(cfg: Config) -> None:
@@ -153,14 +157,20 @@ def sampler_cannot_answer(cfg: Config) -> list[str]:
     each due version when it loads it, which it does for every version, in order, only when it
     samples lock-step, alone, on-policy, and each due version is published."""
     e, r, t = cfg.eval, cfg.rollout, cfg.train
-    unmet = [f"{key}={value} (needs {want})" for key, value, want in (
-        ("rollout.mode", r.mode, "lockstep"),
-        ("rollout.num_samplers", r.num_samplers, 1),
-        ("train.max_staleness", t.max_staleness, 0),
-    ) if value != want]  # fmt: skip
+    unmet = [
+        f"{key}={value} (needs {want})"
+        for key, value, want in (
+            ("rollout.mode", r.mode, "lockstep"),
+            ("rollout.num_samplers", r.num_samplers, 1),
+            ("train.max_staleness", t.max_staleness, 0),
+        )
+        if value != want
+    ]
     if e.interval % t.sync_interval:
-        unmet.append(f"eval.interval={e.interval} (needs a multiple of train.sync_interval="
-                     f"{t.sync_interval}: only published versions reach the sampler)")  # fmt: skip
+        unmet.append(
+            f"eval.interval={e.interval} (needs a multiple of train.sync_interval="
+            f"{t.sync_interval}: only published versions reach the sampler)"
+        )
     return unmet
 
 

@@ -131,8 +131,11 @@ class VllmConfig:
         "KV cache size in GiB; on CPU it is taken up front (0 = vLLM's own choice: most "
         "of the free RAM on CPU, gpu_memory_utilization on GPU)",
     )
-    max_model_len: int = knob(0, "longest prompt + answer; 0 = data.max_prompt_tokens + "
-                            "max(rollout.max_new_tokens, eval.max_new_tokens)")  # fmt: skip
+    max_model_len: int = knob(
+        0,
+        "longest prompt + answer; 0 = data.max_prompt_tokens + "
+        "max(rollout.max_new_tokens, eval.max_new_tokens)",
+    )
     enforce_eager: bool = knob(False, "no CUDA graphs / compilation: faster start, slower decode")
     reload: Literal["in_place", "restart"] = knob(
         "in_place",
@@ -250,9 +253,20 @@ def check_data(d: DataConfig) -> None:
 
 
 def check_rollout(r: RolloutConfig) -> None:
-    require_signs("rollout", r, ("questions_per_step", "group_size", "max_new_tokens",
-                                 "generation_batch_size", "max_sampling_rounds", "temperature",
-                                 "num_samplers", "spool_max_batches"))  # fmt: skip
+    require_signs(
+        "rollout",
+        r,
+        (
+            "questions_per_step",
+            "group_size",
+            "max_new_tokens",
+            "generation_batch_size",
+            "max_sampling_rounds",
+            "temperature",
+            "num_samplers",
+            "spool_max_batches",
+        ),
+    )
     v = r.vllm
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p!r}")
@@ -274,8 +288,9 @@ def check_rollout(r: RolloutConfig) -> None:
     if any(not s for s in r.stop):
         raise ConfigError("rollout.stop holds an empty string, which would end every answer")
     if r.slots > MAX_SLOTS:
-        raise ConfigError(f"rollout.slots must be at most {MAX_SLOTS} answers at once, got "
-                          f"{r.slots}")  # fmt: skip
+        raise ConfigError(
+            f"rollout.slots must be at most {MAX_SLOTS} answers at once, got {r.slots}"
+        )
     if r.slots < 0 or r.slots % r.group_size:  # whole groups go into an engine's slots
         raise ConfigError(
             f"rollout.slots={r.slots} must be a multiple of group_size={r.group_size}"

@@ -116,10 +116,21 @@ class CriticConfig:
 
 
 def check_train(t: TrainConfig) -> None:
-    require_signs("train", t, ("total_steps", "lr", "micro_batch_size", "ppo_epochs",
-                               "num_ranks", "nnodes", "sync_interval", "keep_versions"),
-                  ("max_staleness", "max_tokens_per_micro_batch", "state_interval",
-                   "weight_decay"))  # fmt: skip
+    require_signs(
+        "train",
+        t,
+        (
+            "total_steps",
+            "lr",
+            "micro_batch_size",
+            "ppo_epochs",
+            "num_ranks",
+            "nnodes",
+            "sync_interval",
+            "keep_versions",
+        ),
+        ("max_staleness", "max_tokens_per_micro_batch", "state_interval", "weight_decay"),
+    )
     if t.max_grad_norm <= 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {t.max_grad_norm!r}")
     if not 0 <= t.master_port <= 65535:  # 0: any free port

@@ -85,14 +85,16 @@ def check_transport(t: TransportConfig) -> None:
             f"twice transport.heartbeat_s ({t.heartbeat_s}): heartbeats carry the progress"
         )
     if bad := [sid for sid in t.relay_samplers if not is_sampler_id(sid)]:
-        raise ConfigError(f"transport.relay_samplers: {bad[0]!r} is no sampler id "
-                          f"({SAMPLER_ID_RULE})")  # fmt: skip
+        raise ConfigError(
+            f"transport.relay_samplers: {bad[0]!r} is no sampler id ({SAMPLER_ID_RULE})"
+        )
     addrs = [a for a in (t.episodes_addr, t.control_addr, t.weights_addr) if a]
     if len(set(addrs)) < len(addrs):
         raise ConfigError("transport.episodes_addr, control_addr and weights_addr must differ")
     if not 1 << 20 <= t.max_frame_bytes <= MAX_FRAME_BYTES:
-        raise ConfigError(f"transport.max_frame_bytes must be in [1 MiB, 1 TiB], got "
-                          f"{t.max_frame_bytes}")  # fmt: skip
+        raise ConfigError(
+            f"transport.max_frame_bytes must be in [1 MiB, 1 TiB], got {t.max_frame_bytes}"
+        )
     if t.receive_hwm < 0:
         raise ConfigError(f"transport.receive_hwm must be >= 0 (0 = derived), got {t.receive_hwm}")
     if t.max_version_bytes < 1:

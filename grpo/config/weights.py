@@ -15,20 +15,26 @@ if TYPE_CHECKING:
 def check_weights(cfg: Config) -> None:
     w, mode = cfg.weights, weights_mode(cfg)
     if mode in ("files", "stream", "collective") and not cfg.transport.weights_addr:
-        raise ConfigError(f"weights.mode: {mode} needs transport.weights_addr (where the "
-                          "trainer serves them)")  # fmt: skip
+        raise ConfigError(
+            f"weights.mode: {mode} needs transport.weights_addr (where the trainer serves them)"
+        )
     if mode == "shared_dir" and cfg.transport.weights_addr:
-        raise ConfigError("weights.mode: shared_dir reads the trainer's dirs: drop "
-                          "transport.weights_addr, or choose files or stream")  # fmt: skip
+        raise ConfigError(
+            "weights.mode: shared_dir reads the trainer's dirs: drop "
+            "transport.weights_addr, or choose files or stream"
+        )
     if w.bucket_mb <= 0 or w.keep_bases < 1 or w.window < 1 or w.transfer_timeout_s <= 0:
-        raise ConfigError("weights.bucket_mb, keep_bases, window and transfer_timeout_s must "
-                          "be positive")  # fmt: skip
+        raise ConfigError(
+            "weights.bucket_mb, keep_bases, window and transfer_timeout_s must be positive"
+        )
     backend = cfg.rollout.backend
     in_memory = abilities(backend).adapters_in_memory
     if streams_versions(cfg) and cfg.model.lora.enabled and not in_memory:
-        raise ConfigError(f"weights.mode: {mode} cannot hand the {backend} engine a LoRA "
-                          "adapter (it loads adapters from a dir): use weights.mode files or "
-                          "shared_dir")  # fmt: skip
+        raise ConfigError(
+            f"weights.mode: {mode} cannot hand the {backend} engine a LoRA "
+            "adapter (it loads adapters from a dir): use weights.mode files or "
+            "shared_dir"
+        )
     if mode == "collective":
         _check_collective(cfg)
     if w.fanout < 0 or w.save_interval < 0:
@@ -56,13 +62,17 @@ def _check_collective(cfg: Config) -> None:
         raise ConfigError("weights.collective_timeout_s must be positive")
     taken = {t.episodes_addr, t.control_addr, t.weights_addr, w.relay_addr}
     if w.collective_addr in taken:
-        raise ConfigError(f"weights.collective_addr {w.collective_addr} is another transport "
-                          "address: give the group's meeting point a port of its own")  # fmt: skip
+        raise ConfigError(
+            f"weights.collective_addr {w.collective_addr} is another transport "
+            "address: give the group's meeting point a port of its own"
+        )
     if host_port(w.collective_addr)[0] not in LOOPBACK_HOSTS and not t.allow_insecure:
-        raise ConfigError(f"weights.collective_addr {w.collective_addr} is beyond loopback, and "
-                          "the group's traffic (gloo) is not encrypted, CURVE or not: set "
-                          "transport.allow_insecure: true on a network you trust, or use "
-                          "weights.mode stream")  # fmt: skip
+        raise ConfigError(
+            f"weights.collective_addr {w.collective_addr} is beyond loopback, and "
+            "the group's traffic (gloo) is not encrypted, CURVE or not: set "
+            "transport.allow_insecure: true on a network you trust, or use "
+            "weights.mode stream"
+        )
 
 
 def weights_mode(cfg: Config) -> str:

@@ -91,8 +91,10 @@ def pack_pairs(prompts: Sequence[np.ndarray], completions: Sequence[np.ndarray])
     if len(prompts) != len(completions) or not prompts:
         raise ValueError("pack_pairs needs as many prompts as completions, at least one")
     if any(len(p) == 0 for p in prompts):
-        raise ValueError("pack_pairs needs non-empty prompts (the first completion token "
-                         "is predicted by the last prompt token)")  # fmt: skip
+        raise ValueError(
+            "pack_pairs needs non-empty prompts (the first completion token "
+            "is predicted by the last prompt token)"
+        )
     ids, pos, index, rows, cols = [], [], [], [], []
     offset = 0
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):

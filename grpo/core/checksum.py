@@ -33,8 +33,11 @@ def file_digest(path: Path) -> dict[str, int]:
 def is_hex(value: Any, chars: int) -> bool:
     """Whether `value` is exactly `chars` lowercase hex digits, as hexdigest() and
     secrets.token_hex write them (a digest or a secret a peer sends back)."""
-    return (isinstance(value, str) and len(value) == chars
-            and all(c in "0123456789abcdef" for c in value))  # fmt: skip
+    return (
+        isinstance(value, str)
+        and len(value) == chars
+        and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 def digest(buffers: Iterable[Any]) -> str:

@@ -19,8 +19,9 @@ FINISH_REASONS = frozenset({"stop", "length"})
 
 # (array name, wire dtype name, which per-episode length it follows), in frame order, and the
 # arrays a batch may leave out: read from the per-token fields' table (grpo.core.tokens).
-ARRAY_SPECS: tuple[tuple[str, str, str], ...] = tuple((f.name, f.wire, f.follows)
-                                                      for f in TOKEN_FIELDS)  # fmt: skip
+ARRAY_SPECS: tuple[tuple[str, str, str], ...] = tuple(
+    (f.name, f.wire, f.follows) for f in TOKEN_FIELDS
+)
 OPTIONAL_ARRAYS = OPTIONAL
 # Wire dtypes are explicit little-endian so sender and receiver agree on any host.
 WIRE_DTYPES: dict[str, np.dtype] = {

@@ -290,8 +290,10 @@ def _gather(eps: tuple[Episode, ...]) -> Columns:
         name, wire = field.name, WIRE_DTYPES[field.wire]
         parts = [getattr(ep, name) for ep in eps]
         if name == "loss_mask" and any(p is not None for p in parts):
-            parts = [np.ones(len(ep.completion_ids), wire) if p is None else p
-                     for p, ep in zip(parts, eps, strict=True)]  # fmt: skip
+            parts = [
+                np.ones(len(ep.completion_ids), wire) if p is None else p
+                for p, ep in zip(parts, eps, strict=True)
+            ]
         if field.optional and any(p is None for p in parts):
             arrays[name] = None
             continue

@@ -19,9 +19,15 @@ KL_KINDS: tuple[str, ...] = get_args(KlKind)
 
 # Importance weights for the rollout engine's mismatch (grpo.algos.correction).
 CorrectionMode = Literal[
-    "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "icepop",
-    "seq_masked_tis", "decoupled",
-]  # fmt: skip
+    "none",
+    "token_truncate",
+    "token_mask",
+    "sequence_truncate",
+    "sequence_mask",
+    "icepop",
+    "seq_masked_tis",
+    "decoupled",
+]
 CORRECTION_MODES: tuple[str, ...] = get_args(CorrectionMode)
 BANDED_MODES = ("icepop", "seq_masked_tis")  # the weight modes that read a band too
 

@@ -171,12 +171,22 @@ class StalenessGate:
         lone = ledger.consumed.keys() | set(held) <= {batch.sampler_id}
         m, versions = self.want.max_staleness, batch.columns.token_versions
         newest = int(versions.max()) if versions is not None and versions.size else None
-        why = None if m is None else lag_misfit(batch.policy_version, step, m,
-                                                self.want.sync_interval, newest)  # fmt: skip
+        why = (
+            None
+            if m is None
+            else lag_misfit(batch.policy_version, step, m, self.want.sync_interval, newest)
+        )
         if why is None or lone:
             return why
         self.outside += 1
-        note(log, self.outside, "training batch %d from %s outside the staleness bound (%d so "
-             "far; a pool's pacing is an estimate): %s", batch.seq, batch.sampler_id,
-             self.outside, why)  # fmt: skip
+        note(
+            log,
+            self.outside,
+            "training batch %d from %s outside the staleness bound (%d so "
+            "far; a pool's pacing is an estimate): %s",
+            batch.seq,
+            batch.sampler_id,
+            self.outside,
+            why,
+        )
         return None

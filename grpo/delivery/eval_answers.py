@@ -59,8 +59,7 @@ class AnswersAsked:
             why = f"answers in the name of {str(sid)[:80]!r} from a process not heard under it"
         if why is not None:
             self.refused += 1
-            note(log, self.refused, "ignored evaluation answers (%d so far): %s", self.refused,
-                 why)  # fmt: skip
+            note(log, self.refused, "ignored evaluation answers (%d so far): %s", self.refused, why)
             return False
         self.answers = body.get("answers")
         return True

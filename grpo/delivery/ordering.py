@@ -75,8 +75,12 @@ class InOrder:
             if first == self.next_seq(sid) or overdue:
                 if first != self.next_seq(sid):  # a range: a peer's seq can be any size
                     gap = (self.next_seq(sid), first - 1)
-                    log.warning("training batch %d from %s out of order: batches %d to %d "
-                                "never came", first, sid, *gap)  # fmt: skip
+                    log.warning(
+                        "training batch %d from %s out of order: batches %d to %d never came",
+                        first,
+                        sid,
+                        *gap,
+                    )
                 batch, _ = mine.pop(first)
                 if not mine:
                     del self.held[sid]

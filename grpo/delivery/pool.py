@@ -107,8 +107,14 @@ class SamplerPool:
         member = self.members.get(sid)
         if member is None and not self._make_room(sid):
             self.refused += 1
-            note(log, self.refused, "ignored a message from %r (%d so far): not a sampler id, or "
-                 "the pool holds %d", sid[:80], self.refused, MAX_MEMBERS)  # fmt: skip
+            note(
+                log,
+                self.refused,
+                "ignored a message from %r (%d so far): not a sampler id, or the pool holds %d",
+                sid[:80],
+                self.refused,
+                MAX_MEMBERS,
+            )
             return
         seen = None  # what the collective snapshot holds of it: rebuilt only when that moves
         if member is None:
@@ -128,8 +134,14 @@ class SamplerPool:
             or (member.gone == STALLED and member.stall.last != before)
         ):
             member.gone, member.why = None, ""
-            self._say(member, "back", "sampler %s is back (%d alive)", sid, len(self.alive()),
-                      level=logging.WARNING)  # fmt: skip
+            self._say(
+                member,
+                "back",
+                "sampler %s is back (%d alive)",
+                sid,
+                len(self.alive()),
+                level=logging.WARNING,
+            )
         if incarnation is not None:
             member.incarnation = incarnation
         if isinstance(relay := body.get("relay"), str) and len(relay) <= 256:
@@ -150,14 +162,16 @@ class SamplerPool:
             return sum(m.vouched for m in self.members.values()) < MAX_MEMBERS
         strangers = [s for s, m in self.members.items() if not m.vouched]
         if len(strangers) >= MAX_UNVOUCHED:
-            oldest = min(strangers, key=lambda s: (self.members[s].gone is None,
-                                                   self.members[s].last_seen))  # fmt: skip
+            oldest = min(
+                strangers, key=lambda s: (self.members[s].gone is None, self.members[s].last_seen)
+            )
             del self.members[oldest]
             self.evicted += 1
         return True
 
-    def _say(self, member: Member, kind: str, message: str, *args: Any,
-             level: int = logging.INFO) -> None:  # fmt: skip
+    def _say(
+        self, member: Member, kind: str, message: str, *args: Any, level: int = logging.INFO
+    ) -> None:
         """A line about `member`: always for one vouched for, at a bounded rate by `kind` for
         the others (anyone can make up ids: grpo.runtime.refusals)."""
         if member.vouched:
@@ -191,8 +205,14 @@ class SamplerPool:
             self.stops_waiting[(sid, later)] = reason[:STOP_REASON_CHARS]
         else:
             self.refused += 1
-            note(log, self.refused, "ignored a stop for sampler %.80r (%d refused so far): not "
-                 "from a sampler heard under that id", sid, self.refused)  # fmt: skip
+            note(
+                log,
+                self.refused,
+                "ignored a stop for sampler %.80r (%d refused so far): not "
+                "from a sampler heard under that id",
+                sid,
+                self.refused,
+            )
 
     def is_from(self, sid: str, incarnation: object) -> bool:
         """Whether a message naming `sid` and `incarnation` is from the sampler heard under that
@@ -228,9 +248,15 @@ class SamplerPool:
         member.gone, member.why = kind, why
         self.collective = self._collective_states()
         left = self.alive()
-        self._say(member, "dropped", "%s (%d alive%s)", why, len(left),
-                  f": {', '.join(left[:8])}{' ...' if len(left) > 8 else ''}" if left else "",
-                  level=logging.WARNING)  # fmt: skip
+        self._say(
+            member,
+            "dropped",
+            "%s (%d alive%s)",
+            why,
+            len(left),
+            f": {', '.join(left[:8])}{' ...' if len(left) > 8 else ''}" if left else "",
+            level=logging.WARNING,
+        )
 
     def gone_silent(self, sids: set[str], when: str) -> set[str]:
         """Those of `sids` not heard from for the peer timeout, each logged (`when`: what they
@@ -255,8 +281,11 @@ class SamplerPool:
         return {sid: self.members[sid].relay for sid in told if self.members[sid].relay}
 
     def _collective_states(self) -> dict[str, tuple[str, str]]:
-        return {sid: (m.incarnation or "", m.collective) for sid, m in self.members.items()
-                if m.gone is None and m.vouched and m.collective}  # fmt: skip
+        return {
+            sid: (m.incarnation or "", m.collective)
+            for sid, m in self.members.items()
+            if m.gone is None and m.vouched and m.collective
+        }
 
     def any_vouched(self) -> bool:
         """Whether any sampler was vouched for (alive or not)."""

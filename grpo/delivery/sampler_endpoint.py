@@ -29,8 +29,7 @@ from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.runtime.refusals import note
-from grpo.weights.modes.base import Receiver, SamplerLink
-from grpo.weights.stream.image import Image
+from grpo.weights.modes.base import Image, Receiver, SamplerLink
 from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.wire import messages
 from grpo.wire.codec import FrameError, Message
@@ -163,9 +162,15 @@ class SamplerEndpoint:
                 self._stop(reason)
             else:  # a peer sends in this sampler's name: as often as it likes, so counted
                 self.others_rejected += 1
-                note(log, self.others_rejected, "ignored a rejection of batch %.30r (%d so "
-                     "far): not of the batch this sampler sent under that seq (another peer "
-                     "used its id)", body.get("seq"), self.others_rejected)  # fmt: skip
+                note(
+                    log,
+                    self.others_rejected,
+                    "ignored a rejection of batch %.30r (%d so "
+                    "far): not of the batch this sampler sent under that seq (another peer "
+                    "used its id)",
+                    body.get("seq"),
+                    self.others_rejected,
+                )
         self._news.set()
 
     def _stop(self, reason: str) -> None:
@@ -216,8 +221,11 @@ class SamplerEndpoint:
         # A resend needs a few heartbeats to show up as consumed: do not repeat it before.
         patience = 10 * self.transport.heartbeat_s
         now = time.monotonic()
-        lost = [s for s in overtaken(self.spool.pending(), status.consumed)
-                if now - self._resent_at.get(s, 0.0) > patience]  # fmt: skip
+        lost = [
+            s
+            for s in overtaken(self.spool.pending(), status.consumed)
+            if now - self._resent_at.get(s, 0.0) > patience
+        ]
         if not lost:
             return
         if (reason := passed_over_too_often(lost, self._lost_resends)) is not None:

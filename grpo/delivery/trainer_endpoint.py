@@ -91,10 +91,13 @@ class TrainerEndpoint:
         collective group)."""
         self.ledger, self.expected, self.version = ledger, expected, version
         self.order = InOrder(ledger, max_held, transport.peer_timeout_s)
-        self.pool = SamplerPool(transport.peer_timeout_s, transport.stall_timeout_s,
-                                trusted=set(ledger.consumed),
-                                authenticated=bool(transport.curve_dir),
-                                relay_ids=frozenset(transport.relay_samplers))  # fmt: skip
+        self.pool = SamplerPool(
+            transport.peer_timeout_s,
+            transport.stall_timeout_s,
+            trusted=set(ledger.consumed),
+            authenticated=bool(transport.curve_dir),
+            relay_ids=frozenset(transport.relay_samplers),
+        )
         self.duplicates_dropped = 0
         self.rejected_batches = 0
         self.staleness = StalenessGate(expected)
@@ -152,9 +155,15 @@ class TrainerEndpoint:
                 keepalive()
         elif self.order.has(batch.sampler_id, batch.seq):
             self.duplicates_dropped += 1  # a resend of a batch already trained on
-            note(log, self.duplicates_dropped, "dropped batch %d from %s: already trained on "
-                 "or held (%d so far)", batch.seq, batch.sampler_id, self.duplicates_dropped,
-                 level=logging.INFO)  # fmt: skip
+            note(
+                log,
+                self.duplicates_dropped,
+                "dropped batch %d from %s: already trained on or held (%d so far)",
+                batch.seq,
+                batch.sampler_id,
+                self.duplicates_dropped,
+                level=logging.INFO,
+            )
         elif (why := self.order.too_far(batch) or misfit(batch, self.expected)) is not None:
             self._reject(batch, why)
         else:
@@ -230,11 +239,19 @@ class TrainerEndpoint:
         for its own batch, never for one another peer sent in its name, and no other
         subscriber reads what a batch must look like."""
         self.rejected_batches += 1
-        note(log, self.rejected_batches, "dropped batch %d from %s (%d so far): %.300s",
-             batch.seq, batch.sampler_id, self.rejected_batches, why)  # fmt: skip
+        note(
+            log,
+            self.rejected_batches,
+            "dropped batch %d from %s (%d so far): %.300s",
+            batch.seq,
+            batch.sampler_id,
+            self.rejected_batches,
+            why,
+        )
         sealed = rejection.seal(encode_batch(batch), why)
-        self.channel.announce(messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq,
-                              **sealed)  # fmt: skip
+        self.channel.announce(
+            messages.REJECTED, sampler_id=batch.sampler_id, seq=batch.seq, **sealed
+        )
 
     def consumed(self) -> None:
         """The ledger took a trained batch: the samplers learn it from the next heartbeat."""

@@ -132,9 +132,15 @@ class VersionEvaluator:
         # Threads for this evaluation only: closing does not wait for a hung reward call.
         with RewardRunner(self.reward_fn, r.workers, r.timeout_s) as rewards:
             results = question_results(
-                engine, prompts, mine, self.tokenizer, rewards, self.spec, version,
+                engine,
+                prompts,
+                mine,
+                self.tokenizer,
+                rewards,
+                self.spec,
+                version,
                 progress=self.rank == 0,
-            )  # fmt: skip
+            )
         gathered: list = [None] * self.world
         dist.all_gather_object(gathered, results[:own])
         if self.rank != 0:
@@ -145,12 +151,18 @@ class VersionEvaluator:
 def said(row: dict) -> str:
     """An eval row in one line: accuracy and format (as the reward reports them), pass@k, the
     degenerate share, and each prompt variant's format."""
-    rates = [f"{name} {row[key]:.3f}" for name, key in
-             (("accuracy", "accuracy"), ("format", "format_rate")) if key in row]  # fmt: skip
+    rates = [
+        f"{name} {row[key]:.3f}"
+        for name, key in (("accuracy", "accuracy"), ("format", "format_rate"))
+        if key in row
+    ]
     passes = [f"{k} {v:.3f}" for k, v in row.items() if k.startswith(("pass@", "accuracy/"))]
     out = ", ".join(rates) + f"{' on' if rates else 'on'} {row['n']} questions"
     if "degenerate_frac" in row:
         passes.append(f"degenerate {row['degenerate_frac']:.3f}")
-    passes += [f"{k.replace('format_rate', 'format')} {v:.3f}" for k, v in row.items()
-               if k.startswith("format_rate@")]  # fmt: skip
+    passes += [
+        f"{k.replace('format_rate', 'format')} {v:.3f}"
+        for k, v in row.items()
+        if k.startswith("format_rate@")
+    ]
     return out + (", " + ", ".join(passes) if passes else "")

@@ -42,15 +42,21 @@ class EvalSpec:
     def from_config(cls, cfg: Config) -> EvalSpec:
         e, r = cfg.eval, cfg.rollout
         greedy = Sampling(
-            max_new_tokens=e.max_new_tokens, greedy=True, stop=tuple(r.stop),
+            max_new_tokens=e.max_new_tokens,
+            greedy=True,
+            stop=tuple(r.stop),
             batch_size=r.generation_batch_size,
-        )  # fmt: skip
+        )
         # With the rollout's temperature and top_p but not its top_k (docs/configuration.md,
         # eval.samples), seeded from train.seed.
         sampled = replace(
-            greedy, greedy=False, n=e.samples, temperature=r.temperature, top_p=r.top_p,
+            greedy,
+            greedy=False,
+            n=e.samples,
+            temperature=r.temperature,
+            top_p=r.top_p,
             seed=cfg.train.seed,
-        )  # fmt: skip
+        )
         return cls(greedy, sampled, pass_ks(e.samples, e.k))
 
 
@@ -166,9 +172,11 @@ def generate_answers(
     per_batch = max(1, spec.sampled.batch_size // max(1, spec.samples))
     # On a terminal only (disable=None): in a log file a bar is a line per update.
     bar = tqdm(
-        total=len(indices), desc=f"eval v{version}", disable=None if progress else True,
+        total=len(indices),
+        desc=f"eval v{version}",
+        disable=None if progress else True,
         leave=False,
-    )  # fmt: skip
+    )
     for start in range(0, len(indices), per_batch):
         ids = [prompts[i].ids for i in indices[start : start + per_batch]]
         greedy = engine.generate(ids, spec.greedy)
@@ -268,8 +276,10 @@ def _rates(results: Sequence[QuestionResult], spec: EvalSpec, suffix: str) -> di
     rate no result's reward reports is left out (pass@k with accuracy), not shown as 0."""
     n = len(results)
     row: dict = {}
-    for name, said in (("accuracy", [r.greedy_correct for r in results]),
-                       ("format_rate", [r.greedy_formatted for r in results])):  # fmt: skip
+    for name, said in (
+        ("accuracy", [r.greedy_correct for r in results]),
+        ("format_rate", [r.greedy_formatted for r in results]),
+    ):
         if any(s is not None for s in said):
             row[f"{name}{suffix}"] = sum(bool(s) for s in said) / max(n, 1)
     row[f"n{suffix}"] = n

@@ -47,6 +47,8 @@ def accuracy_change(first: dict, last: dict) -> list[str]:
         p = two_proportion_p(*a, *b)
         verdict = "significant" if p < SIGNIFICANT else "not significant"
         name = suffix.removeprefix("@") or "accuracy"
-        phrases.append(f"{name} {a[0] / a[1]:.3f} -> {b[0] / b[1]:.3f} of {b[1]} questions, "
-                       f"p = {p:.2g} ({verdict})")  # fmt: skip
+        phrases.append(
+            f"{name} {a[0] / a[1]:.3f} -> {b[0] / b[1]:.3f} of {b[1]} questions, "
+            f"p = {p:.2g} ({verdict})"
+        )
     return phrases

@@ -85,8 +85,11 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     found = _ADAPTERS.get(model)
     if found is None or found[0] != active:
         prefix = f".{active}."
-        params = [(name.replace(prefix, "."), p)
-                  for name, p in model.named_parameters() if "lora_" in name]  # fmt: skip
+        params = [
+            (name.replace(prefix, "."), p)
+            for name, p in model.named_parameters()
+            if "lora_" in name
+        ]
         found = _ADAPTERS[model] = (active, params)
     return {name: p.detach() for name, p in found[1]}
 
@@ -135,8 +138,7 @@ def require_same_shapes(
     """require_same_tensors, of tensors known by their shapes (a version's manifest)."""
     missing = sorted(set(expected) - set(given) - tied)
     unexpected = sorted(set(given) - set(expected))
-    shapes = sorted(n for n in set(given) & set(expected)
-                    if tuple(given[n]) != tuple(expected[n]))  # fmt: skip
+    shapes = sorted(n for n in set(given) & set(expected) if tuple(given[n]) != tuple(expected[n]))
     if missing or unexpected or shapes:
         raise RuntimeError(
             f"{what} does not match the policy: missing {missing[:3]}, unexpected "

@@ -191,9 +191,14 @@ class Watch:
             said = "the initial model:" if initial else SUGGESTS.get(name, "reward hacking?")
             log.warning(
                 "%s %s: %s %.3f, %s its threshold %g; e.g. %r",
-                said, where, _MEASURED.get(name, name), now[name], side, bound,
+                said,
+                where,
+                _MEASURED.get(name, name),
+                now[name],
+                side,
+                bound,
                 _tail(self._example(name, texts)),
-            )  # fmt: skip
+            )
         for name in sorted(before - now.keys()):
             log.info("%s: %s back within its threshold", where, name)
         self.alarmed[kind] = set(now)

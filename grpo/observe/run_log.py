@@ -45,12 +45,31 @@ class Sink(Protocol):
 # A step row's delivery counters (grpo.delivery.trainer_endpoint's counters()) and what it
 # says of the batch's making, each in a tracker group of its own: beside reward and loss under
 # train/ they buried both (issue 64).
-DELIVERY = frozenset({"duplicates_dropped", "rejected_frames", "refused_messages",
-                      "rejected_batches", "refused_evals", "stale_batches", "samplers_alive",
-                      "staleness"})  # fmt: skip
-ROLLOUT = frozenset({"response_len_mean", "truncated_frac", "flat_groups_frac",
-                     "reward_errors", "reward_timeouts", "tool_token_frac", "turns_mean",
-                     "tool_calls_mean", "tool_errors_mean"})  # fmt: skip
+DELIVERY = frozenset(
+    {
+        "duplicates_dropped",
+        "rejected_frames",
+        "refused_messages",
+        "rejected_batches",
+        "refused_evals",
+        "stale_batches",
+        "samplers_alive",
+        "staleness",
+    }
+)
+ROLLOUT = frozenset(
+    {
+        "response_len_mean",
+        "truncated_frac",
+        "flat_groups_frac",
+        "reward_errors",
+        "reward_timeouts",
+        "tool_token_frac",
+        "turns_mean",
+        "tool_calls_mean",
+        "tool_errors_mean",
+    }
+)
 
 
 def group_of(key: str, section: str) -> str:

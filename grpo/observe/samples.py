@@ -45,31 +45,43 @@ def sample_rows(batch: EpisodeBatch, step: int, decode: Any, n: int) -> list[dic
     rows = []
     for i in by_reward(np.asarray(c.reward), n):
         episode = batch.episodes[i]
-        rows.append({
-            "step": step,
-            "version": batch.policy_version,
-            "sampler_id": batch.sampler_id,
-            "group_id": int(episode.group_id),
-            "reward": float(episode.reward),
-            "reward_info": episode.reward_info,
-            "finish_reason": episode.finish_reason,
-            "prompt": decode(episode.prompt_ids.tolist()),
-            "answer": decode(episode.completion_ids.tolist()),
-        })  # fmt: skip
+        rows.append(
+            {
+                "step": step,
+                "version": batch.policy_version,
+                "sampler_id": batch.sampler_id,
+                "group_id": int(episode.group_id),
+                "reward": float(episode.reward),
+                "reward_info": episode.reward_info,
+                "finish_reason": episode.finish_reason,
+                "prompt": decode(episode.prompt_ids.tolist()),
+                "answer": decode(episode.completion_ids.tolist()),
+            }
+        )
     return rows
 
 
 def eval_rows(results: list[Any], version: int, prompts: list[Any], decode: Any) -> list[dict]:
     """Evaluation answers (grpo.eval.questions.QuestionResult, greedy) as samples.jsonl rows:
     `step` is the version evaluated, `sampler_id` "eval", `group_id` the question's index."""
-    return [{
-        "step": version, "version": version, "sampler_id": EVAL, "group_id": r.index,
-        "reward": r.reward,
-        "reward_info": {k: v for k, v in (("correct", r.greedy_correct),
-                                          ("formatted", r.greedy_formatted)) if v is not None},
-        "finish_reason": r.finish_reason,
-        "prompt": decode(list(prompts[r.index].ids)), "answer": r.answer,
-    } for r in results]  # fmt: skip
+    return [
+        {
+            "step": version,
+            "version": version,
+            "sampler_id": EVAL,
+            "group_id": r.index,
+            "reward": r.reward,
+            "reward_info": {
+                k: v
+                for k, v in (("correct", r.greedy_correct), ("formatted", r.greedy_formatted))
+                if v is not None
+            },
+            "finish_reason": r.finish_reason,
+            "prompt": decode(list(prompts[r.index].ids)),
+            "answer": r.answer,
+        }
+        for r in results
+    ]
 
 
 def _heading(row: dict[str, Any]) -> str:
@@ -111,8 +123,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     path = args.run_dir / SAMPLES_FILE
     if not path.is_file():
-        print(f"samples: no {SAMPLES_FILE} in {args.run_dir} (logging.samples_per_step: 0, or "
-              "no step trained yet)", file=sys.stderr)  # fmt: skip
+        print(
+            f"samples: no {SAMPLES_FILE} in {args.run_dir} (logging.samples_per_step: 0, or "
+            "no step trained yet)",
+            file=sys.stderr,
+        )
         return 2
     rows = read_jsonl(path)
     if args.step is not None:
@@ -126,8 +141,11 @@ def alarms(run_dir: Path, last: int = 5) -> str:
     (grpo.observe.degeneration), a line each, as a heading; '' when none did."""
     steps = [(f"step {r['step']}", r) for r in read_jsonl(run_dir / METRICS_FILE)]
     evals = [(f"eval v{r['version']}", r) for r in read_jsonl(run_dir / EVAL_FILE)]
-    said = [f"  {where}: {', '.join(r['degen_alarms'])}"
-            for where, r in steps + evals if r.get("degen_alarms")]  # fmt: skip
+    said = [
+        f"  {where}: {', '.join(r['degen_alarms'])}"
+        for where, r in steps + evals
+        if r.get("degen_alarms")
+    ]
     if not said:
         return ""
     return "degeneration alarms (reward hacking?), newest:\n" + "\n".join(said[-last:]) + "\n\n"

@@ -221,9 +221,14 @@ def _judge(cfg: Config) -> RewardBackend:
     low, high = s.score_range
     path = resolve_model_path(s.model, "reward_server.model")
     return Judge(
-        path, s.dtype, s.template or DEFAULT_TEMPLATE, (low, high),
-        s.max_new_tokens, s.batch_size, s.max_tokens,
-    )  # fmt: skip
+        path,
+        s.dtype,
+        s.template or DEFAULT_TEMPLATE,
+        (low, high),
+        s.max_new_tokens,
+        s.batch_size,
+        s.max_tokens,
+    )
 
 
 BACKENDS: Registry[Callable[[Config], RewardBackend]] = Registry(
@@ -244,8 +249,15 @@ class ServedTeacher:
     its vocabulary (the embedding's rows) and teacher.max_tokens, for samplers whose tokenizer
     has its fingerprint."""
 
-    def __init__(self, path: Path, dtype: str, batch_size: int, max_tokens: int, packed: bool,
-                 attn_implementation: str = "sdpa"):  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        dtype: str,
+        batch_size: int,
+        max_tokens: int,
+        packed: bool,
+        attn_implementation: str = "sdpa",
+    ):
         from grpo.models.loading import load_reference
         from grpo.scoring.teacher import InProcessTeacher, tokenizer_fingerprint
 
@@ -260,8 +272,14 @@ class ServedTeacher:
     @classmethod
     def load(cls, cfg: Config) -> ServedTeacher:
         path = resolve_model_path(cfg.teacher.path, "teacher.path")
-        return cls(path, cfg.teacher.dtype, cfg.reward_server.batch_size, cfg.teacher.max_tokens,
-                   cfg.packed, cfg.model.attn_implementation)  # fmt: skip
+        return cls(
+            path,
+            cfg.teacher.dtype,
+            cfg.reward_server.batch_size,
+            cfg.teacher.max_tokens,
+            cfg.packed,
+            cfg.model.attn_implementation,
+        )
 
     def tokenizer_difference(self, sampler: Any) -> str | None:
         from grpo.scoring.teacher import fingerprint_difference

@@ -57,8 +57,13 @@ class Replier(Protocol):
 
     counters: Counters
 
-    def send_each(self, pending: list[Request], results: list, what: str,
-                  reply: Callable[[Request, list], Message]) -> None: ...  # fmt: skip
+    def send_each(
+        self,
+        pending: list[Request],
+        results: list,
+        what: str,
+        reply: Callable[[Request, list], Message],
+    ) -> None: ...
 
     def answer_error(self, peer: bytes, rid: str, reason: str) -> None: ...
 

@@ -106,12 +106,18 @@ class RewardClient:
             return [(0.0, {"reward_error": reason})] * n
 
         bodies = [
-            (protocol.SCORE, {"id": uuid.uuid4().hex,
-                              "items": [it.to_json() for it in items[s : s + self.batch]]})
+            (
+                protocol.SCORE,
+                {
+                    "id": uuid.uuid4().hex,
+                    "items": [it.to_json() for it in items[s : s + self.batch]],
+                },
+            )
             for s in range(0, len(items), self.batch)
-        ]  # fmt: skip
-        return self._exchange(bodies, [len(b["items"]) for _, b in bodies],
-                              (protocol.SCORES, protocol.ERROR), parse)  # fmt: skip
+        ]
+        return self._exchange(
+            bodies, [len(b["items"]) for _, b in bodies], (protocol.SCORES, protocol.ERROR), parse
+        )
 
     def teacher_logprobs(
         self,
@@ -138,14 +144,22 @@ class RewardClient:
         for s in range(0, len(completions), self.batch):
             chunk = completions[s : s + self.batch]
             rid = uuid.uuid4().hex
-            bodies.append((protocol.TEACHER, protocol.teacher_body(
-                rid, prompts[s : s + self.batch], chunk, temperature, tokenizer)))  # fmt: skip
+            bodies.append(
+                (
+                    protocol.TEACHER,
+                    protocol.teacher_body(
+                        rid, prompts[s : s + self.batch], chunk, temperature, tokenizer
+                    ),
+                )
+            )
             lengths.append([len(c) for c in chunk])
         by_size = dict(zip((b["id"] for _, b in bodies), lengths, strict=True))
         return self._exchange(
-            bodies, [len(x) for x in lengths], (protocol.TEACHER_LOGP, protocol.ERROR),
+            bodies,
+            [len(x) for x in lengths],
+            (protocol.TEACHER_LOGP, protocol.ERROR),
             lambda msg, n: parse(msg, n, by_size[msg.body["id"]]),
-        )  # fmt: skip
+        )
 
     def _exchange(
         self,
@@ -206,9 +220,14 @@ class RewardClient:
                 raise
             self.refused += 1
             request.refused = str(e)[:500]
-            log.warning("refused a reply from the reward service to request %s (%d refused so "
-                        "far): %s; it is sent again after %g s", rid[:8], self.refused,
-                        request.refused, self.timeout_s)  # fmt: skip
+            log.warning(
+                "refused a reply from the reward service to request %s (%d refused so "
+                "far): %s; it is sent again after %g s",
+                rid[:8],
+                self.refused,
+                request.refused,
+                self.timeout_s,
+            )
             return
         del pending[rid]
 

@@ -135,8 +135,10 @@ def teacher_body(
 ) -> dict[str, Any]:
     """A TEACHER request's body."""
     lens = [np.array([len(a) for a in arrays], np.int64) for arrays in (prompts, completions)]
-    joined = [np.concatenate([np.asarray(a) for a in arrays]) if len(arrays) else np.zeros(0)
-              for arrays in (prompts, completions)]  # fmt: skip
+    joined = [
+        np.concatenate([np.asarray(a) for a in arrays]) if len(arrays) else np.zeros(0)
+        for arrays in (prompts, completions)
+    ]
     return {
         "id": rid, "temperature": float(temperature), "tokenizer": tokenizer,
         "prompt_len": pack_array(lens[0], "int32"), "completion_len": pack_array(lens[1], "int32"),
@@ -145,8 +147,17 @@ def teacher_body(
     }  # fmt: skip
 
 
-TEACHER_FIELDS = frozenset({"id", "temperature", "tokenizer", "prompt_len", "completion_len",
-                            "prompt_ids", "completion_ids"})  # fmt: skip
+TEACHER_FIELDS = frozenset(
+    {
+        "id",
+        "temperature",
+        "tokenizer",
+        "prompt_len",
+        "completion_len",
+        "prompt_ids",
+        "completion_ids",
+    }
+)
 
 
 def parse_teacher_request(
@@ -167,8 +178,9 @@ def parse_teacher_request(
     if not isinstance(body["tokenizer"], dict):
         raise ValueError(f"request {rid}: tokenizer must be a map")
     p_len = unpack_array(body["prompt_len"], "int32", f"request {rid}: prompt_len")
-    c_len = unpack_array(body["completion_len"], "int32", f"request {rid}: completion_len",
-                         count=len(p_len))  # fmt: skip
+    c_len = unpack_array(
+        body["completion_len"], "int32", f"request {rid}: completion_len", count=len(p_len)
+    )
     n = len(p_len)
     if not 1 <= n <= max_items:
         raise ValueError(f"request {rid}: {n} answers, not in 1..{max_items}")
@@ -177,8 +189,10 @@ def parse_teacher_request(
     total = p_len.astype(np.int64) + c_len
     if int(total.max()) > max_tokens:
         i = int(total.argmax())
-        raise ValueError(f"request {rid}: answer {i} is {int(total[i])} tokens, over the "
-                         f"teacher's {max_tokens} (teacher.max_tokens)")  # fmt: skip
+        raise ValueError(
+            f"request {rid}: answer {i} is {int(total[i])} tokens, over the "
+            f"teacher's {max_tokens} (teacher.max_tokens)"
+        )
     ids = [
         unpack_array(body[key], "int32", f"request {rid}: {key}", count=int(lens.sum()))
         for key, lens in (("prompt_ids", p_len), ("completion_ids", c_len))
@@ -186,8 +200,10 @@ def parse_teacher_request(
     for key, arr in zip(("prompt_ids", "completion_ids"), ids, strict=True):
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= vocab_size):
             bad = int(arr[(arr < 0) | (arr >= vocab_size)][0])
-            raise ValueError(f"request {rid}: {key} holds {bad}, outside the teacher's "
-                             f"vocabulary of {vocab_size}")  # fmt: skip
+            raise ValueError(
+                f"request {rid}: {key} holds {bad}, outside the teacher's "
+                f"vocabulary of {vocab_size}"
+            )
     # Copies, writable (torch warns of a read-only view of the frame), one per side.
     prompts = np.split(ids[0].copy(), np.cumsum(p_len)[:-1])
     completions = np.split(ids[1].copy(), np.cumsum(c_len)[:-1])

@@ -124,8 +124,9 @@ class RewardServer:
             return self._request(peer, frames, pending)
         except Exception as e:
             self.counters.refused += 1
-            log.exception("a request the service could not handle (%d refused so far)",
-                          self.counters.refused)  # fmt: skip
+            log.exception(
+                "a request the service could not handle (%d refused so far)", self.counters.refused
+            )
             self.answer_error(peer, _request_id(frames), f"{type(e).__name__}: {e}")
             return None
 
@@ -164,8 +165,12 @@ class RewardServer:
             body = {"id": rid, "reason": str(e)[:2000]}
             if isinstance(e, TokenizerMismatch):
                 body["code"] = protocol.TOKENIZER_MISMATCH
-            log.warning("refused request %s (%d refused so far): %s", rid[:8],
-                        self.counters.refused, str(e)[:300])  # fmt: skip
+            log.warning(
+                "refused request %s (%d refused so far): %s",
+                rid[:8],
+                self.counters.refused,
+                str(e)[:300],
+            )
             self.reply(peer, Message(protocol.ERROR, body))
             return None
         if rid in self.replies:  # a resend of one already scored
@@ -267,11 +272,15 @@ def run_reward_server(cfg: Config) -> int:
     loaded += [f"the teacher {cfg.teacher.path}"] if teacher else []
     log.info("loaded %s in %.1f s", " and ".join(loaded), time.monotonic() - t0)
     server = RewardServer(
-        cfg.reward.service_addr, backend, teacher=teacher,
-        max_batch=s.max_batch, batch_wait_s=s.batch_wait_ms / 1000,
-        max_frame_bytes=cfg.transport.max_frame_bytes, curve_dir=cfg.transport.curve_dir,
+        cfg.reward.service_addr,
+        backend,
+        teacher=teacher,
+        max_batch=s.max_batch,
+        batch_wait_s=s.batch_wait_ms / 1000,
+        max_frame_bytes=cfg.transport.max_frame_bytes,
+        curve_dir=cfg.transport.curve_dir,
         allow_insecure=cfg.transport.allow_insecure,
-    )  # fmt: skip
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -284,7 +293,14 @@ def run_reward_server(cfg: Config) -> int:
             "reward service stopping: %d requests, %d answers scored in %d backend calls "
             "(%.1f s), %d answers' tokens scored by the teacher in %d calls, %d repeats "
             "answered once, %d refused, %d backend failures",
-            c.requests, c.answers, c.backend_calls, c.seconds, c.teacher_answers,
-            c.teacher_calls, c.repeats, c.refused, c.failures,
-        )  # fmt: skip
+            c.requests,
+            c.answers,
+            c.backend_calls,
+            c.seconds,
+            c.teacher_answers,
+            c.teacher_calls,
+            c.repeats,
+            c.refused,
+            c.failures,
+        )
     return 0

@@ -207,8 +207,9 @@ class HFSlotEngine(SlotTable):
             if a is not None and s not in self.pending:
                 ids[s, 0] = a.tokens[-1]
         width = self.mask.shape[1]
-        mask = torch.cat([self.mask, torch.ones(self.slots, 1, dtype=torch.long,
-                                                device=self.device)], dim=1)  # fmt: skip
+        mask = torch.cat(
+            [self.mask, torch.ones(self.slots, 1, dtype=torch.long, device=self.device)], dim=1
+        )
         for s, a in enumerate(self.answers):
             if a is None or s in self.pending:
                 mask[s] = 1
@@ -289,8 +290,11 @@ def grown(
         cache = DynamicCache()
         for i, layer in enumerate(like.layers):
             k, v = layer.keys, layer.values
-            cache.update(k.new_zeros(slots, k.shape[1], 0, k.shape[-1]),
-                         v.new_zeros(slots, v.shape[1], 0, v.shape[-1]), i)  # fmt: skip
+            cache.update(
+                k.new_zeros(slots, k.shape[1], 0, k.shape[-1]),
+                v.new_zeros(slots, v.shape[1], 0, v.shape[-1]),
+                i,
+            )
     extra = width - mask.shape[1]
     if extra <= 0:
         return cache, mask

@@ -80,9 +80,14 @@ class Turns:
         return min(self.max_turn_tokens or left, left)
 
     def after(
-        self, ids: np.ndarray, cut: bool, last: bool, length: int, stop: Sequence[str],
+        self,
+        ids: np.ndarray,
+        cut: bool,
+        last: bool,
+        length: int,
+        stop: Sequence[str],
         budget: int,
-    ) -> TurnEnd:  # fmt: skip
+    ) -> TurnEnd:
         """A turn's end: `ids` its tokens, `cut` when its cap or the engine's ended it, `last`
         when it was the last turn allowed, `length` the answer's tokens with it."""
         if cut:
@@ -158,8 +163,9 @@ class MultiTurnEngine:
         max_turn_tokens: int = 0,
     ):
         if max_turns < 1 or max_turn_tokens < 0:
-            raise ValueError(f"need max_turns >= 1 and max_turn_tokens >= 0, got "
-                             f"{max_turns}, {max_turn_tokens}")  # fmt: skip
+            raise ValueError(
+                f"need max_turns >= 1 and max_turn_tokens >= 0, got {max_turns}, {max_turn_tokens}"
+            )
         self.engine = engine
         self.toolbox = toolbox
         self.max_turns = max_turns
@@ -183,9 +189,12 @@ class MultiTurnEngine:
             # then cut to its own. A cut keeps the distribution (sampling a prefix does not
             # depend on the cap) and saves a call per distinct cap.
             turn_sampling = replace(
-                sampling, n=copies, max_new_tokens=max(caps), stop=stops,
+                sampling,
+                n=copies,
+                max_new_tokens=max(caps),
+                stop=stops,
                 seed=sampling.seed + turn * TURN_SEED,
-            )  # fmt: skip
+            )
             gens = self.engine.generate(contexts, turn_sampling)
             if self.stop_event.is_set():
                 return []
@@ -199,9 +208,14 @@ class MultiTurnEngine:
         return [a.generation() for a in answers]
 
     def _take_turn(
-        self, answer: _Answer, gen: Generation, cap: int, stop: Sequence[str], budget: int,
+        self,
+        answer: _Answer,
+        gen: Generation,
+        cap: int,
+        stop: Sequence[str],
+        budget: int,
         last: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Add one turn's tokens to `answer`, then end it or append the tool's result."""
         ids = gen.completion_ids[:cap]
         logp = None if gen.rollout_logp is None else gen.rollout_logp[:cap]

@@ -113,9 +113,11 @@ class Answer:
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> Answer:
         request = SlotRequest(
-            int(s["uid"]), np.asarray(s["prompt_ids"], np.int32), int(s["seed"]),
+            int(s["uid"]),
+            np.asarray(s["prompt_ids"], np.int32),
+            int(s["seed"]),
             int(s["max_new_tokens"]),
-        )  # fmt: skip
+        )
         return cls(
             request,
             int(s["slot"]),

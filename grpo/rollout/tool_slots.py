@@ -96,8 +96,9 @@ class ToolSlots:
         budget = answer.request.max_new_tokens
         last = answer.turns == self.max_turns
         ids = np.asarray(turn.tokens, np.int32)
-        end = self.turns.after(ids, turn.finish_reason == "length", last, len(answer.tokens),
-                               self.stop, budget)  # fmt: skip
+        end = self.turns.after(
+            ids, turn.finish_reason == "length", last, len(answer.tokens), self.stop, budget
+        )
         if end.finish is not None:
             answer.finish_reason = end.finish
             return
@@ -133,8 +134,15 @@ class ToolSlots:
             assert answer.mask is not None, "a single-turn answer in a multi-turn run"
             start = len(answer.mask) - answer.mask[::-1].index(0) if 0 in answer.mask else 0
             request = self._turn_request(answer, start)
-            turns.append(Answer(request, answer.slot, answer.tokens[start:],
-                                answer.logps[start:], answer.versions[start:]))  # fmt: skip
+            turns.append(
+                Answer(
+                    request,
+                    answer.slot,
+                    answer.tokens[start:],
+                    answer.logps[start:],
+                    answer.versions[start:],
+                )
+            )
             self.answers[request.uid] = answer
         self.engine.restore(turns)
 

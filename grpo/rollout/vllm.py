@@ -226,8 +226,9 @@ class VllmRollout:
         fd = write_memfd(state, version)  # the workers map it: no copy crosses the RPC pipe
         # Closed by the transfer once the workers are done with it, never by a timeout while a
         # worker may still open /proc/<pid>/fd/<fd>: a reused number would name another file.
-        self._load_in_workers([memfd_path(fd)], version, lambda n: n == len(state),
-                              release=lambda: os.close(fd))  # fmt: skip
+        self._load_in_workers(
+            [memfd_path(fd)], version, lambda n: n == len(state), release=lambda: os.close(fd)
+        )
 
     def _reload_in_place(self, weights: list[Path], version: int) -> None:
         self._load_in_workers([str(p) for p in weights], version, lambda n: n >= 1)

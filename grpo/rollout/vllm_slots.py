@@ -105,9 +105,12 @@ class VllmSlotEngine(VllmRollout, SlotTable):
     answers in flight moved onto the new weights)."""
 
     def __init__(
-        self, cfg: Config, model_path: Path, stop_event: threading.Event | None = None,
+        self,
+        cfg: Config,
+        model_path: Path,
+        stop_event: threading.Event | None = None,
         stop: tuple[str, ...] = (),
-    ):  # fmt: skip
+    ):
         r = cfg.rollout
         SlotTable.__init__(self, r.slots or r.questions_per_step * r.group_size)
         self.stop = stop or tuple(r.stop)  # where a turn ends (EngineContext.stop_strings)

@@ -95,8 +95,12 @@ def load_state(loop: GenerationLoop, spool_dir: Path, seq: int) -> Resumed:
             admitted.group = Group(prompt, [a.generation() for a in answers], scored)
         loop.groups.append(admitted)
         resumed.answers += [a for a in answers if not a.done]
-    log.info("resuming %d answers in flight in %d groups at version %d",
-             len(resumed.answers), len(loop.groups), resumed.version)  # fmt: skip
+    log.info(
+        "resuming %d answers in flight in %d groups at version %d",
+        len(resumed.answers),
+        len(loop.groups),
+        resumed.version,
+    )
     return resumed
 
 

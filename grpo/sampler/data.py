@@ -101,8 +101,10 @@ def shard_parts(cfg: Config, task: Task) -> list[Part]:
             (offset + i, row) for i, row in enumerate(rows) if i % r.num_samplers == r.sampler_index
         ]
         if not mine:
-            raise ValueError(f"sampler {r.sampler_index} of {r.num_samplers} has no train rows"
-                             + (f" of {name!r}" if cfg.data.mixture else ""))  # fmt: skip
+            raise ValueError(
+                f"sampler {r.sampler_index} of {r.num_samplers} has no train rows"
+                + (f" of {name!r}" if cfg.data.mixture else "")
+            )
         parts.append(Part(name, weight, mine))
         offset += len(rows)
     return parts
@@ -147,9 +149,15 @@ class Shard:
                 skipped_in_a_row = 0
                 continue
             self.skipped += 1
-            note(log, self.skipped, "skipped train row %d: its prompt is longer than "
-                 "data.max_prompt_tokens=%d (%d rows skipped so far)", index, max_tokens,
-                 self.skipped)  # fmt: skip
+            note(
+                log,
+                self.skipped,
+                "skipped train row %d: its prompt is longer than "
+                "data.max_prompt_tokens=%d (%d rows skipped so far)",
+                index,
+                max_tokens,
+                self.skipped,
+            )
             skipped_in_a_row += 1
             if skipped_in_a_row >= self.size:
                 raise ValueError(f"no train prompt fits data.max_prompt_tokens={max_tokens}")

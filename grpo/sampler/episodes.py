@@ -88,9 +88,12 @@ class BatchMaker:
         self.teacher = None
         if cfg.teacher.path:
             self.teacher = teacher_scorer(
-                cfg, tokenizer, policy.model_path, policy.device,
+                cfg,
+                tokenizer,
+                policy.model_path,
+                policy.device,
                 service_client=getattr(rewards, "teacher_service", None),
-            )  # fmt: skip
+            )
 
     def batch(self, seq: int, groups: list[Group], version: int, stats: dict) -> EpisodeBatch:
         """Batch `seq` of these groups, sampled with `version` (their oldest), with the

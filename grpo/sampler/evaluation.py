@@ -83,15 +83,21 @@ class SamplerEvaluation:
                 return  # it could not be had (the reason is logged): asked again next beat
             t0 = time.monotonic()
             # Minutes on a CPU (the recipe's 512 answers: 6-10): said, not a silent pause.
-            log.info("answering the evaluation of version %d: %d questions", version,
-                     len(self.prompts))  # fmt: skip
+            log.info(
+                "answering the evaluation of version %d: %d questions", version, len(self.prompts)
+            )
             with ACTIVITY.during(EVALUATING, f"version {version}"):
-                answered = generate_answers(engine, self.prompts, range(len(self.prompts)),
-                                            self.spec, version)  # fmt: skip
+                answered = generate_answers(
+                    engine, self.prompts, range(len(self.prompts)), self.spec, version
+                )
             answers = answers_to_wire(answered)
             endpoint.send_eval(version, answers)
             self.answered[key] = answers, time.monotonic()
-            log.info("answered the evaluation of version %d: %d questions in %.0f s",
-                     version, len(self.prompts), time.monotonic() - t0)  # fmt: skip
+            log.info(
+                "answered the evaluation of version %d: %d questions in %.0f s",
+                version,
+                len(self.prompts),
+                time.monotonic() - t0,
+            )
         finally:
             self._busy = False

@@ -218,9 +218,14 @@ class Continuous:
             (late if g.oldest < need else chosen).append(g)
         for g in late:
             self.discarded_lengths += [len(a.tokens) for a in g.answers]
-            log.warning("discarded a group of question %d: its oldest token is version %d, "
-                        "batch %d needs %d or newer", g.prompt.index, g.oldest, batch,
-                        need)  # fmt: skip
+            log.warning(
+                "discarded a group of question %d: its oldest token is version %d, "
+                "batch %d needs %d or newer",
+                g.prompt.index,
+                g.oldest,
+                batch,
+                need,
+            )
         loop.groups = [g for g in loop.groups if g not in late]
         if len(chosen) < self.Q:
             return None

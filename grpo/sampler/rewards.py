@@ -98,6 +98,10 @@ def checked_rewards(scored: Sequence[Scored]) -> list[Scored]:
         why = f"reward {reward!r:.40} is not a finite number within +-{VALUE_LIMIT:g}"
         out.append((0.0, {**info, "reward_error": why}))
     if bad:
-        log.warning("answers %s scored a reward that is not a finite number within +-%g: they "
-                    "score 0 (reward_error)", ", ".join(map(str, bad)), VALUE_LIMIT)  # fmt: skip
+        log.warning(
+            "answers %s scored a reward that is not a finite number within +-%g: they "
+            "score 0 (reward_error)",
+            ", ".join(map(str, bad)),
+            VALUE_LIMIT,
+        )
     return out

@@ -44,8 +44,10 @@ def question(rng: random.Random) -> Row:
     who, pronoun, asked, thing, gain, loss = rng.choice(_STORIES)
     a, b = rng.randint(2, 60), rng.randint(2, 40)
     c = rng.randint(1, a + b - 1)
-    text = (f"{who} has {a} {thing}. {pronoun} {gain} {b} more and {loss} {c}. "
-            f"How many {thing} does {asked} have now?")  # fmt: skip
+    text = (
+        f"{who} has {a} {thing}. {pronoun} {gain} {b} more and {loss} {c}. "
+        f"How many {thing} does {asked} have now?"
+    )
     total = a + b - c
     return {
         "question": text,
@@ -92,8 +94,10 @@ def loader(name: str, make: Generator, sizes: dict[str, int]) -> Callable[[str],
     def load(source: str) -> list[Row]:
         split, _, count = source.partition(":")
         if split not in SEEDS:
-            raise ValueError(f"{name} rows are generated: name a split, train or test (or "
-                             f"split:count), not {source!r}")  # fmt: skip
+            raise ValueError(
+                f"{name} rows are generated: name a split, train or test (or "
+                f"split:count), not {source!r}"
+            )
         n = sizes[split] if not count else int(count) if count.isdigit() else -1
         if not 0 < n <= sizes[split]:
             raise ValueError(f"{name} {split}: count must be 1 to {sizes[split]}, got {count!r}")

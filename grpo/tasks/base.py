@@ -154,8 +154,14 @@ def score(reward_fn: RewardFn, completion: str, row: Row) -> tuple[float, dict]:
         error = f"{type(exc).__name__}: {exc}"
         global _failures
         _failures += 1  # a reward failing on most answers would write a line for each
-        note(logger, _failures, "reward function %s failed (%d times in this process so far): "
-             "%s", _fn_name(reward_fn), _failures, error)  # fmt: skip
+        note(
+            logger,
+            _failures,
+            "reward function %s failed (%d times in this process so far): %s",
+            _fn_name(reward_fn),
+            _failures,
+            error,
+        )
         return 0.0, {"reward_error": error}
 
 

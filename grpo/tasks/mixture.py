@@ -68,8 +68,9 @@ def test_rows(cfg: Config, count: int) -> list[Row]:
     """The first `count` test rows of every entry that has test rows, entry after entry."""
     found = [tagged(s.task.load(s.test)[:count], s.name) for s in sources(cfg) if s.test]
     if not found:
-        raise ValueError("no entry of data.mixture has test rows: set test in one, or "
-                         "eval.interval=0")  # fmt: skip
+        raise ValueError(
+            "no entry of data.mixture has test rows: set test in one, or eval.interval=0"
+        )
     return [row for rows in found for row in rows]
 
 

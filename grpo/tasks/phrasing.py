@@ -29,8 +29,10 @@ def unseen(variants: Sequence[Phrasing], instructions: Sequence[str], system_pro
         }
         same_system = v.system_prompt is None or v.system_prompt.strip() == system_prompt.strip()
         if same_instruction and same_system:
-            raise ValueError(f"variant {v.name!r} is a phrasing training uses: give it another "
-                             "instruction or system prompt")  # fmt: skip
+            raise ValueError(
+                f"variant {v.name!r} is a phrasing training uses: give it another "
+                "instruction or system prompt"
+            )
 
 
 def _replaced(messages: list[dict[str, str]], old: str, new: str) -> list[dict[str, str]]:
@@ -46,8 +48,10 @@ def rephrased(task: Task, phrasing: Phrasing) -> Task:
     """`task` asking its questions as `phrasing` says (the run's system prompt, given to
     build_messages, is replaced when the phrasing has one)."""
     if phrasing.instruction is not None and not task.instruction:
-        raise ValueError(f"task {task.name!r} declares no answer instruction to vary: variant "
-                         f"{phrasing.name!r} may set a system_prompt only")  # fmt: skip
+        raise ValueError(
+            f"task {task.name!r} declares no answer instruction to vary: variant "
+            f"{phrasing.name!r} may set a system_prompt only"
+        )
 
     def build_messages(row: Row, system_prompt: str) -> list[dict[str, str]]:
         system = system_prompt if phrasing.system_prompt is None else phrasing.system_prompt

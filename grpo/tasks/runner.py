@@ -108,9 +108,12 @@ class RewardRunner:
     from several threads take turns."""
 
     def __init__(
-        self, reward_fn: RewardFn, workers: int = 4, timeout_s: float = 60.0,
+        self,
+        reward_fn: RewardFn,
+        workers: int = 4,
+        timeout_s: float = 60.0,
         max_hangs: int = MAX_HANGS,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
         if not (timeout_s > 0 and math.isfinite(timeout_s)):

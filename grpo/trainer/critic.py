@@ -61,8 +61,9 @@ class Critic:
         self.engine.train()
 
     def _values(self, part: Experience, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return completion_values(self.engine, part.prompts, part.completions, self.cfg.packed,
-                                 pad_id)  # fmt: skip
+        return completion_values(
+            self.engine, part.prompts, part.completions, self.cfg.packed, pad_id
+        )
 
     @torch.no_grad()
     def values(self, exp: Experience, width: int, pad_id: int) -> torch.Tensor:

@@ -90,8 +90,9 @@ class Experience:
 
 
 # Every (N, C) tensor of an Experience: its fields but the episodes' ids and the group size.
-_ROW_TENSORS = tuple(f.name for f in fields(Experience)
-                     if f.name not in ("prompts", "completions", "group_size"))  # fmt: skip
+_ROW_TENSORS = tuple(
+    f.name for f in fields(Experience) if f.name not in ("prompts", "completions", "group_size")
+)
 
 
 def shaped_rewards(batch: EpisodeBatch, plan: ExperiencePlan) -> torch.Tensor:

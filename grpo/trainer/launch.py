@@ -104,8 +104,10 @@ def failed_ranks(failures: Mapping[int, Any]) -> tuple[int, str]:
         told = {failures[r].message for r, c in codes.items() if c == 2}
         lines = sorted(m for m in told if isinstance(m, str) and m.startswith(INPUT_ERROR))
         return 2, "\n".join(lines) or "trainer: a rank could not start (exit 2)"
-    said = ", ".join(f"rank {r} {'killed by signal ' + str(-c) if c < 0 else f'exit {c}'}"
-                     for r, c in codes.items())  # fmt: skip
+    said = ", ".join(
+        f"rank {r} {'killed by signal ' + str(-c) if c < 0 else f'exit {c}'}"
+        for r, c in codes.items()
+    )
     return 1, f"trainer: {said} (the rank's lines above say why)"
 
 

@@ -68,9 +68,15 @@ def open_endpoint(
     """Rank 0's delivery endpoint, and beside it the weights mode's trainer end, which learns
     of the samplers from the endpoint's pool and stops the run through its channel. A resumed
     trainer announces its own version and acknowledgements from its very first heartbeat."""
-    endpoint = TrainerEndpoint(cfg.transport, ledger, expected, version,
-                               max_held=cfg.rollout.spool_max_batches, exit_on_stall=True,
-                               announced=publisher.announced)  # fmt: skip
+    endpoint = TrainerEndpoint(
+        cfg.transport,
+        ledger,
+        expected,
+        version,
+        max_held=cfg.rollout.spool_max_batches,
+        exit_on_stall=True,
+        announced=publisher.announced,
+    )
     pool, channel = endpoint.pool, endpoint.channel
     # pool.collective is replaced whole, never changed: read without a lock.
     publisher.start(TrainerLink(version, lambda: pool.collective, channel.fail))
@@ -179,13 +185,25 @@ class Trainer:
         """Train on `batch` (every rank), publish and save as due; the step's metrics row.
         `seconds` holds the time spent receiving it and gets the rest of the step's parts."""
         cfg = self.cfg
-        result = train_step(self.models, batch, self.plan, step, self.kl_reward_coef, self.shard,
-                            self.pad_id, seconds)  # fmt: skip
+        result = train_step(
+            self.models,
+            batch,
+            self.plan,
+            step,
+            self.kl_reward_coef,
+            self.shard,
+            self.pad_id,
+            seconds,
+        )
         self.kl_reward_coef = result.kl_reward_coef
         for engine, n in result.skipped.items():
             if n:  # DeepSpeed found non-finite gradients (bf16 overflow) and did not step
-                log.warning("step %d: %d %s optimizer step(s) skipped: non-finite gradients",
-                            step, n, engine)  # fmt: skip
+                log.warning(
+                    "step %d: %d %s optimizer step(s) skipped: non-finite gradients",
+                    step,
+                    n,
+                    engine,
+                )
         self.ledger.consume(batch.sampler_id, batch.seq)
         self.endpoint.consumed()
         last = step == cfg.train.total_steps
@@ -208,7 +226,10 @@ class Trainer:
         groups = gather_group_ids(result.batch.select_groups(*self.shard.group_span))
         peak_mem = float(max_across_ranks(torch.tensor([peak_memory_gib()])))
         return step_row(
-            step, result.batch, self.cfg, self.world,
+            step,
+            result.batch,
+            self.cfg,
+            self.world,
             counters={
                 "published_version": self.version,
                 "trainer_restarts": restarts(),  # by launch.sh, so far
@@ -219,7 +240,7 @@ class Trainer:
             seconds=seconds,
             peak_mem_gib=peak_mem,
             rank_group_ids=groups,
-        )  # fmt: skip
+        )
 
     def evaluate(self, step: int) -> None:
         """Every rank: evaluate the weights after `step` (version `step`) when it is due."""

@@ -40,11 +40,16 @@ def rotate_run_dir(run_dir: Path) -> None:
     same name moves to <name>.1, the one before that already there to <name>.2, ... (the
     highest number is the oldest)."""
     if run_dir.exists() and any(run_dir.iterdir()):
-        taken = [int(p.name.rsplit(".", 1)[1]) for p in run_dir.parent.glob(f"{run_dir.name}.*")
-                 if p.name.rsplit(".", 1)[1].isdigit()]  # fmt: skip
+        taken = [
+            int(p.name.rsplit(".", 1)[1])
+            for p in run_dir.parent.glob(f"{run_dir.name}.*")
+            if p.name.rsplit(".", 1)[1].isdigit()
+        ]
         for n in sorted(taken, reverse=True):  # shift the older ones up, newest last
-            os.replace(run_dir.with_name(f"{run_dir.name}.{n}"),
-                       run_dir.with_name(f"{run_dir.name}.{n + 1}"))  # fmt: skip
+            os.replace(
+                run_dir.with_name(f"{run_dir.name}.{n}"),
+                run_dir.with_name(f"{run_dir.name}.{n + 1}"),
+            )
         kept = run_dir.with_name(f"{run_dir.name}.1")
         os.replace(run_dir, kept)
         log.info("previous run moved to %s", kept)
@@ -203,13 +208,19 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
         accuracy = f", accuracy {n['accuracy']:.3f}" if "accuracy" in n else ""
         log.info(
             "%s: %d batches, reward %.3f%s, %.0f tokens/s, staleness <= %d",
-            sid, n["batches"], n["reward_mean"], accuracy, n["gen_tokens_per_s"],
+            sid,
+            n["batches"],
+            n["reward_mean"],
+            accuracy,
+            n["gen_tokens_per_s"],
             n["staleness_max"],
-        )  # fmt: skip
+        )
     made = f"final model: {final} (-> versions/v{version:06d})"
     if (final / "adapter_config.json").is_file():  # not a model: say how to get one
-        made = (f"final adapter: {final} (-> versions/v{version:06d}); a model of it: grpo "
-                f"merge-lora {final} {run_dir / 'merged'}")  # fmt: skip
+        made = (
+            f"final adapter: {final} (-> versions/v{version:06d}); a model of it: grpo "
+            f"merge-lora {final} {run_dir / 'merged'}"
+        )
     print(
         f"\nrun finished: {steps} steps, final version {version}\n"
         f"  metrics:     {run_dir / METRICS_FILE}\n"

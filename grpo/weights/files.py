@@ -314,8 +314,11 @@ class WeightFetcher:
         if size:
             log.info(
                 "fetched version %d from %s: %.1f MB in %.1f s",
-                version, self.addr, size / 1e6, time.monotonic() - t0,
-            )  # fmt: skip
+                version,
+                self.addr,
+                size / 1e6,
+                time.monotonic() - t0,
+            )
         return vdir
 
     def close(self) -> None:

@@ -207,8 +207,9 @@ def restore_versions(store: VersionStore, versions: Path, max_bytes: int) -> Non
         try:
             image = load_image(path, max_bytes)
         except ValueError as e:
-            raise ValueError(f"{e}; remove {versions} to resume without the versions "
-                             "this state kept") from None  # fmt: skip
+            raise ValueError(
+                f"{e}; remove {versions} to resume without the versions this state kept"
+            ) from None
         store.add(image)
 
 

@@ -36,8 +36,11 @@ class WeightsServer:
         largest request it takes (the socket drops larger ones unread); `failed(why)`: how the
         run learns that the server ended (the episode channel raises it at its next receive)."""
         addr = transport.weights_addr
-        check_listening({"transport.weights_addr": addr}, curve=bool(transport.curve_dir),
-                        allow_insecure=transport.allow_insecure)  # fmt: skip
+        check_listening(
+            {"transport.weights_addr": addr},
+            curve=bool(transport.curve_dir),
+            allow_insecure=transport.allow_insecure,
+        )
         self.ctx = zmq.Context()
         limits = SocketLimits.of(transport, max_request_bytes)
         router = new_socket(self.ctx, zmq.ROUTER, linger_ms=0, limits=limits)

@@ -169,8 +169,13 @@ class AuthorizedKeys:
         if self.owner(key.decode(errors="replace")) is not None:
             return True
         self.refused += 1
-        note(log, self.refused, "refused a peer with an unauthorised CURVE key %s... (%d "
-             "refused so far)", key[:8].decode(errors="replace"), self.refused)  # fmt: skip
+        note(
+            log,
+            self.refused,
+            "refused a peer with an unauthorised CURVE key %s... (%d refused so far)",
+            key[:8].decode(errors="replace"),
+            self.refused,
+        )
         return False
 
 
@@ -253,6 +258,8 @@ def main(argv: list[str]) -> int:
         print(f"keys: {e}", file=sys.stderr)
         return 2
     print("\n".join(str(p) for p in written))
-    print(f"set transport.curve_dir={args.directory} on every node (see grpo/wire/keys.py for "
-          "which files each node needs)")  # fmt: skip
+    print(
+        f"set transport.curve_dir={args.directory} on every node (see grpo/wire/keys.py for "
+        "which files each node needs)"
+    )
     return 0

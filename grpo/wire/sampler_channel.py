@@ -126,8 +126,10 @@ class SamplerChannel:
         thread is stuck where the stop flag does not reach."""
         log.error("sampler %s: %s", self.sampler_id, why)
         self._lost(why)
-        stop = Message(messages.STOP, {"sampler_id": self.sampler_id,
-                                       "incarnation": self.incarnation, "reason": why})  # fmt: skip
+        stop = Message(
+            messages.STOP,
+            {"sampler_id": self.sampler_id, "incarnation": self.incarnation, "reason": why},
+        )
         with contextlib.suppress(zmq.Again):
             self._beat.send_multipart(encode_message(stop))
         if self._exit_on_stall:
@@ -180,8 +182,9 @@ class SamplerChannel:
         """A control message for the trainer (a stop, a bye, evaluation answers)."""
         # The incarnation: the trainer takes a stop or bye only from the process it hears
         # under this id (grpo.delivery.pool).
-        message = Message(kind, {"sampler_id": self.sampler_id, "incarnation": self.incarnation,
-                                 **body})  # fmt: skip
+        message = Message(
+            kind, {"sampler_id": self.sampler_id, "incarnation": self.incarnation, **body}
+        )
         with contextlib.suppress(zmq.Again):
             self.push.send_multipart(encode_message(message))
 

@@ -128,17 +128,12 @@ MUTATIONS = (
         name="memfd_closed_under_a_timed_out_reload",
         item="62.6: a streamed version's memory file outlives a reload that timed out",
         path="grpo/rollout/vllm.py",
-        old=(
-            "        self._load_in_workers([memfd_path(fd)], version, lambda n: n == len(state),\n"
-            "                              release=lambda: os.close(fd))  # fmt: skip\n"
-        ),
-        new=(  # as it was: closed as soon as the caller stops waiting
-            "        try:\n"
-            "            self._load_in_workers([memfd_path(fd)], version,\n"
-            "                                  lambda n: n == len(state))\n"
-            "        finally:\n"
-            "            os.close(fd)\n"
-        ),
+        old="        self._load_in_workers(\n"
+        "            [memfd_path(fd)], version, lambda n: n == len(state), "
+        "release=lambda: os.close(fd)\n        )\n",
+        new="        try:\n"
+        "            self._load_in_workers([memfd_path(fd)], version, lambda n: n == len(state))\n"
+        "        finally:\n            os.close(fd)\n",
         tests=(
             "tests/test_vllm_reload.py::"
             "test_the_memory_file_stays_open_until_a_timed_out_transfer_ends",

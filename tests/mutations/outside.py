@@ -527,8 +527,8 @@ MUTATIONS = (
         item="63.3 (round 3): a full table of ids not vouched for evicts the newest, not the "
         "oldest",
         path="grpo/delivery/pool.py",
-        old="            oldest = min(strangers, key=lambda s: (self.members[s].gone is None,\n",
-        new="            oldest = max(strangers, key=lambda s: (self.members[s].gone is None,\n",
+        old="            oldest = min(\n                strangers,",
+        new="            oldest = max(\n                strangers,",
         tests=(FLOOD,),
     ),
     Mutation(
@@ -545,8 +545,8 @@ MUTATIONS = (
         name="vouch_strangers_in_the_collective",
         item="63.3 (round 3): ids not vouched for are in the broadcaster's snapshot",
         path="grpo/delivery/pool.py",
-        old="                if m.gone is None and m.vouched and m.collective}  # fmt: skip\n",
-        new="                if m.gone is None and m.collective}  # fmt: skip\n",
+        old="            if m.gone is None and m.vouched and m.collective\n",
+        new="            if m.gone is None and m.collective\n",
         tests=(
             "tests/test_pool.py::test_the_collective_snapshot_follows_each_sampler_s_state_and_drop",
         ),
@@ -584,9 +584,8 @@ MUTATIONS = (
         name="stale_sync_interval_ignored",
         item="63.3 (round 3): the gate judges the bound as if every version were published",
         path="grpo/delivery/admission.py",
-        old="                                                self.want.sync_interval, newest)  # "
-        "fmt: skip\n",
-        new="                                                1, newest)  # fmt: skip\n",
+        old="lag_misfit(batch.policy_version, step, m, self.want.sync_interval, newest)",
+        new="lag_misfit(batch.policy_version, step, m, 1, newest)",
         tests=(LONE,),
     ),
     Mutation(
@@ -824,17 +823,16 @@ MUTATIONS = (
         name="samples_eval_prompt_of_the_first_question",
         item="63.3 (round 4): every evaluation answer is shown under the first question",
         path="grpo/observe/samples.py",
-        old='        "prompt": decode(list(prompts[r.index].ids)), "answer": r.answer,\n',
-        new='        "prompt": decode(list(prompts[0].ids)), "answer": r.answer,\n',
+        old='            "prompt": decode(list(prompts[r.index].ids)),\n',
+        new='            "prompt": decode(list(prompts[0].ids)),\n',
         tests=("tests/test_samples.py::test_each_evaluation_answer_is_under_its_own_question",),
     ),
     Mutation(
         name="samples_eval_group_id_zero",
         item="63.3 (round 4): every evaluation row names question 0",
         path="grpo/observe/samples.py",
-        old='        "step": version, "version": version, "sampler_id": EVAL, "group_id": '
-        "r.index,\n",
-        new='        "step": version, "version": version, "sampler_id": EVAL, "group_id": 0,\n',
+        old='            "group_id": r.index,\n            "reward": r.reward,\n',
+        new='            "group_id": 0,\n            "reward": r.reward,\n',
         tests=("tests/test_samples.py::test_each_evaluation_answer_is_under_its_own_question",),
     ),
     Mutation(

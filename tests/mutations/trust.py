@@ -258,8 +258,8 @@ MUTATIONS = (
         name="others_rejections_logged_each_time",
         item="62.5: each rejection of a batch a peer sent in the sampler's name is a line again",
         path="grpo/delivery/sampler_endpoint.py",
-        old="                note(log, self.others_rejected, ",
-        new="                note(log, 1, ",
+        old="                    log,\n                    self.others_rejected,\n",
+        new="                    log,\n                    1,\n",
         tests=(
             "tests/test_edge_validation.py::"
             "test_rejections_of_batches_others_sent_in_its_name_cost_the_sampler_a_few_lines",
@@ -384,8 +384,8 @@ MUTATIONS = (
         name="rejection_reason_in_the_clear",
         item="62.3: every subscriber of the control channel reads why a batch was rejected",
         path="grpo/delivery/trainer_endpoint.py",
-        old="seq=batch.seq,\n                              **sealed)",
-        new="seq=batch.seq,\n                              reason=why, **sealed)",
+        old="seq=batch.seq, **sealed\n",
+        new="seq=batch.seq, reason=why, **sealed\n",
         tests=(
             "tests/test_edge_validation.py::"
             "test_a_rejected_batch_of_its_own_stops_the_sampler_and_stays_spooled",

@@ -417,8 +417,8 @@ MUTATIONS = (
         name="adapter_state_keeps_the_tensors_it_found",
         item="42.7: the adapter's parameters are found once, their tensors read at each call",
         path="grpo/models/loading.py",
-        old='        params = [(name.replace(prefix, "."), p)\n',
-        new='        params = [(name.replace(prefix, "."), p.detach())\n',
+        old='            (name.replace(prefix, "."), p)\n',
+        new='            (name.replace(prefix, "."), p.detach())\n',
         tests=(
             "tests/test_weight_streaming.py::test_adapter_state_reads_what_the_parameters_hold_"
             "when_asked",
@@ -553,8 +553,8 @@ MUTATIONS = (
         name="new_group_sent_no_manifest",
         item="42.5: a new generation's first version goes with its manifest",
         path="grpo/weights/collective/broadcaster.py",
-        old="self.timeout_s)  # fmt: skip\n        self._sent = None\n",
-        new="self.timeout_s)  # fmt: skip\n",
+        old="self.interface, self.timeout_s)\n        self._sent = None\n",
+        new="self.interface, self.timeout_s)\n",
         tests=(
             f"{GROUP}::test_a_stalled_member_is_dropped_in_time_and_rejoins_when_it_moves_again",
         ),
@@ -581,8 +581,8 @@ MUTATIONS = (
         name="close_waits_in_silence",
         item="42.3: a close that waits out a group's forming says so",
         path="grpo/weights/collective/broadcaster.py",
-        old='            log.info("weights: closing once the collective group',
-        new='            log.debug("weights: closing once the collective group',
+        old='            log.info(\n                "weights: closing once the collective group',
+        new='            log.debug(\n                "weights: closing once the collective group',
         tests=(f"{GROUP}::test_closing_while_a_group_forms_says_what_it_waits_for",),
     ),
     Mutation(

@@ -95,9 +95,17 @@ def ppo_policy_loss(
     low-probability tokens grow faster and keeps entropy from collapsing.
     """
     return _clipped_surrogate(
-        token_ratio(old_logp, logp), advantages, mask, old_logp, logp,
-        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, is_weights=is_weights,
-    )  # fmt: skip
+        token_ratio(old_logp, logp),
+        advantages,
+        mask,
+        old_logp,
+        logp,
+        agg=agg,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=clip_c,
+        is_weights=is_weights,
+    )
 
 
 @register_policy_loss("gspo")
@@ -130,9 +138,17 @@ def gspo_policy_loss(
     log_s = seq_log_ratio.detach()[:, None] + logp - logp.detach()  # (B, T), value = seq ratio
     ratio = torch.exp(clamp_log_ratio(log_s))  # (B, T)
     return _clipped_surrogate(
-        ratio, advantages, mask, old_logp, logp,
-        agg=agg, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, is_weights=is_weights,
-    )  # fmt: skip
+        ratio,
+        advantages,
+        mask,
+        old_logp,
+        logp,
+        agg=agg,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=clip_c,
+        is_weights=is_weights,
+    )
 
 
 @register_policy_loss("sapo")

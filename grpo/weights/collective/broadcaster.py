@@ -92,8 +92,12 @@ class Broadcaster:
             except RuntimeError as e:  # gloo's word for a peer dead, stalled or refusing
                 self._failed(wire.reason(e))
             except Exception as e:  # a fault of ours: the thread must live to be told of it
-                log.error("weights: the collective broadcaster failed (%s: %s)",
-                          type(e).__name__, e, exc_info=True)  # fmt: skip
+                log.error(
+                    "weights: the collective broadcaster failed (%s: %s)",
+                    type(e).__name__,
+                    e,
+                    exc_info=True,
+                )
                 self._failed(f"the broadcaster's own {type(e).__name__}")
 
     def _regroup(self, version: int | None) -> None:
@@ -114,14 +118,17 @@ class Broadcaster:
         size, prefix = len(members) + 1, wire.prefix(self.generation, key)
         self.meeting.table.open(prefix, size)  # before any member can hear of it
         self.announced = GroupInfo(self.epoch, self.generation, members, key).to_json()
-        self.group = wire.form(self.meeting.local, prefix, 0, size, self.interface,
-                               self.timeout_s)  # fmt: skip
+        self.group = wire.form(self.meeting.local, prefix, 0, size, self.interface, self.timeout_s)
         self._sent = None
         self.first = version if version is not None else self.last_queued + 1
         wire.exchange_header(self.group, [wire.KEEPALIVE, self.first])
         self.meeting.table.seal()  # every member formed its group: it took that header
-        log.info("weights: collective group %d formed with %s (versions from %d on)",
-                 self.generation, ", ".join(members), self.first)  # fmt: skip
+        log.info(
+            "weights: collective group %d formed with %s (versions from %d on)",
+            self.generation,
+            ", ".join(members),
+            self.first,
+        )
 
     def _send(self, version: int | None) -> None:
         assert self.group is not None
@@ -132,8 +139,9 @@ class Broadcaster:
         t0 = time.monotonic()
         manifest, sent = image.manifest, self._sent
         if sent is not None and _same_layout(manifest, sent):
-            wire.exchange_header(self.group, [wire.VERSION, image.version, 0, len(manifest.sums)],
-                                 manifest.sums)  # fmt: skip
+            wire.exchange_header(
+                self.group, [wire.VERSION, image.version, 0, len(manifest.sums)], manifest.sums
+            )
         else:
             body = np.frombuffer(msgpack.packb(manifest.to_body()), np.uint8).copy()
             wire.exchange_header(self.group, [wire.VERSION, image.version, body.size])
@@ -144,13 +152,21 @@ class Broadcaster:
             if data.size:
                 wire.broadcast(self.group, np.ascontiguousarray(data))
         self.seconds[image.version] = time.monotonic() - t0
-        log.info("weights: version %d broadcast to %d sampler(s) in %.2f s",
-                 image.version, len(self.members), self.seconds[image.version])  # fmt: skip
+        log.info(
+            "weights: version %d broadcast to %d sampler(s) in %.2f s",
+            image.version,
+            len(self.members),
+            self.seconds[image.version],
+        )
 
     def _failed(self, why: str) -> None:
-        log.warning("weights: collective group %d (%s) dropped: %s; its samplers take versions "
-                    "by stream until they rejoin", self.generation, ", ".join(self.members),
-                    why)  # fmt: skip
+        log.warning(
+            "weights: collective group %d (%s) dropped: %s; its samplers take versions "
+            "by stream until they rejoin",
+            self.generation,
+            ", ".join(self.members),
+            why,
+        )
         for sid in self.members:
             self.failed_in[(sid, self._incarnations.get(sid, ""))] = self.generation
         self.group, self.members = None, ()
@@ -162,8 +178,11 @@ class Broadcaster:
         self._queue.put(CLOSE)
         self._thread.join(timeout=1)
         if self._thread.is_alive():
-            log.info("weights: closing once the collective group's operation under way ends, "
-                     "within %.0f s (weights.collective_timeout_s)", self.timeout_s)  # fmt: skip
+            log.info(
+                "weights: closing once the collective group's operation under way ends, "
+                "within %.0f s (weights.collective_timeout_s)",
+                self.timeout_s,
+            )
             self._thread.join(timeout=self.timeout_s + 5)
         self.meeting.close()
 

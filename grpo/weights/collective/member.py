@@ -88,8 +88,9 @@ class GroupMember:
                 self._follow(info, rank)
             except (RuntimeError, ValueError) as e:  # gloo's errors are RuntimeErrors
                 if not self._closing.is_set():
-                    log.warning("weights: left collective group %d: %s", info.generation,
-                                wire.reason(e))  # fmt: skip
+                    log.warning(
+                        "weights: left collective group %d: %s", info.generation, wire.reason(e)
+                    )
             finally:
                 self._first, self.left = None, info.generation
                 self.state = f"ready:{info.generation}"
@@ -99,8 +100,14 @@ class GroupMember:
         meeting = RemoteStore(self.addr, self.timeout_s)
         interface = wire.local_interface(self.addr)
         try:
-            group = wire.form(meeting, wire.prefix(info.generation, info.key), rank,
-                              len(info.members) + 1, interface, self.timeout_s)  # fmt: skip
+            group = wire.form(
+                meeting,
+                wire.prefix(info.generation, info.key),
+                rank,
+                len(info.members) + 1,
+                interface,
+                self.timeout_s,
+            )
         finally:
             meeting.close_connection()  # the group's own connections carry the rest
         self.state = f"member:{info.generation}"
@@ -158,11 +165,16 @@ class GroupMember:
         self.pool.keep_spare(manifest.nbytes)
         if wrong:
             self._last = version
-            log.warning("weights: version %d from the group fails the checksums of buckets %s: "
-                        "taken by stream instead", version, wrong[:5])  # fmt: skip
+            log.warning(
+                "weights: version %d from the group fails the checksums of buckets %s: "
+                "taken by stream instead",
+                version,
+                wrong[:5],
+            )
             return
-        log.info("weights: version %d from the collective group (%d bytes)", version,
-                 manifest.nbytes)  # fmt: skip
+        log.info(
+            "weights: version %d from the collective group (%d bytes)", version, manifest.nbytes
+        )
         self.offer(Image(manifest, flats=flats))
         self._last = version  # after the offer: the follower sees it coming or in, never neither
 

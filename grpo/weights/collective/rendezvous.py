@@ -119,8 +119,10 @@ class _PollingStore(dist.Store):
         deadline = time.monotonic() + self.timeout_s
         while (value := self._try_get(key)) is None:
             if time.monotonic() > deadline:  # the key's tail: its head is the secret
-                raise RuntimeError(f"the rendezvous had no key .../{key.partition('/')[2]} "
-                                   f"within {self.timeout_s:g} s")  # fmt: skip
+                raise RuntimeError(
+                    f"the rendezvous had no key .../{key.partition('/')[2]} "
+                    f"within {self.timeout_s:g} s"
+                )
             time.sleep(POLL_S)
         return value
 
@@ -238,9 +240,15 @@ class Rendezvous:
                 return  # closed
             if not self._connections.acquire(blocking=False):
                 self._turned_away += 1
-                note(log, self._turned_away, "weights: the collective rendezvous turned away "
-                     "a connection from %s: %d open already (%d turned away so far)", peer[0],
-                     MAX_CONNECTIONS, self._turned_away)  # fmt: skip
+                note(
+                    log,
+                    self._turned_away,
+                    "weights: the collective rendezvous turned away "
+                    "a connection from %s: %d open already (%d turned away so far)",
+                    peer[0],
+                    MAX_CONNECTIONS,
+                    self._turned_away,
+                )
                 conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn, peer[0]), daemon=True).start()
@@ -279,8 +287,14 @@ class Rendezvous:
 
     def _refused(self, peer: str, why: str) -> None:
         self.refused += 1
-        note(log, self.refused, "weights: the collective rendezvous refused %s from %s (%d "
-             "refused so far)", why, peer, self.refused)  # fmt: skip
+        note(
+            log,
+            self.refused,
+            "weights: the collective rendezvous refused %s from %s (%d refused so far)",
+            why,
+            peer,
+            self.refused,
+        )
 
     def close(self) -> None:
         self._closed.set()

@@ -9,8 +9,9 @@ from grpo.config.weights import weights_mode
 from grpo.weights.modes import collective, files, shared_dir, stream
 from grpo.weights.modes.base import Mode
 
-MODES: dict[str, Mode] = {m.name: m for m in (shared_dir.MODE, files.MODE, stream.MODE,
-                                              collective.MODE)}  # fmt: skip
+MODES: dict[str, Mode] = {
+    m.name: m for m in (shared_dir.MODE, files.MODE, stream.MODE, collective.MODE)
+}
 
 
 def mode_of(cfg: Config) -> Mode:

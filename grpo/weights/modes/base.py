@@ -63,14 +63,16 @@ class ServingEnd(TrainerEnd):
     max_request_bytes: int  # the largest request `serve` takes
     server: WeightsServer | None = None
 
-    def serve(self, router: zmq.Socket, closing: threading.Event,
-              failed: Callable[[str], None]) -> None:  # fmt: skip
+    def serve(
+        self, router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]
+    ) -> None:
         """Answer requests on `router` until `closing`; `failed(cause)` if it ends otherwise."""
         raise NotImplementedError
 
     def start(self, link: TrainerLink) -> None:
-        self.server = WeightsServer(self.cfg.transport, self.serve, self.max_request_bytes,
-                                    link.failed)  # fmt: skip
+        self.server = WeightsServer(
+            self.cfg.transport, self.serve, self.max_request_bytes, link.failed
+        )
 
     def close(self) -> None:
         if self.server is not None:

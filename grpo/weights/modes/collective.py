@@ -21,8 +21,9 @@ class BroadcastingServer(MemoryServer):
         samplers' heartbeats (`link.member_states`) and announced in the trainer's."""
         super().start(link)
         assert self.store is not None
-        self.broadcaster = Broadcaster(self.cfg, self.store, link.member_states,
-                                       published=link.published)  # fmt: skip
+        self.broadcaster = Broadcaster(
+            self.cfg, self.store, link.member_states, published=link.published
+        )
 
     def published(self, version: int) -> None:
         assert self.broadcaster is not None

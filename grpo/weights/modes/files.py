@@ -22,8 +22,9 @@ class DirServer(ServingEnd):
 
     max_request_bytes = MAX_REQUEST_BYTES
 
-    def serve(self, router: zmq.Socket, closing: threading.Event,
-              failed: Callable[[str], None]) -> None:  # fmt: skip
+    def serve(
+        self, router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]
+    ) -> None:
         serve_dirs(router, self.cfg.run_dir, closing, failed)
 
 
@@ -32,8 +33,14 @@ class FetchingReceiver(DirReceiver):
         super().__init__(link.run_dir)
         t = cfg.transport
         self.keep = cfg.train.keep_versions
-        self.fetcher = WeightFetcher(link.ctx, t.weights_addr, t.peer_timeout_s, link.secure,
-                                     link.limits, t.max_version_bytes)  # fmt: skip
+        self.fetcher = WeightFetcher(
+            link.ctx,
+            t.weights_addr,
+            t.peer_timeout_s,
+            link.secure,
+            link.limits,
+            t.max_version_bytes,
+        )
 
     def get(self, number: int) -> Version:
         try:

@@ -28,8 +28,9 @@ class MemoryServer(ServingEnd):
 
     max_request_bytes = MAX_REQUEST_BYTES
 
-    def serve(self, router: zmq.Socket, closing: threading.Event,
-              failed: Callable[[str], None]) -> None:  # fmt: skip
+    def serve(
+        self, router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]
+    ) -> None:
         assert self.store is not None
         server = StreamServer(router, self.store, closing, failed)
         try:

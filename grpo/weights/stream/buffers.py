@@ -64,8 +64,11 @@ class BufferPool:
 
     def _free(self) -> list[int]:
         """The indices of the buffers nothing but the pool holds (under the lock)."""
-        return [i for i in range(len(self._buffers))
-                if sys.getrefcount(self._buffers[i]) <= _HELD_BY_THE_POOL_ALONE]  # fmt: skip
+        return [
+            i
+            for i in range(len(self._buffers))
+            if sys.getrefcount(self._buffers[i]) <= _HELD_BY_THE_POOL_ALONE
+        ]
 
     def held_bytes(self) -> int:
         """Every buffer's bytes, free or not."""

@@ -204,8 +204,9 @@ class VersionFetcher:
         """The next answer on `sock` within 0.1 s, else None; SourceFailed once the source
         was silent for timeout_s, or past `floor` (a relay's time for the whole version)."""
         if floor is not None and time.monotonic() > floor:
-            raise SourceFailed(f"slower than {RELAY_FLOOR_BYTES_PER_S >> 20} MiB/s, the floor "
-                               "a relay keeps to")  # fmt: skip
+            raise SourceFailed(
+                f"slower than {RELAY_FLOOR_BYTES_PER_S >> 20} MiB/s, the floor a relay keeps to"
+            )
         if sock.poll(timeout=100):
             return sock.recv_multipart(copy=False)
         if time.monotonic() - quiet_since > self.timeout_s:
@@ -288,8 +289,11 @@ class Buckets:
                     want = FULL_COPY if full else self.base.version
                     rx._ask(self.sock, BUCKET, version=version, base=want, index=index)
                     self.asked[index] = want
-                if self.asked and (frames := rx._recv(self.sock, self.addr, self.since,
-                                                      self.floor)) is not None:  # fmt: skip
+                if (
+                    self.asked
+                    and (frames := rx._recv(self.sock, self.addr, self.since, self.floor))
+                    is not None
+                ):
                     self._answer(frames, digests)
 
     def _answer(self, frames: list[Any], digests: ThreadPoolExecutor) -> None:
@@ -306,8 +310,10 @@ class Buckets:
         try:
             bucket = decode_bucket(frames[1:], self.rx.max_bytes)
             if bucket.base not in (wanted, FULL_COPY):  # never what was asked: give up on it
-                raise SourceFailed(f"bucket {index} came as a delta from version "
-                                   f"{bucket.base}, asked from {wanted}")  # fmt: skip
+                raise SourceFailed(
+                    f"bucket {index} came as a delta from version "
+                    f"{bucket.base}, asked from {wanted}"
+                )
             if bucket.base == FULL_COPY:  # checked on the thread while the next ones come in
                 self.checking[index] = (digests.submit(self.staging.apply, bucket, None), frames,
                                         bucket)  # fmt: skip
@@ -340,8 +346,9 @@ class Buckets:
         else:
             self.corrupt += 1
             if self.corrupt > MAX_CORRUPT:
-                raise SourceFailed(f"{self.corrupt} buckets fail their checksums, the last: "
-                                   f"{e}") from None  # fmt: skip
+                raise SourceFailed(
+                    f"{self.corrupt} buckets fail their checksums, the last: {e}"
+                ) from None
             stats.fell_back("corrupt bucket", f"{self.addr}, bucket {index}: {e}")
         self.full.add(index)
         self.todo.append(index)

@@ -128,8 +128,10 @@ def _check_bits(array: Any, what: str) -> None:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"{what}: a numpy array of bit patterns, not {type(array).__name__}")
     if array.dtype.kind != "i" or array.ndim != 1 or not array.flags.c_contiguous:
-        raise ValueError(f"{what}: a flat C-contiguous signed int array, not {array.dtype} "
-                         f"of shape {array.shape}")  # fmt: skip
+        raise ValueError(
+            f"{what}: a flat C-contiguous signed int array, not {array.dtype} "
+            f"of shape {array.shape}"
+        )
 
 
 def encode(new: np.ndarray, base: np.ndarray | None, *, delta: bool = True) -> Encoded:
@@ -177,8 +179,7 @@ def _checked_base(base: Any, dtype: np.dtype, size: int, kind: str) -> np.ndarra
     if base is None:
         raise DeltaError(f"{kind} needs a base and there is none")
     if not isinstance(base, np.ndarray) or base.dtype != dtype or base.size != size:
-        got = (f"{base.dtype} x {base.size}" if isinstance(base, np.ndarray)
-               else type(base).__name__)  # fmt: skip
+        got = f"{base.dtype} x {base.size}" if isinstance(base, np.ndarray) else type(base).__name__
         raise DeltaError(f"{kind} base is {got}, not {dtype} x {size}")
     return base.reshape(-1)
 
@@ -191,8 +192,9 @@ def _array(part: Any, dtype: np.dtype, count: int, what: str) -> np.ndarray:
     return np.frombuffer(part, dtype, count)
 
 
-def _decode_sparse(parts: Sequence[Any], base: np.ndarray, dtype: np.dtype,
-                   size: int) -> np.ndarray:  # fmt: skip
+def _decode_sparse(
+    parts: Sequence[Any], base: np.ndarray, dtype: np.dtype, size: int
+) -> np.ndarray:
     idx_dtype = index_dtype(size)
     index_bytes = _part_bytes(parts[0])
     if index_bytes % idx_dtype.itemsize:

@@ -131,10 +131,13 @@ class VersionFollower:
         w, t = cfg.weights, cfg.transport
         check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
         if is_loopback(w.relay_addr) and not is_loopback(t.weights_addr):
-            log.warning("weights.relay_addr %s binds loopback but the trainer is at %s: other "
-                        "nodes' samplers cannot reach this relay; set weights.relay_addr=tcp://"
-                        "0.0.0.0:* and weights.relay_host, or weights.fanout=0", w.relay_addr,
-                        t.weights_addr)  # fmt: skip
+            log.warning(
+                "weights.relay_addr %s binds loopback but the trainer is at %s: other "
+                "nodes' samplers cannot reach this relay; set weights.relay_addr=tcp://"
+                "0.0.0.0:* and weights.relay_host, or weights.fanout=0",
+                w.relay_addr,
+                t.weights_addr,
+            )
         router = new_socket(ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(1 << 16, 64))
         if self.keys is not None:  # its own pair; it accepts the keys the trainer accepts
             self._auth = secure_server(ctx, [router], self.curve_dir, owner=self.sampler_id)

@@ -171,8 +171,11 @@ class Manifest:
         bounds = tuple((start, end) for start, end, _ in triples)
         sums = tuple(s for *_, s in triples)
         manifest = cls(version, specs, bounds, body.get("adapter") is True, sums)
-        require(manifest.nbytes <= max_bytes, f"a version of {manifest.nbytes} bytes is over "
-                f"transport.max_version_bytes ({max_bytes})")  # fmt: skip
+        require(
+            manifest.nbytes <= max_bytes,
+            f"a version of {manifest.nbytes} bytes is over "
+            f"transport.max_version_bytes ({max_bytes})",
+        )
         return manifest
 
 

@@ -163,8 +163,9 @@ class Staging:
         if bucket.base == FULL_COPY:
             size = m.bucket_nbytes[index]
             if bucket.payload.nbytes != size:
-                raise ApplyError(f"bucket {index} holds {bucket.payload.nbytes} bytes, "
-                                 f"its tensors {size}")  # fmt: skip
+                raise ApplyError(
+                    f"bucket {index} holds {bucket.payload.nbytes} bytes, its tensors {size}"
+                )
             # the tensors view the payload: the socket's buffer, the receiver's own once
             # received (a read-only one, a relay's or a test's bytes, is copied)
             whole = np.frombuffer(bucket.payload, np.uint8)
@@ -177,8 +178,9 @@ class Staging:
             raise ApplyError(f"bucket {index} holds other tensors than the manifest's")
         if base is None or base.version != bucket.base:
             held = None if base is None else base.version
-            raise ApplyError(f"bucket {index} is a delta from version {bucket.base}, "
-                             f"this receiver holds {held}")  # fmt: skip
+            raise ApplyError(
+                f"bucket {index} is a delta from version {bucket.base}, this receiver holds {held}"
+            )
         decoded = {}
         for spec, (_, kind, parts) in zip(specs, bucket.tensors, strict=True):
             old = base.arrays.get(spec.name) if kind != deltas.FULL else None
@@ -187,8 +189,9 @@ class Staging:
             except deltas.DeltaError as e:
                 raise ApplyError(f"tensor {spec.name}: {e}") from None
         if bucket_sum(list(decoded.values())) != m.sums[index]:
-            raise ApplyError(f"bucket {index} does not match its checksum after decoding its "
-                             "deltas")  # fmt: skip
+            raise ApplyError(
+                f"bucket {index} does not match its checksum after decoding its deltas"
+            )
         self.arrays.update(decoded)
         self.done.add(index)
 
@@ -199,8 +202,9 @@ class Staging:
         """The complete version (every bucket was checked as it came); ApplyError while a
         bucket is missing."""
         if self.missing():
-            raise ApplyError(f"buckets {self.missing()[:5]} of version "
-                             f"{self.manifest.version} never arrived")  # fmt: skip
+            raise ApplyError(
+                f"buckets {self.missing()[:5]} of version {self.manifest.version} never arrived"
+            )
         return Image(self.manifest, self.arrays, self.flats)
 
 
