@@ -21,7 +21,7 @@ from grpo.config import Config, ConfigError
 from grpo.config.sections import VARLEN_ATTENTION
 from grpo.core.durable import TRAIN_STATE_MARKER, train_state_dir
 from grpo.core.paths import resolve_path
-from grpo.models.embedded import EMBEDDED, ModelError, require_model_dir
+from grpo.models.embedded import BASE_DIR, EMBEDDED, ModelError, is_converted, require_model_dir
 from grpo.runtime.lifetime import port_holders
 from grpo.runtime.placement import visible_gpus
 from grpo.tasks import get_task, run_reward
@@ -40,8 +40,12 @@ def preflight(cfg: Config, role: str = "both", read_rows: bool = True) -> None:
     if trainer or sampler:
         model_dir = _model_dir(cfg.model.path)
         _attention(cfg.model.attn_implementation)
-        if cfg.model.lora.enabled and model_dir is not None:
-            _lora_targets(model_dir, cfg.model.lora.target_modules)
+        # The embedded model's converted dir too, where it is: `[q_prj, v_proj]` on the demo's
+        # config said "config ok" and trained v_proj alone (before its first conversion the
+        # model's module names are not on disk; a fresh clone's first run converts after this).
+        lora_dir = model_dir or (BASE_DIR if is_converted() else None)
+        if cfg.model.lora.enabled and lora_dir is not None:
+            _lora_targets(lora_dir, cfg.model.lora.target_modules)
         if cfg.eval.interval > 0 and not cfg.data.mixture:  # both roles may ask its questions
             task = get_task(cfg.data.task)
             _dataset("data.test", task_for(cfg), cfg.data.test or task.default_test, read_rows)

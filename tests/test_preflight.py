@@ -238,6 +238,16 @@ def test_what_the_run_opens_past_the_model_dir_is_opened_first(tiny_model_dir, t
     preflight(config(tiny_model_dir, "model.lora.enabled=true", named), "both")
 
 
+def test_lora_targets_are_checked_against_the_embedded_model_too(base_model_dir):
+    """The demo's config (model.path embedded) with `[q_prj, v_proj]` said "config ok" and
+    trained v_proj alone: the check looked only at a model dir the config names (issue 64's
+    mistake table, row 26). Once converted, the embedded model's dir is there to look at."""
+    lora = ["model.lora.enabled=true", "model.lora.target_modules=[q_prj, v_proj]"]
+    with pytest.raises(ConfigError, match=r"^model.lora.target_modules: q_prj match no module"):
+        preflight(config("embedded", *lora), "sampler")
+    preflight(config("embedded", "model.lora.enabled=true"), "sampler")  # the default targets
+
+
 def test_second_sources_and_second_values_of_what_the_run_opens(tiny_model_dir, tmp_path):
     """Issue 63: each check above met one case of what it is about. transformers also reads a
     template from tokenizer_config.json and builds a tokenizer from sentencepiece's model or a

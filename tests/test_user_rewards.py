@@ -280,3 +280,35 @@ def test_the_rate_is_judged_from_exactly_the_least_answers_and_a_bound_of_one_al
     anything = FailureRate("r", bound=1.0)  # reward.max_error_rate=1.0: never stop
     for _ in range(3):
         anything.add(_results(["e"] * 100))
+
+
+def test_a_sampler_stopped_by_a_failing_reward_exits_2_and_is_not_restarted(tiny_model_dir):
+    """The failure-rate stop is the user's reward failing, not a crash: a restart scores the
+    same questions with the same function. The sampler raised it as an uncaught error (a
+    traceback, exit 1), and launch.sh restarted it three times: a 1-step run of a reward that
+    raised on every answer took minutes and three rotated run dirs to end with exit 1 (issue
+    64's mistake table). One line naming the reward, and exit 2, which launch.sh never heals."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    stopped = "the reward my:score failed on 4 of the last 4 answers; its first error: KeyError"
+    code = (
+        "import sys\n"
+        "import grpo.sampler.loop as loop\n"
+        "from grpo.tasks.failures import RewardFailingError\n"
+        "def run_sampler(cfg):\n"
+        f"    raise RewardFailingError({stopped!r})\n"
+        "loop.run_sampler = run_sampler\n"
+        "from grpo.cli import main\n"
+        "sys.exit(main('sampler', sys.argv[1:]))\n"
+    )
+    args = [f"model.path={tiny_model_dir}", "rollout.backend=hf", "data.task=addition"]
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(repo / "configs" / "cpu_demo.yaml"), *args],
+        cwd=repo, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2, (out.returncode, lines[-5:])
+    assert len(lines) == 1 and stopped in lines[0] and "Traceback" not in out.stderr, lines

@@ -514,4 +514,23 @@ MUTATIONS = (
             "test_grpo_check_from_the_user_s_dir_opens_the_run_dir_launch_sh_writes",
         ),
     ),
+    Mutation(
+        name="preflight_lora_targets_unchecked_on_embedded",
+        item="64.2: `[q_prj, v_proj]` on the demo's config (model.path embedded) says config ok",
+        path="grpo/preflight.py",
+        old="        lora_dir = model_dir or (BASE_DIR if is_converted() else None)\n",
+        new="        lora_dir = model_dir\n",
+        tests=(TESTS + "test_lora_targets_are_checked_against_the_embedded_model_too",),
+    ),
+    Mutation(
+        name="reward_failure_healed_by_restarts",
+        item="64.3: a reward failing past its bound is a crash launch.sh restarts three times",
+        path="grpo/cli.py",
+        old='        log.error("%s", e)\n        return 2\n    except (ValueError,',
+        new="        raise\n    except (ValueError,",
+        tests=(
+            "tests/test_user_rewards.py::"
+            "test_a_sampler_stopped_by_a_failing_reward_exits_2_and_is_not_restarted",
+        ),
+    ),
 )
