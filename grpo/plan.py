@@ -104,8 +104,8 @@ class ExperiencePlan:
     """What the experience stage (grpo.trainer.experience) does to every batch: the reward
     shaping, in order; the KL of the sampling policy to the reference (measured, and paid in
     the reward when `kl_in_reward`); which answers get no loss; the rollout correction; and
-    the advantage estimator with the constants it declared (one that needs the critic's
-    values, GAE, runs in the update instead)."""
+    the advantage estimator with the constants it declared (given the critic's values when
+    it needs them, GAE)."""
 
     shaping: tuple[Overlong, ...]
     kl_reward_kind: str  # the estimator of the KL measured here (not the loss's kl_kind)
@@ -117,9 +117,9 @@ class ExperiencePlan:
 
 @dataclass(frozen=True)
 class Objective:
-    """One micro-batch's loss (grpo.trainer.objective): the policy loss with its options
-    settled, plus `kl_coef` times the KL to the reference (by `kl_kind`), minus `entropy_coef`
-    times the entropy; and how the forward reads the answers."""
+    """One micro-batch's loss (grpo.trainer.step.micro_batch_loss): the policy loss with its
+    options settled, plus `kl_coef` times the KL to the reference (by `kl_kind`), minus
+    `entropy_coef` times the entropy; and how the forward reads the answers."""
 
     policy: LossPlan
     kl_kind: str
@@ -132,15 +132,14 @@ class Objective:
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """The update (grpo.trainer.update): `ppo_epochs` passes over a rank's rows, one optimizer
-    step per mini-batch of `mini_batch_seqs`, micro-batches of up to `micro_batch_tokens`; with
-    a critic, the estimator of its values (GAE) and the steps it warms up alone."""
+    """The update (grpo.trainer.step.update): `ppo_epochs` passes over a rank's rows, one
+    optimizer step per mini-batch of `mini_batch_seqs`, micro-batches of up to
+    `micro_batch_tokens`; with a critic, the steps it warms up alone."""
 
     objective: Objective
     ppo_epochs: int
     mini_batch_seqs: int  # sequences per rank per optimizer step
     micro_batch_tokens: int  # train.max_tokens_per_micro_batch (0: by count alone)
-    advantage: Advantage
     critic_warmup_steps: int
 
 
@@ -205,7 +204,7 @@ def plan_run(cfg: Config, world: int | None = None) -> RunPlan:
     advantage = plan_advantage(cfg)
     return RunPlan(
         experience=plan_experience(cfg, advantage),
-        update=plan_update(cfg, cfg.world if world is None else world, loss, advantage),
+        update=plan_update(cfg, cfg.world if world is None else world, loss),
         scoring=plan_scoring(cfg),
         scored_by_sampler=scored_by(cfg, "sampler"),
         scored_by_trainer=scored_by(cfg, "trainer"),
@@ -226,16 +225,13 @@ def plan_objective(cfg: Config, loss: LossPlan | None = None) -> Objective:
     )
 
 
-def plan_update(
-    cfg: Config, world: int, loss: LossPlan | None = None, advantage: Advantage | None = None
-) -> UpdatePlan:
+def plan_update(cfg: Config, world: int, loss: LossPlan | None = None) -> UpdatePlan:
     """The update of `cfg` on `world` trainer ranks."""
     return UpdatePlan(
         objective=plan_objective(cfg, loss),
         ppo_epochs=cfg.train.ppo_epochs,
         mini_batch_seqs=cfg.mini_batch_seqs(world),
         micro_batch_tokens=cfg.train.max_tokens_per_micro_batch,
-        advantage=advantage or plan_advantage(cfg),
         critic_warmup_steps=cfg.critic.warmup_steps,
     )
 

@@ -1,51 +1,9 @@
 """Continuous generation on vLLM (rollout.mode: continuous, rollout.backend: vllm): a fixed
-number of slots, each answer one vLLM request; vLLM's scheduler batches them.
-
-The engine is VllmRollout's (same `vllm.LLM` arguments, same `load`
-in place), driven one scheduler step at a time: `step()` is one `LLMEngine.step()`, whose
-per-request outputs are deltas (the tokens sampled in that step, with their processed
-log-probs: the distribution they were drawn from, as VllmRollout reports).
-
-Stepping. vLLM's engine core normally runs in its own process and decodes ahead of its client
-on its own, so a token's version could not be told from the step that returned it, and a lone
-sampler waiting for a version would see old-weights tokens made while it waited. Here the core
-(the scheduler) runs in the sampler's process and does nothing between two `step()` calls; the
-model still runs in vLLM's worker process (distributed_executor_backend: mp), where
-`collective_rpc` loads new weights. So new weights land exactly between two steps and every
-token records the version that sampled it. (vLLM then seeds this process's global RNGs with
-rollout.seed at start, as it warns.)
-
-Prefix cache. A request's prompt carries a cache salt naming the version it was admitted
-under, so a request admitted after an update never reuses cached keys and values computed by
-older weights (the reset after a load cannot clear blocks held by answers in flight).
-
-New weights (rollout.kv_on_update):
-- keep: answers in flight keep their cache, computed by the older weights, and go on sampling
-  with the new ones. Answers admitted but not yet prefilled are re-added under the new salt, so
-  their prompts are prefilled by the new weights.
-- recompute: vLLM's `reset_prefix_cache(reset_running_requests=True)`, the reset vLLM offers
-  for weight updates: every running request is preempted (its blocks freed) and the cache is
-  emptied; the next step prefills each one's prompt and tokens so far again, under the new
-  weights, and it goes on where it was: the same request, so its sampling state (seed stream,
-  stop-string check, remaining max_tokens) carries on untouched.
-- With a LoRA adapter, each request is bound to the adapter it was added with, so a new
-  version aborts every answer in flight and re-adds it (prompt + tokens so far, the remaining
-  budget) with the new adapter: recompute, whatever kv_on_update says.
-
-Seeds. Each request has its own seed, derived from the answer's seed and how many tokens it
-had when it was added: an answer re-added (restore, adapter change) draws a new stream rather
-than replaying the one it started with. Token t is not drawn from an RNG seeded by (seed, t) as
-the HF engine's are, so a resumed run continues its answers, not bit for bit.
-
-Engine restart (rollout.vllm.reload: restart, or the fallback after a failed in-place load):
-the answers in flight are re-added to the new engine as a resume restores them.
-
-Resume. `rebuild_cache()` does nothing: vLLM's cache of an answer cannot be recomputed in
-place without changing what the uninterrupted run does, and a resume is not bit for bit
-anyway. `restore()` re-adds saved answers with their tokens so far as part of the prompt and the
-remaining budget; a stop string that straddles the saved tokens and new ones is caught here
-(vLLM checks only the text it generated itself).
-"""
+number of slots, each answer one vLLM request; vLLM's scheduler batches them. The engine is
+VllmRollout's, its core stepped in this process one `LLMEngine.step()` at a time, so new
+weights land exactly between two steps and each token records the version that sampled it.
+How it steps, salts the prefix cache, takes new weights (rollout.kv_on_update), seeds, restarts
+and resumes: docs/vllm.md, "Continuous generation"."""
 
 from __future__ import annotations
 

@@ -1,40 +1,19 @@
 """The two pacings of the generation loop (grpo.sampler.generation), by rollout.mode.
 
-**Lock-step.** Before each batch the sampler waits for the version the batch needs (the
-trainer announces each version; batch b may be sampled with b - train.max_staleness or newer)
-and for room in its spool, loads the version, admits the batch's Q groups into the empty
-engine, steps until they all finish, and cuts the batch: one version per batch. A round's seed
-is rollout.seed + batch + round; its first answer gets it and each later one its own (a slot
-engine samples every answer from its seed), and an engine that samples the round with one call
-is seeded with the first (grpo.rollout.generate_slots), as it always was. DAPO's dynamic
-sampling: a group whose answers all score the same teaches nothing; another round of Q
-questions is sampled, up to max_sampling_rounds, and past the cap flat groups fill the batch.
+**Lock-step.** Before each batch the sampler waits for the version the batch needs (batch b may
+be sampled with b - train.max_staleness or newer) and for room in its spool, loads it, admits
+the batch's Q groups into the empty engine, steps until they all finish, and cuts the batch:
+one version per batch. A round's seed is rollout.seed + batch + round; its first answer gets it
+and each later one its own, and an engine that samples the round with one call is seeded with
+the first (grpo.rollout.generate_slots). DAPO's dynamic sampling: a group whose answers all
+score the same teaches nothing; another round of Q questions is sampled, up to
+max_sampling_rounds, and past the cap flat groups fill the batch.
 
 **Continuous.** Answers in flight in a fixed number of slots, refilled by whole groups as slots
 free up; new weights between two decode steps; batches cut from complete groups in the order
-they were admitted.
-
-Batches in admission order. This sampler's k-th batch holds its groups kQ to (k+1)Q - 1 (Q =
-rollout.questions_per_step): a group's batch is known when it is admitted, and a long answer
-holds up its own batch's cut, never the slots, which go on taking the next batches' groups.
-
-Pacing, not dropping. Batch b may only hold answers whose oldest token is at least
-required_version(b) (train.max_staleness). A group is admitted only when the weights in the
-engine meet the bound of the batch it lands in; else its slots wait, and the answers in flight
-go on decoding. A lone sampler never discards a finished answer. With several, the run's batch
-numbers move with the others' batches, so a group's batch is an estimate: a group past its
-bound when its batch is cut is discarded, counted, and its length reported beside the trained
-ones' (a bias toward short answers shows).
-
-Versions. After the cut of batch b the sampler waits for the version batch b + 2 needs (b + 1
-when train.max_staleness < 2: b + 2's would need batch b trained), as the lock-step sampler
-waits before each batch, and loads it under the answers in flight: they decode on with the new
-weights, so an answer's tokens may come from several versions (each token records its own, and
-its behaviour log-prob). Two batches' groups may then be in flight. A lone sampler loads
-exactly that version, so which tokens each version samples never depends on timing: a
-deterministic run repeats. Several samplers load the newest out.
-
-Resume: grpo.sampler.cut_state.
+they were admitted, each group admitted only when the engine's weights meet its batch's bound.
+How and why, step by step: docs/async.md, "How the continuous sampler works". Resume:
+grpo.sampler.cut_state.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class Trainer:
             if "ref_logp" in scored_here
             else None,
             critic=Critic(cfg, ds_config)
-            if self.plan.update.advantage.estimator.needs_critic
+            if self.plan.experience.advantage.estimator.needs_critic
             else None,
             scored_here=scored_here,
         )
