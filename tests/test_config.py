@@ -109,6 +109,15 @@ def test_missing_and_bad_files(tmp_path):
     bad.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+    # PyYAML's text is four or five lines; a config error is one, saying where (issue 64's
+    # mistake table: a tab in the demo's config gave five lines)
+    bad.write_text("train:\n\ttotal_steps: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert str(e.value) == (
+        f"{bad} is not valid YAML: while scanning for the next token: found character '\\t' "
+        "that cannot start any token (line 2, column 1)"
+    )
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("train:\n  total_step: 3\n")
     with pytest.raises(ConfigError, match="did you mean 'train.total_steps'"):

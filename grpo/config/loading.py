@@ -135,7 +135,9 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] = ()) 
             raise ConfigError(f"config file not found: {p}")
         try:
             tree = yaml.safe_load(p.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {yaml_problem(e)}") from None
+        except UnicodeDecodeError as e:
             raise ConfigError(f"{p} is not valid YAML: {e}") from None
         except RecursionError:  # PyYAML's composer recurses once per level of nesting
             raise ConfigError(f"{p} is not valid YAML: nested too deeply") from None
@@ -146,6 +148,19 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] = ()) 
         key, value = ("train.resume", "always") if text == "--resume" else parse_override(text)
         _set_dotted(tree, key, value)
     return settled(_build(Config, tree, ""))
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, with where: its own text is four or five lines (the
+    context, the problem, the position and the line marked with a caret), and a config error
+    is one line."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if problem is None:
+        return " ".join(str(e).split())
+    context = getattr(e, "context", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{context + ': ' if context else ''}{problem}{where}"
 
 
 def settled(cfg: Config) -> Config:

@@ -533,4 +533,12 @@ MUTATIONS = (
             "test_a_sampler_stopped_by_a_failing_reward_exits_2_and_is_not_restarted",
         ),
     ),
+    Mutation(
+        name="yaml_error_in_five_lines",
+        item="64.1: a YAML syntax error is PyYAML's five lines, not one saying where",
+        path="grpo/config/loading.py",
+        old='raise ConfigError(f"{p} is not valid YAML: {yaml_problem(e)}")',
+        new='raise ConfigError(f"{p} is not valid YAML: {e}")',
+        tests=("tests/test_config.py::test_missing_and_bad_files",),
+    ),
 )
