@@ -370,8 +370,13 @@ def run(case: Case, timeout: float | None) -> dict:
             case.setup(d)
         if case.name == "port_in_use":
             held = socket.socket()
-            held.bind(("127.0.0.1", 5555))
-            held.listen()
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a run's TIME_WAIT
+            try:
+                held.bind(("127.0.0.1", 5555))
+                held.listen()
+            except OSError:  # another program holds it already: the same mistake
+                held.close()
+                held = None
         env = {**os.environ, **case.env}
         env.pop("GRPO_USER_DIR", None)
         cmd = case.command(d, cfg)
