@@ -23,6 +23,7 @@ if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501 )); then
   exit 2
 fi
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
+  echo "usage: bash launch.sh CONFIG.yaml [section.key=value ...] [--resume]  (grpo launch: the same)"
   sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   [[ $# -ge 1 ]] && exit 0 || exit 2  # asked for help: no error
 fi

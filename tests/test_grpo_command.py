@@ -54,3 +54,16 @@ def test_grpo_check_from_the_user_s_dir_opens_the_run_dir_launch_sh_writes(
             "rollout.backend=hf", "output_dir=checkpoints", *ports]  # fmt: skip
     assert main(args) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.strip() == "config ok"
+
+
+@pytest.mark.parametrize("args", [["launch", "--help"], ["launch"]], ids=["help", "no-config"])
+def test_grpo_launch_says_its_usage_as_every_tool_does(args):
+    """`grpo launch --help` (launch.sh's) printed launch.sh's header with no usage line, where
+    every other tool's --help opens with `usage:` (issue 64's mistake table)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "grpo", *args], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == (0 if "--help" in args else 2), done.stderr
+    assert done.stdout.startswith("usage: bash launch.sh CONFIG.yaml"), done.stdout

@@ -541,4 +541,12 @@ MUTATIONS = (
         new='raise ConfigError(f"{p} is not valid YAML: {e}")',
         tests=("tests/test_config.py::test_missing_and_bad_files",),
     ),
+    Mutation(
+        name="launch_help_without_usage",
+        item="64.5: `grpo launch --help` has no usage line where every other tool's has one",
+        path="launch.sh",
+        old='  echo "usage: bash launch.sh CONFIG.yaml [section.key=value ...] [--resume]',
+        new='  echo "bash launch.sh CONFIG.yaml [section.key=value ...] [--resume]',
+        tests=("tests/test_grpo_command.py::test_grpo_launch_says_its_usage_as_every_tool_does",),
+    ),
 )
