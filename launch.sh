@@ -119,11 +119,17 @@ stop_backoff() { local j; for j in $(jobs -p); do [[ -n ${name_of[$j]:-} ]] || k
 trap 'echo "launch.sh: interrupted, stopping all roles" >&2; stop_backoff; stop_all; wait; exit 130' INT TERM
 
 status=0
+heard=  # a role that ended during another's backoff, and its code: handled next, as if waited for
 while ((${#pid_of[@]})); do
-  done_pid=
-  wait -n -p done_pid "${pid_of[@]}"
-  code=$?
-  [[ -n $done_pid ]] || break  # bash already reaped the rest (after stop_all)
+  if [[ -n $heard ]]; then
+    read -r done_pid code <<< "$heard"
+    heard=
+  else
+    done_pid=
+    wait -n -p done_pid "${pid_of[@]}"
+    code=$?
+    [[ -n $done_pid ]] || break  # bash already reaped the rest (after stop_all)
+  fi
   role=${name_of[$done_pid]}
   unset "pid_of[$role]"
   if ((code != 0)); then
@@ -133,7 +139,22 @@ while ((${#pid_of[@]})); do
       echo "launch.sh: the $role exited with code $code; restarting it in $delay s" \
         "(restart ${restarts[$role]} of $MAX_RESTARTS)" >&2
       sleep "$delay" &
-      wait "$!"  # in the background: a trap runs while bash waits, not sleeps
+      backoff=$!
+      # In the background: a trap runs while bash waits, not sleeps. The other roles are waited
+      # for too: one that ends meanwhile is heard at once, and a usage or config error there
+      # (exit 2) is one this restart would only meet again (a sampler stopped by its failing
+      # reward ends the trainer first, with exit 1: no sampler left).
+      woke=
+      wait -n -p woke "$backoff" "${pid_of[@]}"
+      woke_code=$?
+      if [[ -n $woke && $woke != "$backoff" ]]; then
+        heard="$woke $woke_code"
+        if ((woke_code == 2)); then
+          kill "$backoff" 2>/dev/null
+          continue
+        fi
+        wait "$backoff"
+      fi
       launch "$role" "$@" train.resume=auto
       continue
     fi

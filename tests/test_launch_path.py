@@ -416,3 +416,32 @@ def test_a_role_s_error_is_a_config_error_only_while_it_starts(
         assert grpo.cli.main("sampler", [str(config)]) == code
     finally:
         ACTIVITY.enter(STARTING, "")
+
+
+FAKE_STOPPED_BY_ITS_INPUT = """#!/usr/bin/env bash
+# The trainer ends at once with 1 (its last sampler stopped: no sampler left); the sampler,
+# slower to shut down, with 2 a moment later (its reward failed past reward.max_error_rate).
+case " $* " in
+  *" grpo.trainer.launch "*) echo trainer >> "$STARTS"; exit 1 ;;
+  *" sampling_worker.py "*) echo sampler >> "$STARTS"; sleep 2; exit 2 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+def test_an_input_error_during_a_restart_s_backoff_stops_the_run_unrestarted(tmp_path):
+    """A sampler stopped by its failing reward told the trainer, which ended first (exit 1,
+    no sampler left) and was restarted after its backoff; then the sampler's exit 2 stopped the
+    run (issue 64's mistake table: a 1-step run of a broken reward restarted its trainer). The
+    roles are waited for during a backoff too: an exit 2 there stops the run at once, and the
+    role in its backoff is not started again."""
+    command, env = fake_roles(tmp_path, 0, GRPO_RESTART_DELAY_S="20")
+    (tmp_path / "python").write_text(FAKE_STOPPED_BY_ITS_INPUT)
+    began = time.monotonic()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - began
+    assert proc.returncode == 2, proc.stderr
+    assert "the trainer exited with code 1; restarting it in 20 s" in proc.stderr
+    assert "the sampler exited with code 2 (a usage or config error); stopping" in proc.stderr
+    assert sorted((tmp_path / "s").read_text().split()) == ["sampler", "trainer"]  # once each
+    assert took < 15, took  # not the 20 s backoff

@@ -549,4 +549,15 @@ MUTATIONS = (
         new='  echo "bash launch.sh CONFIG.yaml [section.key=value ...] [--resume]',
         tests=("tests/test_grpo_command.py::test_grpo_launch_says_its_usage_as_every_tool_does",),
     ),
+    Mutation(
+        name="input_error_in_a_backoff_waited_out",
+        item="64.1/3: a role's exit 2 during another's restart backoff restarts that one first",
+        path="launch.sh",
+        old="        if ((woke_code == 2)); then\n",
+        new="        if false; then\n",
+        tests=(
+            "tests/test_launch_path.py::"
+            "test_an_input_error_during_a_restart_s_backoff_stops_the_run_unrestarted",
+        ),
+    ),
 )
