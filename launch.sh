@@ -151,6 +151,7 @@ while ((${#pid_of[@]})); do
         heard="$woke $woke_code"
         if ((woke_code == 2)); then
           kill "$backoff" 2>/dev/null
+          echo "launch.sh: the $role's restart called off (the ${name_of[$woke]} exited with code 2)" >&2
           continue
         fi
         wait "$backoff"

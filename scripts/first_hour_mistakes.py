@@ -348,7 +348,7 @@ def verdict(case: Case, code: int | None, lines: list[str]) -> str:
     if case.kind == "run":
         if code == 0 or "run complete" in text:
             return "bad: the run completed"
-        if "restarting it" in text:
+        if text.count("restarting it") > text.count("restart called off"):
             return "bad: restarted"
         return f"bad: does not name {missing}" if missing else "good"
     why = []
@@ -418,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="run only these cases")
     parser.add_argument("--timeout", type=float, help="seconds a case may run (else its own)")
+    parser.add_argument("--logs", type=Path, help="write each case's whole output to DIR/NAME.txt")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if not args.only or c.name in args.only]
     assert len({c.name for c in CASES}) == len(CASES) == 46, len(CASES)
@@ -430,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases, 1):
         r = run(case, args.timeout)
         rows.append(r)
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            (args.logs / f"{case.name}.txt").write_text("\n".join(r["lines"]) + "\n")
         first = r["lines"][0] if r["lines"] else ""
         if case.kind == "run" and r["lines"]:  # the line that says why the run stopped
             said = [ln for ln in r["lines"] if "error" in ln.lower() or "stop" in ln.lower()]

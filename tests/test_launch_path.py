@@ -442,6 +442,7 @@ def test_an_input_error_during_a_restart_s_backoff_stops_the_run_unrestarted(tmp
     took = time.monotonic() - began
     assert proc.returncode == 2, proc.stderr
     assert "the trainer exited with code 1; restarting it in 20 s" in proc.stderr
+    assert "the trainer's restart called off (the sampler exited with code 2)" in proc.stderr
     assert "the sampler exited with code 2 (a usage or config error); stopping" in proc.stderr
     assert sorted((tmp_path / "s").read_text().split()) == ["sampler", "trainer"]  # once each
     assert took < 15, took  # not the 20 s backoff
