@@ -27,6 +27,7 @@ import platform
 import shutil
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -215,9 +216,8 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
     from grpo.config import load_config
     from grpo.models.loading import copy_state
     from grpo.weights.modes import MODES
-    from grpo.weights.modes.base import Receiver, SamplerLink, TrainerLink
+    from grpo.weights.modes.base import Receiver, SamplerLink, TrainerLink, Vouched
     from grpo.weights.publisher import Published, Publisher
-    from grpo.weights.stream.relay import announced_manifests
     from grpo.wire.channels import SocketLimits
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -229,21 +229,26 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
         publisher = Publisher(cfg, SimpleNamespace(save_pretrained=lambda where: None))
         receiver: Receiver | None = None
 
-        def states() -> dict[str, tuple[str, str]]:  # the sampler's heartbeat, as the pool has it
-            state_now = receiver.collective_state() if receiver is not None else None
-            return {"s0": ("kit", state_now)} if state_now else {}
+        def members() -> dict[str, Vouched]:  # the sampler's heartbeat, as the pool has it
+            body = receiver.announced() if receiver is not None else {}
+            return {"s0": Vouched("kit", body, may_serve=True)} if body else {}
 
-        publisher.start(TrainerLink(0, states, lambda why: None))
+        publisher.start(TrainerLink(0, members, lambda why: None))
         ctx = zmq.Context()
         link = SamplerLink(
             run_dir=cfg.run_dir if name == "shared_dir" else Path(tmp) / "sampler",
             sampler_id="s0", ctx=ctx, keys=None, limits=SocketLimits(4 << 30, 4),
-            secure=lambda sock: None, announced=lambda: 0, relays=dict,
-            manifests=lambda: announced_manifests(publisher.announced()) or {},
-            group=lambda: publisher.announced().get("collective"), wait=_wait,
+            secure=lambda sock: None, announced=lambda: 0, wait=_wait,
             wake=lambda: None,  # _wait looks every 2 ms
         )  # fmt: skip
         receiver = MODES[name].receiver(cfg, link)
+        beating = threading.Event()
+
+        def heartbeats() -> None:  # the trainer's weights body to the receiver, as the endpoint
+            while not beating.wait(0.002):
+                receiver.heard(publisher.announced(), restarted=False)
+
+        threading.Thread(target=heartbeats, daemon=True).start()
         publish_s, deliver_s = [], []
         try:
             for v in range(1, 5):
@@ -268,6 +273,7 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
             ):
                 raise RuntimeError("collective: the versions timed came by stream, not broadcast")
         finally:
+            beating.set()
             receiver.close()
             ctx.term()
             publisher.close()

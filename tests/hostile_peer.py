@@ -156,7 +156,8 @@ def relay_attacks(rng: np.random.Generator, relay_addr: str) -> dict:
     """Name -> the next message a forger sends to be told as a relay (weights.mode stream)."""
     return {
         "heartbeat advertising a forger's relay": lambda: _message(
-            "heartbeat", {"sampler_id": "0x", "incarnation": "forger", "relay": relay_addr}
+            "heartbeat",
+            {"sampler_id": "0x", "incarnation": "forger", "weights": {"relay": relay_addr}},
         ),
         # The shape is wrong: a batch that fits would be trained, which without CURVE nobody
         # can tell from a sampler's (docs/reliability.md).

@@ -88,6 +88,23 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
     return next((c for node in sorted(graph) if (c := visit(node, [])) is not None), None)
 
 
+# A weights mode's own machinery, which the delivery and the wire carry without reading
+# (issue 60.3): their announcements are opaque bodies that only the mode parses.
+MODE_INTERNALS = ("grpo.weights.stream", "grpo.weights.collective")
+
+
+@pytest.mark.parametrize("package", ["delivery", "wire"])
+def test_the_delivery_and_the_wire_know_no_weights_mode(package):
+    found = {
+        f"{path.relative_to(GRPO.parent)} imports {m}"
+        for path, tree in _modules().items()
+        if path.relative_to(GRPO).parts[0] == package
+        for m in _imports(tree)
+        if m.startswith(MODE_INTERNALS)
+    }
+    assert not found, sorted(found)
+
+
 def test_the_packages_import_each_other_without_a_circle():
     circle = _circle(_package_graph())
     assert circle is None, "import circle: " + " -> ".join(circle or [])

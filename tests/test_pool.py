@@ -4,6 +4,7 @@ sampler paces itself without a quota: pure logic on a fake clock."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,6 +12,8 @@ from grpo.core.staleness import required_version
 from grpo.delivery.pool import SamplerPool
 from grpo.runtime.progress import GENERATING, WAITING, Activity, Snapshot, StallClock, Watchdog
 from grpo.sampler.loop import expected_batch
+from grpo.weights.modes.base import TrainerLink, Vouched
+from grpo.weights.modes.stream import MemoryServer
 
 
 class Clock:
@@ -163,7 +166,7 @@ def test_an_id_that_is_no_sampler_id_or_one_past_the_pool_s_bound_is_not_taken()
 
     pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10)
     for sid in ("x" * 600_000, "", "../spool", "a b", "-lead"):
-        pool.heard(sid, {"relay": "tcp://127.0.0.1:1", "incarnation": "i"})
+        pool.heard(sid, {"weights": {"relay": "tcp://127.0.0.1:1"}, "incarnation": "i"})
     assert pool.members == {} and pool.refused == 5
     keyed = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, authenticated=True)
     for i in range(MAX_MEMBERS + 10):
@@ -237,27 +240,49 @@ def test_a_stop_is_taken_only_from_the_process_heard_under_its_id():
     assert batch_first.alive() == ["s2"] and batch_first.none_left() is None
 
 
-def test_the_collective_snapshot_follows_each_sampler_s_state_and_drop():
-    """What the trainer's broadcaster reads (weights.mode collective), rebuilt whenever a
-    sampler's incarnation, group state or liveness moves, and only then."""
+def told_relays(pool: SamplerPool) -> dict[str, str]:
+    """The relays the stream mode's trainer end announces from `pool` (its real announced)."""
+    end = MemoryServer.__new__(MemoryServer)
+    end.store = SimpleNamespace(identities=dict)  # type: ignore[assignment]
+    end.link = TrainerLink(0, lambda: pool.vouched, lambda why: None)
+    return end.announced()["relays"]
+
+
+def test_the_vouched_snapshot_follows_each_sampler_s_body_and_drop():
+    """What the weights mode's trainer end reads (the broadcaster's group, the relays), rebuilt
+    whenever a sampler's incarnation, weights body or liveness moves, and only then; a body
+    that is no bounded dict of strings is not taken."""
     clock = [0.0]
     pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, clock=lambda: clock[0],
                        trusted={"s0"})  # fmt: skip
-    pool.heard("s0", {"incarnation": "i", "collective": "ready:0"})
-    pool.heard("ghost", {"incarnation": "g", "collective": "ready:0"})  # never vouched for
-    assert pool.collective == {"s0": ("i", "ready:0")}
-    snapshot = pool.collective
-    pool.heard("s0", {"incarnation": "i", "collective": "ready:0"})
-    assert pool.collective is snapshot  # nothing moved: not rebuilt
-    pool.heard("s0", {"incarnation": "i", "collective": "member:1"})
-    assert pool.collective == {"s0": ("i", "member:1")}
-    pool.heard("s0", {"incarnation": "j", "collective": "ready:0"})  # restarted
-    assert pool.collective == {"s0": ("j", "ready:0")}
+
+    def beat(sid: str, incarnation: str, weights: object) -> None:
+        pool.heard(sid, {"incarnation": incarnation, "weights": weights})
+
+    beat("s0", "i", {"collective": "ready:0"})
+    beat("ghost", "g", {"collective": "ready:0"})  # never vouched for
+    assert pool.vouched == {"s0": Vouched("i", {"collective": "ready:0"}, False)}
+    snapshot = pool.vouched
+    beat("s0", "i", {"collective": "ready:0"})
+    assert pool.vouched is snapshot  # nothing moved: not rebuilt
+    beat("s0", "i", {"collective": "member:1"})
+    assert pool.vouched["s0"].body == {"collective": "member:1"}
+    for forged in (
+        {"collective": 7},
+        {"k" * 33: "v"},
+        {"v": "x" * 257},
+        [1],
+        {str(i): "" for i in range(9)},
+    ):
+        beat("s0", "i", forged)
+        assert pool.vouched["s0"].body == {"collective": "member:1"}, forged
+    beat("s0", "j", {"collective": "ready:0"})  # restarted
+    assert pool.vouched["s0"] == Vouched("j", {"collective": "ready:0"}, False)
     clock[0] = 11.0
     pool.check()  # silent past the timeout: dropped, and out of the snapshot
-    assert pool.collective == {}
-    pool.heard("s0", {"incarnation": "j", "collective": "ready:0"})  # back
-    assert pool.collective == {"s0": ("j", "ready:0")}
+    assert pool.vouched == {}
+    beat("s0", "j", {"collective": "ready:0"})  # back
+    assert list(pool.vouched) == ["s0"]
 
 
 def test_a_sampler_heard_of_counts_only_once_vouched_for():
@@ -267,16 +292,17 @@ def test_a_sampler_heard_of_counts_only_once_vouched_for():
     a resumed trainer's ledger names it, and every id under CURVE."""
     pool = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, trusted={"resumed"},
                        relay_ids=frozenset({"real", "resumed"}))  # fmt: skip
-    beat = {"incarnation": "i", "relay": "tcp://10.0.0.9:5", "collective": "ready:0"}
+    relay = "tcp://10.0.0.9:5"
+    beat = {"incarnation": "i", "weights": {"relay": relay, "collective": "ready:0"}}
     for sid in ("real", "resumed", *(f"ghost-{i}" for i in range(40))):
         pool.heard(sid, beat)
     assert len(pool.alive()) == 42 and pool.counted() == ["resumed"]
-    assert pool.relays() == {"resumed": beat["relay"]} and list(pool.collective) == ["resumed"]
+    assert told_relays(pool) == {"resumed": relay} and list(pool.vouched) == ["resumed"]
     pool.vouch("real")  # its first batch admitted
-    assert pool.counted() == ["real", "resumed"] and set(pool.collective) == {"real", "resumed"}
+    assert pool.counted() == ["real", "resumed"] and set(pool.vouched) == {"real", "resumed"}
     curve = SamplerPool(peer_timeout_s=10, stall_timeout_s=10, authenticated=True)
     curve.heard("keyed", beat)
-    assert curve.counted() == ["keyed"] and curve.relays() == {"keyed": beat["relay"]}
+    assert curve.counted() == ["keyed"] and told_relays(curve) == {"keyed": relay}
 
 
 def test_without_curve_only_the_listed_samplers_relay():
@@ -284,7 +310,7 @@ def test_without_curve_only_the_listed_samplers_relay():
     id's relay became sampler-0's first source. Now a relay is told only for the ids of
     transport.relay_samplers (none by default), and under CURVE for any authorised sampler;
     the trainer's endpoint builds its pool so (the wiring, through the real object)."""
-    beat = {"incarnation": "i", "relay": "tcp://10.0.0.9:5"}
+    beat = {"incarnation": "i", "weights": {"relay": "tcp://10.0.0.9:5"}}
     for listed, told in (
         (frozenset(), {}),
         (frozenset({"sampler-1"}), {"sampler-1": "tcp://10.0.0.9:5"}),
@@ -293,7 +319,7 @@ def test_without_curve_only_the_listed_samplers_relay():
         for sid in ("sampler-1", "0x"):  # "0x" sorts first: the forger's pick
             pool.heard(sid, beat)
             pool.vouch(sid)
-        assert pool.counted() == ["0x", "sampler-1"] and pool.relays() == told
+        assert pool.counted() == ["0x", "sampler-1"] and told_relays(pool) == told
     from tests.test_transport import _cfg, trainer_endpoint
 
     trainer = trainer_endpoint(_cfg(relay_samplers=["sampler-1"]))

@@ -21,7 +21,6 @@ from grpo.config.weights import streams_versions
 from grpo.weights.modes import MODES
 from grpo.weights.modes.base import SamplerLink, TrainerLink, Unavailable
 from grpo.weights.publisher import Published, Publisher
-from grpo.weights.stream.relay import announced_manifests
 from grpo.wire.channels import SocketLimits
 from tests.conftest import free_port
 
@@ -59,16 +58,13 @@ class Waiter:
         self.news.set()
 
 
-def _link(publisher: Publisher, run_dir: Path, ctx: zmq.Context) -> SamplerLink:
-    """A sampler's link as SamplerEndpoint.weights_link makes it, the trainer's heartbeats
-    read straight from its publisher (what grpo.delivery.trainer_endpoint sends in every
-    one)."""
+def _link(run_dir: Path, ctx: zmq.Context) -> SamplerLink:
+    """A sampler's link as SamplerEndpoint.weights_link makes it."""
     waiter = Waiter()
     return SamplerLink(
         run_dir=run_dir, sampler_id="sampler-0", ctx=ctx, keys=None,
-        limits=SocketLimits(1 << 30, 4), secure=lambda sock: None, announced=lambda: 1, relays=dict,
-        manifests=lambda: announced_manifests(publisher.announced()) or {},
-        group=lambda: None, wait=waiter.wait, wake=waiter.wake,
+        limits=SocketLimits(1 << 30, 4), secure=lambda sock: None, announced=lambda: 1,
+        wait=waiter.wait, wake=waiter.wake,
     )  # fmt: skip
 
 
@@ -87,9 +83,12 @@ def test_each_mode_hands_the_sampler_the_version_the_trainer_published(tmp_path,
     ctx = zmq.Context()
     # shared_dir reads the trainer's run dir; files copies into the sampler's own.
     run_dir = cfg.run_dir if mode == "shared_dir" else tmp_path / "sampler"
-    receiver = MODES[mode].receiver(cfg, _link(publisher, run_dir, ctx))
+    receiver = MODES[mode].receiver(cfg, _link(run_dir, ctx))
     try:
         publisher.publish(weights, 1)
+        # the weights body of the trainer's next heartbeat (grpo.delivery.trainer_endpoint
+        # sends it whole, the sampler's endpoint hands it to the receiver)
+        receiver.heard(publisher.announced(), restarted=False)
         version = receiver.get(1)  # stream: the follower wakes the wait once it holds it
         assert version is not None and version.number == 1 and not version.adapter
         assert version.tensors().keys() == state.keys()

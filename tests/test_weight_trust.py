@@ -18,7 +18,8 @@ import zmq
 from blake3 import blake3
 
 from bench.weight_fanout import MAX_BYTES, QUICK, synthetic
-from grpo.delivery.sampler_endpoint import KEPT_IDENTITIES, SamplerEndpoint, TrainerStatus
+from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
+from grpo.weights.modes.stream import KEPT_IDENTITIES, StreamReceiver
 from grpo.weights.stream.client import VersionFetcher
 from grpo.weights.stream.frames import bucket_sum
 from grpo.weights.stream.image import Image
@@ -157,9 +158,9 @@ def test_no_source_at_all_without_the_announcement() -> None:
 
 
 def test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_it_follows():
-    """From the trainer's heartbeats: checked; remembered after the trainer drops a version
-    from memory (a relay may hold it); forgotten when the trainer restarts (its version 8 is
-    not the crashed one's)."""
+    """From the trainer's heartbeats' weights body, which the endpoint hands the stream
+    receiver: checked; remembered after the trainer drops a version from memory (a relay may
+    hold it); forgotten when the trainer restarts (its version 8 is not the crashed one's)."""
     assert announced_manifests({"manifests": {"1": "a" * 64, "x": "b" * 64, "2": "short"}}) == {
         1: "a" * 64
     }
@@ -167,19 +168,22 @@ def test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_i
     endpoint = SamplerEndpoint.__new__(SamplerEndpoint)  # only what _heard reads and writes
     endpoint.status, endpoint.sampler_id = TrainerStatus(), "sampler-0"
     endpoint.stopped, endpoint._news = threading.Event(), threading.Event()
+    receiver = StreamReceiver.__new__(StreamReceiver)  # what heard reads and writes, no socket
+    receiver.relays, receiver.manifests = {}, {}
+    endpoint.receiver = receiver
 
     def heartbeat(incarnation: str, manifests: dict[str, str]) -> None:
-        body = {"version": 0, "incarnation": incarnation, "manifests": manifests}
+        body = {"version": 0, "incarnation": incarnation, "weights": {"manifests": manifests}}
         endpoint._heard(Message("heartbeat", body))
 
     heartbeat("run-a", {"7": "a" * 64, "8": "b" * 64})
     heartbeat("run-a", {"8": "b" * 64})
-    assert endpoint.status.manifests == {7: "a" * 64, 8: "b" * 64}
+    assert receiver.manifests == {7: "a" * 64, 8: "b" * 64}
     heartbeat("run-b", {"6": "c" * 64})  # resumed from version 6
-    assert endpoint.status.manifests == {6: "c" * 64}
+    assert receiver.manifests == {6: "c" * 64}
     heartbeat("run-b", {str(v): "d" * 64 for v in range(KEPT_IDENTITIES + 5)})
-    assert len(endpoint.status.manifests) == KEPT_IDENTITIES and max(endpoint.status.manifests) \
-        == KEPT_IDENTITIES + 4  # fmt: skip
+    kept = receiver.manifests
+    assert len(kept) == KEPT_IDENTITIES and max(kept) == KEPT_IDENTITIES + 4
 
 
 def test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds(tmp_path):
@@ -197,7 +201,7 @@ def test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds(tmp_
     assert stream.store is not None
     for v in (0, 1):
         stream.store.add(synthetic(v, QUICK))
-    beat = {"version": 1, **stream.announced()}
+    beat = stream.announced()  # the heartbeat's weights body
     assert announced_manifests(beat) == {v: synthetic(v, QUICK).manifest.identity for v in (0, 1)}
     assert "manifests" not in publisher("files").announced()  # versions on disk
 
@@ -356,7 +360,7 @@ def test_a_hostile_relay_in_a_stream_run_gets_nothing_loaded_and_the_run_ends(
                 while not stop.wait(0.02):
                     beat += 1
                     relay = unresolvable if beat % 5 == 0 else fake
-                    body = {"sampler_id": "sampler-0", "relay": relay}
+                    body = {"sampler_id": "sampler-0", "weights": {"relay": relay}}
                     push.send_multipart(encode_message(Message(messages.HEARTBEAT, body)))
                 push.close()
 

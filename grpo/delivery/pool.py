@@ -14,8 +14,9 @@ trainer heard of is not yet one it trusts. A sampler is vouched for once a batch
 admitted (or it is in a resumed trainer's ledger), or at once under CURVE (the channel takes a
 message only from the key of the sampler it names). Only vouched samplers count in what the
 samplers are told and act on: how many are alive (they pace by it: a thousand made-up ids would
-make a lone sampler wait for a version that never comes), the relays they fetch versions from,
-the collective group, and whom the trainer waits for to say bye. Once one sampler is vouched
+make a lone sampler wait for a version that never comes), what the weights mode is handed of
+them (`vouched`: the relays they fetch versions from, the collective group), and whom the
+trainer waits for to say bye. Once one sampler is vouched
 for, only vouched ones decide whether any is left (none_left): made-up ids that keep talking
 cannot keep a run whose samplers are gone from ending, nor end one whose sampler is still
 sending by going silent. Ids not vouched for live in a small table (MAX_UNVOUCHED) whose oldest
@@ -40,6 +41,7 @@ from typing import Any
 from grpo.core.names import is_sampler_id
 from grpo.runtime.progress import Snapshot, StallClock
 from grpo.runtime.refusals import note
+from grpo.weights.modes.base import Vouched, sampler_body
 
 log = logging.getLogger("grpo.trainer")
 
@@ -65,8 +67,8 @@ class Member:
     incarnation: str | None = None
     gone: str | None = None  # STOPPED, SILENT or STALLED; None while alive
     why: str = ""  # the drop's line
-    relay: str = ""  # where it relays versions (weights.mode: stream), from its heartbeats
-    collective: str = ""  # its state in the collective group (grpo.weights.collective.member)
+    # Its heartbeats' weights body (grpo.weights.modes.base.sampler_body), for the mode alone.
+    weights: dict[str, str] = field(default_factory=dict)
     vouched: bool = False  # see the module docstring
 
     @property
@@ -81,9 +83,9 @@ class SamplerPool:
     stall_timeout_s: float
     clock: Callable[[], float] = time.monotonic
     members: dict[str, Member] = field(default_factory=dict)
-    # weights.mode collective: each live sampler's (incarnation, state in the group), for the
-    # trainer's broadcaster; replaced whole at each change, as another thread reads it
-    collective: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The live vouched samplers as the weights mode's trainer end sees them (TrainerLink.
+    # members); replaced whole at each change, as the mode's threads read it.
+    vouched: dict[str, Vouched] = field(default_factory=dict)
     refused: int = 0  # messages whose id the pool did not take
     evicted: int = 0  # ids not vouched for, evicted for newer ones
     strangers_said: dict[str, int] = field(default_factory=dict)  # lines about them, by kind
@@ -116,13 +118,13 @@ class SamplerPool:
                 MAX_MEMBERS,
             )
             return
-        seen = None  # what the collective snapshot holds of it: rebuilt only when that moves
+        seen = None  # what the `vouched` snapshot holds of it: rebuilt only when that moves
         if member is None:
             member = self.members[sid] = Member(now, StallClock(self.clock), incarnation)
             member.vouched = self.authenticated or sid in self.trusted
             self._say(member, "joined", "sampler %s joined (%d alive)", sid, len(self.alive()))
         else:
-            seen = (member.incarnation, member.collective, member.gone, member.vouched)
+            seen = (member.incarnation, member.weights, member.gone, member.vouched)
         restarted = incarnation is not None and incarnation != member.incarnation
         before = member.stall.last
         if (snap := Snapshot.from_json(body)) is not None:
@@ -144,14 +146,12 @@ class SamplerPool:
             )
         if incarnation is not None:
             member.incarnation = incarnation
-        if isinstance(relay := body.get("relay"), str) and len(relay) <= 256:
-            member.relay = relay
-        if isinstance(state := body.get("collective"), str) and len(state) <= 32:
-            member.collective = state
+        if (weights := sampler_body(body.get("weights"))) is not None:
+            member.weights = weights
         if (said := self.stops_waiting.pop((sid, member.incarnation), None)) is not None:
             self._drop(sid, STOPPED, f"sampler {sid} stopped: {said}")
-        if (member.incarnation, member.collective, member.gone, member.vouched) != seen:
-            self.collective = self._collective_states()
+        if (member.incarnation, member.weights, member.gone, member.vouched) != seen:
+            self.vouched = self._vouched()
 
     def _make_room(self, sid: str) -> bool:
         """Whether a new member `sid` may join: a sampler id, and room for it (an id not
@@ -188,7 +188,7 @@ class SamplerPool:
         self.heard(sid)
         if (member := self.members.get(sid)) is not None and not member.vouched:
             member.vouched = True
-            self.collective = self._collective_states()
+            self.vouched = self._vouched()
 
     def stopped(self, sid: object, reason: str, incarnation: object = None) -> None:
         """`sid` said it stops: dropped until a restart of it is heard. Taken only from the
@@ -246,7 +246,7 @@ class SamplerPool:
         if member.gone is not None:
             return
         member.gone, member.why = kind, why
-        self.collective = self._collective_states()
+        self.vouched = self._vouched()
         left = self.alive()
         self._say(
             member,
@@ -274,17 +274,15 @@ class SamplerPool:
         """The live samplers vouched for: those the samplers are told of (module docstring)."""
         return [sid for sid in self.alive() if self.members[sid].vouched]
 
-    def relays(self) -> dict[str, str]:
-        """The live vouched samplers' relay addresses: any one's under CURVE, else only those
-        of `relay_ids`."""
-        told = [s for s in self.counted() if self.authenticated or s in self.relay_ids]
-        return {sid: self.members[sid].relay for sid in told if self.members[sid].relay}
-
-    def _collective_states(self) -> dict[str, tuple[str, str]]:
+    def _vouched(self) -> dict[str, Vouched]:
+        """The live vouched samplers that said a weights body; each may be named to others as
+        a source under CURVE, else only those of `relay_ids`."""
         return {
-            sid: (m.incarnation or "", m.collective)
+            sid: Vouched(
+                m.incarnation or "", m.weights, self.authenticated or sid in self.relay_ids
+            )
             for sid, m in self.members.items()
-            if m.gone is None and m.vouched and m.collective
+            if m.gone is None and m.vouched and m.weights
         }
 
     def any_vouched(self) -> bool:

@@ -30,7 +30,6 @@ from grpo.delivery.spool import Spool
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.runtime.refusals import note
 from grpo.weights.modes.base import Image, Receiver, SamplerLink
-from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.wire import messages
 from grpo.wire.codec import FrameError, Message
 from grpo.wire.sampler_channel import SamplerChannel
@@ -42,7 +41,6 @@ log = logging.getLogger("grpo.sampler")
 DELIVERING = "delivering"
 # Times a batch the trainer passed over is resent before the sampler stops (see _sync).
 MAX_LOST_RESENDS = 3
-KEPT_IDENTITIES = 64  # versions whose announced identity a sampler remembers
 
 
 @dataclass
@@ -60,18 +58,16 @@ class TrainerStatus:
     trained: dict[str, int] = field(default_factory=dict)  # batches trained, per sampler
     alive: int = 0  # samplers the trainer counts as alive (this one included, once heard)
     activity: Snapshot | None = None  # what the trainer last said it was doing
-    relays: dict[str, str] = field(default_factory=dict)  # live samplers' relay addresses
-    # weights.mode: stream: the identity of each version the trainer holds in memory, the only
-    # versions this sampler takes from any source (grpo.weights.stream.client.VersionFetcher)
-    manifests: dict[int, str] = field(default_factory=dict)
-    # weights.mode collective: the group the trainer formed, as it said it (its reader,
-    # grpo.weights.collective.membership.GroupInfo.from_json, checks it)
-    group: Any = None
+    # The weights body of its last message (its weights mode's, opaque here: the mode's
+    # receiver reads it, grpo.weights.modes.base.Receiver.heard).
+    weights: dict[str, Any] = field(default_factory=dict)
     evaluate: int | None = None  # eval.engine: sampler: the version whose answers it waits for
 
-    def take(self, body: dict[str, Any], sampler_id: str) -> None:
+    def take(self, body: dict[str, Any], sampler_id: str) -> bool:
         """What one control message of the trainer says, each field checked (`sampler_id`:
-        this sampler's, whose acknowledgements it reads)."""
+        this sampler's, whose acknowledgements it reads); whether it is the first of a
+        restarted trainer."""
+        restarted = False
         self.seen = True
         version = body.get("version")
         incarnation = body.get("incarnation")
@@ -83,7 +79,7 @@ class TrainerStatus:
                 if isinstance(version, int):
                     self.version = version
                 self.acked, self.consumed = SeqSet(), SeqSet()
-                self.manifests = {}  # its versions are not the old one's, whatever they number
+                restarted = True
                 log.warning("the trainer restarted (version %s): resending the spool", version)
             self.incarnation = incarnation
         if isinstance(version, int) and version > self.version:
@@ -97,15 +93,8 @@ class TrainerStatus:
         self.evaluate = asked if is_int(asked) else None
         if (activity := Snapshot.from_json(body)) is not None:
             self.activity = activity
-        if "relays" in body:
-            self.relays = relay_members(body)
-        if "collective" in body:
-            self.group = body["collective"]
-        if (manifests := announced_manifests(body)) is not None:
-            # This incarnation's word on each version; kept after it drops one from memory, as
-            # a relay may still hold it (the newest KEPT_IDENTITIES).
-            merged = {**self.manifests, **manifests}
-            self.manifests = dict(sorted(merged.items())[-KEPT_IDENTITIES:])
+        weights = body.get("weights")
+        self.weights = weights if isinstance(weights, dict) else {}
         for attr, key in (("acked", "acks"), ("consumed", "consumed")):
             per_sampler = body.get(key)
             if isinstance(per_sampler, dict) and sampler_id in per_sampler:
@@ -113,6 +102,7 @@ class TrainerStatus:
                     setattr(self, attr, SeqSet.from_json(per_sampler[sampler_id]))
                 except ValueError as e:
                     log.warning("ignored a malformed %s set from the trainer: %s", key, e)
+        return restarted
 
 
 class SamplerEndpoint:
@@ -136,6 +126,7 @@ class SamplerEndpoint:
         self.stopped = threading.Event()  # set on done, stop, a rejection, or a lost trainer
         self._news = threading.Event()  # set whenever status changes, so waiters wake at once
         self.before_close: list[Callable[[], None]] = []
+        self.receiver: Receiver | None = None  # the weights mode's, once carried (carry)
         self._restarts_handled = 0
         self._resent_at: dict[int, float] = {}  # seq -> when last resent
         self._lost_resends: dict[int, int] = {}  # seq -> resends as passed over (see _sync)
@@ -151,7 +142,9 @@ class SamplerEndpoint:
     def _heard(self, msg: Message) -> None:
         """A control message from the trainer (in the channel's thread): update the status."""
         body = msg.body
-        self.status.take(body, self.sampler_id)
+        restarted = self.status.take(body, self.sampler_id)
+        if self.receiver is not None:  # its weights mode's part, for the mode to read
+            self.receiver.heard(self.status.weights, restarted)
         if msg.kind == messages.DONE:
             self.status.done = True
             self.stopped.set()
@@ -249,21 +242,19 @@ class SamplerEndpoint:
             limits=channel.limits,
             secure=channel.secure,
             announced=lambda: status.version,
-            relays=lambda: status.relays,
-            manifests=lambda: status.manifests,
-            group=lambda: status.group,
             wait=self.wait_receiving,
             wake=self.wake,
             seed=seed,
         )
 
     def carry(self, receiver: Receiver) -> None:
-        """Tell `receiver`'s relay address and collective state in this sampler's heartbeats,
-        and close it before the channel's context ends."""
+        """From now on, hand `receiver` the weights body of every message of the trainer (the
+        last one's at once), carry its own in this sampler's heartbeats, and close it before
+        the channel's context ends."""
         self.before_close.append(receiver.close)
-        self.channel.relay_address = receiver.relay_address
-        if receiver.collective_state() is not None:
-            self.channel.collective_state = receiver.collective_state
+        self.channel.weights_body = receiver.announced
+        self.receiver = receiver
+        receiver.heard(self.status.weights, False)
 
     def wait_receiving(self, ready: Callable[[], bool], what: str) -> None:
         """How a receiver waits for a version: in the sampler's own `receiving weights` phase,

@@ -86,9 +86,8 @@ class TrainerEndpoint:
     ):
         """`ledger`, `version`: a resumed trainer's, announced from the first heartbeat on.
         `max_held`: batches held per sampler before the earliest is trained anyway.
-        `announced()`: what the weights' publisher adds to every heartbeat (grpo.weights.
-        publisher.Publisher.announced: the identities of the versions it serves, the
-        collective group)."""
+        `announced()`: the weights body every heartbeat carries (grpo.weights.publisher.
+        Publisher.announced, its mode's: opaque here)."""
         self.ledger, self.expected, self.version = ledger, expected, version
         self.order = InOrder(ledger, max_held, transport.peer_timeout_s)
         self.pool = SamplerPool(
@@ -104,8 +103,12 @@ class TrainerEndpoint:
         self.transport = transport
         self.asked = AnswersAsked(self.pool.is_from)
         self._status = self._current_status()
+
         # Last: the channel's heartbeat thread starts reading the status at once.
-        status = lambda: {**self._status, **announced()}  # noqa: E731
+        def status() -> dict[str, Any]:
+            weights = announced()
+            return {**self._status, "weights": weights} if weights else self._status
+
         self.channel = TrainerChannel(transport, status, exit_on_stall)
         self.opened_at = time.monotonic()  # transport.startup_timeout_s counts from here
 
@@ -118,7 +121,6 @@ class TrainerEndpoint:
             "consumed": self.order.received_json(),
             "trained": self.ledger.trained_counts(),
             "alive": len(self.pool.counted()),  # the samplers pace by it
-            "relays": self.pool.relays(),
             **self.asked.status(self.pool.any_vouched()),
         }
 
@@ -225,8 +227,7 @@ class TrainerEndpoint:
             _check_startup(time.monotonic() - self.opened_at, self.transport, self.pool.alive())
 
     def _raise_if_none_left(self) -> None:
-        told = (self._status["alive"], self._status["relays"])
-        if told != (len(self.pool.counted()), self.pool.relays()):
+        if self._status["alive"] != len(self.pool.counted()):
             self._refresh()
         if (why := self.pool.none_left()) is not None:
             raise PeerError(why)

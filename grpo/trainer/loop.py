@@ -78,8 +78,8 @@ def open_endpoint(
         announced=publisher.announced,
     )
     pool, channel = endpoint.pool, endpoint.channel
-    # pool.collective is replaced whole, never changed: read without a lock.
-    publisher.start(TrainerLink(version, lambda: pool.collective, channel.fail))
+    # pool.vouched is replaced whole, never changed: read without a lock.
+    publisher.start(TrainerLink(version, lambda: pool.vouched, channel.fail))
     return endpoint
 
 

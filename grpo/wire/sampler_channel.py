@@ -55,9 +55,9 @@ class SamplerChannel:
         self.ctx = zmq.Context()
         self.limits = SocketLimits.of(cfg)
         self.push = self._socket(zmq.PUSH)
-        self.relay_address = ""  # where this sampler relays versions, told in its heartbeats
-        # weights.mode collective: its state in the group (grpo.weights.collective.member)
-        self.collective_state: Callable[[], str] | None = None
+        # What its heartbeats carry for the weights mode's trainer end, under "weights" (its
+        # receiver's, grpo.weights.modes.base.Receiver.announced; opaque here).
+        self.weights_body: Callable[[], dict[str, str]] = dict
         self.push.setsockopt(zmq.SNDTIMEO, int(cfg.peer_timeout_s * 1000))
         self.push.connect(cfg.episodes_addr)
         self._heard, self._lost = heard, lost
@@ -102,8 +102,7 @@ class SamplerChannel:
             body = {
                 "sampler_id": self.sampler_id,
                 "incarnation": self.incarnation,
-                **({"relay": self.relay_address} if self.relay_address else {}),
-                **({"collective": self.collective_state()} if self.collective_state else {}),
+                **({"weights": weights} if (weights := self.weights_body()) else {}),
                 **ACTIVITY.snapshot().to_json(),
             }
             with contextlib.suppress(zmq.Again):  # trainer not there yet: the timeouts decide

@@ -545,20 +545,19 @@ MUTATIONS = (
         name="vouch_strangers_in_the_collective",
         item="63.3 (round 3): ids not vouched for are in the broadcaster's snapshot",
         path="grpo/delivery/pool.py",
-        old="            if m.gone is None and m.vouched and m.collective\n",
-        new="            if m.gone is None and m.collective\n",
+        old="            if m.gone is None and m.vouched and m.weights\n",
+        new="            if m.gone is None and m.weights\n",
         tests=(
-            "tests/test_pool.py::test_the_collective_snapshot_follows_each_sampler_s_state_and_drop",
+            "tests/test_pool.py::test_the_vouched_snapshot_follows_each_sampler_s_body_and_drop",
         ),
     ),
     Mutation(
         name="vouch_any_relay_when_none_listed",
         item="63.3 (round 3): without CURVE and no relay_samplers, every vouched relay is told",
         path="grpo/delivery/pool.py",
-        old="        told = [s for s in self.counted() if self.authenticated or s in "
-        "self.relay_ids]\n",
-        new="        told = [s for s in self.counted() if self.authenticated or not self.relay_ids "
-        "or s in self.relay_ids]\n",
+        old='m.incarnation or "", m.weights, self.authenticated or sid in self.relay_ids\n',
+        new='m.incarnation or "", m.weights, self.authenticated or not self.relay_ids '
+        "or sid in self.relay_ids\n",
         tests=("tests/test_pool.py::test_without_curve_only_the_listed_samplers_relay",),
     ),
     Mutation(

@@ -264,4 +264,13 @@ MUTATIONS = (
         new='ACTIVITY.enter(GENERATING, f"{busy} answers in flight")',
         tests=(f"{LOOP}::test_each_step_is_progress_in_generating_the_batch_being_made",),
     ),
+    Mutation(
+        name="delivery_reads_a_mode_s_relays",
+        item="60.8: delivery/ and wire/ import nothing of weights/stream or weights/collective",
+        path="grpo/delivery/pool.py",
+        old="from grpo.weights.modes.base import Vouched, sampler_body\n",
+        new="from grpo.weights.modes.base import Vouched, sampler_body\n"
+        "from grpo.weights.stream.relay import relay_members  # noqa: F401\n",
+        tests=(f"{LAYERS}::test_the_delivery_and_the_wire_know_no_weights_mode",),
+    ),
 )

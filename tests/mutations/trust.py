@@ -368,8 +368,16 @@ MUTATIONS = (
         name="relays_from_any_vouched_sampler",
         item="62.3: without CURVE a relay is told for an id one forged batch vouched for",
         path="grpo/delivery/pool.py",
-        old="if self.authenticated or s in self.relay_ids]",
-        new="]",
+        old='m.incarnation or "", m.weights, self.authenticated or sid in self.relay_ids\n',
+        new='m.incarnation or "", m.weights, True\n',
+        tests=("tests/test_pool.py::test_without_curve_only_the_listed_samplers_relay",),
+    ),
+    Mutation(
+        name="stream_end_tells_relays_the_pool_does_not_trust",
+        item="60.3: the stream mode's trainer end names as relays only the samplers allowed to",
+        path="grpo/weights/modes/stream.py",
+        old='if m.may_serve and m.body.get("relay")',
+        new='if m.body.get("relay")',
         tests=("tests/test_pool.py::test_without_curve_only_the_listed_samplers_relay",),
     ),
     Mutation(

@@ -48,8 +48,8 @@ MUTATIONS = (
         name="trainer_names_no_versions",
         item="42.2: the trainer's heartbeats announce the identities",
         path="grpo/weights/modes/stream.py",
-        old='        return {"manifests": self.store.identities()}\n',
-        new="        return {}\n",
+        old='        return {"manifests": self.store.identities(), "relays": relays}\n',
+        new='        return {"relays": relays}\n',
         tests=(
             f"{TRUST}::test_every_heartbeat_of_a_streaming_trainer_names_the_versions_it_holds",
         ),
@@ -57,10 +57,9 @@ MUTATIONS = (
     Mutation(
         name="identities_kept_across_a_trainer_restart",
         item="42.2: a resumed trainer's versions are not the crashed one's",
-        path="grpo/delivery/sampler_endpoint.py",
-        old="                self.manifests = {}  # its versions are not the old one's, whatever "
-        "they number\n",
-        new="",
+        path="grpo/weights/modes/stream.py",
+        old="        if restarted:  # its versions are not the old one's, whatever they number\n",
+        new="        if False:\n",
         tests=(
             f"{TRUST}::test_the_sampler_keeps_the_announced_identities_of_the_trainer_incarnation_it_follows",
         ),
@@ -170,8 +169,8 @@ MUTATIONS = (
         name="collective_sampler_never_loads_a_broadcast",
         item="42.5: a collective run's versions come by broadcast, not by stream",
         path="grpo/weights/modes/collective.py",
-        old="link.group, self.follower.offer)",
-        new="link.group, lambda image: None)",
+        old="lambda: self.group, self.follower.offer)",
+        new="lambda: self.group, lambda image: None)",
         tests=(
             f"{CHAOS}::test_a_sigkilled_trainer_then_sampler_resume_and_train_every_batch_"
             "exactly_once[collective]",

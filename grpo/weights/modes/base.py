@@ -25,13 +25,43 @@ class Unavailable(ValueError):
     """A version a receiver cannot hand over whole, and why: the sampler keeps its weights."""
 
 
+# A weights body in a heartbeat: the sampler's (its receiver's `announced`) and the trainer's
+# (its end's) each carry at most this many entries under "weights", each key and string bounded;
+# the pool and the sampler's endpoint keep it opaque, and only the mode reads it.
+MAX_BODY_ENTRIES, MAX_KEY_CHARS, MAX_VALUE_CHARS = 8, 32, 256
+
+
+def sampler_body(raw: Any) -> dict[str, str] | None:
+    """A sampler's weights body as its heartbeat carried it, or None when it is no such body (not
+    a dict of at most MAX_BODY_ENTRIES bounded strings)."""
+    if not isinstance(raw, dict) or len(raw) > MAX_BODY_ENTRIES:
+        return None
+    for key, value in raw.items():
+        if not (isinstance(key, str) and len(key) <= MAX_KEY_CHARS):
+            return None
+        if not (isinstance(value, str) and len(value) <= MAX_VALUE_CHARS):
+            return None
+    return raw
+
+
+@dataclass(frozen=True)
+class Vouched:
+    """A live sampler the trainer vouches for (grpo.delivery.pool), as the trainer's end of a
+    mode sees it."""
+
+    incarnation: str
+    body: dict[str, str]  # its weights body (sampler_body), read by the mode alone
+    # Whether other samplers may be told to fetch from it: under CURVE any vouched sampler,
+    # else those of transport.relay_samplers (a batch vouches for whoever sent it).
+    may_serve: bool
+
+
 @dataclass(frozen=True)
 class TrainerLink:
     """What rank 0's end of a mode is given at the trainer's start."""
 
     published: int  # the newest version the samplers may already have
-    # Each live sampler's (incarnation, state in the collective group), from its heartbeats.
-    member_states: Callable[[], dict[str, tuple[str, str]]]
+    members: Callable[[], dict[str, Vouched]]  # the vouched samplers, from their heartbeats
     failed: Callable[[str], None]  # a thread of the mode ended: the run stops with its cause
 
 
@@ -49,7 +79,8 @@ class TrainerEnd:
         """Version `version` is in the store and, where due, in its version dir."""
 
     def announced(self) -> dict[str, Any]:
-        """What every heartbeat of the trainer adds for this mode's receivers."""
+        """What every heartbeat of the trainer carries for this mode's receivers, under
+        "weights" (bounded by the channel's message size)."""
         return {}
 
     def close(self) -> None:
@@ -91,9 +122,6 @@ class SamplerLink:
     limits: SocketLimits
     secure: Callable[[zmq.Socket], None]  # a socket to the trainer made a CURVE client
     announced: Callable[[], int]  # the newest version the trainer announced
-    relays: Callable[[], dict[str, str]]  # live samplers' relay addresses
-    manifests: Callable[[], dict[int, str]]  # the identities of the versions it serves
-    group: Callable[[], dict[str, Any] | None]  # the collective group it formed
     # Sleep until the predicate holds or the sampler stops, named (a stall with its name).
     wait: Callable[[Callable[[], bool], str], None]
     # Have `wait` look again at once: a version came in, or failed (else it looks again only
@@ -106,16 +134,19 @@ class Receiver:
     """A sampler's end of a mode: hands over a published version whole, or raises
     Unavailable saying why."""
 
-    relay_address = ""  # where this sampler relays versions to others (stream), told in its beats
+    def heard(self, body: dict[str, Any], restarted: bool) -> None:
+        """The weights body of a trainer's message (its end's `announced`, unchecked: each
+        field is read here), on the sampler channel's thread; `restarted`: the message is the
+        first of a new trainer incarnation."""
+
+    def announced(self) -> dict[str, str]:
+        """What this sampler's heartbeats carry for the trainer's end (see sampler_body)."""
+        return {}
 
     def get(self, number: int) -> Version | None:
         """Version `number` whole (a newer one where the mode may hand one over), or None when
         the sampler stopped while waiting for it."""
         raise NotImplementedError
-
-    def collective_state(self) -> str | None:
-        """Its state in the collective group, told in its heartbeats (None: no group)."""
-        return None
 
     def forget_failure(self, number: int) -> None:
         """Version `number` failed; the trainer restarted and will publish it again."""

@@ -12,17 +12,28 @@ from grpo.weights.collective.member import GroupMember
 from grpo.weights.modes.base import Mode, SamplerLink, TrainerLink
 from grpo.weights.modes.stream import MemoryServer, StreamReceiver
 
+MAX_STATE_CHARS = 32  # a sampler's state in the group, as its heartbeat may say it
+
 
 class BroadcastingServer(MemoryServer):
     broadcaster: Broadcaster | None = None
 
     def start(self, link: TrainerLink) -> None:
         """The stream server, and the broadcaster, its group's membership read from the
-        samplers' heartbeats (`link.member_states`) and announced in the trainer's."""
+        samplers' heartbeats (their state in the group) and announced in the trainer's."""
         super().start(link)
         assert self.store is not None
+
+        def member_states() -> dict[str, tuple[str, str]]:
+            """Each vouched sampler's (incarnation, state in the group), where it said one."""
+            return {
+                sid: (m.incarnation, state)
+                for sid, m in link.members().items()
+                if (state := m.body.get("collective")) and len(state) <= MAX_STATE_CHARS
+            }
+
         self.broadcaster = Broadcaster(
-            self.cfg, self.store, link.member_states, published=link.published
+            self.cfg, self.store, member_states, published=link.published
         )
 
     def published(self, version: int) -> None:
@@ -42,11 +53,17 @@ class BroadcastingServer(MemoryServer):
 class MemberReceiver(StreamReceiver):
     def __init__(self, cfg: Config, link: SamplerLink):
         super().__init__(cfg, link)
-        self.member = GroupMember(cfg, link.sampler_id, link.group, self.follower.offer)
+        self.group: Any = None  # as the trainer said it; GroupInfo.from_json checks it
+        self.member = GroupMember(cfg, link.sampler_id, lambda: self.group, self.follower.offer)
         self.follower.expected = self.member.expects
 
-    def collective_state(self) -> str | None:
-        return self.member.state
+    def heard(self, body: dict[str, Any], restarted: bool) -> None:
+        super().heard(body, restarted)
+        if "collective" in body:
+            self.group = body["collective"]
+
+    def announced(self) -> dict[str, str]:
+        return {**super().announced(), "collective": self.member.state}
 
     def progress(self) -> int:
         return super().progress() + self.member.progress

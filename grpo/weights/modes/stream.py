@@ -14,12 +14,23 @@ import zmq
 
 from grpo.config import Config
 from grpo.runtime.progress import ACTIVITY, RECEIVING
-from grpo.weights.modes.base import Mode, Receiver, SamplerLink, ServingEnd, Unavailable
+from grpo.weights.modes.base import (
+    Mode,
+    Receiver,
+    SamplerLink,
+    ServingEnd,
+    TrainerLink,
+    Unavailable,
+)
 from grpo.weights.stream.follower import VersionFollower
+from grpo.weights.stream.relay import announced_manifests, relay_members
 from grpo.weights.stream.server import MAX_REQUEST_BYTES, StreamServer
 from grpo.weights.version import Version
 
 log = logging.getLogger("grpo.trainer")
+
+KEPT_IDENTITIES = 64  # versions whose announced identity a sampler remembers
+MAX_RELAY_CHARS = 256  # a relay's address, as a sampler's heartbeat may say it
 
 
 class MemoryServer(ServingEnd):
@@ -27,6 +38,11 @@ class MemoryServer(ServingEnd):
     trust: bytes from any source are taken only when they match it)."""
 
     max_request_bytes = MAX_REQUEST_BYTES
+    link: TrainerLink | None = None
+
+    def start(self, link: TrainerLink) -> None:
+        self.link = link
+        super().start(link)
 
     def serve(
         self, router: zmq.Socket, closing: threading.Event, failed: Callable[[str], None]
@@ -40,8 +56,16 @@ class MemoryServer(ServingEnd):
             log.info("weights served from memory: %s", sent or "nothing")
 
     def announced(self) -> dict[str, Any]:
+        """The identity of each version in memory, and the relays the samplers may fetch
+        from: those the trainer vouches for (grpo.delivery.pool) that said one."""
         assert self.store is not None
-        return {"manifests": self.store.identities()}
+        members = self.link.members() if self.link is not None else {}
+        relays = {
+            sid: m.body["relay"]
+            for sid, m in members.items()
+            if m.may_serve and m.body.get("relay")
+        }
+        return {"manifests": self.store.identities(), "relays": relays}
 
 
 class StreamReceiver(Receiver):
@@ -52,14 +76,34 @@ class StreamReceiver(Receiver):
             link.ctx,
             link.sampler_id,
             link.keys,
-            relays=link.relays,
+            relays=lambda: self.relays,
             announced=link.announced if several else None,
             seed=link.seed,
-            trusted=link.manifests,
+            trusted=lambda: self.manifests,
             changed=link.wake,
         )
-        self.relay_address = self.follower.address
         self.wait = link.wait
+        # What the trainer's heartbeats said (`heard`), replaced whole: the follower's thread
+        # reads them.
+        self.relays: dict[str, str] = {}  # the live samplers' relay addresses
+        # The identity of each version the trainer held in memory: the only versions this
+        # sampler takes from any source (grpo.weights.stream.client.VersionFetcher).
+        self.manifests: dict[int, str] = {}
+
+    def heard(self, body: dict[str, Any], restarted: bool) -> None:
+        if restarted:  # its versions are not the old one's, whatever they number
+            self.manifests = {}
+        if "relays" in body:
+            self.relays = relay_members(body)
+        if (manifests := announced_manifests(body)) is not None:
+            # This incarnation's word on each version; kept after it drops one from memory,
+            # as a relay may still hold it (the newest KEPT_IDENTITIES).
+            merged = {**self.manifests, **manifests}
+            self.manifests = dict(sorted(merged.items())[-KEPT_IDENTITIES:])
+
+    def announced(self) -> dict[str, str]:
+        address = self.follower.address
+        return {"relay": address} if address and len(address) <= MAX_RELAY_CHARS else {}
 
     def progress(self) -> int:
         """Buckets received so far, from any source."""
