@@ -216,7 +216,7 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
     from grpo.config import load_config
     from grpo.models.loading import copy_state
     from grpo.weights.modes import MODES
-    from grpo.weights.modes.base import Receiver, SamplerLink, TrainerLink, Vouched
+    from grpo.weights.modes.base import Receiver, Vouched
     from grpo.weights.publisher import Published, Publisher
     from grpo.wire.channels import SocketLimits
 
@@ -233,13 +233,13 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
             body = receiver.announced() if receiver is not None else {}
             return {"s0": Vouched("kit", body, may_serve=True)} if body else {}
 
-        publisher.start(TrainerLink(0, members, lambda why: None))
+        publisher.start(SimpleNamespace(published=0, members=members, failed=lambda why: None))
         ctx = zmq.Context()
-        link = SamplerLink(
+        link = SimpleNamespace(  # a SamplerLink
             run_dir=cfg.run_dir if name == "shared_dir" else Path(tmp) / "sampler",
             sampler_id="s0", ctx=ctx, keys=None, limits=SocketLimits(4 << 30, 4),
             secure=lambda sock: None, announced=lambda: 0, wait=_wait,
-            wake=lambda: None,  # _wait looks every 2 ms
+            wake=lambda: None, seed=None,  # _wait looks every 2 ms
         )  # fmt: skip
         receiver = MODES[name].receiver(cfg, link)
         beating = threading.Event()

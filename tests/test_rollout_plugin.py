@@ -27,7 +27,9 @@ def _toy_engine(stop_event: threading.Event | None = None):
     def no_policy():
         raise AssertionError("the toy engine samples without a model")
 
-    ctx = EngineContext(cfg, None, tokenizer, stop_event or threading.Event(), no_policy)
+    ctx = EngineContext(
+        cfg, None, tokenizer, stop_event or threading.Event(), SimpleNamespace(module=no_policy)
+    )
     return get_engine(TOY)(ctx)
 
 

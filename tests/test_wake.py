@@ -60,4 +60,6 @@ def test_the_sampler_hands_its_endpoint_s_wake_to_the_weights_receiver(tmp_path)
     finally:
         sampler.close()
     (link,) = links
-    assert link.wake == sampler.wake
+    sampler._news.clear()
+    link.wake()
+    assert sampler._news.is_set()  # what the endpoint's waits look at

@@ -5,6 +5,7 @@ that is not one, a source whose keys cannot be had."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import zmq
@@ -90,7 +91,7 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     """While a version comes in, the sampler's phase is `receiving weights`, ticked per bucket:
     a transfer that stops is a stall with that name. (The wait used to switch to the idle
     `waiting`, which no stall limit watches.)"""
-    from grpo.delivery.sampler_endpoint import SamplerEndpoint, TrainerStatus
+    from grpo.delivery.sampler_endpoint import ReceiverLink, SamplerEndpoint, TrainerStatus
     from grpo.runtime.progress import ACTIVITY, RECEIVING
     from grpo.weights.in_use import WeightsInUse
     from grpo.weights.modes.stream import StreamReceiver
@@ -117,7 +118,7 @@ def test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one()
     weights = WeightsInUse.__new__(WeightsInUse)
     receiver = StreamReceiver.__new__(StreamReceiver)  # as connect makes it, but this follower
     receiver.follower = Follower()  # type: ignore[assignment]
-    receiver.wait = endpoint.wait_receiving
+    receiver.wait = ReceiverLink(endpoint, Path(), seed=None).wait
     weights.receiver, weights.trainer, weights.failed_reloads = receiver, endpoint, {}
     weights.consumers = []
     weights.version = 0

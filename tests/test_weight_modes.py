@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from grpo.config import Config, WeightsConfig, load_config
 from grpo.config.weights import streams_versions
 from grpo.weights.modes import MODES
-from grpo.weights.modes.base import SamplerLink, TrainerLink, Unavailable
+from grpo.weights.modes.base import SamplerLink, Unavailable
 from grpo.weights.publisher import Published, Publisher
 from grpo.wire.channels import SocketLimits
 from tests.conftest import free_port
@@ -61,10 +61,10 @@ class Waiter:
 def _link(run_dir: Path, ctx: zmq.Context) -> SamplerLink:
     """A sampler's link as SamplerEndpoint.weights_link makes it."""
     waiter = Waiter()
-    return SamplerLink(
+    return SimpleNamespace(  # a SamplerLink
         run_dir=run_dir, sampler_id="sampler-0", ctx=ctx, keys=None,
         limits=SocketLimits(1 << 30, 4), secure=lambda sock: None, announced=lambda: 1,
-        wait=waiter.wait, wake=waiter.wake,
+        wait=waiter.wait, wake=waiter.wake, seed=None,
     )  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def test_each_mode_hands_the_sampler_the_version_the_trainer_published(tmp_path,
     cfg = load_config(None, overrides)
     tokenizer = SimpleNamespace(save_pretrained=lambda where: None)
     publisher, failures = Publisher(cfg, tokenizer), []
-    publisher.start(TrainerLink(0, dict, failures.append))
+    publisher.start(SimpleNamespace(published=0, members=dict, failed=failures.append))
     state = _state(1)
     weights = Published(lambda where, shard: save_file(state, where / "model.safetensors"),
                         lambda: state)  # fmt: skip
@@ -129,7 +129,7 @@ def test_a_published_adapter_names_a_base_another_machine_finds(tmp_path, given)
         (where / "adapter_config.json").write_text(json.dumps(settings))
 
     publisher = Publisher(cfg, SimpleNamespace(save_pretrained=lambda where: None))
-    publisher.start(TrainerLink(0, dict, lambda failure: None))
+    publisher.start(SimpleNamespace(published=0, members=dict, failed=lambda cause: None))
     try:
         publisher.publish(Published(write, lambda: state), 1)
     finally:

@@ -216,7 +216,6 @@ def test_a_weights_server_that_dies_stops_the_run_with_its_cause(tmp_path, monke
     weights server is not the channel's (weights.mode files' trainer end, as a run wires it)."""
     from grpo.config import Config
     from grpo.weights.modes import files as files_mode
-    from grpo.weights.modes.base import TrainerLink
     from grpo.wire.channels import PeerError
 
     def broken(router, run_dir, closing, failed):
@@ -229,7 +228,7 @@ def test_a_weights_server_that_dies_stops_the_run_with_its_cause(tmp_path, monke
     trainer = TrainerChannel(cfg.transport)
     end = files_mode.DirServer(cfg, None)
     try:
-        end.start(TrainerLink(0, dict, trainer.fail))
+        end.start(SimpleNamespace(published=0, members=dict, failed=trainer.fail))
         assert end.server is not None
         end.server._thread.join(timeout=10)
         with pytest.raises(PeerError, match="the weights server failed: OSError: disk gone"):

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from grpo.config import TransportConfig
 from grpo.core.columns import is_int
 from grpo.core.episode import EpisodeBatch
@@ -29,9 +31,11 @@ from grpo.delivery.ledger import overtaken
 from grpo.delivery.spool import Spool
 from grpo.runtime.progress import ACTIVITY, IDLE_PHASES, WAITING, Snapshot
 from grpo.runtime.refusals import note
-from grpo.weights.modes.base import Image, Receiver, SamplerLink
+from grpo.weights.modes.base import Image, Receiver
 from grpo.wire import messages
+from grpo.wire.channels import SocketLimits
 from grpo.wire.codec import FrameError, Message
+from grpo.wire.keys import ClientKeys
 from grpo.wire.sampler_channel import SamplerChannel
 
 log = logging.getLogger("grpo.sampler")
@@ -229,23 +233,10 @@ class SamplerEndpoint:
 
     # ------------------------------------------------------------------ weights
 
-    def weights_link(self, run_dir: Path, seed: Image | None) -> SamplerLink:
-        """What the weights mode's receiver takes from this endpoint (grpo.weights.in_use):
-        the channel's context and keys, and what the trainer's heartbeats said. `seed`:
-        version 0 in memory, the first delta's base."""
-        status, channel = self.status, self.channel
-        return SamplerLink(
-            run_dir=run_dir,
-            sampler_id=self.sampler_id,
-            ctx=channel.ctx,
-            keys=channel.keys,
-            limits=channel.limits,
-            secure=channel.secure,
-            announced=lambda: status.version,
-            wait=self.wait_receiving,
-            wake=self.wake,
-            seed=seed,
-        )
+    def weights_link(self, run_dir: Path, seed: Image | None) -> ReceiverLink:
+        """What the weights mode's receiver takes from this endpoint (grpo.weights.in_use);
+        `seed`: version 0 in memory, the first delta's base."""
+        return ReceiverLink(self, run_dir, seed)
 
     def carry(self, receiver: Receiver) -> None:
         """From now on, hand `receiver` the weights body of every message of the trainer (the
@@ -255,12 +246,6 @@ class SamplerEndpoint:
         self.channel.weights_body = receiver.announced
         self.receiver = receiver
         receiver.heard(self.status.weights, False)
-
-    def wait_receiving(self, ready: Callable[[], bool], what: str) -> None:
-        """How a receiver waits for a version: in the sampler's own `receiving weights` phase,
-        which the receiver ticks as buckets come in (a transfer that stops is a stall with its
-        name, not an idle wait)."""
-        self.wait_until(ready, what, own_phase=True)
 
     # ------------------------------------------------------------------ waits
 
@@ -393,3 +378,43 @@ def passed_over_too_often(lost: list[int], resends: dict[int, int]) -> str | Non
         f"{MAX_LOST_RESENDS} times: it refuses it on arrival (look for 'dropped a malformed "
         "frame' in the trainer's log); the batch stays in the spool"
     )
+
+
+@dataclass(frozen=True)
+class ReceiverLink:
+    """A grpo.weights.modes.base.SamplerLink on this endpoint: what the weights mode's
+    receiver takes from it, never the endpoint whole."""
+
+    endpoint: SamplerEndpoint
+    run_dir: Path
+    seed: Image | None
+
+    @property
+    def sampler_id(self) -> str:
+        return self.endpoint.sampler_id
+
+    @property
+    def ctx(self) -> zmq.Context:
+        return self.endpoint.channel.ctx
+
+    @property
+    def keys(self) -> ClientKeys | None:
+        return self.endpoint.channel.keys
+
+    @property
+    def limits(self) -> SocketLimits:
+        return self.endpoint.channel.limits
+
+    def secure(self, sock: zmq.Socket) -> None:
+        self.endpoint.channel.secure(sock)
+
+    def announced(self) -> int:
+        return self.endpoint.status.version
+
+    def wait(self, ready: Callable[[], bool], what: str) -> None:
+        """In the sampler's own `receiving weights` phase, which the receiver ticks as buckets
+        come in: a transfer that stops is a stall with its name, not an idle wait."""
+        self.endpoint.wait_until(ready, what, own_phase=True)
+
+    def wake(self) -> None:
+        self.endpoint.wake()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grpo.config import TransportConfig
@@ -28,6 +29,7 @@ from grpo.delivery.ledger import Ledger
 from grpo.delivery.ordering import InOrder
 from grpo.delivery.pool import SamplerPool
 from grpo.runtime.refusals import note
+from grpo.weights.modes.base import Vouched
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
 from grpo.wire.codec import Message, encode_batch
@@ -335,3 +337,18 @@ class SilentEndpoint:
 
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class ModeLink:
+    """A grpo.weights.modes.base.TrainerLink on rank 0's endpoint: the weights mode's trainer
+    end learns of the samplers from its pool and stops the run through its channel."""
+
+    endpoint: TrainerEndpoint
+    published: int
+
+    def members(self) -> dict[str, Vouched]:
+        return self.endpoint.pool.vouched  # replaced whole, never changed: read without a lock
+
+    def failed(self, cause: str) -> None:
+        self.endpoint.channel.fail(cause)

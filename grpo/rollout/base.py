@@ -11,7 +11,7 @@ RolloutEngine is put behind them (grpo.rollout.generate_slots), and evaluation c
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,9 +21,8 @@ import numpy as np
 from grpo.tools import Toolbox
 
 if TYPE_CHECKING:
-    import torch
-
     from grpo.config import Config
+    from grpo.models.shared_policy import SharedPolicy
     from grpo.weights.version import Version
 
 
@@ -103,9 +102,9 @@ class EngineContext:
     model_path: Path  # the initial weights (an HF model dir)
     tokenizer: object  # the model's tokenizer (transformers)
     stop_event: threading.Event  # set when the run is stopping: end generate() early
-    # The sampler's HF policy, loaded on first call. An engine that samples with it shares the
-    # weights the sampler reloads, so its load has nothing to do.
-    policy: Callable[[], torch.nn.Module]
+    # The sampler's HF policy, loaded on first use (module()). An engine that samples with it
+    # shares the weights the sampler reloads, so its load has nothing to do.
+    policy: SharedPolicy
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -44,9 +44,9 @@ def build(ctx: EngineContext) -> HFSlotEngine | HFRollout:
     answers in one call), continuous with this module's slots."""
     r = ctx.cfg.rollout
     if r.mode != "continuous":
-        return HFRollout(ctx.policy(), ctx.tokenizer, ctx.stop_event, cache=r.hf_cache)
+        return HFRollout(ctx.policy.module(), ctx.tokenizer, ctx.stop_event, cache=r.hf_cache)
     return HFSlotEngine(
-        ctx.policy(),
+        ctx.policy.module(),
         ctx.tokenizer,
         slots=r.slots or r.questions_per_step * r.group_size,
         temperature=r.temperature,

@@ -49,16 +49,28 @@ class Admitted:
         return min((a.versions[0] for a in self.answers if a.versions), default=self.admitted)
 
 
-@dataclass(frozen=True)
-class RunView:
-    """What the loop asks of the run (grpo.sampler.loop builds it on the sampler's endpoint)."""
+class RunView(Protocol):
+    """What the loop asks of the run (grpo.sampler.loop.SamplerRun, on the sampler's
+    endpoint)."""
 
-    # (the run's batch number this sampler's next batch is expected to be, live samplers)
-    next_batch: Callable[[], tuple[int, int]]
-    groups_wanted: Callable[[], int]  # groups the run still needs of this sampler
-    wait_for_room: Callable[[], None]  # until the spool takes another batch
-    send: Callable[[EpisodeBatch], None]  # spool and send a batch
-    stopped: Callable[[], bool]
+    def next_batch(self) -> tuple[int, int]:
+        """(The run's batch number this sampler's next batch is expected to be, live
+        samplers.)"""
+        ...
+
+    def groups_wanted(self) -> int:
+        """Groups the run still needs of this sampler."""
+        ...
+
+    def wait_for_room(self) -> None:
+        """Until the spool takes another batch."""
+        ...
+
+    def send(self, batch: EpisodeBatch) -> None:
+        """Spool and send a batch."""
+        ...
+
+    def stopped(self) -> bool: ...
 
 
 class Pacing(Protocol):

@@ -33,7 +33,7 @@ from grpo.runtime.progress import terminal_bar
 from grpo.sampler.data import Shard
 from grpo.sampler.episodes import BatchMaker
 from grpo.sampler.evaluation import SamplerEvaluation, whole_batch_engine
-from grpo.sampler.generation import GenerationLoop, RunView
+from grpo.sampler.generation import GenerationLoop
 from grpo.sampler.pacing import pacing_for
 from grpo.sampler.rewards import SamplerRewards
 from grpo.tasks import task_for
@@ -128,7 +128,7 @@ class Sampler:
             self.policy.model_path,
             self.tokenizer,
             stop_event,
-            policy=self.policy.module,
+            policy=self.policy,
         )
         return build_engine(context)
 
@@ -142,7 +142,6 @@ class Sampler:
         a pool: none has a quota, each makes the batches the trainer is expected to train next
         (see expected_batch), so when one dies the others make its share."""
         cfg, status, total = self.cfg, endpoint.status, self.cfg.train.total_steps
-        Q = cfg.rollout.questions_per_step
         endpoint.wait_for_trainer()
         if self.evaluation is not None:  # answered in any wait from now on, between batches
             # Not before: a batch vouches for this sampler first (answers never do), or a long
@@ -153,33 +152,7 @@ class Sampler:
         alone = cfg.rollout.num_samplers == 1
         bar = terminal_bar(total=total if alone else None, initial=self.next_seq, desc="sample")
 
-        def send(batch: EpisodeBatch) -> None:
-            """Spool and send; a resume's state goes first, so a resume finds the one that
-            goes with the last batch spooled."""
-            endpoint.wait_for_room()
-            if endpoint.stopped.is_set():
-                raise PeerError("stopped")
-            self.pacing.save(self.generation, self.spool.dir)
-            self.next_seq = batch.seq + 1
-            endpoint.send(batch, self.shard.state(self.next_seq))
-            log.info(
-                "sent batch %d (version %d): reward %.3f, %.0f tokens/s",
-                batch.seq,
-                batch.policy_version,
-                mean([e.reward for e in batch.episodes]),
-                batch.stats["gen_tokens_per_s"],
-            )
-            tokens_per_s = f"{batch.stats['gen_tokens_per_s']:.0f}"
-            bar.set_postfix(version=batch.policy_version, tokens_per_s=tokens_per_s)
-            bar.update()
-
-        run = RunView(
-            next_batch=lambda: (self.expected_batch(status), status.alive),
-            groups_wanted=lambda: max(total - self.expected_batch(status), 0) * Q,
-            wait_for_room=endpoint.wait_for_room,
-            send=send,
-            stopped=endpoint.stopped.is_set,
-        )
+        run = SamplerRun(self, endpoint, bar)
         # Bounded waits: the endpoint sets `stopped` on done, stop, or a lost trainer.
         while not endpoint.stopped.is_set():
             if self.expected_batch(status) >= total:  # enough on the way: wait (and see)
@@ -187,6 +160,50 @@ class Sampler:
                 continue
             self.generation.run(engine, run, self.next_seq)
         bar.close()
+
+
+class SamplerRun:
+    """The run as the generation loop asks of it (grpo.sampler.generation.RunView): this
+    sampler's share of it, from the trainer's last word, and its endpoint."""
+
+    def __init__(self, sampler: Sampler, endpoint: SamplerEndpoint, bar):
+        self.sampler, self.endpoint, self.bar = sampler, endpoint, bar
+        self.status = endpoint.status
+
+    def next_batch(self) -> tuple[int, int]:
+        return self.sampler.expected_batch(self.status), self.status.alive
+
+    def groups_wanted(self) -> int:
+        cfg = self.sampler.cfg
+        left = cfg.train.total_steps - self.sampler.expected_batch(self.status)
+        return max(left, 0) * cfg.rollout.questions_per_step
+
+    def wait_for_room(self) -> None:
+        self.endpoint.wait_for_room()
+
+    def stopped(self) -> bool:
+        return self.endpoint.stopped.is_set()
+
+    def send(self, batch: EpisodeBatch) -> None:
+        """Spool and send; a resume's state goes first, so a resume finds the one that goes
+        with the last batch spooled."""
+        sampler, endpoint = self.sampler, self.endpoint
+        endpoint.wait_for_room()
+        if endpoint.stopped.is_set():
+            raise PeerError("stopped")
+        sampler.pacing.save(sampler.generation, sampler.spool.dir)
+        sampler.next_seq = batch.seq + 1
+        endpoint.send(batch, sampler.shard.state(sampler.next_seq))
+        log.info(
+            "sent batch %d (version %d): reward %.3f, %.0f tokens/s",
+            batch.seq,
+            batch.policy_version,
+            mean([e.reward for e in batch.episodes]),
+            batch.stats["gen_tokens_per_s"],
+        )
+        tokens_per_s = f"{batch.stats['gen_tokens_per_s']:.0f}"
+        self.bar.set_postfix(version=batch.policy_version, tokens_per_s=tokens_per_s)
+        self.bar.update()
 
 
 def _stop_on_signals(endpoint: SamplerEndpoint) -> threading.Event:

@@ -23,7 +23,7 @@ from grpo.core.durable import train_state_dir
 from grpo.core.episode import EpisodeBatch
 from grpo.delivery.admission import Expected
 from grpo.delivery.ledger import Ledger
-from grpo.delivery.trainer_endpoint import Endpoint, SilentEndpoint, TrainerEndpoint
+from grpo.delivery.trainer_endpoint import Endpoint, ModeLink, SilentEndpoint, TrainerEndpoint
 from grpo.eval.in_training import VersionEvaluator
 from grpo.models.loading import load_tokenizer, resolve_model_path
 from grpo.observe.metrics import peak_memory_gib
@@ -54,7 +54,6 @@ from grpo.trainer.ranks import (
     wait_for_rank0,
 )
 from grpo.trainer.step import Models, RankGroups, StepResult, train_step
-from grpo.weights.modes.base import TrainerLink
 from grpo.weights.publisher import Publisher, keep_initial, publishes_here, weights_to_publish
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
@@ -77,9 +76,7 @@ def open_endpoint(
         exit_on_stall=True,
         announced=publisher.announced,
     )
-    pool, channel = endpoint.pool, endpoint.channel
-    # pool.vouched is replaced whole, never changed: read without a lock.
-    publisher.start(TrainerLink(version, lambda: pool.vouched, channel.fail))
+    publisher.start(ModeLink(endpoint, version))
     return endpoint
 
 

@@ -16,8 +16,8 @@ MUTATIONS = (
         name="continuous_engine_samples_frozen_weights",
         item="41.1: the weights that sampled each token are the version its stamp names",
         path="grpo/rollout/hf_slots.py",
-        old="        ctx.policy(),\n",
-        new='        __import__("copy").deepcopy(ctx.policy()),\n',
+        old="        ctx.policy.module(),\n",
+        new='        __import__("copy").deepcopy(ctx.policy.module()),\n',
         tests=(LAG0, LAG2),
     ),
     Mutation(

@@ -915,8 +915,8 @@ MUTATIONS = (
         name="wake_not_wired_to_the_weights",
         item="63.3 (round 4): the sampler's endpoint hands the receiver a wake that wakes nothing",
         path="grpo/delivery/sampler_endpoint.py",
-        old="            wake=self.wake,\n",
-        new="            wake=lambda: None,\n",
+        old="    def wake(self) -> None:\n        self.endpoint.wake()\n",
+        new="    def wake(self) -> None:\n        pass\n",
         tests=(
             "tests/test_wake.py::test_the_sampler_hands_its_endpoint_s_wake_to_the_weights_receiver",
         ),

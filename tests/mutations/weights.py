@@ -99,8 +99,8 @@ MUTATIONS = (
         name="streamed_version_awaited_idle",
         item="42.3: a streamed transfer that stops is a stall with its name",
         path="grpo/delivery/sampler_endpoint.py",
-        old="        self.wait_until(ready, what, own_phase=True)",
-        new="        self.wait_until(ready, what)",
+        old="        self.endpoint.wait_until(ready, what, own_phase=True)",
+        new="        self.endpoint.wait_until(ready, what)",
         tests=(
             f"{LIVE}::test_a_streamed_version_is_awaited_in_the_receiving_phase_not_the_idle_one",
         ),

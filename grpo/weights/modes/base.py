@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -56,13 +56,19 @@ class Vouched:
     may_serve: bool
 
 
-@dataclass(frozen=True)
-class TrainerLink:
-    """What rank 0's end of a mode is given at the trainer's start."""
+class TrainerLink(Protocol):
+    """What rank 0's end of a mode is given at the trainer's start (grpo.delivery.
+    trainer_endpoint.ModeLink)."""
 
     published: int  # the newest version the samplers may already have
-    members: Callable[[], dict[str, Vouched]]  # the vouched samplers, from their heartbeats
-    failed: Callable[[str], None]  # a thread of the mode ended: the run stops with its cause
+
+    def members(self) -> dict[str, Vouched]:
+        """The live samplers the trainer vouches for, from their heartbeats."""
+        ...
+
+    def failed(self, cause: str) -> None:
+        """A thread of the mode ended: the run stops with its cause."""
+        ...
 
 
 class TrainerEnd:
@@ -110,24 +116,35 @@ class ServingEnd(TrainerEnd):
             self.server.close()
 
 
-@dataclass(frozen=True)
-class SamplerLink:
-    """What a sampler's receiver takes from its endpoint, which it never sees whole: the
-    channel's context and keys, and what the trainer's heartbeats said."""
+class SamplerLink(Protocol):
+    """What a sampler's receiver takes from its endpoint, which it never sees whole (grpo.
+    delivery.sampler_endpoint.ReceiverLink): the channel's context and keys, and what the
+    trainer's heartbeats said."""
 
     run_dir: Path
     sampler_id: str
     ctx: zmq.Context
     keys: ClientKeys | None
     limits: SocketLimits
-    secure: Callable[[zmq.Socket], None]  # a socket to the trainer made a CURVE client
-    announced: Callable[[], int]  # the newest version the trainer announced
-    # Sleep until the predicate holds or the sampler stops, named (a stall with its name).
-    wait: Callable[[Callable[[], bool], str], None]
-    # Have `wait` look again at once: a version came in, or failed (else it looks again only
-    # when the trainer next says something, a heartbeat up to transport.heartbeat_s away).
-    wake: Callable[[], None]
-    seed: Image | None = None  # version 0 as the sampler holds it (the first delta's base)
+    seed: Image | None  # version 0 as the sampler holds it (the first delta's base)
+
+    def secure(self, sock: zmq.Socket) -> None:
+        """Make a socket to the trainer a CURVE client."""
+        ...
+
+    def announced(self) -> int:
+        """The newest version the trainer announced."""
+        ...
+
+    def wait(self, ready: Callable[[], bool], what: str) -> None:
+        """Sleep until `ready()` or the sampler stops, named (a stall with its name)."""
+        ...
+
+    def wake(self) -> None:
+        """Have `wait` look again at once: a version came in, or failed (else it looks again
+        only when the trainer next says something, a heartbeat up to transport.heartbeat_s
+        away)."""
+        ...
 
 
 class Receiver:
