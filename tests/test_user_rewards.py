@@ -312,3 +312,27 @@ def test_a_sampler_stopped_by_a_failing_reward_exits_2_and_is_not_restarted(tiny
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert out.returncode == 2, (out.returncode, lines[-5:])
     assert len(lines) == 1 and stopped in lines[0] and "Traceback" not in out.stderr, lines
+
+
+def test_samplers_stopped_by_their_reward_end_the_trainer_with_exit_2_too():
+    """Row 28 of issue 64's mistake table: the trainer ended with exit 1 ("no sampler left")
+    before its sampler's exit 2 reached launch.sh, which restarted the trainer. A sampler
+    stopped by the run's input says so in its stop, and the trainer's exit is then 2."""
+    from grpo.trainer.process import peer_error_exit
+    from grpo.wire import messages
+    from grpo.wire.channels import PeerError
+
+    said = f"sampler sampler-0 stopped: {messages.INPUT_STOPPED}: the reward my:score failed"
+    assert peer_error_exit(PeerError(f"no sampler left: {said}")) == 2
+    assert peer_error_exit(PeerError("no sampler left: sampler sampler-0 stopped: crashed")) == 1
+
+
+def test_a_sampler_stopped_by_a_failing_reward_tells_the_trainer_so():
+    from grpo.sampler.loop import stop_reason
+    from grpo.tasks.failures import RewardFailingError
+    from grpo.trainer.process import peer_error_exit
+    from grpo.wire.channels import PeerError
+
+    said = stop_reason(RewardFailingError("the reward my:score failed on 4 of the last 4"))
+    assert peer_error_exit(PeerError(f"no sampler left: sampler sampler-0 stopped: {said}")) == 2
+    assert stop_reason(KeyError("x")) == "crashed: KeyError: 'x'"

@@ -37,6 +37,7 @@ from grpo.sampler.generation import GenerationLoop
 from grpo.sampler.pacing import pacing_for
 from grpo.sampler.rewards import SamplerRewards
 from grpo.tasks import task_for
+from grpo.tasks.failures import RewardFailingError
 from grpo.weights.in_use import WeightsInUse
 from grpo.wire import messages
 from grpo.wire.channels import PeerError
@@ -106,7 +107,7 @@ class Sampler:
         except PeerError as e:  # also a generation cut short because the run is done
             failed = str(e)
         except BaseException as e:
-            endpoint.stop(f"crashed: {type(e).__name__}: {e}")
+            endpoint.stop(stop_reason(e))
             endpoint.close()
             raise
         if endpoint.status.done:
@@ -204,6 +205,15 @@ class SamplerRun:
         tokens_per_s = f"{batch.stats['gen_tokens_per_s']:.0f}"
         self.bar.set_postfix(version=batch.policy_version, tokens_per_s=tokens_per_s)
         self.bar.update()
+
+
+def stop_reason(error: BaseException) -> str:
+    """What a sampler's stop tells the trainer of the error that ended it: its reward failing
+    is the run's input (no restart scores differently, grpo.wire.messages.INPUT_STOPPED),
+    anything else a crash."""
+    if isinstance(error, RewardFailingError):
+        return f"{messages.INPUT_STOPPED}: {error}"
+    return f"crashed: {type(error).__name__}: {error}"
 
 
 def _stop_on_signals(endpoint: SamplerEndpoint) -> threading.Event:

@@ -13,8 +13,10 @@ import torch.distributed as dist
 
 from grpo.config import Config
 from grpo.runtime.progress import ACTIVITY, STARTING
+from grpo.trainer.launch import told_torchrun
 from grpo.trainer.loop import Trainer
 from grpo.trainer.ranks import collective_failure, collective_timeout_s
+from grpo.wire import messages
 from grpo.wire.channels import PeerError
 
 log = logging.getLogger("grpo.trainer")
@@ -59,6 +61,13 @@ def _interrupted() -> int:
     return 130
 
 
+def peer_error_exit(error: PeerError) -> int:
+    """2 when the samplers stopped because of the run's input (their reward failing: a restart
+    would score the same answers with the same function, so launch.sh must not restart the
+    trainer either); else 1."""
+    return 2 if messages.INPUT_STOPPED in str(error) else 1
+
+
 def run_trainer(cfg: Config) -> int:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -77,8 +86,10 @@ def run_trainer(cfg: Config) -> int:
     except KeyboardInterrupt:
         return _interrupted()
     except PeerError as e:
-        log.error("trainer stopping: %s", e)
-        return 1
+        code = peer_error_exit(e)
+        if code != 2 or not told_torchrun(f"stopping: {e}"):  # several ranks: said once
+            log.error("trainer stopping: %s", e)
+        return code
     except RuntimeError as e:
         failure = collective_failure(e, dist.get_rank(), timeout_s)
         if failure is None:

@@ -31,3 +31,6 @@ MISSING = "missing"
 TRAINER_STOPPED = "trainer stopped"
 TRAINER_SILENT = "no heartbeat from the trainer"
 INTERRUPTED = "interrupted"
+# How a sampler's stop begins when the run's input stopped it (its reward failing past
+# reward.max_error_rate): the trainer then ends with exit 2 too, which launch.sh never restarts.
+INPUT_STOPPED = "stopped by the run's input"

@@ -560,4 +560,26 @@ MUTATIONS = (
             "test_an_input_error_during_a_restart_s_backoff_stops_the_run_unrestarted",
         ),
     ),
+    Mutation(
+        name="trainer_restarted_after_its_samplers_input_stopped_them",
+        item="64.3: samplers stopped by their reward end the trainer with 1, which launch.sh heals",
+        path="grpo/trainer/process.py",
+        old="    return 2 if messages.INPUT_STOPPED in str(error) else 1\n",
+        new="    return 1\n",
+        tests=(
+            "tests/test_user_rewards.py::"
+            "test_samplers_stopped_by_their_reward_end_the_trainer_with_exit_2_too",
+        ),
+    ),
+    Mutation(
+        name="sampler_stop_hides_its_input_error",
+        item="64.3: a sampler stopped by its reward tells the trainer it crashed",
+        path="grpo/sampler/loop.py",
+        old='        return f"{messages.INPUT_STOPPED}: {error}"\n',
+        new='        return f"crashed: {error}"\n',
+        tests=(
+            "tests/test_user_rewards.py::"
+            "test_a_sampler_stopped_by_a_failing_reward_tells_the_trainer_so",
+        ),
+    ),
 )
