@@ -382,8 +382,9 @@ def test_the_closing_summary_names_what_the_run_made_with_absolute_paths(
     summarise_run(Path("runs", "r"), 2, 2)
     out = capsys.readouterr().out
     assert f"  metrics:     {run}/metrics.jsonl\n" in out
-    assert f"  answers:     python -m grpo samples {run}\n" in out
-    lora = (f"  final adapter: {run}/final (-> versions/v000002); a model of it: grpo merge-lora "
+    grpo = f"{sys.executable} -m grpo"  # this venv's: a bare python is rarely the project's
+    assert f"  answers:     {grpo} samples {run}\n" in out
+    lora = (f"  final adapter: {run}/final (-> versions/v000002); a model of it: {grpo} merge-lora "
             f"{run}/final {run}/merged\n")  # fmt: skip
     assert (lora if adapter else f"  final model: {run}/final ") in out
     assert ("final model" in out) != adapter

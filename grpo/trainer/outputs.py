@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -215,10 +216,13 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
             n["gen_tokens_per_s"],
             n["staleness_max"],
         )
+    # The tools as this interpreter runs them (the run's venv): a bare `python` or `grpo` from
+    # the user's own shell is rarely the project's.
+    grpo = f"{sys.executable} -m grpo"
     made = f"final model: {final} (-> versions/v{version:06d})"
     if (final / "adapter_config.json").is_file():  # not a model: say how to get one
         made = (
-            f"final adapter: {final} (-> versions/v{version:06d}); a model of it: grpo "
+            f"final adapter: {final} (-> versions/v{version:06d}); a model of it: {grpo} "
             f"merge-lora {final} {run_dir / 'merged'}"
         )
     print(
@@ -229,7 +233,7 @@ def summarise_run(run_dir: Path, steps: int, version: int) -> None:
         f"  {made}\n"
         f"  checkpoints: {run_dir / 'versions'} (weights), "
         f"{run_dir / 'train_state'} (optimizer, step)\n"
-        f"  answers:     python -m grpo samples {run_dir}\n"
+        f"  answers:     {grpo} samples {run_dir}\n"
         f"  plot:        {plot}",
         flush=True,
     )
