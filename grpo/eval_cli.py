@@ -206,7 +206,9 @@ def evaluate_versions(
             if show > 0:
                 print(samples.show(samples.eval_rows(results[:show], v, prompts, tokenizer.decode)))
             for name, asked in variants.items():
-                other = q.evaluate(engine, asked, tokenizer, rewards, spec, v, progress, markers)
+                other, _ = q.evaluate_answers(
+                    engine, asked, tokenizer, rewards, spec, v, progress, markers
+                )
                 row |= q.variant_row(other, name)
             log.info("v%d: %s", v, table([row]).splitlines()[-1])
             if out is not None:

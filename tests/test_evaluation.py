@@ -18,7 +18,7 @@ from grpo.eval.questions import (
     EvalSpec,
     QuestionResult,
     eval_prompts,
-    evaluate,
+    evaluate_answers,
     pass_at_k,
     pass_ks,
     question_results,
@@ -109,7 +109,7 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     engine, prompts, tokenizer = tiny_eval
     s = spec(6, (1, 3, 6), max_new_tokens=10, batch_size=12)
     reward = RewardRunner(even_length_is_correct, workers=3, timeout_s=60)
-    row = evaluate(engine, prompts, tokenizer, reward, s, version=0)
+    row, _ = evaluate_answers(engine, prompts, tokenizer, reward, s, version=0)
     assert row["n"] == 6 and row["samples"] == 6 and len(prompts) == 6
     assert 0 < row["pass@1"] < 1, row  # a random model's lengths: some right, some wrong
     assert row["pass@1"] <= row["pass@3"] <= row["pass@6"] <= 1
@@ -121,7 +121,7 @@ def test_a_real_evaluation_of_the_tiny_model(tiny_eval):
     assert [q.greedy_correct for q in merged] == [q.greedy_correct for q in whole]
     assert [q.greedy_formatted for q in merged] == [q.greedy_formatted for q in whole]
     no_samples = replace(s, sampled=replace(s.sampled, n=0), ks=())
-    greedy_only = evaluate(engine, prompts, tokenizer, reward, no_samples, 0)
+    greedy_only, _ = evaluate_answers(engine, prompts, tokenizer, reward, no_samples, 0)
     assert greedy_only["accuracy"] == row["accuracy"] and "pass@1" not in greedy_only
     reward.close()
 

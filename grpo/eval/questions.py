@@ -290,22 +290,6 @@ def _rates(results: Sequence[QuestionResult], spec: EvalSpec, suffix: str) -> di
     return row
 
 
-def evaluate(
-    engine: RolloutEngine,
-    prompts: Sequence[Prompt],
-    tokenizer,
-    rewards: RewardRunner,
-    spec: EvalSpec,
-    version: int,
-    progress: bool = False,
-    count_markers: CountMarkers | None = None,
-) -> dict:
-    """All of `prompts` in this process: the eval.jsonl row of `version`."""
-    return evaluate_answers(
-        engine, prompts, tokenizer, rewards, spec, version, progress, count_markers
-    )[0]
-
-
 def evaluate_answers(
     engine: RolloutEngine,
     prompts: Sequence[Prompt],
@@ -316,7 +300,8 @@ def evaluate_answers(
     progress: bool = False,
     count_markers: CountMarkers | None = None,
 ) -> tuple[dict, list[QuestionResult]]:
-    """`evaluate`'s row, and the scored answers it summarises (to show: grpo eval --show)."""
+    """All of `prompts` in this process: the eval.jsonl row of `version`, and the scored answers
+    it summarises (to show: grpo eval --show)."""
     t0 = time.monotonic()
     results = question_results(
         engine, prompts, range(len(prompts)), tokenizer, rewards, spec, version, progress
