@@ -69,7 +69,62 @@ def advertised(bound: str, host: str) -> str:
     return bound
 
 
+class OwnRelay:
+    """This sampler's relay (several samplers, weights.fanout > 0): a ROUTER on
+    weights.relay_addr, a CURVE server with this sampler's pair, serving the samplers below it
+    each version this one holds, bucket by bucket as it comes in (grpo.weights.stream.node)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        ctx: zmq.Context,
+        sampler_id: str,
+        keys: ClientKeys | None,
+        receiver: VersionFetcher,
+        seed: Image | None,
+    ):
+        w = cfg.weights
+        self.sampler_id = sampler_id
+        self._auth: ThreadAuthenticator | None = None
+        router = self._bind(cfg, ctx, keys is not None)
+        self.node = RelayNode(router, receiver, w.delta, self._failed).start()
+        self.address = advertised(self.node.addr, w.relay_host)  # told in its heartbeats
+        if seed is not None:
+            self.node.source.finished(seed)
+
+    def _bind(self, cfg: Config, ctx: zmq.Context, keyed: bool) -> zmq.Socket:
+        w, t = cfg.weights, cfg.transport
+        check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
+        if is_loopback(w.relay_addr) and not is_loopback(t.weights_addr):
+            log.warning(
+                "weights.relay_addr %s binds loopback but the trainer is at %s: other "
+                "nodes' samplers cannot reach this relay; set weights.relay_addr=tcp://"
+                "0.0.0.0:* and weights.relay_host, or weights.fanout=0",
+                w.relay_addr,
+                t.weights_addr,
+            )
+        router = new_socket(ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(1 << 16, 64))
+        if keyed:  # its own pair; it accepts the keys the trainer accepts
+            curve_dir = Path(t.curve_dir)
+            self._auth = secure_server(ctx, [router], curve_dir, owner=self.sampler_id)
+        router.bind(w.relay_addr)
+        return router
+
+    def _failed(self, why: str) -> None:
+        # The samplers below route around a relay that stopped serving; this one samples on.
+        log.error("sampler %s stops relaying: %s", self.sampler_id, why)
+
+    def close(self) -> None:
+        self.node.close()
+        if self._auth is not None:
+            self._auth.stop()
+
+
 class VersionFollower:
+    """The versions this sampler wants, held and received: from the collective group's
+    broadcasts (weights.mode collective), else by stream from the relays above it and the
+    trainer, on a thread of its own; each taken only as the trainer announced it."""
+
     def __init__(
         self,
         cfg: Config,
@@ -92,11 +147,10 @@ class VersionFollower:
         w, t = cfg.weights, cfg.transport
         self.sampler_id, self.trainer_addr, self.fanout = sampler_id, t.weights_addr, w.fanout
         self.relays, self.announced = relays, announced
-        self.keys, self.curve_dir = keys, Path(t.curve_dir)
-        self._auth: ThreadAuthenticator | None = None
+        curve_dir = Path(t.curve_dir)
         self.receiver = VersionFetcher(
             ctx,
-            None if keys is None else SourceKeys(keys, self.curve_dir, self.trainer_addr, relays),
+            None if keys is None else SourceKeys(keys, curve_dir, self.trainer_addr, relays),
             t.max_version_bytes,
             w.transfer_timeout_s,
             w.window,
@@ -115,38 +169,13 @@ class VersionFollower:
         self._target = -1
         self._cond = threading.Condition()
         self._closing = threading.Event()
-        self.node: RelayNode | None = None  # this sampler's relay, with relays on
-        self.address = ""  # where this sampler relays ('' = it does not)
+        self.relay: OwnRelay | None = None  # this sampler's, with relays on
         if announced is not None and w.fanout > 0:
-            router = self._bind(cfg, ctx)
-            self.node = RelayNode(router, self.receiver, w.delta, self._relay_failed).start()
-            self.address = advertised(self.node.addr, w.relay_host)
-            if seed is not None:
-                self.node.source.finished(seed)
+            self.relay = OwnRelay(cfg, ctx, sampler_id, keys, self.receiver, seed)
+        self.node = self.relay.node if self.relay is not None else None
+        self.address = self.relay.address if self.relay is not None else ""  # '' = none
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-
-    def _bind(self, cfg: Config, ctx: zmq.Context) -> zmq.Socket:
-        """The relay's ROUTER on weights.relay_addr, a CURVE server with this sampler's pair."""
-        w, t = cfg.weights, cfg.transport
-        check_listening({"weights.relay_addr": w.relay_addr}, bool(t.curve_dir), t.allow_insecure)
-        if is_loopback(w.relay_addr) and not is_loopback(t.weights_addr):
-            log.warning(
-                "weights.relay_addr %s binds loopback but the trainer is at %s: other "
-                "nodes' samplers cannot reach this relay; set weights.relay_addr=tcp://"
-                "0.0.0.0:* and weights.relay_host, or weights.fanout=0",
-                w.relay_addr,
-                t.weights_addr,
-            )
-        router = new_socket(ctx, zmq.ROUTER, linger_ms=0, limits=SocketLimits(1 << 16, 64))
-        if self.keys is not None:  # its own pair; it accepts the keys the trainer accepts
-            self._auth = secure_server(ctx, [router], self.curve_dir, owner=self.sampler_id)
-        router.bind(w.relay_addr)
-        return router
-
-    def _relay_failed(self, why: str) -> None:
-        # The samplers below route around a relay that stopped serving; this one samples on.
-        log.error("sampler %s stops relaying: %s", self.sampler_id, why)
 
     def want(self, version: int) -> None:
         with self._cond:
@@ -268,7 +297,5 @@ class VersionFollower:
         with self._cond:
             self._cond.notify_all()
         self._thread.join(timeout=5)
-        if self.node is not None:
-            self.node.close()
-        if self._auth is not None:
-            self._auth.stop()
+        if self.relay is not None:
+            self.relay.close()
