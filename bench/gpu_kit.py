@@ -238,7 +238,7 @@ def _sync_mode(name: str, state: dict, targets: dict) -> tuple[float, float]:
         link = SimpleNamespace(  # a SamplerLink
             run_dir=cfg.run_dir if name == "shared_dir" else Path(tmp) / "sampler",
             sampler_id="s0", ctx=ctx, keys=None, limits=SocketLimits(4 << 30, 4),
-            secure=lambda sock: None, announced=lambda: 0, wait=_wait,
+            secure=lambda sock: None, newest_version=lambda: 0, wait=_wait,
             wake=lambda: None, seed=None,  # _wait looks every 2 ms
         )  # fmt: skip
         receiver = MODES[name].receiver(cfg, link)

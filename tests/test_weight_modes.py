@@ -63,7 +63,7 @@ def _link(run_dir: Path, ctx: zmq.Context) -> SamplerLink:
     waiter = Waiter()
     return SimpleNamespace(  # a SamplerLink
         run_dir=run_dir, sampler_id="sampler-0", ctx=ctx, keys=None,
-        limits=SocketLimits(1 << 30, 4), secure=lambda sock: None, announced=lambda: 1,
+        limits=SocketLimits(1 << 30, 4), secure=lambda sock: None, newest_version=lambda: 1,
         wait=waiter.wait, wake=waiter.wake, seed=None,
     )  # fmt: skip
 

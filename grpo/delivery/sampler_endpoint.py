@@ -408,7 +408,7 @@ class ReceiverLink:
     def secure(self, sock: zmq.Socket) -> None:
         self.endpoint.channel.secure(sock)
 
-    def announced(self) -> int:
+    def newest_version(self) -> int:
         return self.endpoint.status.version
 
     def wait(self, ready: Callable[[], bool], what: str) -> None:

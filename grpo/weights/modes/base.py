@@ -132,7 +132,7 @@ class SamplerLink(Protocol):
         """Make a socket to the trainer a CURVE client."""
         ...
 
-    def announced(self) -> int:
+    def newest_version(self) -> int:
         """The newest version the trainer announced."""
         ...
 

@@ -77,7 +77,7 @@ class StreamReceiver(Receiver):
             link.sampler_id,
             link.keys,
             relays=lambda: self.relays,
-            announced=link.announced if several else None,
+            announced=link.newest_version if several else None,
             seed=link.seed,
             trusted=lambda: self.manifests,
             changed=link.wake,
