@@ -115,8 +115,8 @@ def train_step(
         exp, correction = with_loss_mask(exp, batch.columns.finish_reason, plan.experience)
         values = None
         if models.critic is not None:  # each rank scores its rows, every rank gets them all
-            mine = models.critic.values(exp.rows(rows), exp.mask.shape[1], pad_id)
-            values = gather_rows(mine)
+            values_here = models.critic.values(exp.rows(rows), exp.mask.shape[1], pad_id)
+            values = gather_rows(values_here)
         exp, advantage = with_advantages(exp, plan.experience, batch.columns.reward_info, values)
         numbers |= correction | advantage
         if exp.token_versions is not None:  # the weights this step trains are version step - 1
